@@ -1,0 +1,66 @@
+# The front door. Contract names (targets and variables) are documented in README.md
+# and relied upon by users and CI: keep them, extend them.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Interpreter used to create the virtual environment (the OS/pyenv Python).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+TORCH ?= 2.13.0
+VENV ?= .venv
+PY_VENV := $(VENV)/bin/python
+PIP := $(PY_VENV) -m pip
+PYTEST_ARGS ?=
+
+# Builder front door variables (see README): left empty so the builder's own
+# precedence (defaults < config < environment < command line) decides.
+ARCH ?=
+PY ?=
+BACKEND ?=
+CONFIG ?=
+JOBS ?=
+OFFLINE ?=
+
+KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
+
+.PHONY: help setup test lint bench clean distclean
+
+help:
+	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
+	@echo "make lint                   ruff over the tree"
+	@echo "make bench                  benchmarks (tables, baseline side by side)"
+	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
+	@echo "make matrix [CONFIG= JOBS=] every cell of the build matrix"
+	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
+
+# --- set-up (each step leaves a stamp so a second run does nothing) ------------
+$(PY_VENV):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
+
+$(VENV)/.torch-$(TORCH): | $(PY_VENV)
+	$(PIP) install "torch==$(TORCH)"
+	rm -f $(VENV)/.torch-* && touch $@
+
+# Dependencies and the project itself (editable, compiling amp._C against the
+# venv's torch: hence --no-build-isolation).
+$(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH)
+	$(PIP) install --no-build-isolation -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY_VENV) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY_VENV) -m ruff check .
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY_VENV) $$b || exit 1; done
+
+clean:
+	rm -rf build *.egg-info amp/_C*.so .pytest_cache .hypothesis
+
+distclean: clean
+	rm -rf $(VENV) dist
