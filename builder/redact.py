@@ -1,0 +1,50 @@
+"""Redaction of credentials in anything the builder prints, logs or records.
+
+Proxy URLs such as ``http://user:pass@host:3128`` become ``http://user:***@host:3128``.
+``Redactor`` also replaces known secret values verbatim (e.g. a password taken from the
+environment), so a secret that reaches a log line in another shape is still hidden.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+MASK = "***"
+
+# scheme://user:password@  -- the password is whatever sits between ':' and the last '@'
+# before the host part; it may itself contain ':' (but not '/', '@' or whitespace).
+_URL_CREDENTIALS = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^/@\s]+)@")
+
+
+def redact_url_credentials(text: str) -> str:
+    """Mask the password part of every ``scheme://user:password@`` in *text*."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('prefix')}{MASK}@", text)
+
+
+class Redactor:
+    """Masks URL credentials and a set of known secret strings."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets: set[str] = set()
+        for s in secrets:
+            self.add_secret(s)
+
+    def add_secret(self, secret: str) -> None:
+        # Very short values would mask innocent text everywhere; they are still caught
+        # by the URL rule when they appear as a URL password.
+        if secret and len(secret) >= 4:
+            self._secrets.add(secret)
+
+    def add_url(self, url: str) -> None:
+        """Remember the password inside a proxy URL, so it is masked in any form."""
+        m = _URL_CREDENTIALS.search(url)
+        if m:
+            self.add_secret(m.group("pw"))
+
+    def __call__(self, text: str) -> str:
+        text = redact_url_credentials(text)
+        # Longest first, so a secret containing another is masked whole.
+        for s in sorted(self._secrets, key=len, reverse=True):
+            text = text.replace(s, MASK)
+        return text
