@@ -1,0 +1,71 @@
+// Torch-free interface between the multi-tensor driver (bindings.cpp, which
+// needs torch headers and is slow to compile) and the element-wise kernels
+// (cpu_ops_impl.h, compiled once per instruction set in small, fast
+// translation units and chosen at run time: a portable wheel cannot assume
+// AVX2, and -march=native is never used for what ships).
+#pragma once
+
+#include <cstdint>
+
+namespace amp_kernels {
+
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// One tensor's storage: data pointer of element 0 and its element type.
+struct Ref {
+  void* ptr;
+  int dtype;
+};
+
+// Sum of squares of (x * scale) over a range and whether every value was finite.
+struct NormPart {
+  double sumsq;
+  bool finite;
+};
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps;
+  float step_size;   // lr / bias_correction1
+  float bc2_sqrt;    // sqrt(bias_correction2)
+  float weight_decay;
+  float grad_scale;  // inverse loss scale x clip coefficient, applied on load
+  int adam_w_mode;   // 1: decoupled weight decay (AdamW), 0: L2 added to the gradient
+};
+
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay;
+  float grad_scale;
+  int nesterov, wd_after_momentum, first_run;
+};
+
+struct LambArgs {
+  float beta1, beta2, beta3, eps;
+  float bc1, bc2;
+  float weight_decay;
+  float grad_scale;  // inverse loss scale / global clip ratio
+  int adam_w_mode;
+};
+
+// Each function works on elements [off, off + n) of the tensors it is given.
+// A Ref with ptr == nullptr means "absent" (e.g. no half model copy to write).
+struct OpsTable {
+  const char* name;
+  bool (*scale)(Ref in, Ref out, int64_t off, int64_t n, float s);
+  bool (*axpby)(Ref x, Ref y, Ref out, int64_t off, int64_t n, float a, float b,
+                int arg_to_check);
+  NormPart (*sumsq)(Ref x, int64_t off, int64_t n, float s);
+  void (*adam)(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
+               const AdamArgs& a);
+  void (*sgd)(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const SgdArgs& a);
+  // Updates the moments; returns sum of squares of the update and of the param.
+  void (*lamb_stage1)(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n,
+                      const LambArgs& a, double* update_sumsq, double* param_sumsq);
+  // Recomputes the update from the new moments and applies p -= ratio * update.
+  void (*lamb_stage2)(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
+                      const LambArgs& a, float ratio);
+};
+
+const OpsTable& ops_generic();
+const OpsTable& ops_avx2();
+
+}  // namespace amp_kernels

@@ -1,0 +1,320 @@
+// Element-wise kernels over one chunk of one tensor. Included once per
+// instruction set by ops_<isa>.cpp inside `namespace AMP_ISA_NS`; these files
+// include no torch header so each compiles in a second or two.
+//
+// Shape of every kernel: walk the chunk in blocks of kBlock elements; a block
+// of a half-precision tensor is widened into an L1-resident float buffer
+// (fp32 tensors are used in place), the math runs on floats in a loop the
+// compiler vectorizes (`omp simd`), and written blocks are narrowed back.
+// Mixed dtypes therefore need no per-combination template instances.
+//
+// Requires: <cstdint> <cstring> <cmath> <algorithm>, cpu_ops.h, and
+// AMP_HAVE_F16C (0/1) defined by the including file.
+
+static constexpr int kBlock = 512;
+
+static inline uint32_t f2u(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+static inline float u2f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE half <-> float, branch-free so loops over them vectorize without F16C.
+static inline float h2f(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7FFFu;
+  // Normals and subnormals: reinterpret with the exponent re-biased by 2^112.
+  const uint32_t finite = f2u(u2f(em << 13) * 0x1p112f);
+  const uint32_t infnan = (em << 13) | 0x7F800000u;
+  return u2f((em >= 0x7C00u ? infnan : finite) | sign);
+}
+
+static inline uint16_t f2h(float f) {  // round to nearest even, like c10::Half
+  uint32_t u = f2u(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  const uint32_t big = u > 0x7F800000u ? 0x7E00u : 0x7C00u;  // NaN : overflow/inf
+  const float denorm_magic = u2f(((127u - 15u) + (23u - 10u) + 1u) << 23);
+  const uint32_t sub = f2u(u2f(u) + denorm_magic) - f2u(denorm_magic);
+  const uint32_t odd = (u >> 13) & 1u;
+  const uint32_t norm = (u + 0xC8000000u /* (15-127)<<23 */ + 0xFFFu + odd) >> 13;
+  const uint32_t o = u >= ((127u + 16u) << 23) ? big : (u < (113u << 23) ? sub : norm);
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+
+static inline void widen_f16(const uint16_t* s, float* d, int n) {
+  int i = 0;
+#if AMP_HAVE_F16C
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+#pragma omp simd
+  for (int j = i; j < n; ++j) d[j] = h2f(s[j]);
+}
+
+static inline void narrow_f16(const float* s, uint16_t* d, int n) {
+  int i = 0;
+#if AMP_HAVE_F16C
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+#pragma omp simd
+  for (int j = i; j < n; ++j) d[j] = f2h(s[j]);
+}
+
+static inline void widen_bf16(const uint16_t* s, float* d, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) d[i] = u2f(static_cast<uint32_t>(s[i]) << 16);
+}
+
+static inline void narrow_bf16(const float* s, uint16_t* d, int n) {  // like c10::BFloat16
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    const uint32_t u = f2u(s[i]);
+    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    d[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>(0x7FC0u)
+                                           : static_cast<uint16_t>(r);
+  }
+}
+
+// Float view of a block: the tensor's own memory when fp32, else `tmp`.
+static inline float* acquire(Ref r, int64_t off, int n, float* tmp) {
+  if (r.dtype == kF32) return static_cast<float*>(r.ptr) + off;
+  const uint16_t* s = static_cast<const uint16_t*>(r.ptr) + off;
+  if (r.dtype == kBF16) widen_bf16(s, tmp, n);
+  else widen_f16(s, tmp, n);
+  return tmp;
+}
+
+// Float buffer to write a block of `r` into (no widening: contents undefined).
+static inline float* out_buffer(Ref r, int64_t off, float* tmp) {
+  return r.dtype == kF32 ? static_cast<float*>(r.ptr) + off : tmp;
+}
+
+// Writes a float block into `r` (a no-op when `src` already is r's memory).
+static inline void release(Ref r, int64_t off, int n, const float* src) {
+  if (r.dtype == kF32) {
+    float* d = static_cast<float*>(r.ptr) + off;
+    if (d != src) std::memcpy(d, src, sizeof(float) * n);
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(r.ptr) + off;
+  if (r.dtype == kBF16) narrow_bf16(src, d, n);
+  else narrow_f16(src, d, n);
+}
+
+static inline uint32_t nonfinite_bits(float y) {
+  return (f2u(y) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
+}
+
+static bool k_scale(Ref in, Ref out, int64_t off, int64_t n, float s) {
+  alignas(64) float tin[kBlock];
+  alignas(64) float tout[kBlock];
+  uint32_t bad = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
+    const float* x = acquire(in, off + b, k, tin);
+    float* y = out_buffer(out, off + b, tout);
+#pragma omp simd reduction(| : bad)
+    for (int i = 0; i < k; ++i) {
+      const float v = x[i] * s;
+      bad |= nonfinite_bits(v);
+      y[i] = v;
+    }
+    release(out, off + b, k, y);
+  }
+  return bad == 0;
+}
+
+static bool k_axpby(Ref xr, Ref yr, Ref outr, int64_t off, int64_t n, float a, float b,
+                    int arg_to_check) {
+  alignas(64) float tx[kBlock];
+  alignas(64) float ty[kBlock];
+  alignas(64) float to[kBlock];
+  uint32_t bad = 0;
+  const bool cx = arg_to_check != 1, cy = arg_to_check != 0;
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    const float* x = acquire(xr, off + s, k, tx);
+    const float* y = acquire(yr, off + s, k, ty);
+    float* o = out_buffer(outr, off + s, to);
+#pragma omp simd reduction(| : bad)
+    for (int i = 0; i < k; ++i) {
+      const float xi = x[i], yi = y[i];
+      bad |= (cx ? nonfinite_bits(xi) : 0u) | (cy ? nonfinite_bits(yi) : 0u);
+      o[i] = a * xi + b * yi;
+    }
+    release(outr, off + s, k, o);
+  }
+  return bad == 0;
+}
+
+static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
+  alignas(64) float tx[kBlock];
+  double total = 0.0;
+  uint32_t bad = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
+    const float* x = acquire(xr, off + b, k, tx);
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc) reduction(| : bad)
+    for (int i = 0; i < k; ++i) {
+      const float v = x[i] * s;
+      bad |= nonfinite_bits(v);
+      acc += v * v;
+    }
+    total += acc;
+  }
+  return NormPart{total, bad == 0};
+}
+
+// Formulas follow torch.optim.Adam/AdamW (single-tensor path) term by term so
+// results agree to rounding: lerp for the first moment, addcmul for the second.
+template <bool kDecoupled>
+static inline void adam_block(const float* g, float* p, float* m, float* v, int k,
+                              const AdamArgs& a, float decay) {
+  const float gs = a.grad_scale, omb1 = 1.f - a.beta1, b2 = a.beta2, omb2 = 1.f - a.beta2;
+  const float eps = a.eps, ss = a.step_size, bc2s = a.bc2_sqrt, wd = a.weight_decay;
+#pragma omp simd
+  for (int i = 0; i < k; ++i) {
+    float gi = g[i] * gs;
+    float pi = p[i];
+    if (kDecoupled) pi = pi * decay;
+    else gi = gi + wd * pi;
+    const float mi = m[i] + omb1 * (gi - m[i]);
+    const float vi = v[i] * b2 + omb2 * (gi * gi);
+    const float denom = std::sqrt(vi) / bc2s + eps;
+    p[i] = pi - ss * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+static void k_adam(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
+                   const AdamArgs& a) {
+  alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock];
+  const float decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    const float* G = acquire(g, off + s, k, tg);
+    float* P = acquire(p, off + s, k, tp);
+    float* M = acquire(m, off + s, k, tm);
+    float* V = acquire(v, off + s, k, tv);
+    if (a.adam_w_mode) adam_block<true>(G, P, M, V, k, a, decay);
+    else adam_block<false>(G, P, M, V, k, a, decay);
+    release(p, off + s, k, P);
+    release(m, off + s, k, M);
+    release(v, off + s, k, V);
+    if (half.ptr) release(half, off + s, k, P);
+  }
+}
+
+// torch.optim.SGD term by term; apex's wd_after_momentum adds decay after the
+// momentum update instead of before it.
+static void k_sgd(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const SgdArgs& a) {
+  alignas(64) float tg[kBlock], tp[kBlock], tb[kBlock];
+  const float gs = a.grad_scale, lr = a.lr, mom = a.momentum, omd = 1.f - a.dampening;
+  const float wd = a.weight_decay;
+  const bool has_mom = buf.ptr != nullptr;
+  const bool wd_before = wd != 0.f && !a.wd_after_momentum;
+  const bool wd_after = wd != 0.f && a.wd_after_momentum;
+  const bool first = a.first_run != 0, nesterov = a.nesterov != 0;
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    const float* G = acquire(g, off + s, k, tg);
+    float* P = acquire(p, off + s, k, tp);
+    float* B = has_mom ? (first ? out_buffer(buf, off + s, tb) : acquire(buf, off + s, k, tb))
+                       : nullptr;
+#pragma omp simd
+    for (int i = 0; i < k; ++i) {
+      float d = G[i] * gs;
+      if (wd_before) d = d + wd * P[i];
+      if (has_mom) {
+        const float bi = first ? d : B[i] * mom + omd * d;
+        B[i] = bi;
+        d = nesterov ? d + mom * bi : bi;
+      }
+      if (wd_after) d = d + wd * P[i];
+      P[i] = P[i] - lr * d;
+    }
+    release(p, off + s, k, P);
+    if (has_mom) release(buf, off + s, k, B);
+    if (half.ptr) release(half, off + s, k, P);
+  }
+}
+
+// LAMB (You et al. 2019, apex's multi_tensor_lamb): stage 1 updates the
+// moments and measures ||update|| and ||param|| per tensor; stage 2 recomputes
+// the update from the stored moments (so gradients are read once and never
+// rewritten) and applies the per-tensor trust ratio.
+template <bool kDecoupled>
+static inline float lamb_update(float mi, float vi, float pi, const LambArgs& a) {
+  const float u = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps);
+  return kDecoupled ? u + a.weight_decay * pi : u;
+}
+
+static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, const LambArgs& a,
+                          double* update_sumsq, double* param_sumsq) {
+  alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock];
+  const float gs = a.grad_scale, b1 = a.beta1, b3 = a.beta3, b2 = a.beta2, omb2 = 1.f - a.beta2;
+  const float wd = a.weight_decay;
+  const bool w = a.adam_w_mode != 0;
+  double usum = 0.0, psum = 0.0;
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    const float* G = acquire(g, off + s, k, tg);
+    const float* P = acquire(p, off + s, k, tp);
+    float* M = acquire(m, off + s, k, tm);
+    float* V = acquire(v, off + s, k, tv);
+    float uacc = 0.f, pacc = 0.f;
+#pragma omp simd reduction(+ : uacc, pacc)
+    for (int i = 0; i < k; ++i) {
+      float gi = G[i] * gs;
+      const float pi = P[i];
+      if (!w) gi = gi + wd * pi;
+      const float mi = M[i] * b1 + b3 * gi;
+      const float vi = V[i] * b2 + omb2 * (gi * gi);
+      M[i] = mi;
+      V[i] = vi;
+      const float u = w ? lamb_update<true>(mi, vi, pi, a) : lamb_update<false>(mi, vi, pi, a);
+      uacc += u * u;
+      pacc += pi * pi;
+    }
+    usum += uacc;
+    psum += pacc;
+    release(m, off + s, k, M);
+    release(v, off + s, k, V);
+  }
+  *update_sumsq = usum;
+  *param_sumsq = psum;
+}
+
+static void k_lamb_stage2(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
+                          const LambArgs& a, float ratio) {
+  alignas(64) float tp[kBlock], tm[kBlock], tv[kBlock];
+  const bool w = a.adam_w_mode != 0;
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    float* P = acquire(p, off + s, k, tp);
+    const float* M = acquire(m, off + s, k, tm);
+    const float* V = acquire(v, off + s, k, tv);
+#pragma omp simd
+    for (int i = 0; i < k; ++i) {
+      const float u = w ? lamb_update<true>(M[i], V[i], P[i], a)
+                        : lamb_update<false>(M[i], V[i], P[i], a);
+      P[i] = P[i] - ratio * u;
+    }
+    release(p, off + s, k, P);
+    if (half.ptr) release(half, off + s, k, P);
+  }
+}
+
+static const OpsTable kTable = {
+    AMP_ISA_NAME, k_scale, k_axpby, k_sumsq, k_adam, k_sgd, k_lamb_stage1, k_lamb_stage2,
+};

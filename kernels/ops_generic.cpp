@@ -1,0 +1,18 @@
+// Kernels for any x86-64 / aarch64 CPU (the baseline ISA of the wheel).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_ops.h"
+
+#define AMP_HAVE_F16C 0
+#define AMP_ISA_NAME "generic"
+
+namespace amp_kernels {
+namespace generic_isa {
+#include "cpu_ops_impl.h"
+}  // namespace generic_isa
+
+const OpsTable& ops_generic() { return generic_isa::kTable; }
+}  // namespace amp_kernels
