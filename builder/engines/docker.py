@@ -1,0 +1,350 @@
+"""Docker engine through the docker SDK: ping, images, and containers that are always removed.
+
+One class owns a container's whole life (create -> run -> copy in/out -> remove), in the spirit of
+cibuildwheel's ``oci_container.py``; engine differences are handled here and nowhere else.
+
+Podman
+------
+Podman speaks the Docker API through its socket, so this module works unchanged against it::
+
+    podman system service --time=0 unix:///run/podman/podman.sock &
+    export DOCKER_HOST=unix:///run/podman/podman.sock
+
+Quirks seen with Debian's podman 4.3 on these machines (see shared/ENVIRONMENT.md):
+
+* ``crun`` fails on this kernel's cgroup layout: configure ``runtime = "runc"`` under
+  ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
+* Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
+  reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
+
+No registry is reachable from these machines: nothing is ever pulled here; base images are built
+locally (:mod:`builder.base_image`) or loaded from a tarball.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from builder.engines.base import OutputLog, RunResult, check_result, iter_lines
+from builder.errors import EngineUnavailable, StepFailed
+from builder.redact import Redactor
+
+#: Every container this module creates carries this label, so leftovers can be found:
+#: ``docker ps -a --filter label=org.ampforge.builder``.
+CONTAINER_LABEL = "org.ampforge.builder"
+
+_START_HINT = (
+    "Start an engine and try again:\n"
+    "  - Docker: `.ci/dockerd-up` (or `dockerd &`, or `systemctl start docker`);\n"
+    "  - Podman: `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
+    "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
+    "  - or build without containers: BACKEND=host."
+)
+
+_PODMAN_ULIMITS = [
+    {"Name": "nofile", "Soft": 1024, "Hard": 1024},
+    {"Name": "nproc", "Soft": 1024, "Hard": 1024},
+]
+
+
+def _docker_module() -> Any:
+    try:
+        import docker  # noqa: PLC0415  (optional dependency of the builder extra)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise EngineUnavailable(
+            "the Python package 'docker' is not installed: pip install 'ampforge[builder]'"
+        ) from exc
+    return docker
+
+
+class DockerEngine:
+    """A connection to a Docker-API engine (dockerd or a Podman socket).
+
+    ``base_url`` defaults to ``DOCKER_HOST`` (then the default socket), like the docker CLI.
+    Construction pings the engine and raises :class:`EngineUnavailable` when nothing answers.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        redactor: Redactor | None = None,
+        timeout: int = 600,
+    ) -> None:
+        docker = _docker_module()
+        self.redactor = redactor or Redactor()
+        self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        try:
+            if base_url is None:
+                # from_env also honours DOCKER_TLS_VERIFY / DOCKER_CERT_PATH.
+                self.api = docker.from_env(timeout=timeout).api
+            else:
+                self.api = docker.APIClient(base_url=base_url, version="auto", timeout=timeout)
+            self.api.ping()
+            version = self.api.version()
+        except Exception as exc:  # DockerException, requests' ConnectionError, socket errors
+            raise EngineUnavailable(
+                f"no container engine answers at {self.base_url}: {self.redactor(str(exc))}\n"
+                + _START_HINT
+            ) from exc
+        components = " ".join(c.get("Name", "") for c in version.get("Components", []))
+        self.is_podman = "podman" in components.lower()
+        self.server_version = str(version.get("Version", "?"))
+
+    # -- images ---------------------------------------------------------------------------
+    def image_id(self, ref: str) -> str | None:
+        """The image id of *ref* (tag or id), or None when the engine does not have it."""
+        docker = _docker_module()
+        try:
+            return str(self.api.inspect_image(ref)["Id"])
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.NotFound:
+            return None
+
+    def import_rootfs(
+        self, tarball: Path, repository: str, tag: str, changes: Sequence[str] = ()
+    ) -> str:
+        """``docker import`` a root filesystem tarball; return the new image id."""
+        self.api.import_image(
+            src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
+        )
+        image = self.image_id(f"{repository}:{tag}")
+        if image is None:
+            raise StepFailed(f"docker import of {tarball} did not produce {repository}:{tag}")
+        return image
+
+    def build_image(
+        self,
+        dockerfile: str,
+        tag: str,
+        *,
+        context: Path | None = None,
+        build_args: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        log: OutputLog | None = None,
+        nocache: bool = False,
+    ) -> str:
+        """Build *dockerfile* (text) with *context* (a directory, may be None); return the id.
+
+        Proxies belong in *build_args* (``HTTP_PROXY`` ...): Docker treats those names as
+        predefined build args and keeps them out of the image's history and environment,
+        whereas ``ENV`` would bake them into a layer. Every log line is redacted.
+        """
+        log = log or OutputLog(redactor=self.redactor)
+        docker = _docker_module()
+        with tempfile.TemporaryFile() as ctx:
+            _write_context(ctx, dockerfile, context)
+            ctx.seek(0)
+            tail: list[str] = []
+            image_id: Optional[str] = None
+            log.open()
+            try:
+                stream = self.api.build(
+                    fileobj=ctx,
+                    custom_context=True,
+                    dockerfile=_DOCKERFILE_NAME,
+                    tag=tag,
+                    rm=True,
+                    forcerm=True,
+                    nocache=nocache,
+                    buildargs=dict(build_args or {}),
+                    labels=dict(labels or {}) or None,
+                    decode=True,
+                    # The SDK would otherwise copy proxies from ~/.docker/config.json into
+                    # build args on its own; we pass exactly what the caller gave us.
+                    use_config_proxy=False,
+                )
+                for chunk in stream:
+                    if "stream" in chunk:
+                        for line in str(chunk["stream"]).splitlines():
+                            tail.append(log.write_line(line))
+                            del tail[:-25]
+                    if "aux" in chunk and isinstance(chunk["aux"], dict):
+                        image_id = chunk["aux"].get("ID", image_id)
+                    if "error" in chunk:
+                        detail = log.write_line(str(chunk["error"]))
+                        shown = "\n".join("    " + t for t in tail[-15:])
+                        where = f"\n  full log: {log.log_file}" if log.log_file else ""
+                        raise StepFailed(
+                            f"image build for {tag} failed: {detail}\n  last lines:\n{shown}{where}"
+                        )
+            except docker.errors.APIError as exc:
+                raise StepFailed(
+                    f"image build for {tag} failed: {self.redactor(str(exc))}"
+                ) from exc
+            finally:
+                log.close()
+        found = self.image_id(tag)
+        if found is None:
+            raise StepFailed(f"image build for {tag} finished without producing the image")
+        return image_id or found
+
+    def remove_image(self, ref: str) -> None:
+        docker = _docker_module()
+        with contextlib.suppress(docker.errors.NotFound):
+            self.api.remove_image(ref, force=True)
+
+    # -- containers -----------------------------------------------------------------------
+    def leftover_containers(self) -> list[str]:
+        """Ids of containers made by this module that still exist (should be none)."""
+        found = self.api.containers(all=True, filters={"label": CONTAINER_LABEL})
+        return [str(c["Id"]) for c in found]
+
+    @contextlib.contextmanager
+    def container(
+        self,
+        image: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        binds: Mapping[str, str] | None = None,
+        network: bool = True,
+        labels: Mapping[str, str] | None = None,
+        workdir: str = "/ampforge",
+        log: OutputLog | None = None,
+    ) -> Iterator[DockerSession]:
+        """A running container for the duration of the ``with`` block; removed afterwards.
+
+        *binds* maps host paths to read-only paths inside (e.g. a wheelhouse); remote engines
+        cannot see host paths, use :meth:`DockerSession.copy_in` there. ``network=False``
+        starts the container with no network at all (offline builds).
+        The container is removed on every exit path: success, exception, KeyboardInterrupt.
+        """
+        all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex}
+        all_labels.update(labels or {})
+        host_config = self.api.create_host_config(
+            binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
+            network_mode=None if network else "none",
+            ulimits=_PODMAN_ULIMITS if self.is_podman else None,
+        )
+        created = self.api.create_container(
+            image,
+            # Keep the container alive; each step runs as its own exec.
+            command=["sleep", "infinity"],
+            environment=dict(env or {}),
+            working_dir="/",
+            labels=all_labels,
+            host_config=host_config,
+            network_disabled=not network,
+            use_config_proxy=False,
+        )
+        cid = str(created["Id"])
+        try:
+            self.api.start(cid)
+            session = DockerSession(self, cid, workdir, log or OutputLog(redactor=self.redactor))
+            session.run(["mkdir", "-p", workdir], step="prepare workdir")
+            yield session
+        finally:
+            self._remove(cid)
+
+    def _remove(self, cid: str) -> None:
+        docker = _docker_module()
+        # A second Ctrl-C while we clean up must not leave the container behind: retry once
+        # and re-raise the interrupt afterwards.
+        interrupted: Optional[BaseException] = None
+        for _ in range(2):
+            try:
+                self.api.remove_container(cid, force=True, v=True)
+                break
+            except docker.errors.NotFound:
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
+
+
+_DOCKERFILE_NAME = "Dockerfile.ampforge"
+
+
+def _write_context(fileobj: Any, dockerfile: str, context: Path | None) -> None:
+    """Tar the build context (sorted, for stable layer caching) plus the Dockerfile text."""
+    with tarfile.open(fileobj=fileobj, mode="w") as tar:
+        if context is not None:
+            if not context.is_dir():
+                raise StepFailed(f"build context {context} is not a directory")
+            for path in sorted(context.rglob("*")):
+                tar.add(path, arcname=path.relative_to(context).as_posix(), recursive=False)
+        data = dockerfile.encode("utf-8")
+        info = tarfile.TarInfo(_DOCKERFILE_NAME)
+        info.size = len(data)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(data))
+
+
+class DockerSession:
+    """A running container: run commands, copy files in and out. Made by ``container()``."""
+
+    def __init__(self, engine: DockerEngine, cid: str, workdir: str, log: OutputLog) -> None:
+        self.engine = engine
+        self.id = cid
+        self.workdir = workdir
+        self.log = log
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        check: bool = True,
+        step: str = "",
+    ) -> RunResult:
+        api = self.engine.api
+        exec_id = api.exec_create(
+            self.id, list(argv), environment=dict(env or {}), workdir=cwd or self.workdir
+        )["Id"]
+        self.log.open()
+        try:
+            tail = self.log.capture(iter_lines(api.exec_start(exec_id, stream=True)))
+        finally:
+            self.log.close()
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        result = RunResult(
+            argv=tuple(argv),
+            exit_code=-1 if code is None else int(code),
+            tail=tail,
+            log_path=self.log.log_file,
+        )
+        if check:
+            check_result(result, step, f"container {self.id[:12]}", self.log.redactor)
+        return result
+
+    def copy_in(self, src: Path, dest_dir: str) -> str:
+        if not src.exists():
+            raise StepFailed(f"cannot copy {src} into the container: it does not exist")
+        self.run(["mkdir", "-p", dest_dir], step="copy in")
+        with tempfile.TemporaryFile() as buf:
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(src, arcname=src.name)
+            buf.seek(0)
+            if not self.engine.api.put_archive(self.id, dest_dir, buf):
+                raise StepFailed(f"copying {src} into the container at {dest_dir} failed")
+        return posixpath.join(dest_dir, src.name)
+
+    def copy_out(self, src: str, dest_dir: Path) -> Path:
+        docker = _docker_module()
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            stream, _stat = self.engine.api.get_archive(self.id, src)
+        except docker.errors.NotFound as exc:
+            raise StepFailed(f"{src} does not exist in the container") from exc
+        with tempfile.TemporaryFile() as buf:
+            for chunk in stream:
+                buf.write(chunk)
+            buf.seek(0)
+            with tarfile.open(fileobj=buf, mode="r") as tar:
+                # 'data' refuses absolute paths, links out of dest_dir and device files.
+                tar.extractall(dest_dir, filter="data")
+        return dest_dir / posixpath.basename(src.rstrip("/"))

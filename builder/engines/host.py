@@ -1,0 +1,148 @@
+"""Host backend: the in-cell steps run on this machine, in a private temporary directory.
+
+The embedded default when no container engine answers. The cell's interpreter is a local one
+(e.g. pyenv's ``python3.11``), found by :func:`find_python`; the steps create their own venvs
+inside the session's directory, so nothing on the host is modified. The directory is removed
+when the session ends, on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from builder.engines.base import OutputLog, RunResult, check_result
+from builder.errors import StepFailed
+
+
+def run_host(
+    argv: Sequence[str],
+    log: OutputLog,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    check: bool = True,
+    step: str = "",
+) -> RunResult:
+    """Run *argv* here, streaming its merged stdout/stderr line by line through *log*.
+
+    *env* is added to (not substituted for) this process's environment.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    log.open()
+    try:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+        except FileNotFoundError as exc:
+            raise StepFailed(f"step '{step or argv[0]}': program not found: {argv[0]}") from exc
+        try:
+            assert proc.stdout is not None
+            tail = log.capture(proc.stdout)
+            code = proc.wait()
+        except BaseException:
+            # Ctrl-C or an error while streaming: do not leave the child running.
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        log.close()
+    result = RunResult(argv=tuple(str(a) for a in argv), exit_code=code, tail=tail,
+                       log_path=log.log_file)
+    if check:
+        check_result(result, step, "the host", log.redactor)
+    return result
+
+
+def find_python(version: str) -> Path:
+    """A local interpreter for *version* ("3.11"): ``python3.11`` on PATH, then pyenv's."""
+    found = shutil.which(f"python{version}")
+    if found:
+        return Path(found)
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if root.is_dir():
+        for cand in sorted(root.glob(f"{version}.*"), reverse=True):
+            exe = cand / "bin" / f"python{version}"
+            if exe.exists():
+                return exe
+    raise StepFailed(
+        f"no Python {version} interpreter on this host (looked for python{version} on PATH and "
+        f"in {root}); install it (e.g. `pyenv install {version}`) or use BACKEND=docker"
+    )
+
+
+class HostSession:
+    """Same interface as a container session, backed by a temporary directory here."""
+
+    def __init__(self, workdir: Path, log: OutputLog, base_env: Mapping[str, str]) -> None:
+        self.root = workdir
+        self.workdir = str(workdir)
+        self.log = log
+        self.base_env = dict(base_env)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        check: bool = True,
+        step: str = "",
+    ) -> RunResult:
+        merged = dict(self.base_env)
+        merged.update(env or {})
+        return run_host(argv, self.log, env=merged, cwd=cwd or self.workdir, check=check,
+                        step=step)
+
+    def copy_in(self, src: Path, dest_dir: str) -> str:
+        if not src.exists():
+            raise StepFailed(f"cannot copy {src} into the session: it does not exist")
+        dest = Path(dest_dir)
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / src.name
+        if src.is_dir():
+            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+        return str(target)
+
+    def copy_out(self, src: str, dest_dir: Path) -> Path:
+        source = Path(src)
+        if not source.exists():
+            raise StepFailed(f"{src} does not exist in the session")
+        return Path(self.copy_in(source, str(dest_dir)))
+
+
+class HostEngine:
+    """Factory of host sessions (mirrors ``DockerEngine.container``)."""
+
+    name = "host"
+
+    @contextlib.contextmanager
+    def session(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        log: OutputLog | None = None,
+        parent: Path | None = None,
+    ) -> Iterator[HostSession]:
+        workdir = Path(tempfile.mkdtemp(prefix="ampforge-host-", dir=parent))
+        try:
+            yield HostSession(workdir, log or OutputLog(), env or {})
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
