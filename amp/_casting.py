@@ -1,0 +1,105 @@
+"""Model-side casting: converting a model's weights (O0/O2/O3) and wrapping its ``forward`` so that
+inputs, per-op precision (O1, through ``torch.autocast``) and outputs are handled for the user.
+
+Nothing in torch is monkey-patched: only the given model instances get a wrapped ``forward``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from .opt_levels import Properties
+
+
+def cast_tensors(value: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating-point tensor inside ``value`` (nested tuples, lists, dicts) to ``dtype``;
+    anything else passes through unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(cast_tensors(v, dtype) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_tensors(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, cast_tensors(v, dtype)) for k, v in value.items())
+    return value
+
+
+def _cast_module_tensors(module: nn.Module, dtype: torch.dtype) -> None:
+    """Cast one module's own floating-point parameters and buffers in place (not its children).
+
+    ``param.data`` is replaced so the Parameter objects — which the optimizer holds — stay the same.
+    """
+    for param in module.parameters(recurse=False):
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+            if param.grad is not None:
+                param.grad = param.grad.to(dtype)
+    for name, buf in module.named_buffers(recurse=False):
+        if buf is not None and buf.is_floating_point():
+            module._buffers[name] = buf.to(dtype)
+
+
+def convert_network(model: nn.Module, dtype: torch.dtype, keep_batchnorm_fp32: bool) -> None:
+    """Cast ``model`` to ``dtype``, leaving affine batch-norm layers in float32 when asked (their
+    statistics need the range; torch's batch-norm accepts half input with float32 weights)."""
+    for module in model.modules():
+        is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and module.affine
+        if keep_batchnorm_fp32 and is_bn:
+            _cast_module_tensors(module, torch.float32)
+        else:
+            _cast_module_tensors(module, dtype)
+
+
+def _model_device_type(model: nn.Module, args: tuple, kwargs: dict) -> str:
+    for tensor in model.parameters():
+        return tensor.device.type
+    for tensor in model.buffers():
+        return tensor.device.type
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return "cpu"
+
+
+def wrap_forward(model: nn.Module, props: Properties, cast_model_outputs: Optional[torch.dtype]):
+    """Replace ``model.forward`` (on this instance only) by one that casts inputs to
+    ``props.cast_model_type``, runs under ``torch.autocast`` when ``props.patch_torch_functions``
+    (O1), and casts outputs to ``cast_model_outputs``.
+
+    Outputs default to float32 whenever inputs are cast or autocast is used: apex does so for a cast
+    model, and under apex's O1 the loss functions computed outside the model ran in float32 too,
+    which autocast limited to ``forward`` cannot do for them."""
+    input_type = props.cast_model_type
+    autocast_dtype = props.half_dtype if props.patch_torch_functions else None
+    output_type = cast_model_outputs
+    if output_type is None and (input_type is not None or autocast_dtype is not None):
+        output_type = torch.float32
+    if input_type is None and output_type is None and autocast_dtype is None:
+        return
+    old_forward: Callable[..., Any] = model.forward
+
+    @functools.wraps(old_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if input_type is not None:
+            args, kwargs = cast_tensors(args, input_type), cast_tensors(kwargs, input_type)
+        if autocast_dtype is not None:
+            device_type = _model_device_type(model, args, kwargs)
+            with torch.autocast(device_type=device_type, dtype=autocast_dtype):
+                output = old_forward(*args, **kwargs)
+        else:
+            output = old_forward(*args, **kwargs)
+        return output if output_type is None else cast_tensors(output, output_type)
+
+    model.forward = forward
+
+
+def check_params_fp32(model: nn.Module) -> Optional[str]:
+    """Name the first floating-point parameter or buffer that is not float32 (None if all are)."""
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            return f"{name} ({tensor.dtype})"
+    return None

@@ -1,0 +1,282 @@
+"""Optimizer side of amp: fp32 master weights, the per-optimizer stash that ``scale_loss`` uses, and
+the patched ``step``/``zero_grad``/``state_dict``/``load_state_dict``/``add_param_group``.
+
+Two paths reach the parameters:
+
+* generic (any ``torch.optim`` optimizer): gradients are unscaled into the master gradients (fp32)
+  with a non-finite check; ``step`` runs the optimizer on the masters, then copies them into the
+  half model.
+* fused (an optimizer defining ``_amp_grads_nonfinite`` and ``_amp_fused_step``, see the seam in
+  the project notes): gradients stay scaled in memory; the optimizer checks them read-only and
+  later unscales them inside its own update kernel. Used only when it gives the generic result:
+  when a second backward pass with possibly another scale comes before the step, or when
+  gradients already exist before the backward pass, that step falls back to the generic path.
+"""
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+
+from ._amp_state import maybe_log
+from .opt_levels import HALF_DTYPES, Properties
+from .scaler import Pair, unscale_grads
+
+MASTERS_KEY = "amp_master_weights"
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    return hasattr(optimizer, "_amp_fused_step") and hasattr(optimizer, "_amp_grads_nonfinite")
+
+
+class OptimizerStash:
+    """What amp keeps on an optimizer (``optimizer._amp_stash``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, master_weights: bool) -> None:
+        self.master_weights = master_weights
+        self.fused = is_fused(optimizer)
+        # model_params[g][i] is the model parameter behind optimizer.param_groups[g]["params"][i]
+        # (the same object when no separate master exists).
+        self.model_params: list[list[torch.Tensor]] = []
+        self.stash: Optional[list[Optional[torch.Tensor]]] = None
+        self.params_have_scaled_gradients = False
+        self.use_fused = False  # decided when a backward pass is prepared
+        self.pending_inv_scale: Optional[float] = None  # fused path: grads still scaled by 1/this
+        self.skip_message: Optional[str] = None  # set when the next step must be skipped
+        self.original_step: Any = optimizer.step
+        self.original_zero_grad: Any = optimizer.zero_grad
+        self.original_state_dict: Any = optimizer.state_dict
+        self.original_load_state_dict: Any = optimizer.load_state_dict
+        self.original_add_param_group: Any = optimizer.add_param_group
+
+    def pairs(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple]:
+        for group, models in zip(optimizer.param_groups, self.model_params):
+            yield from zip(models, group["params"])
+
+
+def master_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """The parameters the optimizer steps: fp32 masters under O2, the model's own otherwise.
+
+    Use them for gradient clipping: ``torch.nn.utils.clip_grad_norm_(amp.master_params(opt), 1.0)``.
+    """
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+def _make_masters(
+    group: dict[str, Any], optimizer: torch.optim.Optimizer, fp32_sources: dict[int, torch.Tensor]
+) -> list[torch.Tensor]:
+    """Swap each half parameter of ``group`` for an fp32 master; return the model parameters."""
+    models = list(group["params"])
+    masters: list[torch.Tensor] = []
+    for param in models:
+        if param.dtype in HALF_DTYPES:
+            source = fp32_sources.get(id(param))
+            if source is None:
+                source = param.detach().float()
+            master = source.detach().clone().to(torch.float32)
+            master.requires_grad_(param.requires_grad)
+            if param in optimizer.state:  # carry existing optimizer state over to the master
+                optimizer.state[master] = optimizer.state.pop(param)
+            masters.append(master)
+        else:
+            masters.append(param)
+    group["params"] = masters
+    return models
+
+
+def process_optimizer(
+    optimizer: torch.optim.Optimizer, props: Properties, fp32_sources: dict[int, torch.Tensor]
+) -> None:
+    """Attach amp's stash to ``optimizer`` and patch its methods (once per optimizer)."""
+    if hasattr(optimizer, "_amp_stash"):
+        raise RuntimeError(
+            "An optimizer may be passed through amp.initialize only once; create a new optimizer "
+            "for a new amp.initialize call."
+        )
+    master_weights = bool(props.master_weights)
+    stash = OptimizerStash(optimizer, master_weights)
+    had_state = len(optimizer.state) > 0
+    for group in optimizer.param_groups:
+        if master_weights:
+            stash.model_params.append(_make_masters(group, optimizer, fp32_sources))
+        else:
+            stash.model_params.append(list(group["params"]))
+    if had_state:
+        # Recast preexisting per-parameter state to the new parameter types (apex's trick).
+        optimizer.load_state_dict(optimizer.state_dict())
+    optimizer._amp_stash = stash
+    optimizer.step = types.MethodType(_step, optimizer)
+    optimizer.zero_grad = types.MethodType(_zero_grad, optimizer)
+    optimizer.state_dict = types.MethodType(_state_dict, optimizer)
+    optimizer.load_state_dict = types.MethodType(_load_state_dict, optimizer)
+    optimizer.add_param_group = types.MethodType(_add_param_group, optimizer)
+
+
+def _separate_pairs(optimizer: torch.optim.Optimizer) -> list[tuple]:
+    stash: OptimizerStash = optimizer._amp_stash
+    return [(m, p) for m, p in stash.pairs(optimizer) if m is not p]
+
+
+@torch.no_grad()
+def copy_masters_to_model(optimizer: torch.optim.Optimizer) -> None:
+    pairs = _separate_pairs(optimizer)
+    if pairs:
+        torch._foreach_copy_([m for m, _ in pairs], [p for _, p in pairs])
+
+
+# --- the backward-pass protocol used by scale_loss --------------------------------------------
+
+
+def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
+    """Before a backward pass whose gradients are not yet in flight: set aside gradients that are
+    already unscaled (from an earlier loss), so this pass's scaled gradients start from None."""
+    stash: OptimizerStash = optimizer._amp_stash
+    if stash.params_have_scaled_gradients:
+        return  # accumulating with delay_unscale: keep adding scaled grads
+    if stash.pending_inv_scale is not None:
+        # A second loss before the step: the fused path's still-scaled grads are unscaled now.
+        _generic_unscale(optimizer, stash.pending_inv_scale, with_stash=False)
+        stash.pending_inv_scale = None
+        stash.use_fused = False
+    pairs = list(stash.pairs(optimizer))
+    has_grads = any(m.grad is not None or p.grad is not None for m, p in pairs)
+    stash.use_fused = stash.fused and not has_grads
+    if stash.use_fused:
+        return
+    saved: list[Optional[torch.Tensor]] = []
+    for model_param, master in pairs:
+        saved.append(master.grad)
+        master.grad = None
+        model_param.grad = None
+    stash.stash = saved if any(s is not None for s in saved) else None
+
+
+def restore_after_failed_backward(optimizer: torch.optim.Optimizer) -> None:
+    """The backward pass raised: put set-aside gradients back, drop the partial ones."""
+    stash: OptimizerStash = optimizer._amp_stash
+    if stash.stash is not None:
+        for (model_param, master), saved in zip(stash.pairs(optimizer), stash.stash):
+            if model_param is not master:
+                model_param.grad = None
+            master.grad = saved
+    stash.stash = None
+    stash.params_have_scaled_gradients = False
+
+
+def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool):
+    stash: OptimizerStash = optimizer._amp_stash
+    saved = stash.stash if with_stash and stash.stash is not None else None
+    pairs: list[Pair] = []
+    for i, (model_param, master) in enumerate(stash.pairs(optimizer)):
+        pairs.append((model_param, master, None if saved is None else saved[i]))
+    found_inf = unscale_grads(pairs, inv_scale)
+    stash.stash = None
+    return found_inf
+
+
+def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.Tensor:
+    """After the last backward pass before a step: unscale (generic) or check (fused) the
+    gradients; returns the found_inf flag (a 0/1 tensor)."""
+    stash: OptimizerStash = optimizer._amp_stash
+    stash.params_have_scaled_gradients = False
+    if stash.use_fused:
+        nonfinite = optimizer._amp_grads_nonfinite(stash.model_params, inv_scale)
+        stash.pending_inv_scale = inv_scale
+        return torch.tensor([1.0 if nonfinite else 0.0])
+    return _generic_unscale(optimizer, inv_scale, with_stash=True)
+
+
+# --- patched optimizer methods ------------------------------------------------------------------
+
+
+def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
+    stash: OptimizerStash = self._amp_stash
+    if stash.skip_message is not None:
+        maybe_log(stash.skip_message, logging.WARNING)
+        stash.skip_message = None
+        stash.pending_inv_scale = None
+        for _, master in _separate_pairs(self):  # not reached by model.zero_grad()
+            master.grad = None
+        return None
+    if stash.pending_inv_scale is not None:
+        if closure is not None:
+            raise RuntimeError("amp does not support a closure with a fused optimizer's step")
+        inv_scale, stash.pending_inv_scale = stash.pending_inv_scale, None
+        self._amp_fused_step(stash.model_params, inv_scale)
+        return None
+    separate = bool(_separate_pairs(self))
+    if closure is not None and separate:
+        raise RuntimeError(
+            "amp does not support optimizer.step(closure) with master weights (O2); call "
+            "step() without a closure."
+        )
+    result = stash.original_step() if closure is None else stash.original_step(closure)
+    if separate:
+        copy_masters_to_model(self)
+    return result
+
+
+def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    stash: OptimizerStash = self._amp_stash
+    stash.original_zero_grad(set_to_none)
+    for model_param, _ in _separate_pairs(self):  # the half model's grads too
+        if set_to_none:
+            model_param.grad = None
+        elif model_param.grad is not None:
+            model_param.grad.detach_().zero_()
+    stash.params_have_scaled_gradients = False
+    stash.pending_inv_scale = None
+    stash.stash = None
+
+
+def _state_dict(self: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict plus, under master weights, the fp32 masters themselves, so a
+    resumed run continues exactly (the model's half weights alone have lost precision)."""
+    stash: OptimizerStash = self._amp_stash
+    state = stash.original_state_dict()
+    if _separate_pairs(self):
+        state[MASTERS_KEY] = [
+            [None if m is p else p.detach() for m, p in zip(models, group["params"])]
+            for models, group in zip(stash.model_params, self.param_groups)
+        ]
+    return state
+
+
+def _load_state_dict(self: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    stash: OptimizerStash = self._amp_stash
+    state_dict = dict(state_dict)
+    masters = state_dict.pop(MASTERS_KEY, None)
+    stash.original_load_state_dict(state_dict)
+    if masters is None:
+        if _separate_pairs(self):
+            # Saved without amp's masters (e.g. from plain torch): start them from the model.
+            with torch.no_grad():
+                for model_param, master in _separate_pairs(self):
+                    master.copy_(model_param)
+        return
+    shape = [len(g["params"]) for g in self.param_groups]
+    if [len(g) for g in masters] != shape:
+        raise ValueError(
+            f"optimizer state_dict[{MASTERS_KEY!r}] has groups of sizes "
+            f"{[len(g) for g in masters]}, this optimizer has {shape}"
+        )
+    with torch.no_grad():
+        for saved_group, group in zip(masters, self.param_groups):
+            for saved, master in zip(saved_group, group["params"]):
+                if saved is not None:
+                    master.copy_(saved)
+    copy_masters_to_model(self)
+
+
+def _add_param_group(self: torch.optim.Optimizer, param_group: dict[str, Any]) -> None:
+    stash: OptimizerStash = self._amp_stash
+    stash.original_add_param_group(param_group)
+    group = self.param_groups[-1]
+    if stash.master_weights:
+        stash.model_params.append(_make_masters(group, self, {}))
+    else:
+        stash.model_params.append(list(group["params"]))

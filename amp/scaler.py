@@ -1,0 +1,174 @@
+"""Loss scaling: the scale's state machine, gradient unscaling with a non-finite check, and the
+cross-rank agreement on overflow.
+
+The dynamic schedule is ``torch.amp.GradScaler``'s (same arithmetic, float32 scale, growth only when
+the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_loss_scale]``.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import torch
+
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _f32(x: float) -> float:
+    """Round to the nearest float32, as GradScaler keeps its scale in a float32 tensor."""
+    if math.isnan(x):
+        return x
+    if abs(x) > _F32_MAX * (1 + 2**-24):  # beyond float32 range (after rounding): inf, as in C
+        return math.copysign(math.inf, x)
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+class LossScaler:
+    """One loss's scale: static (a fixed number) or dynamic.
+
+    Dynamic: starts at ``min(max_loss_scale, init_scale)``; multiplied by ``growth_factor`` after
+    ``scale_window`` consecutive steps with finite gradients and by ``backoff_factor`` on a step
+    with non-finite gradients (that step is skipped); always clamped to ``[min_loss_scale,
+    max_loss_scale]``. A static scale never changes and never skips (apex's behaviour).
+
+    Example::
+
+        >>> s = LossScaler("dynamic", init_scale=8.0, scale_window=2)
+        >>> s.update(found_inf=False), s.update(found_inf=False), s.loss_scale()
+        (False, False, 16.0)
+        >>> s.update(found_inf=True), s.loss_scale()  # True: skip this step
+        (True, 8.0)
+    """
+
+    def __init__(
+        self,
+        loss_scale: Union[float, str],
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        scale_window: int = 2000,
+        min_loss_scale: Optional[float] = None,
+        max_loss_scale: float = 2.0**24,
+    ) -> None:
+        self.dynamic = loss_scale == "dynamic"
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._scale_window = int(scale_window)
+        self._min_loss_scale = None if min_loss_scale is None else float(min_loss_scale)
+        self._max_loss_scale = float(max_loss_scale)
+        if self.dynamic:
+            self._loss_scale = _f32(min(self._max_loss_scale, float(init_scale)))
+        else:
+            self._loss_scale = _f32(float(loss_scale))
+        self._unskipped = 0  # clean steps since the last change (GradScaler's growth tracker)
+
+    def loss_scale(self) -> float:
+        return self._loss_scale
+
+    def update(self, found_inf: bool) -> bool:
+        """Advance the schedule after one backward pass; True means: skip this step."""
+        if not self.dynamic:
+            return False
+        if found_inf:
+            scale = _f32(self._loss_scale * self._backoff_factor)
+            if self._min_loss_scale is not None:
+                scale = max(self._min_loss_scale, scale)
+            self._loss_scale = scale
+            self._unskipped = 0
+            return True
+        self._unskipped += 1
+        if self._unskipped == self._scale_window:
+            grown = _f32(self._loss_scale * self._growth_factor)
+            if math.isfinite(grown):  # GradScaler never grows the scale to inf
+                self._loss_scale = min(self._max_loss_scale, grown)
+            self._unskipped = 0
+        return False
+
+    def state_dict(self) -> dict[str, Union[float, int]]:
+        return {"loss_scale": self._loss_scale, "unskipped": self._unskipped}
+
+    def load_state_dict(self, state: dict[str, Union[float, int]]) -> None:
+        try:
+            scale, unskipped = state["loss_scale"], state["unskipped"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                "a loss scaler state must be a dict with 'loss_scale' and 'unskipped'; "
+                f"got {state!r}"
+            ) from exc
+        self._loss_scale = float(scale)
+        self._unskipped = int(unskipped)
+
+
+Pair = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+
+
+def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
+    """Unscale gradients, checking for non-finite values; returns a 0/1 float tensor (found_inf).
+
+    Each pair is ``(model_param, master_param, stashed_grad)``. The model's gradient times
+    ``inv_scale`` becomes the master's gradient (computed in place when they are the same tensor,
+    else into a fresh tensor of the master's dtype), plus ``stashed_grad`` (an already-unscaled
+    gradient from an earlier loss) when one is given. Uses GradScaler's fused kernel, so the result
+    is bit-identical to ``GradScaler.unscale_``.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    stashed: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for model_param, master, stash in pairs:
+        grad = model_param.grad
+        if grad is None:
+            if stash is not None:
+                master.grad = stash
+            continue
+        if model_param is not master:
+            grad = grad.detach().to(dtype=master.dtype, copy=True)
+            master.grad = grad
+        groups[(grad.device, grad.dtype)].append(grad)
+        if stash is not None:
+            stashed.append((grad, stash))
+    flags: list[torch.Tensor] = []
+    for (device, _), grads in groups.items():
+        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        # GradScaler's reciprocal: computed in double, stored as float32.
+        inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
+        _non_finite_check_and_unscale(grads, found_inf, inv)
+        flags.append(found_inf)
+    if stashed:
+        torch._foreach_add_([g for g, _ in stashed], [s for _, s in stashed])
+    if not flags:
+        return torch.zeros(1)
+    return torch.stack([f.to(flags[0].device) for f in flags]).amax()
+
+
+def _non_finite_check_and_unscale(
+    grads: list[torch.Tensor], found_inf: torch.Tensor, inv: torch.Tensor
+) -> None:
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv)
+    except NotImplementedError:
+        # Older torch builds lack the kernel for some devices: same maths, unfused.
+        _unscale_fallback(grads, found_inf, inv)
+
+
+def _unscale_fallback(
+    grads: list[torch.Tensor], found_inf: torch.Tensor, inv: torch.Tensor
+) -> None:
+    for g in grads:
+        if not bool(torch.isfinite(g).all()):
+            found_inf.fill_(1.0)
+        g.copy_((g.float() * inv).to(g.dtype))
+
+
+def any_rank_overflowed(found_inf: torch.Tensor) -> bool:
+    """True if ``found_inf`` is set here or, under torch.distributed, on any rank of the default
+    group: every rank then skips the same step and backs off to the same scale."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        device = found_inf.device
+        if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = found_inf.detach().reshape(1).to(device=device, dtype=torch.float32, copy=True)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+    return bool(found_inf.item() > 0)
