@@ -1,0 +1,261 @@
+"""Cells: one (arch, Python, torch) combination of the matrix, and how to pick them.
+
+A cell's identifier names it everywhere (logs, selectors, file names, CI jobs). It
+extends cibuildwheel's ``cp311-manylinux_x86_64`` with the torch release the wheel is
+built against::
+
+    cp311-manylinux_x86_64-torch2.13.0
+    cp39-manylinux_aarch64-torch2.8.0
+
+The platform part is ``manylinux_<machine>`` whatever the base image (the repaired wheel
+is manylinux either way; the exact glibc tag is ``Cell.plat``). The full torch release is
+used, not ``2.13``, because two patch releases may both be in a matrix.
+
+``expand`` turns a BuildConfig into a Plan (buildable cells plus dropped ones with their
+reasons); ``select`` narrows a Plan to what a command asked for. When a selection names a
+Python but no torch, each (arch, Python) resolves to the newest torch in the matrix that
+publishes a wheel for it, and a note says which one was chosen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from builder import values
+from builder.arch import ARCHES
+from builder.config import BaseImage, BuildConfig, Selection
+from builder.errors import ConfigError
+
+
+def cell_id(arch: str, python: str, torch: str) -> str:
+    return f"{values.cp_tag(python)}-manylinux_{ARCHES[arch].machine}-torch{torch}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    arch: str  # X86 | ARM
+    python: str  # "3.11"
+    torch: str  # "2.13.0"
+    image: BaseImage
+
+    @property
+    def identifier(self) -> str:
+        return cell_id(self.arch, self.python, self.torch)
+
+    @property
+    def machine(self) -> str:
+        return ARCHES[self.arch].machine
+
+    @property
+    def docker_platform(self) -> str:
+        return ARCHES[self.arch].docker_platform
+
+    @property
+    def cp(self) -> str:
+        return values.cp_tag(self.python)
+
+    @property
+    def abi_tag(self) -> str:
+        return f"{self.cp}-{self.cp}"
+
+    @property
+    def plat(self) -> str:
+        return self.image.plat
+
+    @property
+    def python_path(self) -> str:
+        """The cell's interpreter inside the base image."""
+        return self.image.python_path.replace("{cp}", self.cp).replace("{version}", self.python)
+
+    @property
+    def torch_local(self) -> str:
+        """The wheel's local version label, ``torch2.13`` (see DESIGN.md wheel names)."""
+        major, minor, _ = self.torch.split(".")
+        return f"torch{major}.{minor}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.identifier,
+            "arch": self.arch,
+            "machine": self.machine,
+            "python": self.python,
+            "cp": self.cp,
+            "torch": self.torch,
+            "base_image": self.image.ref,
+            "family": self.image.family,
+            "plat": self.plat,
+            "python_path": self.python_path,
+            "docker_platform": self.docker_platform,
+        }
+
+
+@dataclass(frozen=True)
+class DroppedCell:
+    arch: str
+    python: str
+    torch: str
+    reason: str
+
+    @property
+    def identifier(self) -> str:
+        return cell_id(self.arch, self.python, self.torch)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.identifier, "arch": self.arch, "python": self.python,
+                "torch": self.torch, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: tuple[Cell, ...]
+    dropped: tuple[DroppedCell, ...] = ()
+    notes: tuple[str, ...] = ()  # e.g. which torch a selection resolved to
+    warnings: tuple[str, ...] = field(default=())
+
+    def by_id(self) -> dict[str, Cell]:
+        return {c.identifier: c for c in self.cells}
+
+
+def _order(arch: str, python: str, torch: str, arches: tuple[str, ...]) -> tuple:
+    a = arches.index(arch) if arch in arches else len(arches)
+    return (a, values.python_key(python), values.torch_key(torch))
+
+
+def expand(config: BuildConfig) -> Plan:
+    """All cells of the matrix: buildable ones and dropped ones with reasons."""
+    m = config.matrix
+    sup = config.support
+    cells: dict[str, Cell] = {}
+    dropped: dict[str, DroppedCell] = {}
+    warnings: list[str] = []
+    matched_rules: set[int] = set()
+    for arch in m.arches:
+        machine = ARCHES[arch].machine
+        for python in m.pythons:
+            for torch in m.torches:
+                cid = cell_id(arch, python, torch)
+                rule = next((r for r in m.exclude if r.matches(arch, python, torch)), None)
+                for r in m.exclude:
+                    if r.matches(arch, python, torch):
+                        matched_rules.add(r.index)
+                if rule is not None:
+                    dropped[cid] = DroppedCell(arch, python, torch, f"excluded by {rule.describe()}")
+                elif not sup.supports(torch, python, machine):
+                    dropped[cid] = DroppedCell(arch, python, torch, sup.why_not(torch, python, machine))
+                else:
+                    cells[cid] = Cell(arch, python, torch, config.images[arch])
+    for r in m.exclude:
+        if r.index not in matched_rules:
+            where = f"{r.file}:{r.line}" if r.line else r.file
+            warnings.append(f"{where}: {r.key}: {r.describe()} matches no cell of the matrix")
+    for r in m.include:
+        arch, python, torch = r.arch[0], r.python[0], r.torch[0]  # type: ignore[index]
+        machine = ARCHES[arch].machine
+        if not sup.supports(torch, python, machine):
+            raise ConfigError(
+                f"includes {cell_id(arch, python, torch)}, which cannot be built: "
+                f"{sup.why_not(torch, python, machine)}; expected a supported combination",
+                file=r.file, line=r.line, key=r.key,
+            )
+        cid = cell_id(arch, python, torch)
+        dropped.pop(cid, None)  # an explicit include wins over an exclude
+        cells[cid] = Cell(arch, python, torch, config.images[arch])
+    if not cells:
+        reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in list(dropped.values())[:3])
+        raise ConfigError(
+            f"the matrix has no buildable cell (all {len(dropped)} dropped, e.g. {reasons}); "
+            "expected at least one supported arch/python/torch combination",
+            file=config.source_name, key="matrix",
+        )
+    order = lambda c: _order(c.arch, c.python, c.torch, m.arches)  # noqa: E731
+    return Plan(
+        cells=tuple(sorted(cells.values(), key=order)),
+        dropped=tuple(sorted(dropped.values(), key=order)),
+        warnings=tuple(warnings),
+    )
+
+
+def _describe_selection(sel: Selection) -> str:
+    parts = []
+    for axis in ("arch", "python", "torch"):
+        vals = getattr(sel, axis)
+        if vals is not None:
+            parts.append(f"{axis} {','.join(vals)} ({sel.origins.get(axis, '?')})")
+    if sel.patterns:
+        parts.append(f"pattern {' '.join(sel.patterns)}")
+    return ", ".join(parts)
+
+
+def select(plan: Plan, selection: Selection) -> Plan:
+    """Narrow *plan* to *selection*; ConfigError (exit 2) when it selects nothing buildable."""
+    if selection.empty:
+        return plan
+    everything = [*plan.cells, *plan.dropped]
+    # Each named value must exist somewhere in the matrix: say which one does not.
+    for axis in ("arch", "python", "torch"):
+        wanted = getattr(selection, axis)
+        if wanted is None:
+            continue
+        have = sorted({getattr(c, axis) for c in everything},
+                      key=values.python_key if axis == "python" else
+                      (values.torch_key if axis == "torch" else str))
+        for w in wanted:
+            if w not in have:
+                raise ConfigError(
+                    f"{axis} {w} is not in the matrix; expected one of {', '.join(have)} "
+                    "(or add it to the config's matrix)",
+                    key=selection.origins.get(axis, axis),
+                )
+    for pattern in selection.patterns:
+        if not any(fnmatch.fnmatchcase(c.identifier, pattern) for c in everything):
+            raise ConfigError(
+                f"selector {pattern!r} matches no cell; expected a pattern on identifiers like "
+                f"{everything[0].identifier} (see `python -m builder plan`)",
+                key="selector",
+            )
+
+    def keep(c: Cell | DroppedCell) -> bool:
+        for axis in ("arch", "python", "torch"):
+            wanted = getattr(selection, axis)
+            if wanted is not None and getattr(c, axis) not in wanted:
+                return False
+        return all(fnmatch.fnmatchcase(c.identifier, p) for p in selection.patterns) \
+            if selection.patterns else True
+
+    cells = [c for c in plan.cells if keep(c)]
+    dropped = [d for d in plan.dropped if keep(d)]
+    if not cells:
+        if dropped:
+            reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in dropped)
+            raise ConfigError(
+                f"the selection ({_describe_selection(selection)}) has no buildable cell: {reasons}",
+                key="selection",
+            )
+        raise ConfigError(
+            f"the selection ({_describe_selection(selection)}) selects no cell; "
+            "see `python -m builder plan` for the cells of the matrix",
+            key="selection",
+        )
+    notes: list[str] = []
+    if selection.torch is None and selection.python is not None:
+        # Resolve to the newest torch per (arch, python) and say which.
+        newest: dict[tuple[str, str], Cell] = {}
+        for c in cells:
+            k = (c.arch, c.python)
+            if k not in newest or values.torch_key(c.torch) > values.torch_key(newest[k].torch):
+                newest[k] = c
+        for (arch, python), c in newest.items():
+            skipped = sorted({d.torch for d in dropped if d.arch == arch and d.python == python
+                              and values.torch_key(d.torch) > values.torch_key(c.torch)},
+                             key=values.torch_key)
+            why = f"; newer {', '.join(skipped)} publish no {c.cp} wheel for {c.machine}" if skipped else ""
+            notes.append(
+                f"{arch} / Python {python}: no torch named, chose torch {c.torch} "
+                f"(the newest in the matrix with a {c.cp} wheel for {c.machine}{why}) -> {c.identifier}"
+            )
+        chosen = set(id(c) for c in newest.values())
+        cells = [c for c in cells if id(c) in chosen]
+    return replace(plan, cells=tuple(cells), dropped=tuple(dropped),
+                   notes=plan.notes + tuple(notes))

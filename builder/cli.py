@@ -1,0 +1,180 @@
+"""``python -m builder``: the command-line front end.
+
+Each subcommand is its own module under ``builder.commands`` exposing ``NAME``, ``HELP``,
+``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args, ctx) -> int``; adding a command
+(build, fetch, index, base-image, publish) means adding a module name to ``COMMANDS``.
+
+Everything printed goes through one Redactor seeded, before anything is parsed, with the
+proxy URLs in the environment and on the command line, so a password never reaches the
+terminal or a log -- not even in an argparse usage error. ``BuilderError`` becomes its
+message and its exit code (2 for configuration, 1 for failed steps); argparse usage
+errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn, TextIO
+
+from builder import __version__
+from builder.config import CliOverrides, Settings, load_settings
+from builder.errors import BuilderError
+from builder.proxy import proxies_from_env
+from builder.redact import Redactor
+
+COMMANDS: tuple[str, ...] = ("builder.commands.plan", "builder.commands.render")
+
+
+class Output:
+    """Redacted stdout/stderr writer shared by all commands."""
+
+    def __init__(self, redactor: Redactor, stdout: TextIO | None = None, stderr: TextIO | None = None):
+        self.redact = redactor
+        self._stdout = stdout
+        self._stderr = stderr
+
+    def out(self, text: str = "") -> None:
+        print(self.redact(text), file=self._stdout or sys.stdout)
+
+    def err(self, text: str) -> None:
+        print(self.redact(text), file=self._stderr or sys.stderr)
+
+
+@dataclass
+class Context:
+    output: Output
+    env: Mapping[str, str]
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors are redacted too."""
+
+    redactor: Redactor = Redactor()
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, self.redactor(f"{self.prog}: error: {message}\n"))
+
+
+# ------------------------------------------------------------------ shared options
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration (command line > environment > config file > built-in defaults)")
+    g.add_argument("--config", metavar="FILE",
+                   help="build configuration YAML (default: configs/matrix.yaml)")
+    g.add_argument("--jobs", type=int, metavar="N",
+                   help="parallel compile jobs inside a cell (env JOBS; config build.jobs)")
+    g.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
+                   help="build without network: pip uses only the wheelhouse (env OFFLINE=1; config offline.enabled)")
+    g.add_argument("--ca-bundle", metavar="PEM",
+                   help="extra CA certificates for the image trust store (env BUILDER_CA_BUNDLE; config ca_bundle)")
+    for key, what in (("http", "HTTP"), ("https", "HTTPS"), ("all", "any protocol")):
+        g.add_argument(f"--{key}-proxy", metavar="URL",
+                       help=f"proxy for {what} inside the build, passed as a build argument only "
+                            f"(env {key.upper()}_PROXY / {key}_proxy; config proxy.{key}_proxy)")
+    g.add_argument("--no-proxy", metavar="HOSTS",
+                   help="comma-separated hosts that bypass the proxy (env NO_PROXY / no_proxy; config proxy.no_proxy)")
+
+
+def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) -> None:
+    g = p.add_argument_group("selection (default: every buildable cell)")
+    g.add_argument("--arch", metavar="A",
+                   help="X86 or ARM (also x86_64/aarch64); comma-separated for several (env ARCH)")
+    g.add_argument("--python", metavar="P",
+                   help="Python version(s) such as 3.11 or 3.9,3.10 (env PY); with no --torch, "
+                        "each resolves to the newest torch that has a wheel for it")
+    g.add_argument("--torch", metavar="T", help="torch release(s) such as 2.13.0 (env TORCH)")
+    if selectors:
+        g.add_argument("selectors", nargs="*", metavar="SELECTOR",
+                       help="shell-style patterns on cell identifiers, e.g. 'cp311-*' or "
+                            "'*-manylinux_aarch64-*' (a cell must match all of them)")
+
+
+def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
+    return CliOverrides(
+        config=args.config, arch=args.arch, python=args.python, torch=args.torch,
+        patterns=tuple(getattr(args, "selectors", None) or ()),
+        jobs=args.jobs, offline=args.offline, ca_bundle=args.ca_bundle,
+        http_proxy=args.http_proxy, https_proxy=args.https_proxy,
+        no_proxy=args.no_proxy, all_proxy=args.all_proxy,
+    )
+
+
+def load_from_args(args: argparse.Namespace, ctx: Context) -> Settings:
+    """Resolve all layers; also teaches the output redactor the config file's proxies."""
+    settings = load_settings(overrides_from_args(args), ctx.env)
+    settings.config.proxy.redactor(ctx.output.redact)
+    return settings
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m builder",
+        description="Build manylinux wheels of ampforge for every cell (arch x Python x torch) "
+                    "of a YAML matrix. Exit codes: 0 success, 1 a step failed, 2 bad configuration or usage.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module_name in COMMANDS:
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    redactor = Redactor()
+    for arg in argv:
+        redactor.add_url(arg)
+    for value, _name in proxies_from_env(env).values():
+        redactor.add_url(value)
+    _Parser.redactor = redactor
+    output = Output(redactor)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (exit 2)
+        return int(exc.code or 0)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args, Context(output=output, env=env)))
+    except BuilderError as exc:
+        output.err(f"error: {exc.message}")
+        return exc.return_code
+    except KeyboardInterrupt:
+        output.err("interrupted")
+        return 130
+    except BrokenPipeError:
+        # `plan | head`: the reader left; not an error of ours. Silence the final flush.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def resolve_plan(args: argparse.Namespace, ctx: Context):  # -> tuple[Settings, Plan]
+    """Settings -> expanded matrix -> selection; warnings and notes go to stderr."""
+    from builder.cells import expand, select
+
+    settings = load_from_args(args, ctx)
+    full = expand(settings.config)
+    plan = select(full, settings.selection)
+    for w in plan.warnings:
+        ctx.output.err(f"warning: {w}")
+    for n in plan.notes:
+        ctx.output.err(f"note: {n}")
+    return settings, plan

@@ -1,0 +1,1 @@
+"""Subcommands of ``python -m builder``: one module each (see builder/cli.py)."""

@@ -1,0 +1,114 @@
+"""JSON schema of a build configuration file (structure only).
+
+Values that need more than a type (versions, image references, URLs, paths) are checked
+by ``builder.values`` afterwards, with messages that say what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_STR_OR_LIST: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    ]
+}
+
+_RULE_KEYS = {"arch": _STR_OR_LIST, "python": _STR_OR_LIST, "torch": _STR_OR_LIST}
+
+_NULLABLE_STRING: dict[str, Any] = {"type": ["string", "null"]}
+
+IMAGE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "base": {"type": "string"},
+        "family": {"enum": ["manylinux", "debian"]},
+        "plat": {"type": "string"},
+        "python_path": {"type": "string"},
+    },
+}
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["matrix"],
+    "properties": {
+        "support": {"type": "string"},
+        "matrix": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["arch", "python", "torch"],
+            "properties": {
+                "arch": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                "python": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                "torch": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                "include": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["arch", "python", "torch"],
+                        "properties": {
+                            "arch": {"type": "string"},
+                            "python": {"type": "string"},
+                            "torch": {"type": "string"},
+                        },
+                    },
+                },
+                "exclude": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "minProperties": 1,
+                        "properties": _RULE_KEYS,
+                    },
+                },
+            },
+        },
+        "images": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"X86": IMAGE, "ARM": IMAGE},
+        },
+        "build": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "jobs": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+                "extra_cflags": {"type": "array", "items": {"type": "string"}},
+                "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "pip": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "index_url": _NULLABLE_STRING,
+                "extra_index_urls": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "proxy": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "http_proxy": _NULLABLE_STRING,
+                "https_proxy": _NULLABLE_STRING,
+                "no_proxy": _NULLABLE_STRING,
+                "all_proxy": _NULLABLE_STRING,
+            },
+        },
+        "ca_bundle": _NULLABLE_STRING,
+        "offline": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "enabled": {"type": "boolean"},
+                "wheelhouse": {"type": "string"},
+            },
+        },
+    },
+}

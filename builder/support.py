@@ -1,0 +1,93 @@
+"""The torch <-> CPython wheel availability table (``configs/support.yaml``).
+
+A cell (arch, python, torch) can only be built when torch publishes a wheel for that
+Python on that machine: the build installs it. The table is data, not code, so a new
+torch release is one YAML entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import values
+from builder.errors import ConfigError
+from builder.yamlfile import format_path, load_yaml
+
+MACHINES = ("x86_64", "aarch64")
+
+
+@dataclass(frozen=True)
+class SupportTable:
+    """``wheels[torch][machine]`` is the tuple of Python versions with a torch wheel."""
+
+    file: str
+    wheels: Mapping[str, Mapping[str, tuple[str, ...]]]
+
+    def knows(self, torch: str) -> bool:
+        return torch in self.wheels
+
+    def pythons(self, torch: str, machine: str) -> tuple[str, ...]:
+        return self.wheels.get(torch, {}).get(machine, ())
+
+    def supports(self, torch: str, python: str, machine: str) -> bool:
+        return python in self.pythons(torch, machine)
+
+    def why_not(self, torch: str, python: str, machine: str) -> str:
+        """The reason a combination is unsupported, for 'dropped' lines and errors."""
+        have = self.pythons(torch, machine)
+        if not have:
+            return f"torch {torch} publishes no wheels for {machine} (per {self.file})"
+        ordered = sorted(have, key=values.python_key)
+        span = f"{values.cp_tag(ordered[0])}-{values.cp_tag(ordered[-1])}"
+        return (
+            f"torch {torch} publishes no {values.cp_tag(python)} wheel for {machine} "
+            f"(it has {span}; per {self.file})"
+        )
+
+
+def _fail(doc_file: str, line: int | None, path: tuple, message: str) -> ConfigError:
+    return ConfigError(message, file=doc_file, line=line, key=format_path(path))
+
+
+def load_support(path: Path, display: str | None = None) -> SupportTable:
+    """Load and validate a support table; errors name file, line and key."""
+    doc = load_yaml(path, display)
+    data = doc.data
+    if not isinstance(data, dict) or set(data) != {"torch"}:
+        raise _fail(doc.file, doc.line(()), (), "expected a mapping with the single key 'torch'")
+    table = data["torch"]
+    if not isinstance(table, dict) or not table:
+        raise _fail(doc.file, doc.line(("torch",)), ("torch",),
+                    "expected a non-empty mapping of torch version -> {machine: [python, ...]}")
+    wheels: dict[str, dict[str, tuple[str, ...]]] = {}
+    for torch, per_arch in table.items():
+        p = ("torch", str(torch))
+        if not isinstance(torch, str):
+            raise _fail(doc.file, doc.line(p), p, f"expected the torch version as a quoted string, got {torch!r}")
+        try:
+            values.torch_version(torch)
+        except ValueError as exc:
+            raise _fail(doc.file, doc.line(p), p, str(exc)) from None
+        if not isinstance(per_arch, dict) or not per_arch:
+            raise _fail(doc.file, doc.line(p), p, f"expected a mapping with keys from {', '.join(MACHINES)}")
+        wheels[torch] = {}
+        for machine, pythons in per_arch.items():
+            mp = p + (str(machine),)
+            if machine not in MACHINES:
+                raise _fail(doc.file, doc.line(mp), mp,
+                            f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+            if not isinstance(pythons, list):
+                raise _fail(doc.file, doc.line(mp), mp, "expected a list of Python versions")
+            for i, py in enumerate(pythons):
+                ip = mp + (i,)
+                if not isinstance(py, str):
+                    raise _fail(doc.file, doc.line(ip), ip,
+                                f"expected a quoted Python version like \"3.10\", got {py!r}")
+                try:
+                    values.python_version(py)
+                except ValueError as exc:
+                    raise _fail(doc.file, doc.line(ip), ip, str(exc)) from None
+            wheels[torch][machine] = tuple(pythons)
+    return SupportTable(file=doc.file, wheels=wheels)

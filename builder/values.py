@@ -1,0 +1,164 @@
+"""Strict parsers for every configuration value that can reach a Dockerfile or a shell.
+
+Rendering quotes what it writes, but the first defence is here: versions, image
+references, platform tags, paths and URLs must match a narrow grammar, so a value with a
+newline, a quote, ``$(...)`` or a backtick is refused with a message saying what was
+expected. Each parser raises ``ValueError`` with that message; the config layer adds the
+file, line and key.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+
+PYTHON_VERSION = re.compile(r"3\.(?:[0-9]|[1-9][0-9])")
+TORCH_VERSION = re.compile(r"(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)")
+# Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+IMAGE_REF = re.compile(
+    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"
+    rf"{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+PLAT = re.compile(r"(?:manylinux_[0-9]+_[0-9]+|manylinux2014|linux)_(?:x86_64|aarch64)")
+CONTAINER_PATH = re.compile(r"/[A-Za-z0-9._+/{}-]*")
+LIB_PATTERN = re.compile(r"[A-Za-z0-9._+*?\[\]-]+")
+CFLAG = re.compile(r"-[A-Za-z0-9_=.,+:/-]+")
+# Characters allowed in a URL that is written into a recipe: no quotes, backslash,
+# whitespace, '$', '`' or control characters.
+_URL_SAFE = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!%&()*+,;=-]+")
+NO_PROXY = re.compile(r"[A-Za-z0-9.*,:/_\[\] -]*")
+
+
+def python_version(value: str) -> str:
+    """``"3.11"``; rejects ``"3.9.x"``, ``"3.11.4"``, ``"cp311"``."""
+    if not PYTHON_VERSION.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Python version; expected major.minor like \"3.11\"")
+    return value
+
+
+def python_key(value: str) -> tuple[int, int]:
+    major, minor = value.split(".")
+    return int(major), int(minor)
+
+
+def cp_tag(value: str) -> str:
+    """``"3.11"`` -> ``"cp311"``."""
+    major, minor = python_key(value)
+    return f"cp{major}{minor}"
+
+
+def torch_version(value: str) -> str:
+    """A full torch release ``"2.13.0"``; rejects ``"2.13"``, ``"2.13.0+cpu"``, ``"2.x"``."""
+    if not TORCH_VERSION.fullmatch(value):
+        hint = ""
+        if re.fullmatch(r"[0-9]+\.[0-9]+", value):
+            hint = f" (write \"{value}.0\")"
+        raise ValueError(
+            f"{value!r} is not a torch release; expected major.minor.patch like \"2.13.0\"{hint}"
+        )
+    return value
+
+
+def torch_key(value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:  # pragma: no cover - torch_version() ran first
+        raise ValueError(f"{value!r} is not a version") from None
+
+
+def image_ref(value: str) -> str:
+    if not IMAGE_REF.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an image reference; expected [registry/]name[:tag][@sha256:digest]"
+            " in lower case, e.g. quay.io/pypa/manylinux_2_28_x86_64"
+        )
+    return value
+
+
+def plat(value: str, machine: str) -> str:
+    if not PLAT.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a platform tag; expected e.g. manylinux_2_28_{machine}"
+        )
+    if not value.endswith("_" + machine):
+        raise ValueError(f"{value!r} does not match the arch; expected a tag ending in _{machine}")
+    return value
+
+
+def python_path(value: str) -> str:
+    """Interpreter path template with optional ``{cp}`` / ``{version}`` placeholders."""
+    if not CONTAINER_PATH.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an absolute path of letters, digits and ._+-/; "
+            "expected e.g. /opt/python/{cp}-{cp}/bin/python"
+        )
+    leftover = value.replace("{cp}", "").replace("{version}", "")
+    if "{" in leftover or "}" in leftover:
+        raise ValueError(f"{value!r}: the only placeholders allowed are {{cp}} and {{version}}")
+    return value
+
+
+def lib_pattern(value: str) -> str:
+    if not LIB_PATTERN.fullmatch(value):
+        raise ValueError(f"{value!r} is not a library name or wildcard; expected e.g. libtorch*.so")
+    return value
+
+
+def cflag(value: str) -> str:
+    if not CFLAG.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a single compiler flag; expected one '-flag' per list item "
+            "without spaces or quotes"
+        )
+    if value in ("-march=native", "-mtune=native", "-mcpu=native"):
+        raise ValueError(f"{value!r} makes the wheel unportable; expected portable flags only")
+    return value
+
+
+def index_url(value: str) -> str:
+    """A package index URL written into the image's pip configuration."""
+    if not _URL_SAFE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} contains characters not allowed in a URL here "
+            "(whitespace, quotes, backslash, '$' or '`')"
+        )
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https", "file") or (parts.scheme != "file" and not parts.hostname):
+        raise ValueError(f"{value!r} is not an http(s) URL; expected e.g. https://host/simple")
+    if parts.password is not None or parts.username is not None:
+        raise ValueError(
+            "index URL contains credentials, which would be written into the image; "
+            "expected a URL without user:password (pass credentials at build time instead)"
+        )
+    return value
+
+
+def proxy_url(value: str) -> str:
+    """A proxy URL; may carry credentials (they never reach a recipe, only build args)."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("proxy URL contains whitespace or control characters; expected scheme://host:port")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https", "socks4", "socks4a", "socks5", "socks5h"):
+        raise ValueError(
+            "proxy URL has no supported scheme; expected http://, https://, socks5:// or socks5h://"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError("proxy URL has an invalid port; expected scheme://host:port") from None
+    if not parts.hostname:
+        raise ValueError("proxy URL has no host; expected scheme://host:port")
+    return value
+
+
+def no_proxy(value: str) -> str:
+    if not NO_PROXY.fullmatch(value):
+        raise ValueError(
+            "no_proxy has characters other than host names, addresses, '*', '.', ',', ':' and '/'"
+            "; expected e.g. localhost,127.0.0.1,.internal"
+        )
+    return value
