@@ -64,3 +64,20 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) dist
+
+# --- builder: plan and render (builder/commands/) ------------------------------
+# ARCH, PY, TORCH, JOBS, OFFLINE given on the make command line reach the builder
+# through the environment (make exports command-line variables to recipes), where the
+# builder's precedence applies; CONFIG becomes --config.
+BUILDER := $(PY_VENV) -m builder
+BUILDER_CONFIG_ARG := $(if $(CONFIG),--config $(CONFIG))
+DOCKERFILES_OUT ?= build/dockerfiles
+PLAN_FORMAT ?= table
+
+.PHONY: plan dockerfiles
+
+plan: setup
+	$(BUILDER) plan $(BUILDER_CONFIG_ARG) --format $(PLAN_FORMAT)
+
+dockerfiles: setup
+	$(BUILDER) render $(BUILDER_CONFIG_ARG) --out $(DOCKERFILES_OUT)

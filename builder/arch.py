@@ -19,8 +19,12 @@ ARCHES: dict[str, Arch] = {
 
 # Accepted spellings on the command line / environment, so ARCH=x86_64 or ARCH=arm64 work.
 ALIASES: dict[str, str] = {
-    "x86": "X86", "x86_64": "X86", "amd64": "X86",
-    "arm": "ARM", "aarch64": "ARM", "arm64": "ARM",
+    "x86": "X86",
+    "x86_64": "X86",
+    "amd64": "X86",
+    "arm": "ARM",
+    "aarch64": "ARM",
+    "arm64": "ARM",
 }
 
 

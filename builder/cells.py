@@ -103,8 +103,13 @@ class DroppedCell:
         return cell_id(self.arch, self.python, self.torch)
 
     def to_dict(self) -> dict[str, str]:
-        return {"id": self.identifier, "arch": self.arch, "python": self.python,
-                "torch": self.torch, "reason": self.reason}
+        return {
+            "id": self.identifier,
+            "arch": self.arch,
+            "python": self.python,
+            "torch": self.torch,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,13 @@ def expand(config: BuildConfig) -> Plan:
                     if r.matches(arch, python, torch):
                         matched_rules.add(r.index)
                 if rule is not None:
-                    dropped[cid] = DroppedCell(arch, python, torch, f"excluded by {rule.describe()}")
+                    dropped[cid] = DroppedCell(
+                        arch, python, torch, f"excluded by {rule.describe()}"
+                    )
                 elif not sup.supports(torch, python, machine):
-                    dropped[cid] = DroppedCell(arch, python, torch, sup.why_not(torch, python, machine))
+                    dropped[cid] = DroppedCell(
+                        arch, python, torch, sup.why_not(torch, python, machine)
+                    )
                 else:
                     cells[cid] = Cell(arch, python, torch, config.images[arch])
     for r in m.exclude:
@@ -157,7 +166,9 @@ def expand(config: BuildConfig) -> Plan:
             raise ConfigError(
                 f"includes {cell_id(arch, python, torch)}, which cannot be built: "
                 f"{sup.why_not(torch, python, machine)}; expected a supported combination",
-                file=r.file, line=r.line, key=r.key,
+                file=r.file,
+                line=r.line,
+                key=r.key,
             )
         cid = cell_id(arch, python, torch)
         dropped.pop(cid, None)  # an explicit include wins over an exclude
@@ -167,7 +178,8 @@ def expand(config: BuildConfig) -> Plan:
         raise ConfigError(
             f"the matrix has no buildable cell (all {len(dropped)} dropped, e.g. {reasons}); "
             "expected at least one supported arch/python/torch combination",
-            file=config.source_name, key="matrix",
+            file=config.source_name,
+            key="matrix",
         )
     order = lambda c: _order(c.arch, c.python, c.torch, m.arches)  # noqa: E731
     return Plan(
@@ -198,9 +210,12 @@ def select(plan: Plan, selection: Selection) -> Plan:
         wanted = getattr(selection, axis)
         if wanted is None:
             continue
-        have = sorted({getattr(c, axis) for c in everything},
-                      key=values.python_key if axis == "python" else
-                      (values.torch_key if axis == "torch" else str))
+        have = sorted(
+            {getattr(c, axis) for c in everything},
+            key=values.python_key
+            if axis == "python"
+            else (values.torch_key if axis == "torch" else str),
+        )
         for w in wanted:
             if w not in have:
                 raise ConfigError(
@@ -221,8 +236,11 @@ def select(plan: Plan, selection: Selection) -> Plan:
             wanted = getattr(selection, axis)
             if wanted is not None and getattr(c, axis) not in wanted:
                 return False
-        return all(fnmatch.fnmatchcase(c.identifier, p) for p in selection.patterns) \
-            if selection.patterns else True
+        return (
+            all(fnmatch.fnmatchcase(c.identifier, p) for p in selection.patterns)
+            if selection.patterns
+            else True
+        )
 
     cells = [c for c in plan.cells if keep(c)]
     dropped = [d for d in plan.dropped if keep(d)]
@@ -230,7 +248,8 @@ def select(plan: Plan, selection: Selection) -> Plan:
         if dropped:
             reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in dropped)
             raise ConfigError(
-                f"the selection ({_describe_selection(selection)}) has no buildable cell: {reasons}",
+                f"the selection ({_describe_selection(selection)}) has no buildable cell: "
+                f"{reasons}",
                 key="selection",
             )
         raise ConfigError(
@@ -247,15 +266,28 @@ def select(plan: Plan, selection: Selection) -> Plan:
             if k not in newest or values.torch_key(c.torch) > values.torch_key(newest[k].torch):
                 newest[k] = c
         for (arch, python), c in newest.items():
-            skipped = sorted({d.torch for d in dropped if d.arch == arch and d.python == python
-                              and values.torch_key(d.torch) > values.torch_key(c.torch)},
-                             key=values.torch_key)
-            why = f"; newer {', '.join(skipped)} publish no {c.cp} wheel for {c.machine}" if skipped else ""
+            skipped = sorted(
+                {
+                    d.torch
+                    for d in dropped
+                    if d.arch == arch
+                    and d.python == python
+                    and values.torch_key(d.torch) > values.torch_key(c.torch)
+                },
+                key=values.torch_key,
+            )
+            why = (
+                f"; newer {', '.join(skipped)} publish no {c.cp} wheel for {c.machine}"
+                if skipped
+                else ""
+            )
             notes.append(
                 f"{arch} / Python {python}: no torch named, chose torch {c.torch} "
-                f"(the newest in the matrix with a {c.cp} wheel for {c.machine}{why}) -> {c.identifier}"
+                f"(the newest in the matrix with a {c.cp} wheel for {c.machine}{why}) "
+                f"-> {c.identifier}"
             )
         chosen = set(id(c) for c in newest.values())
         cells = [c for c in cells if id(c) in chosen]
-    return replace(plan, cells=tuple(cells), dropped=tuple(dropped),
-                   notes=plan.notes + tuple(notes))
+    return replace(
+        plan, cells=tuple(cells), dropped=tuple(dropped), notes=plan.notes + tuple(notes)
+    )

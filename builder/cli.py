@@ -33,7 +33,9 @@ COMMANDS: tuple[str, ...] = ("builder.commands.plan", "builder.commands.render")
 class Output:
     """Redacted stdout/stderr writer shared by all commands."""
 
-    def __init__(self, redactor: Redactor, stdout: TextIO | None = None, stderr: TextIO | None = None):
+    def __init__(
+        self, redactor: Redactor, stdout: TextIO | None = None, stderr: TextIO | None = None
+    ):
         self.redact = redactor
         self._stdout = stdout
         self._stderr = stderr
@@ -65,44 +67,84 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("configuration (command line > environment > config file > built-in defaults)")
-    g.add_argument("--config", metavar="FILE",
-                   help="build configuration YAML (default: configs/matrix.yaml)")
-    g.add_argument("--jobs", type=int, metavar="N",
-                   help="parallel compile jobs inside a cell (env JOBS; config build.jobs)")
-    g.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
-                   help="build without network: pip uses only the wheelhouse (env OFFLINE=1; config offline.enabled)")
-    g.add_argument("--ca-bundle", metavar="PEM",
-                   help="extra CA certificates for the image trust store (env BUILDER_CA_BUNDLE; config ca_bundle)")
+    g = p.add_argument_group(
+        "configuration (command line > environment > config file > built-in defaults)"
+    )
+    g.add_argument(
+        "--config", metavar="FILE", help="build configuration YAML (default: configs/matrix.yaml)"
+    )
+    g.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="parallel compile jobs inside a cell (env JOBS; config build.jobs)",
+    )
+    g.add_argument(
+        "--offline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build without network: pip uses only the wheelhouse "
+        "(env OFFLINE=1; config offline.enabled)",
+    )
+    g.add_argument(
+        "--ca-bundle",
+        metavar="PEM",
+        help="extra CA certificates for the image trust store "
+        "(env BUILDER_CA_BUNDLE; config ca_bundle)",
+    )
     for key, what in (("http", "HTTP"), ("https", "HTTPS"), ("all", "any protocol")):
-        g.add_argument(f"--{key}-proxy", metavar="URL",
-                       help=f"proxy for {what} inside the build, passed as a build argument only "
-                            f"(env {key.upper()}_PROXY / {key}_proxy; config proxy.{key}_proxy)")
-    g.add_argument("--no-proxy", metavar="HOSTS",
-                   help="comma-separated hosts that bypass the proxy (env NO_PROXY / no_proxy; config proxy.no_proxy)")
+        g.add_argument(
+            f"--{key}-proxy",
+            metavar="URL",
+            help=f"proxy for {what} inside the build, passed as a build argument only "
+            f"(env {key.upper()}_PROXY / {key}_proxy; config proxy.{key}_proxy)",
+        )
+    g.add_argument(
+        "--no-proxy",
+        metavar="HOSTS",
+        help="comma-separated hosts that bypass the proxy "
+        "(env NO_PROXY / no_proxy; config proxy.no_proxy)",
+    )
 
 
 def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) -> None:
     g = p.add_argument_group("selection (default: every buildable cell)")
-    g.add_argument("--arch", metavar="A",
-                   help="X86 or ARM (also x86_64/aarch64); comma-separated for several (env ARCH)")
-    g.add_argument("--python", metavar="P",
-                   help="Python version(s) such as 3.11 or 3.9,3.10 (env PY); with no --torch, "
-                        "each resolves to the newest torch that has a wheel for it")
+    g.add_argument(
+        "--arch",
+        metavar="A",
+        help="X86 or ARM (also x86_64/aarch64); comma-separated for several (env ARCH)",
+    )
+    g.add_argument(
+        "--python",
+        metavar="P",
+        help="Python version(s) such as 3.11 or 3.9,3.10 (env PY); with no --torch, "
+        "each resolves to the newest torch that has a wheel for it",
+    )
     g.add_argument("--torch", metavar="T", help="torch release(s) such as 2.13.0 (env TORCH)")
     if selectors:
-        g.add_argument("selectors", nargs="*", metavar="SELECTOR",
-                       help="shell-style patterns on cell identifiers, e.g. 'cp311-*' or "
-                            "'*-manylinux_aarch64-*' (a cell must match all of them)")
+        g.add_argument(
+            "selectors",
+            nargs="*",
+            metavar="SELECTOR",
+            help="shell-style patterns on cell identifiers, e.g. 'cp311-*' or "
+            "'*-manylinux_aarch64-*' (a cell must match all of them)",
+        )
 
 
 def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
     return CliOverrides(
-        config=args.config, arch=args.arch, python=args.python, torch=args.torch,
+        config=args.config,
+        arch=args.arch,
+        python=args.python,
+        torch=args.torch,
         patterns=tuple(getattr(args, "selectors", None) or ()),
-        jobs=args.jobs, offline=args.offline, ca_bundle=args.ca_bundle,
-        http_proxy=args.http_proxy, https_proxy=args.https_proxy,
-        no_proxy=args.no_proxy, all_proxy=args.all_proxy,
+        jobs=args.jobs,
+        offline=args.offline,
+        ca_bundle=args.ca_bundle,
+        http_proxy=args.http_proxy,
+        https_proxy=args.https_proxy,
+        no_proxy=args.no_proxy,
+        all_proxy=args.all_proxy,
     )
 
 
@@ -120,14 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m builder",
         description="Build manylinux wheels of ampforge for every cell (arch x Python x torch) "
-                    "of a YAML matrix. Exit codes: 0 success, 1 a step failed, 2 bad configuration or usage.",
+        "of a YAML matrix. Exit codes: 0 success, 1 a step failed, 2 bad configuration or usage.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module_name in COMMANDS:
         module = importlib.import_module(module_name)
-        p = sub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            module.NAME,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(p)
         p.set_defaults(handler=module.run)
     return parser

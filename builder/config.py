@@ -152,7 +152,9 @@ class Selection:
 
     @property
     def empty(self) -> bool:
-        return self.arch is None and self.python is None and self.torch is None and not self.patterns
+        return (
+            self.arch is None and self.python is None and self.torch is None and not self.patterns
+        )
 
 
 @dataclass(frozen=True)
@@ -251,10 +253,14 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
 def _check_schema(doc: YamlDocument, require_matrix: bool) -> None:
     data = doc.data
     if data is None:
-        raise ConfigError("the file is empty; expected a mapping with at least 'matrix'", file=doc.file)
+        raise ConfigError(
+            "the file is empty; expected a mapping with at least 'matrix'", file=doc.file
+        )
     if not isinstance(data, dict):
         raise ConfigError(
-            f"expected a mapping at the top level, got {_kind(data)}", file=doc.file, line=doc.line(())
+            f"expected a mapping at the top level, got {_kind(data)}",
+            file=doc.file,
+            line=doc.line(()),
         )
     schema = CONFIG_SCHEMA if require_matrix else {**CONFIG_SCHEMA, "required": []}
     errors = []
@@ -296,7 +302,9 @@ def _check_values(doc: YamlDocument) -> None:
         try:
             parse(value)
         except ValueError as exc:
-            raise ConfigError(str(exc), file=doc.file, line=doc.line(path), key=format_path(path)) from None
+            raise ConfigError(
+                str(exc), file=doc.file, line=doc.line(path), key=format_path(path)
+            ) from None
 
     matrix = data.get("matrix")
     if matrix is not None:
@@ -305,8 +313,11 @@ def _check_values(doc: YamlDocument) -> None:
             if not items:
                 p = ("matrix", axis)
                 raise ConfigError(
-                    f"empty list; expected at least one {_AXIS_WORDS[axis]} (an empty axis means an empty matrix)",
-                    file=doc.file, line=doc.line(p), key=format_path(p),
+                    f"empty list; expected at least one {_AXIS_WORDS[axis]} "
+                    "(an empty axis means an empty matrix)",
+                    file=doc.file,
+                    line=doc.line(p),
+                    key=format_path(p),
                 )
             for i, item in enumerate(items):
                 check(("matrix", axis, i), parse, item)
@@ -364,10 +375,10 @@ def _split(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _parse_selection_axis(
-    raw: str, axis: str, origin: str
-) -> tuple[str, ...]:
-    parse = {"arch": arch_name, "python": values.python_version, "torch": values.torch_version}[axis]
+def _parse_selection_axis(raw: str, axis: str, origin: str) -> tuple[str, ...]:
+    parse = {"arch": arch_name, "python": values.python_version, "torch": values.torch_version}[
+        axis
+    ]
     items = _split(raw)
     if not items:
         raise ConfigError(f"empty value; expected a {_AXIS_WORDS[axis]}", key=origin)
@@ -404,16 +415,25 @@ def _ca_bundle(path: Path, origin: str, doc: YamlDocument | None = None) -> Path
     line = doc.line(("ca_bundle",)) if doc is not None else None
     file = doc.file if doc is not None else None
     if not path.is_file():
-        raise ConfigError(f"CA bundle {str(path)!r} does not exist; expected a PEM file",
-                          file=file, line=line, key=origin)
+        raise ConfigError(
+            f"CA bundle {str(path)!r} does not exist; expected a PEM file",
+            file=file,
+            line=line,
+            key=origin,
+        )
     try:
         text = path.read_text(encoding="ascii", errors="replace")
     except OSError as exc:
-        raise ConfigError(f"cannot read CA bundle {str(path)!r}: {exc}", file=file, line=line, key=origin) from None
+        raise ConfigError(
+            f"cannot read CA bundle {str(path)!r}: {exc}", file=file, line=line, key=origin
+        ) from None
     if "-----BEGIN CERTIFICATE-----" not in text:
         raise ConfigError(
-            f"{str(path)!r} holds no certificate; expected a PEM file with '-----BEGIN CERTIFICATE-----'",
-            file=file, line=line, key=origin,
+            f"{str(path)!r} holds no certificate; "
+            "expected a PEM file with '-----BEGIN CERTIFICATE-----'",
+            file=file,
+            line=line,
+            key=origin,
         )
     return Path(os.path.abspath(path))
 
@@ -458,13 +478,17 @@ def load_settings(
 
     # support table: relative to whichever file named it
     sup_origin, sup_doc = origin_of("support")
-    base_dir = Path(sup_doc.file if Path(sup_doc.file).is_absolute() else REPO_ROOT / sup_doc.file).parent
+    base_dir = Path(
+        sup_doc.file if Path(sup_doc.file).is_absolute() else REPO_ROOT / sup_doc.file
+    ).parent
     support_path = (base_dir / merged["support"]).resolve()
     if not support_path.is_file():
         raise ConfigError(
             f"support table {merged['support']!r} not found (looked for {support_path}); "
             "expected a YAML file like configs/support.yaml",
-            file=sup_doc.file, line=sup_doc.line(("support",)), key="support",
+            file=sup_doc.file,
+            line=sup_doc.line(("support",)),
+            key="support",
         )
     support = load_support(support_path, display_path(support_path))
 
@@ -476,33 +500,44 @@ def load_settings(
             raise ConfigError(
                 f"torch {torch} is not in the support table {support.file}; expected one of "
                 f"{', '.join(support.wheels)} (add a line there for a new release)",
-                file=doc.file, line=doc.line(p), key=format_path(p),
+                file=doc.file,
+                line=doc.line(p),
+                key=format_path(p),
             )
     rules: dict[str, list[MatrixRule]] = {"include": [], "exclude": []}
     for kind in rules:
         for i, raw in enumerate(m.get(kind, [])):
             rule = MatrixRule(
-                kind=kind, index=i,
-                arch=_as_tuple(raw.get("arch")), python=_as_tuple(raw.get("python")),
+                kind=kind,
+                index=i,
+                arch=_as_tuple(raw.get("arch")),
+                python=_as_tuple(raw.get("python")),
                 torch=_as_tuple(raw.get("torch")),
-                file=doc.file, line=doc.line(("matrix", kind, i)),
+                file=doc.file,
+                line=doc.line(("matrix", kind, i)),
             )
             if kind == "include" and rule.torch and not support.knows(rule.torch[0]):
                 p = ("matrix", kind, i, "torch")
                 raise ConfigError(
                     f"torch {rule.torch[0]} is not in the support table {support.file}; "
                     f"expected one of {', '.join(support.wheels)}",
-                    file=doc.file, line=doc.line(p), key=format_path(p),
+                    file=doc.file,
+                    line=doc.line(p),
+                    key=format_path(p),
                 )
             rules[kind].append(rule)
     matrix = MatrixSpec(
-        arches=tuple(m["arch"]), pythons=tuple(m["python"]), torches=tuple(m["torch"]),
-        include=tuple(rules["include"]), exclude=tuple(rules["exclude"]),
+        arches=tuple(m["arch"]),
+        pythons=tuple(m["python"]),
+        torches=tuple(m["torch"]),
+        include=tuple(rules["include"]),
+        exclude=tuple(rules["exclude"]),
     )
 
     images = {
-        name: BaseImage(ref=img["base"], family=img["family"], plat=img["plat"],
-                        python_path=img["python_path"])
+        name: BaseImage(
+            ref=img["base"], family=img["family"], plat=img["plat"], python_path=img["python_path"]
+        )
         for name, img in merged["images"].items()
     }
 
@@ -518,8 +553,10 @@ def load_settings(
         extra_cflags=tuple(merged["build"]["extra_cflags"]),
         auditwheel_exclude=tuple(merged["build"]["auditwheel_exclude"]),
     )
-    pip = PipOptions(index_url=merged["pip"]["index_url"],
-                     extra_index_urls=tuple(merged["pip"]["extra_index_urls"]))
+    pip = PipOptions(
+        index_url=merged["pip"]["index_url"],
+        extra_index_urls=tuple(merged["pip"]["extra_index_urls"]),
+    )
 
     # offline
     off = merged["offline"]
@@ -531,9 +568,14 @@ def load_settings(
     if cli.offline is not None:
         offline_enabled, origins["offline"] = cli.offline, "command line --offline"
     wh_doc = origin_of("offline", "wheelhouse")[1]
-    wh_base = (REPO_ROOT / wh_doc.file).parent if not Path(wh_doc.file).is_absolute() else Path(wh_doc.file).parent
-    offline = OfflineOptions(enabled=offline_enabled,
-                             wheelhouse=Path(os.path.normpath(wh_base / off["wheelhouse"])))
+    wh_base = (
+        (REPO_ROOT / wh_doc.file).parent
+        if not Path(wh_doc.file).is_absolute()
+        else Path(wh_doc.file).parent
+    )
+    offline = OfflineOptions(
+        enabled=offline_enabled, wheelhouse=Path(os.path.normpath(wh_base / off["wheelhouse"]))
+    )
 
     # proxies
     proxy_values: dict[str, str | None] = {}
@@ -556,7 +598,11 @@ def load_settings(
     ca: Path | None = None
     if merged["ca_bundle"] is not None:
         ca_origin, ca_doc = origin_of("ca_bundle")
-        base = Path(ca_doc.file).parent if Path(ca_doc.file).is_absolute() else (REPO_ROOT / ca_doc.file).parent
+        base = (
+            Path(ca_doc.file).parent
+            if Path(ca_doc.file).is_absolute()
+            else (REPO_ROOT / ca_doc.file).parent
+        )
         ca = _ca_bundle(base / merged["ca_bundle"], "ca_bundle", ca_doc)
         origins["ca_bundle"] = ca_origin
     if _env(env, "BUILDER_CA_BUNDLE"):
@@ -567,9 +613,17 @@ def load_settings(
         origins["ca_bundle"] = "command line --ca-bundle"
 
     config = BuildConfig(
-        source=Path(os.path.abspath(config_path)), source_name=doc.file, matrix=matrix,
-        images=images, build=build, pip=pip, proxy=proxy, ca_bundle=ca, offline=offline,
-        support=support, origins=origins,
+        source=Path(os.path.abspath(config_path)),
+        source_name=doc.file,
+        matrix=matrix,
+        images=images,
+        build=build,
+        pip=pip,
+        proxy=proxy,
+        ca_bundle=ca,
+        offline=offline,
+        support=support,
+        origins=origins,
     )
     return Settings(config=config, selection=_selection(cli, env))
 
@@ -588,7 +642,9 @@ def _selection(cli: CliOverrides, env: Mapping[str, str]) -> Selection:
     picked: dict[str, tuple[str, ...] | None] = {}
     origins: dict[str, str] = {}
     for axis, env_name, cli_value in (
-        ("arch", "ARCH", cli.arch), ("python", "PY", cli.python), ("torch", "TORCH", cli.torch),
+        ("arch", "ARCH", cli.arch),
+        ("python", "PY", cli.python),
+        ("torch", "TORCH", cli.torch),
     ):
         picked[axis] = None
         if _env(env, env_name):
@@ -597,8 +653,13 @@ def _selection(cli: CliOverrides, env: Mapping[str, str]) -> Selection:
         if cli_value is not None:
             origins[axis] = f"command line --{axis}"
             picked[axis] = _parse_selection_axis(cli_value, axis, origins[axis])
-    return Selection(arch=picked["arch"], python=picked["python"], torch=picked["torch"],
-                     patterns=tuple(cli.patterns), origins=origins)
+    return Selection(
+        arch=picked["arch"],
+        python=picked["python"],
+        torch=picked["torch"],
+        patterns=tuple(cli.patterns),
+        origins=origins,
+    )
 
 
 def parse_config_text(text: str, name: str = "<config>") -> YamlDocument:
@@ -612,6 +673,16 @@ def parse_config_text(text: str, name: str = "<config>") -> YamlDocument:
 
 
 __all__: Sequence[str] = (
-    "BaseImage", "BuildConfig", "BuildOptions", "CliOverrides", "MatrixRule", "MatrixSpec",
-    "OfflineOptions", "PipOptions", "Selection", "Settings", "load_settings", "display_path",
+    "BaseImage",
+    "BuildConfig",
+    "BuildOptions",
+    "CliOverrides",
+    "MatrixRule",
+    "MatrixSpec",
+    "OfflineOptions",
+    "PipOptions",
+    "Selection",
+    "Settings",
+    "load_settings",
+    "display_path",
 )

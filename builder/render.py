@@ -19,7 +19,6 @@ import hashlib
 import os
 import re
 import shlex
-import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -177,7 +176,9 @@ def render_recipe(
     )
 
 
-def render_all(cells: Iterable[Cell], config: BuildConfig, template_dir: Path = TEMPLATE_DIR) -> list[Recipe]:
+def render_all(
+    cells: Iterable[Cell], config: BuildConfig, template_dir: Path = TEMPLATE_DIR
+) -> list[Recipe]:
     env = make_environment(template_dir)
     return [render_recipe(c, config, template_dir, env) for c in cells]
 
@@ -187,4 +188,4 @@ def write_recipes(recipes: Iterable[Recipe], out_dir: Path) -> list[Path]:
     return [r.write(out_dir) for r in recipes]
 
 
-__all__ = ["Recipe", "RenderError", "render_recipe", "render_all", "write_recipes", "shutil"]
+__all__ = ["Recipe", "RenderError", "render_recipe", "render_all", "write_recipes"]

@@ -59,32 +59,51 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
         raise _fail(doc.file, doc.line(()), (), "expected a mapping with the single key 'torch'")
     table = data["torch"]
     if not isinstance(table, dict) or not table:
-        raise _fail(doc.file, doc.line(("torch",)), ("torch",),
-                    "expected a non-empty mapping of torch version -> {machine: [python, ...]}")
+        raise _fail(
+            doc.file,
+            doc.line(("torch",)),
+            ("torch",),
+            "expected a non-empty mapping of torch version -> {machine: [python, ...]}",
+        )
     wheels: dict[str, dict[str, tuple[str, ...]]] = {}
     for torch, per_arch in table.items():
         p = ("torch", str(torch))
         if not isinstance(torch, str):
-            raise _fail(doc.file, doc.line(p), p, f"expected the torch version as a quoted string, got {torch!r}")
+            raise _fail(
+                doc.file,
+                doc.line(p),
+                p,
+                f"expected the torch version as a quoted string, got {torch!r}",
+            )
         try:
             values.torch_version(torch)
         except ValueError as exc:
             raise _fail(doc.file, doc.line(p), p, str(exc)) from None
         if not isinstance(per_arch, dict) or not per_arch:
-            raise _fail(doc.file, doc.line(p), p, f"expected a mapping with keys from {', '.join(MACHINES)}")
+            raise _fail(
+                doc.file, doc.line(p), p, f"expected a mapping with keys from {', '.join(MACHINES)}"
+            )
         wheels[torch] = {}
         for machine, pythons in per_arch.items():
             mp = p + (str(machine),)
             if machine not in MACHINES:
-                raise _fail(doc.file, doc.line(mp), mp,
-                            f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+                raise _fail(
+                    doc.file,
+                    doc.line(mp),
+                    mp,
+                    f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}",
+                )
             if not isinstance(pythons, list):
                 raise _fail(doc.file, doc.line(mp), mp, "expected a list of Python versions")
             for i, py in enumerate(pythons):
                 ip = mp + (i,)
                 if not isinstance(py, str):
-                    raise _fail(doc.file, doc.line(ip), ip,
-                                f"expected a quoted Python version like \"3.10\", got {py!r}")
+                    raise _fail(
+                        doc.file,
+                        doc.line(ip),
+                        ip,
+                        f'expected a quoted Python version like "3.10", got {py!r}',
+                    )
                 try:
                     values.python_version(py)
                 except ValueError as exc:

@@ -36,7 +36,7 @@ NO_PROXY = re.compile(r"[A-Za-z0-9.*,:/_\[\] -]*")
 def python_version(value: str) -> str:
     """``"3.11"``; rejects ``"3.9.x"``, ``"3.11.4"``, ``"cp311"``."""
     if not PYTHON_VERSION.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Python version; expected major.minor like \"3.11\"")
+        raise ValueError(f'{value!r} is not a Python version; expected major.minor like "3.11"')
     return value
 
 
@@ -56,9 +56,9 @@ def torch_version(value: str) -> str:
     if not TORCH_VERSION.fullmatch(value):
         hint = ""
         if re.fullmatch(r"[0-9]+\.[0-9]+", value):
-            hint = f" (write \"{value}.0\")"
+            hint = f' (write "{value}.0")'
         raise ValueError(
-            f"{value!r} is not a torch release; expected major.minor.patch like \"2.13.0\"{hint}"
+            f'{value!r} is not a torch release; expected major.minor.patch like "2.13.0"{hint}'
         )
     return value
 
@@ -81,9 +81,7 @@ def image_ref(value: str) -> str:
 
 def plat(value: str, machine: str) -> str:
     if not PLAT.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not a platform tag; expected e.g. manylinux_2_28_{machine}"
-        )
+        raise ValueError(f"{value!r} is not a platform tag; expected e.g. manylinux_2_28_{machine}")
     if not value.endswith("_" + machine):
         raise ValueError(f"{value!r} does not match the arch; expected a tag ending in _{machine}")
     return value
@@ -127,7 +125,9 @@ def index_url(value: str) -> str:
             "(whitespace, quotes, backslash, '$' or '`')"
         )
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https", "file") or (parts.scheme != "file" and not parts.hostname):
+    if parts.scheme not in ("http", "https", "file") or (
+        parts.scheme != "file" and not parts.hostname
+    ):
         raise ValueError(f"{value!r} is not an http(s) URL; expected e.g. https://host/simple")
     if parts.password is not None or parts.username is not None:
         raise ValueError(
@@ -140,7 +140,9 @@ def index_url(value: str) -> str:
 def proxy_url(value: str) -> str:
     """A proxy URL; may carry credentials (they never reach a recipe, only build args)."""
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("proxy URL contains whitespace or control characters; expected scheme://host:port")
+        raise ValueError(
+            "proxy URL contains whitespace or control characters; expected scheme://host:port"
+        )
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https", "socks4", "socks4a", "socks5", "socks5h"):
         raise ValueError(

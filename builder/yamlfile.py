@@ -56,7 +56,9 @@ def _walk(node: yaml.Node, path: PathKey, lines: dict[PathKey, int], file: str) 
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             if key == "<<":
                 # Merge keys: walk the merged mapping's keys as if written here.
-                sub = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                sub = (
+                    value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                )
                 for s in sub:
                     _walk(s, path, lines, file)
                 continue

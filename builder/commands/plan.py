@@ -25,8 +25,12 @@ Notes (e.g. which torch a selection resolved to) and warnings go to stderr."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("table", "json", "github"), default="table",
-                   help="output format (default: table)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "github"),
+        default="table",
+        help="output format (default: table)",
+    )
     add_selection_options(p)
     add_config_options(p)
 
@@ -38,7 +42,9 @@ def _table(settings: Settings, plan: Plan) -> list[str]:
         lines.append(f"proxy:   {proxy_line}")
     if cfg.ca_bundle is not None:
         lines.append(f"CA:      {cfg.ca_bundle} ({cfg.origins.get('ca_bundle')})")
-    lines.append(f"offline: {'yes' if cfg.offline.enabled else 'no'} ({cfg.origins.get('offline')})")
+    lines.append(
+        f"offline: {'yes' if cfg.offline.enabled else 'no'} ({cfg.origins.get('offline')})"
+    )
     lines.append("")
     header = ("CELL", "ARCH", "PYTHON", "TORCH", "BASE IMAGE")
     rows = [(c.identifier, c.arch, c.python, c.torch, c.image.ref) for c in plan.cells]
@@ -68,8 +74,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.out(json.dumps(doc, indent=2))
     elif args.format == "github":
         include = [
-            {"cell": c.identifier, "arch": c.arch, "python": c.python, "torch": c.torch,
-             "machine": c.machine}
+            {
+                "cell": c.identifier,
+                "arch": c.arch,
+                "python": c.python,
+                "torch": c.torch,
+                "machine": c.machine,
+            }
             for c in plan.cells
         ]
         ctx.output.out(json.dumps({"include": include}, separators=(",", ":")))

@@ -20,10 +20,18 @@ Proxies are never written: they are passed to the engine as build arguments."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", metavar="DIR", default="build/dockerfiles",
-                   help="output folder (default: build/dockerfiles)")
-    p.add_argument("--print", dest="print_only", action="store_true",
-                   help="print the Dockerfiles to stdout instead of writing them")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default="build/dockerfiles",
+        help="output folder (default: build/dockerfiles)",
+    )
+    p.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="print the Dockerfiles to stdout instead of writing them",
+    )
     add_selection_options(p)
     add_config_options(p)
 
