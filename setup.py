@@ -33,6 +33,8 @@ def _extension_kwargs() -> dict:
         "-fopenmp",
         # Lets sqrt vectorize (no errno side effect to preserve).
         "-fno-math-errno",
+        # Round exactly where torch.optim does (explicit fma only where torch fuses).
+        "-ffp-contract=off",
         f'-DAMP_TORCH_VERSION="{torch.__version__}"',
     ]
     link_args = ["-fopenmp"] + ([] if debug else ["-s"])

@@ -238,6 +238,9 @@ void adam(const TensorList& grads, const TensorList& params, const TensorList& e
   a.beta1 = static_cast<float>(beta1);
   a.beta2 = static_cast<float>(beta2);
   a.eps = static_cast<float>(eps);
+  a.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  a.decay = static_cast<float>(1.0 - lr * weight_decay);
   a.step_size = static_cast<float>(lr / bc1);
   a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   a.weight_decay = static_cast<float>(weight_decay);
@@ -267,6 +270,7 @@ void sgd(const TensorList& grads, const TensorList& params,
   a.lr = static_cast<float>(lr);
   a.momentum = static_cast<float>(momentum);
   a.dampening = static_cast<float>(dampening);
+  a.one_minus_dampening = static_cast<float>(1.0 - dampening);
   a.weight_decay = static_cast<float>(weight_decay);
   a.grad_scale = static_cast<float>(grad_scale);
   a.nesterov = nesterov;
@@ -296,6 +300,7 @@ at::Tensor lamb(const TensorList& grads, const TensorList& params, const TensorL
   amp_kernels::LambArgs a{};
   a.beta1 = static_cast<float>(beta1);
   a.beta2 = static_cast<float>(beta2);
+  a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   a.beta3 = grad_averaging ? static_cast<float>(1.0 - beta1) : 1.f;
   a.eps = static_cast<float>(eps);
   a.bc1 = bias_correction ? static_cast<float>(1.0 - std::pow(beta1, double(step))) : 1.f;

@@ -23,8 +23,12 @@ struct NormPart {
   bool finite;
 };
 
+// Constants like 1 - beta1 are computed in double on the host and rounded once,
+// as torch does with Python-float scalars: float(1 - 0.9) != 1.f - 0.9f.
 struct AdamArgs {
   float lr, beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;
+  float decay;       // 1 - lr * weight_decay (decoupled mode)
   float step_size;   // lr / bias_correction1
   float bc2_sqrt;    // sqrt(bias_correction2)
   float weight_decay;
@@ -34,12 +38,14 @@ struct AdamArgs {
 
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay;
+  float one_minus_dampening;
   float grad_scale;
   int nesterov, wd_after_momentum, first_run;
 };
 
 struct LambArgs {
   float beta1, beta2, beta3, eps;
+  float one_minus_beta2;
   float bc1, bc2;
   float weight_decay;
   float grad_scale;  // inverse loss scale / global clip ratio

@@ -9,7 +9,9 @@
 // Mixed dtypes therefore need no per-combination template instances.
 //
 // Requires: <cstdint> <cstring> <cmath> <algorithm>, cpu_ops.h, and
-// AMP_HAVE_F16C (0/1) defined by the including file.
+// AMP_HAVE_F16C (0/1) and AMP_FMA(a, b, c) (a*b+c, fused where torch's kernels for
+// the same ISA fuse it) defined by the including file. The build passes
+// -ffp-contract=off so every other operation rounds exactly where torch's do.
 
 static constexpr int kBlock = 512;
 
@@ -178,19 +180,21 @@ static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
 // results agree to rounding: lerp for the first moment, addcmul for the second.
 template <bool kDecoupled>
 static inline void adam_block(const float* g, float* p, float* m, float* v, int k,
-                              const AdamArgs& a, float decay) {
-  const float gs = a.grad_scale, omb1 = 1.f - a.beta1, b2 = a.beta2, omb2 = 1.f - a.beta2;
-  const float eps = a.eps, ss = a.step_size, bc2s = a.bc2_sqrt, wd = a.weight_decay;
+                              const AdamArgs& a) {
+  const float decay = a.decay;
+  const float gs = a.grad_scale, omb1 = a.one_minus_beta1, b2 = a.beta2;
+  const float omb2 = a.one_minus_beta2;
+  const float eps = a.eps, nss = -a.step_size, bc2s = a.bc2_sqrt, wd = a.weight_decay;
 #pragma omp simd
   for (int i = 0; i < k; ++i) {
     float gi = g[i] * gs;
     float pi = p[i];
-    if (kDecoupled) pi = pi * decay;
-    else gi = gi + wd * pi;
-    const float mi = m[i] + omb1 * (gi - m[i]);
-    const float vi = v[i] * b2 + omb2 * (gi * gi);
+    if (kDecoupled) pi = pi * decay;         // param.mul_(1 - lr*wd)
+    else gi = AMP_FMA(pi, wd, gi);           // grad.add(param, alpha=wd)
+    const float mi = AMP_FMA(omb1, gi - m[i], m[i]);  // exp_avg.lerp_(grad, 1-beta1)
+    const float vi = v[i] * b2 + omb2 * gi * gi;      // mul_(beta2).addcmul_(g, g, 1-beta2)
     const float denom = std::sqrt(vi) / bc2s + eps;
-    p[i] = pi - ss * (mi / denom);
+    p[i] = pi + nss * mi / denom;            // addcdiv_(exp_avg, denom, -step_size)
     m[i] = mi;
     v[i] = vi;
   }
@@ -199,15 +203,14 @@ static inline void adam_block(const float* g, float* p, float* m, float* v, int 
 static void k_adam(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
                    const AdamArgs& a) {
   alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock];
-  const float decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
   for (int64_t s = 0; s < n; s += kBlock) {
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
     const float* G = acquire(g, off + s, k, tg);
     float* P = acquire(p, off + s, k, tp);
     float* M = acquire(m, off + s, k, tm);
     float* V = acquire(v, off + s, k, tv);
-    if (a.adam_w_mode) adam_block<true>(G, P, M, V, k, a, decay);
-    else adam_block<false>(G, P, M, V, k, a, decay);
+    if (a.adam_w_mode) adam_block<true>(G, P, M, V, k, a);
+    else adam_block<false>(G, P, M, V, k, a);
     release(p, off + s, k, P);
     release(m, off + s, k, M);
     release(v, off + s, k, V);
@@ -219,7 +222,7 @@ static void k_adam(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
 // momentum update instead of before it.
 static void k_sgd(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const SgdArgs& a) {
   alignas(64) float tg[kBlock], tp[kBlock], tb[kBlock];
-  const float gs = a.grad_scale, lr = a.lr, mom = a.momentum, omd = 1.f - a.dampening;
+  const float gs = a.grad_scale, nlr = -a.lr, mom = a.momentum, omd = a.one_minus_dampening;
   const float wd = a.weight_decay;
   const bool has_mom = buf.ptr != nullptr;
   const bool wd_before = wd != 0.f && !a.wd_after_momentum;
@@ -234,14 +237,14 @@ static void k_sgd(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const
 #pragma omp simd
     for (int i = 0; i < k; ++i) {
       float d = G[i] * gs;
-      if (wd_before) d = d + wd * P[i];
-      if (has_mom) {
-        const float bi = first ? d : B[i] * mom + omd * d;
+      if (wd_before) d = AMP_FMA(P[i], wd, d);  // grad.add(param, alpha=wd)
+      if (has_mom) {  // buf.mul_(momentum).add_(grad, alpha=1-dampening)
+        const float bi = first ? d : AMP_FMA(d, omd, B[i] * mom);
         B[i] = bi;
-        d = nesterov ? d + mom * bi : bi;
+        d = nesterov ? AMP_FMA(bi, mom, d) : bi;
       }
-      if (wd_after) d = d + wd * P[i];
-      P[i] = P[i] - lr * d;
+      if (wd_after) d = AMP_FMA(P[i], wd, d);
+      P[i] = AMP_FMA(d, nlr, P[i]);  // param.add_(grad, alpha=-lr)
     }
     release(p, off + s, k, P);
     if (has_mom) release(buf, off + s, k, B);
@@ -256,13 +259,13 @@ static void k_sgd(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const
 template <bool kDecoupled>
 static inline float lamb_update(float mi, float vi, float pi, const LambArgs& a) {
   const float u = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps);
-  return kDecoupled ? u + a.weight_decay * pi : u;
+  return kDecoupled ? AMP_FMA(pi, a.weight_decay, u) : u;
 }
 
 static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, const LambArgs& a,
                           double* update_sumsq, double* param_sumsq) {
   alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock];
-  const float gs = a.grad_scale, b1 = a.beta1, b3 = a.beta3, b2 = a.beta2, omb2 = 1.f - a.beta2;
+  const float gs = a.grad_scale, b1 = a.beta1, b3 = a.beta3, b2 = a.beta2, omb2 = a.one_minus_beta2;
   const float wd = a.weight_decay;
   const bool w = a.adam_w_mode != 0;
   double usum = 0.0, psum = 0.0;
@@ -277,9 +280,9 @@ static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, co
     for (int i = 0; i < k; ++i) {
       float gi = G[i] * gs;
       const float pi = P[i];
-      if (!w) gi = gi + wd * pi;
-      const float mi = M[i] * b1 + b3 * gi;
-      const float vi = V[i] * b2 + omb2 * (gi * gi);
+      if (!w) gi = AMP_FMA(pi, wd, gi);
+      const float mi = AMP_FMA(gi, b3, M[i] * b1);
+      const float vi = V[i] * b2 + omb2 * gi * gi;
       M[i] = mi;
       V[i] = vi;
       const float u = w ? lamb_update<true>(mi, vi, pi, a) : lamb_update<false>(mi, vi, pi, a);

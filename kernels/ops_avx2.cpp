@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#define AMP_FMA(a, b, c) __builtin_fmaf((a), (b), (c))  // vec::fmadd under AVX2
 #define AMP_HAVE_F16C 1
 #define AMP_ISA_NAME "avx2"
 

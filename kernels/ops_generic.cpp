@@ -6,6 +6,7 @@
 
 #include "cpu_ops.h"
 
+#define AMP_FMA(a, b, c) ((a) * (b) + (c))  // torch's DEFAULT build: no FMA
 #define AMP_HAVE_F16C 0
 #define AMP_ISA_NAME "generic"
 

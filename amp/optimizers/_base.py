@@ -1,0 +1,163 @@
+"""Shared machinery of the fused optimizers: grouping tensors into kernel calls,
+the amp seam (``_amp_grads_nonfinite`` / ``_amp_fused_step``), and the step counter
+kept per param group but saved per parameter, as torch.optim does."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .. import multi_tensor as mt
+
+ParamGroups = list[list[Tensor]]
+
+
+@dataclass
+class Bucket:
+    """Tensors of one param group that one kernel call can take together (same dtypes)."""
+
+    params: list[Tensor] = field(default_factory=list)
+    grads: list[Tensor] = field(default_factory=list)
+    models: list[Tensor] = field(default_factory=list)  # distinct half model copies (O2)
+
+    @property
+    def model_params(self) -> Optional[list[Tensor]]:
+        return self.models or None
+
+
+def _grad_of(model_param: Tensor) -> Optional[Tensor]:
+    g = model_param.grad
+    if g is None:
+        return None
+    if g.is_sparse:
+        raise RuntimeError("amp.optimizers: sparse gradients are not supported")
+    # Kernels read gradients only, so a contiguous copy is a safe fallback.
+    return g if g.is_contiguous() else g.contiguous()
+
+
+def make_buckets(params: list[Tensor], models: list[Tensor],
+                 extra_key: Optional[Callable[[Tensor], Any]] = None) -> list[Bucket]:
+    """Pair params with their model tensors' grads, skipping params without a grad, and
+    split them by (grad dtype, param dtype, model-copy dtype, device, extra key)."""
+    if len(params) != len(models):
+        raise ValueError(f"amp.optimizers: a param group has {len(params)} params but "
+                         f"{len(models)} model params were given for it")
+    buckets: dict[tuple, Bucket] = {}
+    for p, mp in zip(params, models):
+        g = _grad_of(mp)
+        if g is None:
+            continue
+        if mp is not p and mp.shape != p.shape:
+            raise ValueError("amp.optimizers: model param and optimizer param differ in shape "
+                             f"({tuple(mp.shape)} vs {tuple(p.shape)})")
+        half = None if mp is p else mp
+        key = (g.dtype, p.dtype, None if half is None else half.dtype, p.device,
+               extra_key(p) if extra_key else None)
+        b = buckets.get(key)
+        if b is None:
+            b = buckets[key] = Bucket()
+        b.params.append(p)
+        b.grads.append(g)
+        if half is not None:
+            b.models.append(half)
+    return list(buckets.values())
+
+
+def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float) -> tuple[float, bool]:
+    """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass."""
+    by_kind: dict[tuple, list[Tensor]] = {}
+    for group in model_params:
+        for mp in group:
+            g = _grad_of(mp)
+            if g is not None:
+                by_kind.setdefault((g.dtype, g.device), []).append(g)
+    total_sq, bad = 0.0, False
+    for grads in by_kind.values():
+        norm, _, nonfinite = mt.l2norm(grads, inv_scale)
+        total_sq += norm * norm
+        bad = bad or nonfinite
+    return math.sqrt(total_sq), bad
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """Base: subclasses implement ``_update(model_params, inv_scale)``."""
+
+    # Per-group step counter (one kernel call serves a whole bucket, so one step count).
+    _group_step = True
+
+    def __init__(self, params: Any, defaults: dict, set_grad_none: bool) -> None:
+        super().__init__(params, defaults)
+        self.set_grad_none = set_grad_none
+        self._amp_cached_norm: Optional[tuple[float, float]] = None
+
+    # --- amp seam ----------------------------------------------------------------
+    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float) -> bool:
+        norm, bad = grad_norm(model_params, inv_scale)
+        self._amp_cached_norm = (float(inv_scale), norm)
+        return bad
+
+    @torch.no_grad()
+    def _amp_fused_step(self, model_params: ParamGroups, inv_scale: float) -> None:
+        if len(model_params) != len(self.param_groups):
+            raise ValueError(f"amp.optimizers: got model params for {len(model_params)} groups; "
+                             f"the optimizer has {len(self.param_groups)}")
+        try:
+            self._update([list(g) for g in model_params], float(inv_scale))
+        finally:
+            self._amp_cached_norm = None
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Standalone step: reads each param's .grad (inverse scale 1)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._amp_cached_norm = None
+        self._update([list(g["params"]) for g in self.param_groups], 1.0)
+        return loss
+
+    def _global_norm(self, model_params: ParamGroups, inv_scale: float) -> float:
+        """The grad norm cached by _amp_grads_nonfinite for this scale, else computed."""
+        cached = self._amp_cached_norm
+        if cached is not None and cached[0] == inv_scale:
+            return cached[1]
+        return grad_norm(model_params, inv_scale)[0]
+
+    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    # --- state_dict compatible with torch.optim (per-parameter 'step' tensors) ---------
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        if not self._group_step:
+            return sd
+        for gsd, group in zip(sd["param_groups"], self.param_groups):
+            step = torch.tensor(float(group.get("step", 0)), dtype=torch.float32)
+            for i in gsd["params"]:
+                st = sd["state"].get(i)
+                if st:  # copy: torch's state_dict shares the live per-param dicts
+                    sd["state"][i] = dict(st, step=step.clone())
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            if not self._group_step:
+                continue
+            steps = []
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st and "step" in st:
+                    s = st.pop("step")
+                    steps.append(float(s.item() if torch.is_tensor(s) else s))
+            group["step"] = int(round(max(steps))) if steps else int(group.get("step", 0))

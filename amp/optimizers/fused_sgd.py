@@ -1,0 +1,71 @@
+"""FusedSGD: apex.optimizers.FusedSGD on amp._C's multi-tensor SGD kernel."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.optimizer import required  # type: ignore[attr-defined]
+
+from .. import multi_tensor as mt
+from ._base import FusedOptimizer, ParamGroups, make_buckets
+
+
+class FusedSGD(FusedOptimizer):
+    """SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD's
+    arithmetic; ``wd_after_momentum=True`` applies decay after the momentum update, as
+    apex allows). State ('momentum_buffer') is compatible with torch.optim.SGD.
+
+    ``materialize_master_grads`` is accepted for apex compatibility: the fused amp path
+    never materializes master gradients. ``max_grad_norm`` (not in apex; 0 disables)
+    clips by the global gradient norm inside the step.
+    """
+
+    _group_step = False
+
+    def __init__(self, params: Any, lr: float = required, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 wd_after_momentum: bool = False, materialize_master_grads: bool = True,
+                 set_grad_none: bool = False, *, max_grad_norm: float = 0.0) -> None:
+        if lr is not required and lr < 0.0:
+            raise ValueError(f"FusedSGD: invalid learning rate {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"FusedSGD: invalid momentum value {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"FusedSGD: invalid weight_decay value {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("FusedSGD: Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov)
+        self.wd_after_momentum = bool(wd_after_momentum)
+        self.materialize_master_grads = materialize_master_grads
+        self.max_grad_norm = float(max_grad_norm)
+        super().__init__(params, defaults, set_grad_none)
+
+    def _first_run(self, p: torch.Tensor) -> bool:
+        return self.state[p].get("momentum_buffer") is None
+
+    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
+        grad_scale = inv_scale
+        if self.max_grad_norm > 0:
+            norm = self._global_norm(model_params, inv_scale)
+            grad_scale *= min(1.0, self.max_grad_norm / (norm + 1e-6))
+        for group, models in zip(self.param_groups, model_params):
+            momentum = group["momentum"]
+            key = self._first_run if momentum != 0 else None
+            for b in make_buckets(group["params"], models, key):
+                bufs = None
+                first_run = False
+                if momentum != 0:
+                    first_run = self._first_run(b.params[0])
+                    bufs = []
+                    for p in b.params:
+                        st = self.state[p]
+                        if first_run:  # the kernel initialises it to the gradient
+                            st["momentum_buffer"] = torch.empty_like(
+                                p, memory_format=torch.preserve_format)
+                        bufs.append(st["momentum_buffer"])
+                mt.sgd(b.grads, b.params, bufs, b.model_params, lr=group["lr"],
+                       momentum=momentum, dampening=group["dampening"],
+                       weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                       wd_after_momentum=self.wd_after_momentum, first_run=first_run,
+                       grad_scale=grad_scale)

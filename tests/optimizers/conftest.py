@@ -1,0 +1,32 @@
+"""Run kernel tests on every backend: the compiled kernels per ISA, and the fallback."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from amp import _ext
+
+
+def _select(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    name = request.param
+    if name == "fallback":
+        monkeypatch.setenv("AMP_DISABLE_EXTENSION", "1")
+        _ext.reset()
+        yield name
+        monkeypatch.delenv("AMP_DISABLE_EXTENSION")
+        _ext.reset()
+        return
+    mod = _ext.load()
+    assert mod is not None, "amp._C must be built for the test suite (make setup)"
+    try:
+        mod.set_isa(name)
+    except ValueError:
+        pytest.skip(f"this CPU cannot run the {name} kernels")
+    yield name
+    mod.set_isa("auto")
+
+
+@pytest.fixture(params=["avx2", "generic", "fallback"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from _select(request, monkeypatch)
