@@ -224,7 +224,8 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
         return path + (key,), f"unknown key {key!r}; expected one of: {', '.join(allowed)}"
     if v == "required":
         missing = [k for k in err.validator_value if k not in inst]
-        return path, f"missing required key {missing[0]!r}"
+        need = ", ".join(err.validator_value)
+        return path, f"missing required key {missing[0]!r}; expected all of: {need}"
     if v == "type":
         want = err.validator_value
         want_list = want if isinstance(want, list) else [want]

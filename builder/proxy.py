@@ -6,6 +6,12 @@ arguments: RUN steps see them, and Docker leaves them out of ``docker history`` 
 while the Dockerfile does **not** declare them with ``ARG`` (a declared ARG is recorded in
 history) and never copies them into ``ENV``. The templates therefore never mention them.
 
+Docker 20.10's classic builder does not predefine ``ALL_PROXY`` (seen here: "build-args
+[ALL_PROXY all_proxy] were not consumed", and RUN steps do not see it), and declaring it
+would record it in history. So ``all_proxy`` is also used as the value of ``HTTP_PROXY`` /
+``HTTPS_PROXY`` when those are unset -- the fallback meaning curl and requests give it --
+and is still passed under its own name for builders that predefine it (BuildKit).
+
 Both spellings are passed, because tools disagree on which one they read (curl and apt
 read lower-case ``http_proxy`` only; Go tools read upper-case). When the environment has
 both spellings with different values, the lower-case one wins, as in Python's urllib.
@@ -35,8 +41,11 @@ class ProxySettings:
     def build_args(self) -> dict[str, str]:
         """Build arguments for the engine, both spellings, sorted for determinism."""
         args: dict[str, str] = {}
+        fallback = self.values.get("all_proxy")
         for key in PROXY_KEYS:
             value = self.values.get(key)
+            if not value and key in ("http_proxy", "https_proxy"):
+                value = fallback
             if value:
                 args[key.upper()] = value
                 args[key] = value

@@ -96,7 +96,8 @@ def python_path(value: str) -> str:
         )
     leftover = value.replace("{cp}", "").replace("{version}", "")
     if "{" in leftover or "}" in leftover:
-        raise ValueError(f"{value!r}: the only placeholders allowed are {{cp}} and {{version}}")
+        raise ValueError(f"{value!r}: the only placeholders allowed are {{cp}} and {{version}}; "
+            "expected e.g. /opt/python/{cp}-{cp}/bin/python")
     return value
 
 
@@ -122,7 +123,7 @@ def index_url(value: str) -> str:
     if not _URL_SAFE.fullmatch(value):
         raise ValueError(
             f"{value!r} contains characters not allowed in a URL here "
-            "(whitespace, quotes, backslash, '$' or '`')"
+            "(whitespace, quotes, backslash, '$' or '`'); expected a plain URL"
         )
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https", "file") or (
