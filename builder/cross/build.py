@@ -1,0 +1,171 @@
+"""Cross-compile a PEP 517 torch-extension project into a ``linux_<arch>`` wheel on this host.
+
+The project's own build runs unchanged (``pip wheel --no-build-isolation``) on the host
+interpreter, which must be the same Python X.Y as the target and have *some* torch importable
+(for ``torch.utils.cpp_extension``'s build logic). What makes it a cross build is the
+environment:
+
+* ``_PYTHON_SYSCONFIGDATA_NAME`` + ``PYTHONPATH`` -> the target's sysconfig (EXT_SUFFIX, SOABI),
+  so the module is ``*.cpython-3X-aarch64-linux-gnu.so``;
+* ``_PYTHON_HOST_PLATFORM=linux-aarch64`` -> ``sysconfig.get_platform()``, so the wheel is
+  ``linux_aarch64``;
+* ``CC``/``CXX``/``LDSHARED`` -> the GNU cross toolchain;
+* ``hook/sitecustomize.py`` + ``AMPFORGE_CROSS_TORCH_DIR`` -> cpp_extension's include and library
+  paths point at the target torch, not the host's;
+* ``CPPFLAGS`` puts the target's Python headers (its own pyconfig.h) first, plus a shim that keeps
+  GCC 12's libstdc++ headers off ``__libc_single_threaded`` (GLIBC_2.32), which would otherwise cap
+  the manylinux tag;
+* ``LDFLAGS=-L<dir with libgomp.so -> torch's own OpenMP runtime>`` so ``-fopenmp`` links the
+  runtime torch ships (a hash-renamed libgomp in aarch64 wheels) instead of a system libgomp.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.cross.sysroot import TargetPython
+from builder.cross.target_torch import TargetTorch
+from builder.cross.toolchain import CrossToolchain
+from builder.errors import StepFailed
+
+HOOK_DIR = Path(__file__).with_name("hook")
+
+_SINGLE_THREADED_SHIM = """\
+/* ampforge cross-build shim (builder/cross/build.py). GCC 12's libstdc++ reads glibc 2.32's
+   __libc_single_threaded when this header exists, which raises the wheel's manylinux floor to
+   the build host's glibc. "Never single-threaded" keeps every refcount atomic: correct, and the
+   behaviour of older glibc. */
+#ifndef AMPFORGE_SINGLE_THREADED_SHIM
+#define AMPFORGE_SINGLE_THREADED_SHIM
+static const char ampforge_libc_single_threaded = 0;
+#define __libc_single_threaded ampforge_libc_single_threaded
+#endif
+"""
+
+# Folders never copied into the isolated build tree.
+_IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
+                                 ".pytest_cache", ".hypothesis", "*.so", ".ruff_cache")
+
+
+@dataclass(frozen=True)
+class CrossBuildResult:
+    wheel: Path  # the linux_<arch> wheel (unrepaired)
+    seconds: float  # wall time of the project's build
+    log: Path  # full build log
+
+
+def host_python_for(python: TargetPython) -> str:
+    """The interpreter that runs the build: this one when its X.Y matches the target."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if here != python.version:
+        raise StepFailed(
+            f"cross build for Python {python.version}: the host interpreter running the build "
+            f"must be Python {python.version} with torch importable (this is {here}); run the "
+            f"builder from a Python {python.version} venv with a CPU torch installed"
+        )
+    return sys.executable
+
+
+def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossToolchain,
+                    scratch: Path, base_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that turns the host build of a torch extension into a cross build."""
+    env = dict(os.environ if base_env is None else base_env)
+    shim_dir = scratch / "shim-include"
+    (shim_dir / "sys").mkdir(parents=True, exist_ok=True)
+    (shim_dir / "sys" / "single_threaded.h").write_text(_SINGLE_THREADED_SHIM)
+    ldflags = []
+    gomp = torch.openmp_library()
+    if gomp is not None:
+        link_dir = scratch / "openmp-link"
+        link_dir.mkdir(exist_ok=True)
+        target = link_dir / "libgomp.so"
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        target.symlink_to(gomp)
+        ldflags.append(f"-L{link_dir}")
+    cxx = str(toolchain.cxx)
+    env.update({
+        "PYTHONPATH": os.pathsep.join(
+            [str(HOOK_DIR), str(python.sysconfig_dir)]
+            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        ),
+        "AMPFORGE_CROSS_TORCH_DIR": str(torch.torch_dir),
+        "_PYTHON_SYSCONFIGDATA_NAME": python.sysconfig_name,
+        "_PYTHON_HOST_PLATFORM": python.host_platform,
+        "CC": str(toolchain.cc),
+        "CXX": cxx,
+        "LDSHARED": f"{cxx} -shared",
+        "LDCXXSHARED": f"{cxx} -shared",
+        "CPPFLAGS": f"-I{python.include_dir} -I{shim_dir}",
+        "LDFLAGS": " ".join(ldflags),
+        # For projects that read them (documented contract; the hook already covers
+        # torch.utils.cpp_extension users).
+        "AMP_TORCH_INCLUDE": os.pathsep.join(str(p) for p in torch.include_dirs),
+        "AMP_TORCH_LIBDIR": str(torch.lib_dir),
+        "AMP_CROSS_ARCH": python.arch,
+        # torch.__version__ of the torch the module is compiled against; the host torch that runs
+        # setup.py is another one (amp._ext refuses a module whose recorded version differs).
+        "AMP_TORCH_VERSION": torch.full_version,
+        # The compile of a tiny project must not spread over every core of a shared machine.
+        "MAX_JOBS": env.get("MAX_JOBS", "2"),
+    })
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch: TargetTorch,
+                      toolchain: CrossToolchain, *, isolate: bool = True,
+                      log_path: Path | None = None,
+                      extra_env: dict[str, str] | None = None) -> CrossBuildResult:
+    """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
+
+    ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
+    the checkout's in-tree build folders are never shared with another build. Raises
+    :class:`StepFailed` with the log's tail when the build fails.
+    """
+    project = Path(project).resolve()
+    if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
+        raise StepFailed(f"cross build: {project} is not a Python project "
+                         "(expected pyproject.toml or setup.py)")
+    host = host_python_for(python)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ampforge-cross-") as scratch_name:
+        scratch = Path(scratch_name)
+        src = project
+        if isolate:
+            src = scratch / "src"
+            shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
+        env = cross_build_env(python, torch, toolchain, scratch)
+        env.update(extra_env or {})
+        wheel_dir = scratch / "wheels"
+        log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
+        cmd = [host, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+               "--no-cache-dir", "-v", "-w", str(wheel_dir), str(src)]
+        start = time.monotonic()
+        with open(log, "w") as fh:
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        seconds = time.monotonic() - start
+        if proc.returncode != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            raise StepFailed(f"cross build of {project} for {python.arch} failed "
+                             f"(exit {proc.returncode}); last lines:\n{tail}\nfull log: {log}")
+        wheels = sorted(wheel_dir.glob("*.whl"))
+        if len(wheels) != 1:
+            raise StepFailed(f"cross build of {project}: expected one wheel, got "
+                             f"{[w.name for w in wheels]}; log: {log}")
+        built = wheels[0]
+        if not built.name.endswith(f"-linux_{python.arch}.whl"):
+            raise StepFailed(f"cross build of {project}: wheel {built.name} is not tagged "
+                             f"linux_{python.arch}; log: {log}")
+        final = out_dir / built.name
+        shutil.move(str(built), final)
+    return CrossBuildResult(wheel=final, seconds=seconds, log=log)

@@ -1,0 +1,53 @@
+"""Loaded by every Python process of a cross build (its folder is first on PYTHONPATH).
+
+The project's setup.py runs on the *host* interpreter with the host's (x86_64) torch, because
+only that one can be imported. torch.utils.cpp_extension would then hand the compiler the host
+torch's headers and libraries. This hook lets the module load normally and then points its two
+path roots at the *target* torch (``$AMPFORGE_CROSS_TORCH_DIR``), so ``include_paths()``,
+``library_paths()`` and everything built on them describe the aarch64 torch. No change to the
+project is needed, which is what lets ``--project PATH`` cross-build any torch extension.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+_TARGET = os.environ.get("AMPFORGE_CROSS_TORCH_DIR")
+_MODULE = "torch.utils.cpp_extension"
+
+
+def _redirect(module):
+    missing = [n for n in ("_TORCH_PATH", "TORCH_LIB_PATH") if not hasattr(module, n)]
+    if missing:
+        raise RuntimeError(
+            f"ampforge cross build: {_MODULE} of the host torch has no {', '.join(missing)}; "
+            "cannot point it at the target torch. Use a host torch between 2.1 and 2.13."
+        )
+    module._TORCH_PATH = _TARGET
+    module.TORCH_LIB_PATH = os.path.join(_TARGET, "lib")
+
+
+class _CppExtensionRedirect(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != _MODULE:
+            return None
+        sys.meta_path.remove(self)  # find the real module without recursing into ourselves
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            _redirect(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _TARGET:
+    sys.meta_path.insert(0, _CppExtensionRedirect())

@@ -1,0 +1,157 @@
+"""The target's torch: the aarch64 wheel, unpacked with its pure-Python dependencies.
+
+One cached site-packages folder per (torch wheel content, target Python) serves both jobs:
+compiling (``torch/include``, ``torch/lib``) and running under QEMU (``PYTHONPATH=<site>``).
+The index's aarch64 torch 2.9.1 is a CPU build; 2.13.0 is a CUDA-13 build that needs CUDA
+libraries even to import, so pick a CPU torch for verification (see ENVIRONMENT.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from builder.cross.cache import cache_root, content_key, ensure_entry, sha256_file
+from builder.cross.sysroot import TargetPython, precompile
+from builder.errors import StepFailed
+
+# The oldest glibc the index's aarch64 torch wheels target; pip also accepts older manylinux tags.
+DEFAULT_PLATFORM = "manylinux_2_28_{arch}"
+
+
+@dataclass(frozen=True)
+class TargetTorch:
+    """An unpacked target torch and the site-packages folder it lives in."""
+
+    version: str
+    site: Path  # pip --target folder: torch + its dependencies, for PYTHONPATH under QEMU
+    wheel: Path  # the torch wheel it came from (cached)
+    wheel_sha256: str
+
+    @property
+    def full_version(self) -> str:
+        """``torch.__version__`` of the target torch (e.g. ``2.9.1+cpu``), read from its files."""
+        namespace: dict[str, object] = {}
+        exec((self.torch_dir / "version.py").read_text(), namespace)
+        return str(namespace["__version__"])
+
+    @property
+    def torch_dir(self) -> Path:
+        return self.site / "torch"
+
+    @property
+    def include_dirs(self) -> tuple[Path, ...]:
+        # The same two folders torch.utils.cpp_extension.include_paths() returns for CPU.
+        inc = self.torch_dir / "include"
+        return (inc, inc / "torch" / "csrc" / "api" / "include")
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.torch_dir / "lib"
+
+    def openmp_library(self) -> Path | None:
+        """torch's own OpenMP runtime, if the wheel bundles one.
+
+        x86_64 wheels ship ``torch/lib/libgomp.so.1``; the aarch64 ones were repaired by
+        auditwheel and carry a hash-renamed ``torch.libs/libgomp-<hash>.so.1.0.0``. An extension
+        built with ``-fopenmp`` must link *that* file (same SONAME) so that one OpenMP runtime,
+        torch's, is loaded; linking the toolchain's ``libgomp.so.1`` would need a system libgomp
+        on the target that manylinux does not promise.
+        """
+        plain = self.lib_dir / "libgomp.so.1"
+        if plain.exists():
+            return plain
+        mangled = sorted((self.site / "torch.libs").glob("libgomp-*.so*"))
+        return mangled[0] if mangled else None
+
+
+def _pip(args: list[str], what: str) -> None:
+    run = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise StepFailed(f"{what} failed (pip {' '.join(args)}):\n{run.stderr[-3000:]}")
+
+
+def target_requirements(wheel: Path, python: TargetPython) -> list[str]:
+    """The wheel's ``Requires-Dist`` entries whose markers hold on the target (no extras)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(meta_name).decode()
+    environment = {
+        "platform_machine": python.arch,
+        "platform_system": "Linux",
+        "sys_platform": "linux",
+        "os_name": "posix",
+        "python_version": python.version,
+        "python_full_version": python.version + ".0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+    wanted: list[str] = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is None or req.marker.evaluate(environment):
+            req.marker = None
+            wanted.append(str(req))
+    return wanted
+
+
+def download_torch_wheel(version: str, python: TargetPython, cache: Path | None = None,
+                         platform: str | None = None) -> Path:
+    """The target torch wheel, downloaded once (``pip download --no-deps``) into the cache."""
+    plat = platform or DEFAULT_PLATFORM.format(arch=python.arch)
+    folder = cache_root(cache) / "wheels" / f"torch-{version}-{python.python_tag}-{plat}"
+
+    def fill(tmp: Path) -> None:
+        _pip(["download", "--no-deps", "--only-binary=:all:", "--platform", plat,
+              "--python-version", python.version, "--implementation", "cp",
+              "--abi", python.python_tag, "-d", str(tmp), f"torch=={version}"],
+             f"downloading torch=={version} for {python.python_tag} {plat}")
+
+    ensure_entry(folder, fill)
+    wheels = sorted(folder.glob("torch-*.whl"))
+    if len(wheels) != 1:
+        raise StepFailed(f"torch wheel cache {folder}: expected one torch-*.whl, found {wheels}")
+    return wheels[0]
+
+
+def ensure_target_torch(version: str, python: TargetPython, cache: Path | None = None,
+                        platform: str | None = None,
+                        extra_requirements: tuple[str, ...] = ()) -> TargetTorch:
+    """A cached target site-packages with torch ``version`` and its dependencies for ``python``.
+
+    ``extra_requirements`` (e.g. ``("numpy",)``) are installed alongside and are part of the key.
+    """
+    plat = platform or DEFAULT_PLATFORM.format(arch=python.arch)
+    wheel = download_torch_wheel(version, python, cache, plat)
+    digest = sha256_file(wheel) if not (wheel.parent / "sha256").exists() else (
+        (wheel.parent / "sha256").read_text().strip())
+    if not (wheel.parent / "sha256").exists():
+        (wheel.parent / "sha256").write_text(digest + "\n")
+    key = content_key([digest, python.python_tag, plat, *sorted(extra_requirements)])
+    site = cache_root(cache) / "sites" / f"torch-{version}-{python.python_tag}-{key}"
+
+    def fill(tmp: Path) -> None:
+        common = ["install", "--quiet", "--target", str(tmp), "--only-binary=:all:",
+                  "--platform", plat, "--python-version", python.version, "--implementation",
+                  "cp", "--abi", python.python_tag, "--no-compile"]
+        # pip evaluates environment markers against the *host* even with --platform, so it
+        # would pull torch's x86_64-only CUDA requirements; evaluate them for the target here
+        # and install torch itself without dependency resolution.
+        requirements = [*target_requirements(wheel, python), *extra_requirements]
+        if requirements:
+            _pip([*common, *requirements], f"installing torch=={version}'s dependencies")
+        _pip([*common, "--no-deps", str(wheel)], f"installing torch=={version} for {plat}")
+        precompile(tmp, python.version, shown_as=site)
+
+    ensure_entry(site, fill)
+    if not (site / "torch" / "include" / "torch" / "extension.h").exists():
+        raise StepFailed(f"target torch in {site} has no torch/include/torch/extension.h")
+    return TargetTorch(version=version, site=site, wheel=wheel, wheel_sha256=digest)
