@@ -1,0 +1,214 @@
+"""`plan`: the default matrix, dropped cells with reasons, the newest-torch resolution
+(the user's own `make wheel ARCH=ARM PY=3.9`), include/exclude, selectors and formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builder_testlib import BASE_CONFIG, run_cli, write_config
+
+from builder.cells import cell_id
+from builder.config import REPO_ROOT
+
+
+def _json(*argv: str, env: dict[str, str] | None = None) -> dict:
+    res = run_cli("plan", "--format", "json", *argv, env=env)
+    assert res.rc == 0, res.err
+    return json.loads(res.out)
+
+
+def test_default_plan_cells_and_dropped_reasons() -> None:
+    doc = _json()
+    ids = [c["id"] for c in doc["cells"]]
+    # 2 arches x (cp39 with 2.8.0 only + 4 Pythons x 3 torches)
+    assert len(ids) == 2 * (1 + 4 * 3) == 26
+    assert len(set(ids)) == len(ids)
+    assert "cp39-manylinux_aarch64-torch2.8.0" in ids
+    assert "cp313-manylinux_x86_64-torch2.13.0" in ids
+    dropped = {d["id"]: d["reason"] for d in doc["dropped"]}
+    assert set(dropped) == {
+        cell_id(a, "3.9", t) for a in ("X86", "ARM") for t in ("2.9.1", "2.13.0")
+    }
+    assert dropped["cp39-manylinux_x86_64-torch2.9.1"] == (
+        "torch 2.9.1 publishes no cp39 wheel for x86_64 (it has cp310-cp314; per "
+        "configs/support.yaml)"
+    )
+    cell = next(c for c in doc["cells"] if c["id"] == "cp311-manylinux_aarch64-torch2.13.0")
+    assert cell == {
+        "id": "cp311-manylinux_aarch64-torch2.13.0",
+        "arch": "ARM",
+        "machine": "aarch64",
+        "python": "3.11",
+        "cp": "cp311",
+        "torch": "2.13.0",
+        "base_image": "quay.io/pypa/manylinux_2_28_aarch64",
+        "family": "manylinux",
+        "plat": "manylinux_2_28_aarch64",
+        "python_path": "/opt/python/cp311-cp311/bin/python",
+        "docker_platform": "linux/arm64",
+    }
+
+
+def test_table_lists_cells_then_dropped_with_reasons() -> None:
+    res = run_cli("plan")
+    assert res.rc == 0
+    lines = res.out.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
+    assert lines[header].split() == ["CELL", "ARCH", "PYTHON", "TORCH", "BASE", "IMAGE"]
+    assert "26 cells to build." in lines
+    drop = lines.index("dropped (4):")
+    assert drop > header
+    assert all("publishes no cp39 wheel" in ln for ln in lines[drop + 1 : drop + 5])
+
+
+def test_arm_py39_resolves_to_torch_2_8_0_and_says_so() -> None:
+    """`make wheel ARCH=ARM PY=3.9` (environment) must name one valid cell."""
+    res = run_cli("plan", "--format", "json", env={"ARCH": "ARM", "PY": "3.9"})
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert [c["id"] for c in doc["cells"]] == ["cp39-manylinux_aarch64-torch2.8.0"]
+    assert (
+        "note: ARM / Python 3.9: no torch named, chose torch 2.8.0 (the newest in the matrix with "
+        "a cp39 wheel for aarch64; newer 2.9.1, 2.13.0 publish no cp39 wheel for aarch64)"
+    ) in res.err
+    assert {d["torch"] for d in doc["dropped"]} == {"2.9.1", "2.13.0"}
+
+
+def test_named_python_without_torch_picks_newest_per_arch() -> None:
+    doc = _json("--python", "3.11,3.12")
+    assert sorted(c["id"] for c in doc["cells"]) == sorted(
+        cell_id(a, p, "2.13.0") for a in ("X86", "ARM") for p in ("3.11", "3.12")
+    )
+    assert len(doc["notes"]) == 4
+
+
+def test_arch_only_selects_every_cell_of_that_arch() -> None:
+    doc = _json("--arch", "aarch64")  # alias of ARM
+    assert len(doc["cells"]) == 13 and {c["arch"] for c in doc["cells"]} == {"ARM"}
+    assert doc["notes"] == []
+
+
+def test_explicit_torch_is_kept() -> None:
+    doc = _json("--python", "3.11", "--torch", "2.8.0", "--arch", "X86")
+    assert [c["id"] for c in doc["cells"]] == ["cp311-manylinux_x86_64-torch2.8.0"]
+
+
+def test_selectors_are_patterns_on_identifiers() -> None:
+    doc = _json("cp31?-manylinux_aarch64-*", "*-torch2.9.1")
+    assert sorted(c["id"] for c in doc["cells"]) == sorted(
+        cell_id("ARM", p, "2.9.1") for p in ("3.10", "3.11", "3.12", "3.13")
+    )
+
+
+def test_github_format_is_one_line_job_matrix() -> None:
+    res = run_cli("plan", "--format", "github", "--arch", "X86")
+    assert res.rc == 0
+    assert res.out.count("\n") == 1
+    doc = json.loads(res.out)
+    assert len(doc["include"]) == 13
+    assert doc["include"][0] == {
+        "cell": "cp39-manylinux_x86_64-torch2.8.0",
+        "arch": "X86",
+        "python": "3.9",
+        "torch": "2.8.0",
+        "machine": "x86_64",
+    }
+
+
+def test_exclude_and_include(tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path,
+        BASE_CONFIG
+        + "  exclude:\n"
+        + "    - {arch: ARM, torch: '2.8.0'}\n"
+        + "  include:\n"
+        + "    - {arch: X86, python: '3.14', torch: '2.13.0'}\n",
+    )
+    doc = _json("--config", str(cfg))
+    ids = [c["id"] for c in doc["cells"]]
+    assert "cp314-manylinux_x86_64-torch2.13.0" in ids
+    assert not any(i.endswith("aarch64-torch2.8.0") for i in ids)
+    dropped = {d["id"]: d["reason"] for d in doc["dropped"]}
+    assert dropped["cp311-manylinux_aarch64-torch2.8.0"] == (
+        "excluded by matrix.exclude[0] (arch=ARM torch=2.8.0)"
+    )
+    assert doc["warnings"] == []
+
+
+def test_resolution_ignores_excluded_cells(tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path, BASE_CONFIG + "  exclude:\n    - {python: '3.11', torch: '2.13.0'}\n"
+    )
+    res = run_cli("plan", "--config", str(cfg), "--python", "3.11", "--arch", "X86")
+    assert res.rc == 0
+    assert "chose torch 2.8.0" in res.err
+    assert "cp311-manylinux_x86_64-torch2.8.0" in res.out
+
+
+def test_python_m_builder_and_help_document_every_option() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "PY", "TORCH")}
+    for command in ("plan", "render"):
+        out = subprocess.run(
+            [sys.executable, "-m", "builder", command, "--help"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        from builder.cli import build_parser
+
+        sub = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+        for action in sub._actions:
+            for opt in action.option_strings:
+                assert opt in out, f"{command} --help does not mention {opt}"
+            if action.help is not None and action.help != "==SUPPRESS==":
+                assert action.help.split()[0] in out
+    top = subprocess.run(
+        [sys.executable, "-m", "builder", "--help"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "plan" in top and "render" in top and "Exit codes" in top
+
+
+def test_no_command_is_a_usage_error() -> None:
+    assert run_cli().rc == 2
+
+
+@pytest.mark.parametrize("target", ["plan", "dockerfiles"])
+def test_make_targets(tmp_path: Path, target: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "PY", "TORCH", "MAKEFLAGS")}
+    # -o: treat the set-up stamps as up to date (this test checks the builder targets only).
+    res = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-o",
+            "setup",
+            "-o",
+            ".venv/.installed",
+            target,
+            "ARCH=ARM",
+            "PY=3.9",
+            f"DOCKERFILES_OUT={tmp_path}",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    if target == "plan":
+        assert "cp39-manylinux_aarch64-torch2.8.0" in res.stdout
+    else:
+        assert [p.name for p in tmp_path.iterdir()] == ["cp39-manylinux_aarch64-torch2.8.0"]
+        assert (tmp_path / "cp39-manylinux_aarch64-torch2.8.0" / "Dockerfile").is_file()
