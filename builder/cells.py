@@ -25,7 +25,7 @@ from typing import Any
 
 from builder import values
 from builder.arch import ARCHES
-from builder.config import BaseImage, BuildConfig, Selection
+from builder.config import BaseImage, BuildConfig, Selection, Settings
 from builder.errors import ConfigError
 
 
@@ -88,6 +88,7 @@ class Cell:
             "plat": self.plat,
             "python_path": self.python_path,
             "docker_platform": self.docker_platform,
+            "local_version": self.torch_local,
         }
 
 
@@ -291,3 +292,8 @@ def select(plan: Plan, selection: Selection) -> Plan:
     return replace(
         plan, cells=tuple(cells), dropped=tuple(dropped), notes=plan.notes + tuple(notes)
     )
+
+
+def plan_for(settings: Settings) -> Plan:
+    """The cells a command acts on: the expanded matrix narrowed to the selection."""
+    return select(expand(settings.config), settings.selection)

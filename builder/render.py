@@ -104,6 +104,11 @@ class Recipe:
             h.update(self.context_files[name].read_bytes())
         return h.hexdigest()
 
+    @property
+    def image_tag(self) -> str:
+        """A content-addressed tag for the cell's image: same recipe, same tag."""
+        return f"ampforge/cell:{self.cell.identifier}-{self.digest[:16]}"
+
     def write(self, out_dir: Path) -> Path:
         """Write ``out_dir/<cell id>/Dockerfile`` (+ context files) atomically; returns the folder.
 

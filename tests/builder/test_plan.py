@@ -51,6 +51,7 @@ def test_default_plan_cells_and_dropped_reasons() -> None:
         "plat": "manylinux_2_28_aarch64",
         "python_path": "/opt/python/cp311-cp311/bin/python",
         "docker_platform": "linux/arm64",
+        "local_version": "torch2.13",
     }
 
 

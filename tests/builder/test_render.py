@@ -128,6 +128,8 @@ def test_deterministic_in_process_and_across_processes(tmp_path: Path) -> None:
     _, second = _recipes(GOLDEN / "debian.yaml")
     assert [r.dockerfile for r in first] == [r.dockerfile for r in second]
     assert [r.digest for r in first] == [r.digest for r in second]
+    tags = [r.image_tag for r in first]
+    assert len(set(tags)) == len(tags) and tags[0].startswith("ampforge/cell:cp311-")
     outs = []
     for seed in ("1", "2"):
         out = tmp_path / f"out{seed}"
