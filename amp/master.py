@@ -217,6 +217,9 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
     result = stash.original_step() if closure is None else stash.original_step(closure)
     if separate:
         copy_masters_to_model(self)
+        # As apex: drop the master grads, which model.zero_grad() would not reach.
+        for _, master in _separate_pairs(self):
+            master.grad = None
     return result
 
 

@@ -255,3 +255,19 @@ def test_two_losses_two_scalers_accumulate_with_their_own_scales():
     torch.testing.assert_close(master_w.grad, ref_grad, atol=1e-2, rtol=1e-2)
     assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 1},
                                 "loss_scaler1": {"loss_scale": 8.0, "unskipped": 1}}
+
+
+def test_o2_model_zero_grad_is_enough_between_steps():
+    x, y = make_data()
+    results = []
+    for use_model_zero_grad in (False, True):
+        model, optimizer = quickstart_model()
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
+                                          dynamic_init_scale=256.0)
+        for _ in range(4):
+            (model if use_model_zero_grad else optimizer).zero_grad()
+            with amp.scale_loss(F.mse_loss(model(x), y), optimizer) as scaled:
+                scaled.backward()
+            optimizer.step()
+        results.append(next(amp.master_params(optimizer)).detach().clone())
+    assert torch.equal(results[0], results[1])

@@ -1,0 +1,16 @@
+"""The runnable examples in amp's docstrings (initialize, scale_loss, LossScaler) run as written."""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import amp.frontend
+import amp.handle
+import amp.scaler
+
+
+@pytest.mark.parametrize("module", [amp.frontend, amp.handle, amp.scaler])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
