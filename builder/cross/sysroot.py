@@ -169,6 +169,31 @@ def precompile(folder: Path, version: str, shown_as: Path) -> None:
                     "-p", str(shown_as), str(folder)], capture_output=True)
 
 
+def unpack_debs(packages: list[str], root: Path) -> None:
+    """``apt-get download`` ``packages`` (``name:arch``) and ``dpkg -x`` them into ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ampforge-debs-") as name:
+        debs = Path(name)
+        # apt drops privileges to _apt for downloads; a folder it cannot write only costs a
+        # warning, so make it writable rather than silence apt.
+        debs.chmod(0o777)
+        run = subprocess.run(["apt-get", "download", "-q", *packages], cwd=debs,
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise StepFailed("`apt-get download` of the target's .debs failed:\n"
+                             + run.stderr[-2000:])
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+
+
+def ensure_debian_root(packages: list[str], name: str, cache: Path | None = None) -> Path:
+    """A cached folder with ``packages`` (``name:arch``) unpacked, keyed by their .deb hashes."""
+    index = _apt_index(packages)
+    key = content_key(sorted(f"{p}={index[p][1]}" for p in packages))
+    return ensure_entry(cache_root(cache) / "sysroots" / f"{name}-{key}",
+                        lambda tmp: unpack_debs(packages, tmp))
+
+
 def ensure_target_python(version: str, arch: str = "aarch64",
                          cache: Path | None = None) -> TargetPython:
     """Return a cached target CPython ``version`` for ``arch``, unpacking it on first use.
@@ -194,18 +219,8 @@ def ensure_target_python(version: str, arch: str = "aarch64",
     triplet = f"{arch}-linux-gnu"
 
     def fill(tmp: Path) -> None:
-        debs = Path(tempfile.mkdtemp(prefix="debs-", dir=tmp))
-        # apt drops privileges to _apt for downloads; a folder it cannot write only costs a
-        # warning, so make it writable rather than silence apt.
-        debs.chmod(0o777)
-        run = subprocess.run(["apt-get", "download", "-q", *packages], cwd=debs,
-                             capture_output=True, text=True)
-        if run.returncode != 0:
-            raise StepFailed("target Python: `apt-get download` failed:\n" + run.stderr[-2000:])
         root = tmp / "root"
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
-        shutil.rmtree(debs)
+        unpack_debs(packages, root)
         # Debian splits pyconfig.h per architecture behind a wrapper that needs the whole
         # sysroot /usr/include on the path (with the target libc headers shadowing the cross
         # compiler's). Build a self-contained include folder with the real one instead.
