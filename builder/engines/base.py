@@ -32,7 +32,7 @@ class RunResult:
 
     argv: tuple[str, ...]
     exit_code: int
-    tail: tuple[str, ...]  # last TAIL_LINES redacted output lines
+    tail: tuple[str, ...]  # the last redacted output lines (TAIL_LINES unless asked otherwise)
     log_path: Optional[Path] = None
 
     @property
@@ -54,7 +54,11 @@ class Session(Protocol):
         cwd: str | None = None,
         check: bool = True,
         step: str = "",
-    ) -> RunResult: ...
+        tail_lines: int = TAIL_LINES,
+    ) -> RunResult:
+        """Run *argv*; output lines stream (redacted) to the session's log; the last
+        *tail_lines* of them come back in the result. ``check`` raises StepFailed on failure."""
+        ...
 
     def copy_in(self, src: Path, dest_dir: str) -> str:
         """Copy host file or directory *src* into *dest_dir*; return its path inside."""
@@ -93,9 +97,9 @@ class OutputLog:
             self.sink(clean)
         return clean
 
-    def capture(self, lines: Iterable[str]) -> tuple[str, ...]:
-        """Write every line; return the last TAIL_LINES (redacted)."""
-        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    def capture(self, lines: Iterable[str], keep: int = TAIL_LINES) -> tuple[str, ...]:
+        """Write every line; return the last *keep* of them (redacted)."""
+        tail: collections.deque[str] = collections.deque(maxlen=keep)
         for line in lines:
             tail.append(self.write_line(line))
         return tuple(tail)
@@ -119,7 +123,7 @@ def check_result(
     """Raise StepFailed for a non-zero exit, showing the output tail and the full log's path."""
     if result.ok:
         return result
-    shown = "\n".join("    " + line for line in result.tail)
+    shown = "\n".join("    " + line for line in result.tail[-TAIL_LINES:])
     log = f"\n  full log: {result.log_path}" if result.log_path else ""
     name = step or result.argv[0]
     message = (

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.engines.base import OutputLog, RunResult, check_result, iter_lines
+from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result, iter_lines
 from builder.errors import EngineUnavailable, StepFailed
 from builder.redact import Redactor
 
@@ -300,6 +300,7 @@ class DockerSession:
         cwd: str | None = None,
         check: bool = True,
         step: str = "",
+        tail_lines: int = TAIL_LINES,
     ) -> RunResult:
         api = self.engine.api
         exec_id = api.exec_create(
@@ -307,7 +308,7 @@ class DockerSession:
         )["Id"]
         self.log.open()
         try:
-            tail = self.log.capture(iter_lines(api.exec_start(exec_id, stream=True)))
+            tail = self.log.capture(iter_lines(api.exec_start(exec_id, stream=True)), tail_lines)
         finally:
             self.log.close()
         code = api.exec_inspect(exec_id).get("ExitCode")

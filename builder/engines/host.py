@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from builder.engines.base import OutputLog, RunResult, check_result
+from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result
 from builder.errors import StepFailed
 
 
@@ -28,6 +28,7 @@ def run_host(
     cwd: str | os.PathLike[str] | None = None,
     check: bool = True,
     step: str = "",
+    tail_lines: int = TAIL_LINES,
 ) -> RunResult:
     """Run *argv* here, streaming its merged stdout/stderr line by line through *log*.
 
@@ -53,7 +54,7 @@ def run_host(
             raise StepFailed(f"step '{step or argv[0]}': program not found: {argv[0]}") from exc
         try:
             assert proc.stdout is not None
-            tail = log.capture(proc.stdout)
+            tail = log.capture(proc.stdout, tail_lines)
             code = proc.wait()
         except BaseException:
             # Ctrl-C or an error while streaming: do not leave the child running.
@@ -103,11 +104,12 @@ class HostSession:
         cwd: str | None = None,
         check: bool = True,
         step: str = "",
+        tail_lines: int = TAIL_LINES,
     ) -> RunResult:
         merged = dict(self.base_env)
         merged.update(env or {})
         return run_host(argv, self.log, env=merged, cwd=cwd or self.workdir, check=check,
-                        step=step)
+                        step=step, tail_lines=tail_lines)
 
     def copy_in(self, src: Path, dest_dir: str) -> str:
         if not src.exists():

@@ -1,0 +1,133 @@
+"""Host-side driver of the in-cell steps (``steps.py`` is what runs inside the environment).
+
+:func:`build_in_session` runs the same sequence in a container session and in a host session:
+copy the project and the step script in, make a venv from the cell's interpreter, install
+``torch==X`` (index or wheelhouse), build the wheel without build isolation. It returns the raw
+(unrepaired) wheel's path *inside* the session, ready for :func:`builder.repair.repair_wheel`.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from builder.engines.base import RunResult, Session
+from builder.errors import StepFailed
+
+STEPS_SCRIPT = Path(__file__).with_name("steps.py")
+RESULT_PREFIX = "AMPFORGE_RESULT "
+
+#: Never copied into a build: environments, build outputs, caches, compiled modules.
+PROJECT_IGNORE: tuple[str, ...] = (
+    ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyc",
+    ".pytest_cache", ".ruff_cache", ".hypothesis", ".mypy_cache", "out",
+)
+
+
+def local_version(torch: str) -> str:
+    """The wheel's local version label for a torch release: ``2.13.0`` -> ``torch2.13``."""
+    parts = torch.split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise StepFailed(f"expected a torch version like 2.13.0, got {torch!r}")
+    return f"torch{parts[0]}.{parts[1]}"
+
+
+def parse_result(result: RunResult) -> dict[str, Any]:
+    """The JSON a step printed as its final ``AMPFORGE_RESULT`` line."""
+    for line in reversed(result.tail):
+        if line.startswith(RESULT_PREFIX):
+            return dict(json.loads(line[len(RESULT_PREFIX):]))
+    raise StepFailed(f"step {' '.join(result.argv[:3])} printed no result line")
+
+
+def stage_project(src: Path, parent: Path) -> Path:
+    """A clean copy of the project under *parent* (no venvs, build trees or compiled files)."""
+    if not (src / "pyproject.toml").exists() and not (src / "setup.py").exists():
+        raise StepFailed(f"{src} is not a Python project (no pyproject.toml or setup.py)")
+    dest = parent / "project"
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*PROJECT_IGNORE), symlinks=True)
+    return dest
+
+
+@dataclass(frozen=True)
+class CellBuild:
+    wheel: str  # the raw wheel, path inside the session
+    venv_python: str  # the build venv's interpreter inside the session
+    torch: str  # the torch version actually installed (e.g. 2.13.0+cpu)
+    shim: bool  # whether the single_threaded.h shim was used
+
+
+def build_in_session(
+    session: Session,
+    *,
+    python: str,
+    torch: str,
+    project: Path,
+    wheelhouse: Optional[str] = None,
+    index_url: Optional[str] = None,
+    local_version_label: Optional[str] = None,
+    shim: str = "auto",
+    ccache: bool = False,
+    extra_requirements: Sequence[str] = ("setuptools", "wheel"),
+) -> CellBuild:
+    """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
+
+    *wheelhouse* is a directory inside the session (bind-mounted or copied in): when given the
+    install is offline (``--no-index``). *local_version_label* defaults to ``torchX.Y``.
+    """
+    work = session.workdir
+    with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
+        staged = stage_project(project, Path(tmp))
+        project_in = session.copy_in(staged, work)
+    steps = session.copy_in(STEPS_SCRIPT, work)
+    venv_dir = posixpath.join(work, "build-venv")
+    made = parse_result(session.run([python, steps, "venv", venv_dir], step="create build venv"))
+    vpy = str(made["python"])
+    sources: list[str] = []
+    if wheelhouse:
+        sources += ["--wheelhouse", wheelhouse]
+    elif index_url:
+        sources += ["--index-url", index_url]
+    extras: list[str] = []
+    for req in extra_requirements:
+        extras += ["--extra", req]
+    installed = parse_result(session.run(
+        [vpy, steps, "install-torch", "--torch", torch, *sources, *extras],
+        step=f"install torch=={torch}"))
+    label = local_version(torch) if local_version_label is None else local_version_label
+    argv = [vpy, steps, "build-wheel", "--project", project_in,
+            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim]
+    if ccache:
+        argv.append("--ccache")
+    built = parse_result(session.run(argv, step="build wheel"))
+    return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
+                     shim=bool(built["shim"]))
+
+
+def smoke_in_session(
+    session: Session,
+    *,
+    python: str,
+    wheel: Path,
+    torch: str,
+    wheelhouse: Optional[str] = None,
+    index_url: Optional[str] = None,
+) -> list[str]:
+    """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
+    *python*, and exercise it; returns the extension modules imported. Raises StepFailed with
+    the output tail when anything fails."""
+    inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
+    steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+    argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
+            "--venv", posixpath.join(session.workdir, "smoke-venv")]
+    if wheelhouse:
+        argv += ["--wheelhouse", wheelhouse]
+    elif index_url:
+        argv += ["--index-url", index_url]
+    return list(parse_result(session.run(argv, step="smoke test"))["modules"])

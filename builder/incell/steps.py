@@ -1,0 +1,222 @@
+"""The in-cell steps: run *inside* the build environment (container or host session).
+
+Standard library only, Python >= 3.9: this file is copied into the environment and run by the
+cell's own interpreter, so it cannot import the builder or anything else from the host. The same
+file runs in both backends, which is what makes the host and docker paths build the same wheel.
+
+Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host side parses)::
+
+    python steps.py venv DEST
+    DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
+    DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
+                                         [--shim auto|on|off]
+    python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+RESULT_PREFIX = "AMPFORGE_RESULT "
+
+# GCC >= 11's libstdc++ reads glibc's __libc_single_threaded when <sys/single_threaded.h>
+# exists; that one symbol (GLIBC_2.32) would cap the wheel's tag at the build host's glibc.
+# Shadowing the header with a constant "not single threaded" keeps the always-atomic code
+# path (correct, merely conservative) and drops the symbol reference.
+_SHIM = """\
+/* ampforge build shim: see builder/incell/steps.py. */
+#ifndef _SYS_SINGLE_THREADED_H
+#define _SYS_SINGLE_THREADED_H
+static const char __libc_single_threaded = 0;
+#endif
+"""
+
+
+def _result(**fields: object) -> None:
+    print(RESULT_PREFIX + json.dumps(fields, sort_keys=True), flush=True)
+
+
+def _fail(message: str) -> None:
+    print("error: " + message, file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def _run(argv: list[str], env: Optional[dict[str, str]] = None, cwd: Optional[str] = None) -> None:
+    print("+ " + " ".join(argv), flush=True)
+    full = dict(os.environ)
+    full.update(env or {})
+    code = subprocess.call(argv, env=full, cwd=cwd)
+    if code != 0:
+        _fail(f"command failed with exit code {code}: {' '.join(argv)}")
+
+
+def _pip_source_args(args: argparse.Namespace) -> list[str]:
+    if args.wheelhouse:
+        # Offline: only what the wheelhouse holds; pip names the missing requirement.
+        return ["--no-index", "--find-links", args.wheelhouse]
+    out: list[str] = []
+    if args.index_url:
+        out += ["--index-url", args.index_url]
+    return out
+
+
+def cmd_venv(args: argparse.Namespace) -> None:
+    venv.create(args.dest, with_pip=True, clear=True)
+    exe = Path(args.dest) / "bin" / "python"
+    _result(python=str(exe), version="{}.{}".format(*sys.version_info[:2]))
+
+
+def cmd_install_torch(args: argparse.Namespace) -> None:
+    reqs = ["torch==" + args.torch] + list(args.extra)
+    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+          "--no-input", *_pip_source_args(args), *reqs])
+    import importlib.metadata as md
+
+    _result(torch=md.version("torch"))
+
+
+def _glibc_has_single_threaded() -> bool:
+    inc = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
+    candidates = [Path("/usr/include/sys/single_threaded.h"), Path(inc) / "sys/single_threaded.h"]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        candidates.append(Path("/usr/include") / multiarch / "sys/single_threaded.h")
+    return any(p.exists() for p in candidates)
+
+
+def cmd_build_wheel(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.glob("*.whl"))
+    env = {"AMP_LOCAL_VERSION": args.local_version} if args.local_version else {}
+    use_shim = args.shim == "on" or (args.shim == "auto" and _glibc_has_single_threaded())
+    if use_shim:
+        shim_dir = (Path(args.out).resolve().parent / "shim").resolve()
+        (shim_dir / "sys").mkdir(parents=True, exist_ok=True)
+        (shim_dir / "sys" / "single_threaded.h").write_text(_SHIM)
+        # An absolute -I path: the compiler runs from temporary build directories.
+        flag = "-I" + str(shim_dir)
+        for var in ("CFLAGS", "CXXFLAGS"):
+            env[var] = (os.environ.get(var, "") + " " + flag).strip()
+    if args.ccache:
+        env["CC"] = "ccache gcc"
+        env["CXX"] = "ccache g++"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+          "--disable-pip-version-check", "--no-input", "-w", str(out),
+          # A bare name would be looked up on the index: always pass a path.
+          str(Path(args.project).resolve())], env=env)
+    new = sorted(set(out.glob("*.whl")) - before)
+    if len(new) != 1:
+        _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
+    wheel = new[0]
+    version = wheel.name.split("-")[1]
+    if args.local_version and not version.endswith("+" + args.local_version):
+        _fail(f"the wheel's version {version!r} does not carry the local version "
+              f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
+              "to its version")
+    _result(wheel=str(wheel), shim=use_shim)
+
+
+_AMP_SMOKE = r"""
+import warnings
+import torch
+import amp
+from amp import _ext
+if not _ext.available():
+    raise SystemExit("amp._C is in the wheel but cannot be used with torch " + torch.__version__)
+import amp.optimizers
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+optimizer = amp.optimizers.FusedAdam(model.parameters(), lr=1e-2)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+x = torch.randn(256, 32)
+y = x[:, :1] * 2.0 + 0.5
+losses = []
+for _ in range(30):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    losses.append(float(loss))
+if not all(l == l for l in losses) or not losses[-1] < losses[0] * 0.5:
+    raise SystemExit("quick-start loop did not train: losses %r" % losses[::5])
+print("smoke: amp._C loaded, FusedAdam loss %.4f -> %.4f" % (losses[0], losses[-1]))
+"""
+
+
+def _extension_modules(wheel: Path) -> list[str]:
+    mods = []
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".so") and ".libs/" not in name and "/" in name:
+                stem = name[: -len(".so")].split(".")[0]
+                mods.append(stem.replace("/", "."))
+    return sorted(set(mods))
+
+
+def cmd_smoke(args: argparse.Namespace) -> None:
+    wheel = Path(args.wheel)
+    venv.create(args.venv, with_pip=True, clear=True)
+    py = str(Path(args.venv) / "bin" / "python")
+    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+          *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
+    mods = _extension_modules(wheel)
+    # Importing from a neutral directory, so the installed wheel is used, never a source tree.
+    code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
+    code += f"print('smoke: imported', {mods!r})\n"
+    _run([py, "-c", code], cwd=args.venv)
+    if "amp._C" in mods:
+        _run([py, "-c", _AMP_SMOKE], cwd=args.venv)
+    _result(modules=mods)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="steps.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("venv", help="create a venv with pip for this interpreter")
+    p.add_argument("dest")
+    p.set_defaults(func=cmd_venv)
+
+    def sources(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--wheelhouse", help="offline: install only from this directory")
+        q.add_argument("--index-url", help="package index (default: pip's configuration)")
+
+    p = sub.add_parser("install-torch", help="install torch==VERSION into this interpreter")
+    p.add_argument("--torch", required=True)
+    p.add_argument("--extra", action="append", default=["setuptools", "wheel"],
+                   help="more build requirements (default: setuptools, wheel)")
+    sources(p)
+    p.set_defaults(func=cmd_install_torch)
+
+    p = sub.add_parser("build-wheel", help="build the project's wheel, no build isolation")
+    p.add_argument("--project", required=True)
+    p.add_argument("--out", required=True, help="an empty directory for the wheel")
+    p.add_argument("--local-version", default="", help="e.g. torch2.13 (-> +torch2.13)")
+    p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--ccache", action="store_true", help="compile through ccache")
+    p.set_defaults(func=cmd_build_wheel)
+
+    p = sub.add_parser("smoke", help="install the wheel into a fresh venv and exercise it")
+    p.add_argument("--wheel", required=True)
+    p.add_argument("--torch", required=True)
+    p.add_argument("--venv", required=True)
+    sources(p)
+    p.set_defaults(func=cmd_smoke)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
