@@ -290,27 +290,20 @@ def build_base_image(
 
     tmp = Path(tempfile.mkdtemp(prefix="ampforge-base-", dir=work_root))
     rootfs_tag = key[:32]
+    rootfs_ref = f"{ROOTFS_REPOSITORY}:{rootfs_tag}"
     try:
-        rootfs = tmp / "rootfs"
-        say(f"debootstrap {spec.suite} ({spec.debian_arch}) from {mirror}")
-        run_host(
-            ["debootstrap", "--variant=minbase", f"--arch={spec.debian_arch}",
-             "--include=" + ",".join(sorted(set(spec.packages))), spec.suite, str(rootfs), mirror],
-            log, step="debootstrap",
-        )
-        pyver, pytag, glibc = _chroot_query(rootfs)
-        # APT lists and caches are dead weight in the image.
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for p in (rootfs / junk).glob("*.deb" if "archives" in junk else "*_*"):
-                p.unlink()
-        say("docker import")
-        tarball = tmp / "rootfs.tar"
-        run_host(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."], log,
-                 step="tar rootfs")
-        _remove_tree(rootfs)  # free the disk before the import copies it again
-        engine.import_rootfs(tarball, ROOTFS_REPOSITORY, rootfs_tag)
-        tarball.unlink()
-
+        # A rootfs imported by an earlier, interrupted run is reused: debootstrap is the
+        # slow part. Its labels carry what the chroot query found.
+        existing_rootfs = None if force else engine.image_id(rootfs_ref)
+        if existing_rootfs is not None:
+            labels = engine.api.inspect_image(existing_rootfs).get("Config", {}).get(
+                "Labels") or {}
+            pyver = labels.get(_LABEL + ".pyver", "")
+            glibc = tuple(int(x) for x in labels.get(_LABEL + ".glibc", "0.0").split("."))
+            pytag = "cp" + pyver.replace(".", "")
+        if existing_rootfs is None or not pyver:
+            pyver, pytag, glibc = _debootstrap_and_import(engine, spec, mirror, tmp, rootfs_ref,
+                                                          log, say)
         context = tmp / "context"
         wheels = context / "tools-wheels"
         wheels.mkdir(parents=True)
@@ -319,7 +312,7 @@ def build_base_image(
                              log)
         plat = f"manylinux_{glibc[0]}_{glibc[1]}_{machine}"
         dockerfile = _SHAPE_DOCKERFILE.format(
-            rootfs=f"{ROOTFS_REPOSITORY}:{rootfs_tag}", pytag=pytag,
+            rootfs=rootfs_ref, pytag=pytag,
             auditwheel=spec.auditwheel_version, plat=plat, arch=machine, key=key,
             suite=spec.suite,
         )
@@ -329,10 +322,39 @@ def build_base_image(
         _remove_tree(tmp)
     # The intermediate rootfs image is only a parent layer now; drop its tag.
     try:
-        engine.api.remove_image(f"{ROOTFS_REPOSITORY}:{rootfs_tag}", noprune=True)
+        engine.api.remove_image(rootfs_ref, noprune=True)
     except Exception:  # noqa: BLE001 - cosmetic; the parent layer stays referenced anyway
         pass
     return BaseImage(spec.tag, image_id, False, pytag, plat, time.monotonic() - start)
+
+
+def _debootstrap_and_import(
+    engine: DockerEngine, spec: BaseImageSpec, mirror: str, tmp: Path, rootfs_ref: str,
+    log: OutputLog, say: Callable[[str], None],
+) -> tuple[str, str, tuple[int, ...]]:
+    rootfs = tmp / "rootfs"
+    say(f"debootstrap {spec.suite} ({spec.debian_arch}) from {mirror}")
+    run_host(
+        ["debootstrap", "--variant=minbase", f"--arch={spec.debian_arch}",
+         "--include=" + ",".join(sorted(set(spec.packages))), spec.suite, str(rootfs), mirror],
+        log, step="debootstrap",
+    )
+    pyver, pytag, glibc = _chroot_query(rootfs)
+    # APT package caches and lists are dead weight in the image.
+    for p in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        p.unlink()
+    for p in (rootfs / "var/lib/apt/lists").glob("*_*"):
+        p.unlink()
+    say("docker import")
+    tarball = tmp / "rootfs.tar"
+    run_host(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."], log,
+             step="tar rootfs")
+    _remove_tree(rootfs)  # free the disk before the import copies it again
+    repository, tag = rootfs_ref.split(":")
+    engine.import_rootfs(tarball, repository, tag, changes=[
+        f"LABEL {_LABEL}.pyver={pyver} {_LABEL}.glibc={glibc[0]}.{glibc[1]}"])
+    tarball.unlink()
+    return pyver, pytag, glibc
 
 
 def _machine(arch: str) -> str:

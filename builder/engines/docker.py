@@ -27,6 +27,7 @@ import contextlib
 import io
 import os
 import posixpath
+import re
 import tarfile
 import tempfile
 import uuid
@@ -168,7 +169,9 @@ class DockerEngine:
                 )
                 for chunk in stream:
                     if "stream" in chunk:
-                        for line in str(chunk["stream"]).splitlines():
+                        # The classic builder colours a step's stderr; logs want plain text.
+                        text = _ANSI.sub("", str(chunk["stream"]))
+                        for line in text.splitlines():
                             tail.append(log.write_line(line))
                             del tail[:-25]
                     if "aux" in chunk and isinstance(chunk["aux"], dict):
@@ -243,7 +246,7 @@ class DockerEngine:
         try:
             self.api.start(cid)
             session = DockerSession(self, cid, workdir, log or OutputLog(redactor=self.redactor))
-            session.run(["mkdir", "-p", workdir], step="prepare workdir")
+            session.run(["mkdir", "-p", workdir], cwd="/", step="prepare workdir")
             yield session
         finally:
             self._remove(cid)
@@ -266,6 +269,7 @@ class DockerEngine:
 
 
 _DOCKERFILE_NAME = "Dockerfile.ampforge"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _write_context(fileobj: Any, dockerfile: str, context: Path | None) -> None:
