@@ -76,8 +76,18 @@ PLAN_FORMAT ?= table
 
 .PHONY: plan dockerfiles
 
-plan: setup
+# The builder targets use TORCH for the *cell* (the wheel's torch), not for .venv:
+# they only make sure .venv exists, keeping whatever torch it already has
+# (the default one on a fresh machine), so `make wheel TORCH=2.9.1` never
+# reinstalls the development environment's torch.
+VENV_TORCH := $(or $(patsubst $(VENV)/.torch-%,%,$(firstword $(wildcard $(VENV)/.torch-*))),2.13.0)
+
+.PHONY: builder-env
+builder-env:
+	@$(MAKE) --no-print-directory setup TORCH=$(VENV_TORCH)
+
+plan: builder-env
 	$(BUILDER) plan $(BUILDER_CONFIG_ARG) --format $(PLAN_FORMAT)
 
-dockerfiles: setup
+dockerfiles: builder-env
 	$(BUILDER) render $(BUILDER_CONFIG_ARG) --out $(DOCKERFILES_OUT)
