@@ -46,6 +46,9 @@ class OptimizerStash:
         self.use_fused = False  # decided when a backward pass is prepared
         self.pending_inv_scale: Optional[float] = None  # fused path: grads still scaled by 1/this
         self.skip_message: Optional[str] = None  # set when the next step must be skipped
+        # Masters are checked against the model once, at the first backward pass (see
+        # sync_masters_once): the model may have changed after initialize.
+        self.masters_synced = False
         self.original_step: Any = optimizer.step
         self.original_zero_grad: Any = optimizer.zero_grad
         self.original_state_dict: Any = optimizer.state_dict
@@ -128,6 +131,32 @@ def copy_masters_to_model(optimizer: torch.optim.Optimizer) -> None:
         torch._foreach_copy_([m for m, _ in pairs], [p for _, p in pairs])
 
 
+@torch.no_grad()
+def sync_masters_once(optimizer: torch.optim.Optimizer) -> None:
+    """Before the first backward pass: if the half model no longer matches its masters -- weights
+    loaded into the model after amp.initialize, or DistributedDataParallel broadcasting rank 0's
+    weights -- rebuild the masters from the model (apex builds them lazily for the same reason).
+    Under torch.distributed the decision is taken jointly, so every rank keeps identical masters.
+    Untouched masters keep their exact fp32 initial values."""
+    stash: OptimizerStash = optimizer._amp_stash
+    if stash.masters_synced or not stash.master_weights:
+        return
+    stash.masters_synced = True
+    pairs = _separate_pairs(optimizer)
+    stale = any(not torch.equal(m, p.to(m.dtype)) for m, p in pairs)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        device = pairs[0][0].device if pairs else torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = torch.tensor([1.0 if stale else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        stale = bool(flag.item() > 0)
+    if stale:
+        for model_param, master in pairs:
+            master.copy_(model_param)
+
+
 # --- the backward-pass protocol used by scale_loss --------------------------------------------
 
 
@@ -135,6 +164,7 @@ def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
     """Before a backward pass whose gradients are not yet in flight: set aside gradients that are
     already unscaled (from an earlier loss), so this pass's scaled gradients start from None."""
     stash: OptimizerStash = optimizer._amp_stash
+    sync_masters_once(optimizer)
     if stash.params_have_scaled_gradients:
         return  # accumulating with delay_unscale: keep adding scaled grads
     if stash.pending_inv_scale is not None:
@@ -254,6 +284,7 @@ def _load_state_dict(self: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
     state_dict = dict(state_dict)
     masters = state_dict.pop(MASTERS_KEY, None)
     stash.original_load_state_dict(state_dict)
+    stash.masters_synced = True  # from here on the masters below are authoritative
     if masters is None:
         if _separate_pairs(self):
             # Saved without amp's masters (e.g. from plain torch): start them from the model.

@@ -25,7 +25,9 @@ STEPS = 6
 
 
 def train(level: str, rank: int) -> dict:
-    torch.manual_seed(0)
+    # Each rank starts from other weights: DDP broadcasts rank 0's, and amp's fp32 masters must
+    # follow that broadcast identically on every rank.
+    torch.manual_seed(rank)
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0,

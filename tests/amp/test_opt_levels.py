@@ -271,3 +271,17 @@ def test_o2_model_zero_grad_is_enough_between_steps():
             optimizer.step()
         results.append(next(amp.master_params(optimizer)).detach().clone())
     assert torch.equal(results[0], results[1])
+
+
+def test_o2_masters_follow_weights_loaded_after_initialize():
+    pretrained, _ = quickstart_model(seed=42)
+    model, optimizer = quickstart_model(seed=0)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    model.load_state_dict(pretrained.state_dict())  # fine-tuning: weights arrive after initialize
+    x, y = make_data()
+    with amp.scale_loss(F.mse_loss(model(x), y), optimizer) as scaled:
+        scaled.backward()
+    master_w = next(amp.master_params(optimizer))
+    torch.testing.assert_close(master_w, pretrained.weight.half().float())  # before the step
+    optimizer.step()
+    torch.testing.assert_close(master_w, pretrained.weight, atol=0.05, rtol=0)
