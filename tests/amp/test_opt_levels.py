@@ -285,3 +285,14 @@ def test_o2_masters_follow_weights_loaded_after_initialize():
     torch.testing.assert_close(master_w, pretrained.weight.half().float())  # before the step
     optimizer.step()
     torch.testing.assert_close(master_w, pretrained.weight, atol=0.05, rtol=0)
+
+
+def test_o2_untouched_masters_keep_exact_fp32_initial_weights():
+    model, optimizer = quickstart_model()
+    fp32_weight = model.weight.detach().clone()
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    x, y = make_data()
+    with amp.scale_loss(F.mse_loss(model(x), y), optimizer) as scaled:
+        scaled.backward()
+    assert torch.equal(next(amp.master_params(optimizer)), fp32_weight)
+    assert not torch.equal(fp32_weight.half().float(), fp32_weight)  # rounding would show
