@@ -20,6 +20,7 @@ from builder.cross.qemu import (
     run_target_python,
     run_wheel_under_qemu,
     verify_amp_wheel,
+    verify_wheel,
 )
 from builder.cross.repair import CROSS_EXCLUDES, CrossRepair, repair_cross_wheel, show_wheel
 from builder.cross.sysroot import TargetPython, ensure_target_python
@@ -37,5 +38,5 @@ __all__ = [
     "build_cross_cell", "cross_available", "cross_build_env", "cross_build_wheel",
     "ensure_target_python", "ensure_target_torch", "find_qemu", "find_toolchain",
     "repair_cross_wheel", "run_target_python", "run_wheel_under_qemu", "show_wheel",
-    "verify_amp_wheel",
+    "verify_amp_wheel", "verify_wheel",
 ]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import platform
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.cross.build import cross_build_wheel
-from builder.cross.qemu import verify_amp_wheel
+from builder.cross.qemu import verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import DEBIAN_PYTHONS, ensure_target_python
 from builder.cross.target_torch import ensure_target_torch
@@ -28,7 +29,7 @@ class CrossCellResult:
     linux_wheel: Path  # the unrepaired build output (kept in the scratch folder for logs)
     compiler: str  # e.g. "aarch64-linux-gnu-g++ 12.2.0"
     target_torch: str  # torch.__version__ compiled against and verified with
-    verification: dict | None  # AMP_VERIFY report, None when not verified
+    verification: dict | None  # verify_wheel's report (None when not verified)
     seconds: dict[str, float] = field(default_factory=dict)  # step -> wall time
     log: Path | None = None
 
@@ -60,7 +61,7 @@ def build_cross_cell(project: Path, out_dir: Path, python: str, torch: str, *,
     build for ``arch`` (aarch64 torch 2.13.0 on the index is a CUDA build and cannot import
     without CUDA libraries; 2.9.1 is CPU). ``local_version`` is passed to the project as
     ``AMP_LOCAL_VERSION`` (e.g. ``torch2.9``). ``work_dir`` keeps the unrepaired wheel and the
-    build log (default: ``out_dir/.cross-work``).
+    build log (default: a new temporary folder, left in place for the log).
     """
     seconds: dict[str, float] = {}
     t = time.monotonic()
@@ -69,7 +70,8 @@ def build_cross_cell(project: Path, out_dir: Path, python: str, torch: str, *,
     target_torch = ensure_target_torch(torch, target_python, cache)
     seconds["prepare"] = time.monotonic() - t
 
-    work = work_dir or out_dir / ".cross-work"
+    # Never inside out_dir: dist/ holds finished wheels and the manifest only.
+    work = work_dir or Path(tempfile.mkdtemp(prefix="ampforge-cross-work-"))
     work.mkdir(parents=True, exist_ok=True)
     extra = {"AMP_LOCAL_VERSION": local_version} if local_version else {}
     built = cross_build_wheel(project, work, target_python, target_torch, toolchain,
@@ -78,8 +80,7 @@ def build_cross_cell(project: Path, out_dir: Path, python: str, torch: str, *,
 
     t = time.monotonic()
     ldpaths = [*toolchain.lib_dirs, *target_python.lib_dirs]
-    with_torch_libs = CROSS_EXCLUDES
-    repaired = repair_cross_wheel(built.wheel, work / "repaired", ldpaths, with_torch_libs)
+    repaired = repair_cross_wheel(built.wheel, work / "repaired", ldpaths, CROSS_EXCLUDES)
     seconds["repair"] = time.monotonic() - t
 
     report = None
@@ -87,7 +88,7 @@ def build_cross_cell(project: Path, out_dir: Path, python: str, torch: str, *,
         t = time.monotonic()
         run_torch = target_torch if verify_torch in (None, torch) else ensure_target_torch(
             verify_torch, target_python, cache)
-        report = verify_amp_wheel(repaired.wheel, target_python, run_torch)
+        report = verify_wheel(repaired.wheel, target_python, run_torch)
         seconds["verify"] = time.monotonic() - t
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,35 @@ def verify_amp_wheel(wheel: Path, python: TargetPython, torch: TargetTorch,
             return report
     raise StepFailed(f"verification of {wheel.name}: no report line in output:\n"
                      f"{result.stdout[-1500:]}")
+
+
+def extension_modules(wheel: Path) -> list[str]:
+    """Dotted names of the compiled modules in ``wheel`` (grafted libraries excluded)."""
+    import zipfile
+
+    names = []
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".so") and ".libs/" not in name and "/" in name:
+                names.append(name[: -len(".so")].split(".")[0].replace("/", "."))
+    return sorted(set(names))
+
+
+def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch,
+                 timeout: float = 900) -> dict:
+    """Verify any cross-built torch-extension wheel on the emulated target.
+
+    This project's wheel (it has ``amp._C``) gets :data:`AMP_VERIFY_SCRIPT`; any other project
+    (``--project PATH``) gets an import of torch and every compiled module it ships.
+    """
+    import json
+
+    modules = extension_modules(wheel)
+    if "amp._C" in modules:
+        return verify_amp_wheel(wheel, python, torch, timeout)
+    script = ("import json, torch\n" + "".join(f"import {m}\n" for m in modules)
+              + f"print('IMPORT-VERIFY ' + json.dumps({{'modules': {modules!r}, 'ok': True}}))\n")
+    result = run_wheel_under_qemu(wheel, python, torch, script, timeout=timeout)
+    report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
+    report["qemu_wall_s"] = result.seconds
+    return report
