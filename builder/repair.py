@@ -119,12 +119,14 @@ def repair_wheel(
     excludes: Sequence[str] = DEFAULT_EXCLUDES,
     allow_graft: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> RepairResult:
     """Repair *wheel* (inside the session) and bring the result to host *out_dir*.
 
     Raises StepFailed, naming the libraries, when auditwheel would graft anything that is not
     excluded (and not explicitly allowed by *allow_graft* patterns), and when the result is not a
-    manylinux wheel. The session's output folder is fresh, so no stale wheel is ever picked up.
+    manylinux wheel. *extra_args* go to ``auditwheel repair`` as they are (e.g. ``--strip``).
+    The session's output folder is fresh, so no stale wheel is ever picked up.
     """
     name = posixpath.basename(wheel)
     dist, version, py, abi, _plats = split_wheel_name(name)
@@ -143,7 +145,7 @@ def repair_wheel(
         )
 
     inside_out = posixpath.join(session.workdir, f"repaired-{uuid.uuid4().hex[:8]}")
-    argv = [*auditwheel, "repair", "--plat", plat, "-w", inside_out]
+    argv = [*auditwheel, "repair", "--plat", plat, "-w", inside_out, *extra_args]
     for pattern in excludes:
         argv += ["--exclude", pattern]
     argv.append(wheel)

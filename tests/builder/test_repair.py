@@ -1,0 +1,226 @@
+"""Repair, verification and dist/ of real wheels: a tiny torch extension compiled for real.
+
+The host tests compile ``tinyext`` once with this venv's torch and repair it with the builder's
+auditwheel; the docker test runs the whole cell (venv, torch from the wheelhouse, compile,
+repair, verify with a smoke test in a fresh venv) inside the locally built base image.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from enginelib import TORCH, docker_engine, wheelhouse_cp311, write_tiny_extension
+
+from builder.base_image import build_base_image
+from builder.engines.base import OutputLog
+from builder.engines.host import HostEngine, HostSession
+from builder.errors import StepFailed
+from builder.incell import STEPS_SCRIPT, build_in_session, local_version
+from builder.manifest import (
+    ManifestEntry,
+    publish_wheel,
+    read_manifest,
+    record_wheel,
+    sha256_file,
+)
+from builder.repair import DEFAULT_EXCLUDES, host_auditwheel, repair_wheel, split_wheel_name
+from builder.verify import check_name_against_audit, check_no_bundled_torch, verify_wheel
+
+TORCH_LIB = str(Path(torch.__file__).parent / "lib")
+
+
+@pytest.fixture(scope="module")
+def raw_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tinyext compiled here against this venv's torch (the in-cell build step, for real)."""
+    root = tmp_path_factory.mktemp("tiny")
+    project = write_tiny_extension(root / "src")
+    out = root / "raw"
+    with HostEngine().session(parent=root) as session:
+        session.run([sys.executable, str(STEPS_SCRIPT), "build-wheel", "--project", str(project),
+                     "--out", str(out), "--local-version", local_version(TORCH)],
+                    step="build tinyext")
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.fixture()
+def session(tmp_path: Path):
+    with HostEngine().session(parent=tmp_path, log=OutputLog()) as s:
+        yield s
+
+
+def _repair(session: HostSession, wheel: Path, out: Path, **kwargs):
+    aw, env = host_auditwheel()
+    env.update(kwargs.pop("env", {}))
+    inside = session.copy_in(wheel, session.workdir + "/raw")
+    return repair_wheel(session, inside, out, auditwheel=aw, env=env, **kwargs)
+
+
+def test_raw_wheel_carries_the_torch_local_version(raw_wheel: Path) -> None:
+    dist, ver, py, abi, plats = split_wheel_name(raw_wheel.name)
+    assert (dist, ver, py, plats) == ("tinyext", "0.0.1+torch2.13", "cp311", ("linux_x86_64",))
+
+
+def test_repair_excludes_torch_and_gives_manylinux(raw_wheel: Path, session: HostSession,
+                                                   tmp_path: Path) -> None:
+    out = tmp_path / "repaired"
+    out.mkdir()
+    result = repair_wheel_ok = _repair(session, raw_wheel, out)
+    assert result.wheel.parent == out and result.wheel.exists()
+    assert result.tag.startswith("manylinux_2_") and result.tag.endswith("_x86_64")
+    # The glibc shim keeps __libc_single_threaded (GLIBC_2.32) out: older than this host's glibc.
+    assert int(result.tag.split("_")[2]) < 32
+    assert set(result.audit.external_libs) == {"libc10.so", "libtorch_cpu.so",
+                                               "libtorch_python.so"}
+    with zipfile.ZipFile(result.wheel) as zf:
+        names = zf.namelist()
+    assert not [n for n in names if ".libs/" in n]
+    check_no_bundled_torch(result.wheel)
+    check_name_against_audit(result.wheel.name, repair_wheel_ok.audit, DEFAULT_EXCLUDES)
+    assert [p.name for p in out.iterdir()] == [result.wheel.name]  # no staging left
+
+
+def test_refuses_when_something_else_would_be_grafted(raw_wheel: Path, session: HostSession,
+                                                      tmp_path: Path) -> None:
+    """Only libtorch* excluded and torch's lib dir visible: libc10.so would be grafted."""
+    out = tmp_path / "repaired"
+    out.mkdir()
+    with pytest.raises(StepFailed) as err:
+        _repair(session, raw_wheel, out, excludes=("libtorch*.so",),
+                env={"AUDITWHEEL_LD_LIBRARY_PATH": TORCH_LIB})
+    assert "would graft libc10.so" in str(err.value)
+    assert list(out.iterdir()) == []
+
+
+def test_refuses_a_non_manylinux_result(raw_wheel: Path, session: HostSession,
+                                        tmp_path: Path) -> None:
+    out = tmp_path / "repaired"
+    out.mkdir()
+    # auditwheel itself refuses --plat linux_x86_64; --no-update-tags is how a linux_* name
+    # comes out of a "successful" repair.
+    with pytest.raises(StepFailed, match="not a manylinux wheel"):
+        _repair(session, raw_wheel, out, extra_args=["--no-update-tags"])
+    assert list(out.iterdir()) == []
+
+
+def test_verification_rejects_lies_and_bundled_torch(raw_wheel: Path, session: HostSession,
+                                                     tmp_path: Path) -> None:
+    out = tmp_path / "repaired"
+    out.mkdir()
+    good = _repair(session, raw_wheel, out)
+    # A name claiming an older glibc than the symbols need.
+    lying = good.wheel.name.replace(good.tag, "manylinux_2_5_x86_64")
+    with pytest.raises(StepFailed, match="auditwheel show says its symbols need"):
+        check_name_against_audit(lying, good.audit)
+    with pytest.raises(StepFailed, match="not manylinux"):
+        check_name_against_audit(good.wheel.name.replace(good.tag, "linux_x86_64"), good.audit)
+    # A wheel with a copy of torch's library inside.
+    fat = tmp_path / good.wheel.name
+    with zipfile.ZipFile(good.wheel) as src, zipfile.ZipFile(fat, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, src.read(item))
+        dst.writestr("tinyext.libs/libc10-0123abcd.so", b"\x7fELF")
+    with pytest.raises(StepFailed, match="libc10-0123abcd.so"):
+        check_no_bundled_torch(fat)
+
+
+# -- dist/ and the manifest -----------------------------------------------------------------
+
+
+def _entry(wheel: Path, cell: str, **extra: object) -> ManifestEntry:
+    return ManifestEntry.for_wheel(
+        wheel, cell=cell, torch="2.13.0", python="3.11", base_image="sha256:x",
+        compiler="g++ 12", builder_version="0.1.0", started_at="t0", finished_at="t1",
+        extra=extra)
+
+
+def test_publish_and_manifest_keep_earlier_entries(raw_wheel: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    first = publish_wheel(raw_wheel, dist)
+    assert first.read_bytes() == raw_wheel.read_bytes()
+    record_wheel(dist, _entry(first, "cp311-manylinux_x86_64-torch2.13"))
+    before = (dist / "manifest.json").read_text()
+
+    # A failure while writing (an entry that cannot be serialised) changes nothing.
+    with pytest.raises(TypeError):
+        record_wheel(dist, _entry(first, "cp39-other", bad=object()))
+    assert (dist / "manifest.json").read_text() == before
+    assert sorted(p.name for p in dist.iterdir()) == sorted(
+        [first.name, "manifest.json", ".manifest.lock"])
+
+    # A second cell adds to, and does not replace, the first.
+    other = tmp_path / "tinyext-0.0.1+torch2.8-cp39-cp39-manylinux_2_24_x86_64.whl"
+    other.write_bytes(b"not really a wheel")
+    record_wheel(dist, _entry(publish_wheel(other, dist), "cp39-manylinux_x86_64-torch2.8"))
+    doc = read_manifest(dist)
+    assert [w["cell"] for w in doc["wheels"]] == ["cp311-manylinux_x86_64-torch2.13",
+                                                  "cp39-manylinux_x86_64-torch2.8"]
+    assert doc["wheels"][0]["sha256"] == sha256_file(raw_wheel)
+    assert doc["wheels"][0]["size"] == raw_wheel.stat().st_size
+
+
+def test_corrupt_manifest_is_never_overwritten(raw_wheel: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "manifest.json").write_text("{ truncated")
+    with pytest.raises(StepFailed, match="refusing to overwrite"):
+        record_wheel(dist, _entry(raw_wheel, "cell"))
+    assert (dist / "manifest.json").read_text() == "{ truncated"
+
+
+def _record_in_child(args: tuple[str, str, int]) -> None:
+    dist, wheel, i = args
+    record_wheel(Path(dist), _entry(Path(wheel), f"cell-{i:02d}"))
+
+
+def test_parallel_cells_do_not_lose_entries(raw_wheel: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    copies = []
+    for i in range(8):
+        w = tmp_path / f"w{i}" / raw_wheel.name.replace("tinyext", f"tiny{i}")
+        w.parent.mkdir()
+        w.write_bytes(raw_wheel.read_bytes())
+        copies.append((str(dist), str(w), i))
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_record_in_child, copies)
+    doc = json.loads((dist / "manifest.json").read_text())
+    assert [w["cell"] for w in doc["wheels"]] == [f"cell-{i:02d}" for i in range(8)]
+
+
+# -- the whole cell in a container -----------------------------------------------------------
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_cell_in_container_builds_repairs_and_verifies(tmp_path: Path) -> None:
+    engine = docker_engine()
+    base = build_base_image(engine)
+    wheelhouse = wheelhouse_cp311()
+    project = write_tiny_extension(tmp_path / "tinyext")
+    python = f"/opt/python/{base.python_tag}-{base.python_tag}/bin/python"
+    out = tmp_path / "out"
+    out.mkdir()
+    log = OutputLog(log_file=tmp_path / "cell.log")
+    seen: dict[str, str] = {}
+    with engine.container(base.tag, binds={str(wheelhouse): "/wheelhouse"}, log=log,
+                          network=False) as session:
+        seen["id"] = session.id
+        built = build_in_session(session, python=python, torch=TORCH, project=project,
+                                 wheelhouse="/wheelhouse")
+        assert built.shim  # bookworm's glibc has sys/single_threaded.h
+        assert built.torch.startswith(TORCH)
+        repaired = repair_wheel(session, built.wheel, out)
+        checked = verify_wheel(session, repaired.wheel, python=python, torch=TORCH,
+                               wheelhouse="/wheelhouse")
+    assert not [c for c in engine.leftover_containers() if c == seen["id"]]
+    assert checked.modules == ("tinyext._C",)
+    assert checked.tag == repaired.tag and int(repaired.tag.split("_")[2]) < 32
+    assert repaired.wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
+    assert "smoke: imported ['tinyext._C']" in (tmp_path / "cell.log").read_text()
