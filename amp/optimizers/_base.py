@@ -3,6 +3,7 @@ the amp seam (``_amp_grads_nonfinite`` / ``_amp_fused_step``), and the step coun
 kept per param group but saved per parameter, as torch.optim does."""
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -135,8 +136,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
 
     # --- state_dict compatible with torch.optim (per-parameter 'step' tensors) ---------
+    def _torch_group_keys(self) -> dict:
+        """Group keys torch.optim's matching optimizer needs to read our state the same way
+        (its __setstate__ fills missing keys with defaults that may mean something else)."""
+        return {}
+
     def state_dict(self) -> dict:
         sd = super().state_dict()
+        for gsd in sd["param_groups"]:
+            for key, value in self._torch_group_keys().items():
+                gsd.setdefault(key, value)
         if not self._group_step:
             return sd
         for gsd, group in zip(sd["param_groups"], self.param_groups):
@@ -148,7 +157,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
+        # Deep copy: torch's loader keeps tensors that need no cast as they are, so a live
+        # optimizer's state_dict() would otherwise share moment buffers with this one.
+        super().load_state_dict(copy.deepcopy(state_dict))
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)

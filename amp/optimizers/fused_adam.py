@@ -52,6 +52,12 @@ class FusedAdam(FusedOptimizer):
         self.max_grad_norm = float(max_grad_norm)
         super().__init__(params, defaults, set_grad_none)
 
+    def _torch_group_keys(self) -> dict:
+        # torch.optim.AdamW is Adam with decoupled_weight_decay=True; a group without the
+        # key would load as L2-regularised Adam.
+        return {"decoupled_weight_decay": self.adam_w_mode, "maximize": False,
+                "foreach": None, "capturable": False, "differentiable": False, "fused": None}
+
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
         grad_scale = inv_scale
         if self.max_grad_norm > 0:

@@ -1,0 +1,206 @@
+"""One mixed-precision optimizer step: torch's best CPU sequence vs amp's fused step.
+
+Cases (each over ~100 tensors of uneven sizes):
+  (a) fp32 model: GradScaler.unscale_ + clip_grad_norm_(foreach=True) + AdamW(fused=True)
+      + scaler.update()   vs   FusedAdam._amp_grads_nonfinite + _amp_fused_step
+  (b) bf16 model, fp32 master (amp O2): copy grads to fp32 + the sequence of (a) +
+      _foreach_copy_ back to bf16   vs   the same two fused calls writing the bf16 copy.
+
+The machine's memory bandwidth drifts between states, so contenders run interleaved round
+by round, and the speed-up is the median of per-round ratios. A STREAM-style triad runs in
+every round too; "BW%" is the bytes the ideal fused step must move (norm pass + update
+pass) / time / triad bandwidth.
+
+    python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--threads 2] [--rounds N]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from amp import _ext
+from amp.optimizers import FusedAdam
+
+LR, WD, MAX_NORM, SCALE = 1e-3, 0.01, 1.0, 2.0**16
+
+
+def uneven_sizes(total: int, count: int = 100, seed: int = 0) -> list[int]:
+    """`count` sizes spread over ~3 decades that sum to `total`."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.exp(torch.randn(count, generator=gen, dtype=torch.float64) * 1.5)
+    sizes = [max(1, int(x)) for x in (w / w.sum() * total)]
+    sizes[0] += total - sum(sizes)
+    return sizes
+
+
+class Triad:
+    """a = b + s*c over arrays far larger than the last-level cache (STREAM counting)."""
+
+    def __init__(self, n: int = 24 * 2**20) -> None:
+        self.a, self.b, self.c = (torch.rand(n) for _ in range(3))
+        self.bytes = 3 * n * 4
+
+    def __call__(self) -> float:
+        t0 = time.perf_counter()
+        torch.add(self.b, self.c, alpha=3.0, out=self.a)
+        return self.bytes / (time.perf_counter() - t0)
+
+
+class MinimalScaler:
+    """amp's dynamic loss scale update (the fused side's scaler.update())."""
+
+    def __init__(self) -> None:
+        self.scale, self.good = SCALE, 0
+
+    def update(self, found_inf: bool) -> None:
+        if found_inf:
+            self.scale, self.good = max(self.scale / 2, 1.0), 0
+        else:
+            self.good += 1
+            if self.good == 2000:
+                self.scale, self.good = self.scale * 2, 0
+
+
+@dataclass
+class Case:
+    name: str
+    ideal_bytes: int
+    torch_step: Callable[[], None]
+    fused_step: Callable[[], None]
+    reset: Callable[[], None]  # restores the (unscaled-in-place by torch) gradients
+
+
+def make_case(kind: str, sizes: list[int]) -> Case:
+    gen = torch.Generator().manual_seed(1)
+    model_dtype = torch.float32 if kind == "a" else torch.bfloat16
+    init = [torch.randn(n, generator=gen) for n in sizes]
+    grads0 = [(torch.randn(n, generator=gen) * 1e-3 * SCALE).to(model_dtype) for n in sizes]
+    n = sum(sizes)
+
+    # --- torch: params carry .grad; GradScaler + clip + fused AdamW -----------------
+    t_params = [x.clone().requires_grad_() for x in init]
+    if kind == "a":
+        t_model, t_masters = t_params, t_params
+        for p, g in zip(t_params, grads0):
+            p.grad = g.clone()
+        t_model_grads = [p.grad for p in t_params]
+    else:
+        t_model = [x.to(torch.bfloat16) for x in init]
+        t_model_grads = [g.clone() for g in grads0]
+        t_masters = t_params
+        for p in t_masters:
+            p.grad = torch.empty_like(p)
+    t_opt = torch.optim.AdamW(t_masters, lr=LR, weight_decay=WD, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+    scaler.scale(torch.ones(()))  # creates the scale tensor, as scaling the loss would
+    master_grads = [p.grad for p in t_masters]
+
+    def torch_step() -> None:
+        if kind == "b":
+            torch._foreach_copy_(master_grads, t_model_grads)
+        scaler.unscale_(t_opt)
+        torch.nn.utils.clip_grad_norm_(t_masters, MAX_NORM, foreach=True)
+        scaler.step(t_opt)
+        scaler.update()
+        if kind == "b":
+            torch._foreach_copy_(t_model, t_masters)
+
+    # --- fused: gradients read once for the check + norm, once in the update -------
+    f_masters = [x.clone() for x in init]
+    if kind == "a":
+        f_model = f_masters
+        for p, g in zip(f_masters, grads0):
+            p.grad = g.clone()
+    else:
+        f_model = [x.to(torch.bfloat16) for x in init]
+        for p, g in zip(f_model, grads0):
+            p.grad = g.clone()
+    f_opt = FusedAdam(f_masters, lr=LR, weight_decay=WD, adam_w_mode=True,
+                      max_grad_norm=MAX_NORM)
+    f_scaler = MinimalScaler()
+    model_groups = [f_model]
+
+    def fused_step() -> None:
+        inv = 1.0 / f_scaler.scale
+        found_inf = f_opt._amp_grads_nonfinite(model_groups, inv)
+        f_scaler.update(found_inf)
+        if not found_inf:
+            f_opt._amp_fused_step(model_groups, inv)
+
+    def reset() -> None:
+        torch._foreach_copy_(t_model_grads, grads0)
+
+    # Ideal traffic: norm pass reads g; update reads g, p, m, v and writes p, m, v
+    # (+ the bf16 model copy in (b)).
+    gb = 4 if kind == "a" else 2
+    ideal = n * (gb + gb + 12 + 12 + (2 if kind == "b" else 0))
+    name = "(a) fp32" if kind == "a" else "(b) bf16+fp32 master"
+    return Case(name, ideal, torch_step, fused_step, reset)
+
+
+def bench(case: Case, triad: Triad, rounds: int) -> dict:
+    for _ in range(3):  # warm-up (state allocation, first-touch page faults)
+        case.reset()
+        case.torch_step()
+        case.fused_step()
+    tt, tf, ratios, bws = [], [], [], []
+    for r in range(rounds):
+        bws.append(triad())
+        times = {}
+        order = ("torch", "fused") if r % 2 == 0 else ("fused", "torch")
+        for who in order:
+            case.reset()
+            step = case.torch_step if who == "torch" else case.fused_step
+            t0 = time.perf_counter()
+            step()
+            times[who] = time.perf_counter() - t0
+        tt.append(times["torch"])
+        tf.append(times["fused"])
+        ratios.append(times["torch"] / times["fused"])
+    bw = statistics.median(bws)
+    med_t, med_f = statistics.median(tt), statistics.median(tf)
+    return dict(torch_ms=med_t * 1e3, fused_ms=med_f * 1e3, speedup=statistics.median(ratios),
+                torch_bw=case.ideal_bytes / med_t / bw, fused_bw=case.ideal_bytes / med_f / bw,
+                triad=bw / 1e9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7, 5e7])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=0, help="0: 60 / 30 / 15 by size")
+    ap.add_argument("--cases", default="ab")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    mod = _ext.load()
+    isa = mod.isa() if mod is not None else "fallback (amp._C unavailable!)"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, amp kernels: {isa}")
+    triad = Triad()
+    header = (f"{'params':>7} {'case':<22} {'torch ms':>9} {'fused ms':>9} {'speed-up':>8} "
+              f"{'torch BW%':>9} {'fused BW%':>9} {'triad GB/s':>10}")
+    print(header)
+    print("-" * len(header))
+    for size in args.sizes:
+        total = int(size)
+        rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15)
+        for kind in args.cases:
+            case = make_case(kind, uneven_sizes(total))
+            res = bench(case, triad, rounds)
+            print(f"{total / 1e6:>6g}M {case.name:<22} {res['torch_ms']:>9.2f} "
+                  f"{res['fused_ms']:>9.2f} {res['speedup']:>7.2f}x "
+                  f"{res['torch_bw'] * 100:>8.0f}% {res['fused_bw'] * 100:>8.0f}% "
+                  f"{res['triad']:>10.1f}", flush=True)
+            del case
+            gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
