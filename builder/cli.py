@@ -27,7 +27,12 @@ from builder.errors import BuilderError
 from builder.proxy import proxies_from_env
 from builder.redact import Redactor
 
-COMMANDS: tuple[str, ...] = ("builder.commands.plan", "builder.commands.render")
+COMMANDS: tuple[str, ...] = (
+    "builder.commands.plan",
+    "builder.commands.render",
+    "builder.commands.build",
+    "builder.commands.base_image",
+)
 
 
 class Output:

@@ -1,0 +1,179 @@
+"""``build``: repaired, verified wheels for the selected cells, into ``dist/`` + manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from builder.cli import Context, add_config_options, add_selection_options, load_from_args
+from builder.config import REPO_ROOT, Selection
+from builder.errors import ConfigError
+from builder.pipeline import (
+    BackendChoice,
+    PipelineOptions,
+    build_cells,
+    choose_backend,
+    host_arch,
+    unsupported_reason,
+    with_base_image,
+)
+
+NAME = "build"
+HELP = "build, repair and verify wheels of the selected cells into dist/"
+DESCRIPTION = """\
+For each selected cell: build the cell's image from its rendered Dockerfile (docker
+backend) or use a local interpreter (host backend), install torch==<cell torch>, build
+the project's wheel without build isolation, give it the local version +torch<X.Y>,
+auditwheel-repair it (torch's libraries and libgomp excluded), verify it (tag agrees
+with `auditwheel show`, no torch inside, installs into a fresh venv with the cell's torch
+and passes a smoke test), then move it atomically into --out and record it in
+<out>/manifest.json. A cell whose wheel was already built from the same inputs is
+reported up-to-date and skipped (--force rebuilds).
+
+Default selection (no --arch/--python/--torch/ARCH/PY/TORCH/selector, no --all): one cell,
+this host's arch and the builder's own Python, with the newest torch that has a wheel for
+it (`make wheel`). --all builds every cell of the matrix (`make matrix`).
+
+Backends: auto (docker when an engine answers and has the base image, else host; says
+which and why), docker (DOCKER_HOST is honoured: a Podman socket works too), host.
+
+Exit codes: 0 all cells built or up to date, 1 a cell failed, 2 bad configuration,
+130 interrupted (no partial file is left in --out)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("build")
+    g.add_argument("--backend", choices=("auto", "docker", "host"), default=None,
+                   help="where the cells are built (env BACKEND; default: auto)")
+    g.add_argument("--project", metavar="PATH", default=None,
+                   help="the PEP 517 project with torch C++ extensions to build "
+                        "(default: this repository)")
+    g.add_argument("--out", metavar="DIR", default="dist",
+                   help="where verified wheels and manifest.json go (default: dist)")
+    g.add_argument("--work-dir", metavar="DIR", default="build/ampforge",
+                   help="per-cell logs (DIR/logs/<cell>.log) and staging "
+                        "(default: build/ampforge)")
+    g.add_argument("--wheelhouse", metavar="DIR", default=None,
+                   help="a folder of wheels (torch and its dependencies, setuptools, wheel): "
+                        "pip installs only from it (--no-index); default: the index, or the "
+                        "config's offline wheelhouse when offline")
+    g.add_argument("--base-image", metavar="REF", default=None,
+                   help="base image for this host's arch instead of the config's; 'local' "
+                        "builds or reuses the one from `python -m builder base-image` "
+                        "(env BASE_IMAGE)")
+    g.add_argument("--all", action="store_true",
+                   help="every cell of the matrix (default: one cell for this host)")
+    g.add_argument("--keep-going", action="store_true",
+                   help="build the other cells when one fails (exit code still 1)")
+    g.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="cells built at once (docker backend only; default 1)")
+    g.add_argument("--force", action="store_true",
+                   help="rebuild cells even when dist/ has their wheel from the same inputs")
+    g.add_argument("--ccache", action="store_true",
+                   help="compile through ccache (the image or host must have it)")
+    add_selection_options(p)
+    add_config_options(p)
+
+
+def _default_selection(selection: Selection) -> Selection:
+    """`make wheel` with nothing named: this host's arch and the builder's own Python."""
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return replace(selection, arch=(host_arch(),), python=(py,), origins={
+        **selection.origins, "arch": "default: this host", "python": "default: the builder's "
+                                                                    f"Python {py}"})
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from builder.cells import expand, select  # noqa: PLC0415
+    from builder.progress import Progress, summary_table  # noqa: PLC0415
+    from builder.render import render_all  # noqa: PLC0415
+
+    err = ctx.output.err
+    settings = load_from_args(args, ctx)
+    config = settings.config
+    selection = settings.selection
+    if args.all and not selection.empty:
+        raise ConfigError("--all builds every cell; it cannot be combined with a selection "
+                          "(--arch/--python/--torch/selectors or ARCH/PY/TORCH)", key="--all")
+    if selection.empty and not args.all:
+        selection = _default_selection(selection)
+    backend = args.backend or ctx.env.get("BACKEND") or "auto"
+    if backend not in ("auto", "docker", "host"):
+        raise ConfigError(f"BACKEND={backend!r}; expected auto, docker or host",
+                          key="environment BACKEND")
+    if args.parallel < 1:
+        raise ConfigError(f"--parallel {args.parallel}; expected 1 or more", key="--parallel")
+    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise ConfigError(f"{project} is not a Python project; expected a folder with "
+                          "pyproject.toml or setup.py", key="--project")
+    wheelhouse = Path(args.wheelhouse) if args.wheelhouse else None
+    if wheelhouse is None and config.offline.enabled:
+        wheelhouse = config.offline.wheelhouse
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise ConfigError(f"wheelhouse {wheelhouse} is not a directory; expected a folder of "
+                          "wheels (torch and its dependencies)", key="--wheelhouse")
+
+    plan = select(expand(config), selection)
+    for w in plan.warnings:
+        err(f"warning: {w}")
+    for n in plan.notes:
+        err(f"note: {n}")
+    native = [c for c in plan.cells if unsupported_reason(c) is None]
+    base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
+    arch = host_arch()
+
+    # The engine is needed to resolve --base-image local before choosing the backend.
+    choice: BackendChoice
+    if base_ref == "local" and backend != "host":
+        from builder.base_image import build_base_image  # noqa: PLC0415
+        from builder.engines.docker import DockerEngine  # noqa: PLC0415
+
+        engine = DockerEngine(redactor=ctx.output.redact)
+        err("base image: building or reusing the local one (python -m builder base-image)")
+        made = build_base_image(engine, progress=lambda m: err(f"base image: {m}"))
+        base_ref = made.tag
+        err(f"base image: {made.tag} ({'reused' if made.reused else 'built'})")
+        choice = BackendChoice("docker", f"--base-image local: engine {engine.base_url}", engine)
+        config = with_base_image(config, arch, base_ref, engine)
+    else:
+        if base_ref and backend != "host":
+            config = with_base_image(config, arch, base_ref, None)
+        refs = sorted({config.images[c.arch].ref for c in native})
+        choice = choose_backend(backend, refs, ctx.output.redact)
+        if base_ref and choice.engine is not None:
+            config = with_base_image(config, arch, base_ref, choice.engine)
+    if choice.name == "host" and args.parallel > 1:
+        raise ConfigError("--parallel > 1 needs the docker backend (host builds share this "
+                          "machine's compiler and caches)", key="--parallel")
+    err(f"backend: {choice.name} -- {choice.reason}")
+
+    cells = select(expand(config), selection).cells
+    recipes = render_all(cells, config)
+    opts = PipelineOptions(project=project, out=Path(args.out).resolve(),
+                           work=Path(args.work_dir).resolve(),
+                           wheelhouse=wheelhouse.resolve() if wheelhouse else None,
+                           offline=config.offline.enabled,
+                           jobs=config.build.jobs, force=args.force, ccache=args.ccache)
+    err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
+    with Progress(sys.stderr, redact=ctx.output.redact) as progress:
+        try:
+            results = build_cells(zip(cells, recipes), config, opts, choice, ctx.output.redact,
+                                  progress.step, progress.finish, keep_going=args.keep_going,
+                                  parallel=args.parallel)
+        except KeyboardInterrupt:
+            progress.note("interrupted: containers removed, nothing partial left in "
+                          f"{opts.out}")
+            raise
+    for r in results:
+        if r.error:
+            err(f"error: {r.cell}: {r.error}")
+            if r.log is not None and str(r.log) not in r.error:
+                err(f"  full log: {r.log}")
+    summary_table(results, progress.console, ctx.output.redact)
+    for r in results:
+        if r.wheel is not None:
+            ctx.output.out(str(r.wheel))
+    return 0 if all(r.ok for r in results) else 1

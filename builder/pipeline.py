@@ -1,0 +1,479 @@
+"""One cell, end to end: recipe -> engine -> in-cell build -> label -> repair -> verify -> dist/.
+
+Data flows one way (STYLE.md): the cell and its rendered :class:`~builder.render.Recipe` come in;
+a :class:`~builder.pipeline_types.CellResult` with typed step results goes out. The steps are
+the same for both backends; only where they run differs:
+
+* ``docker``: the cell's image is built from the rendered Dockerfile (proxies as build args,
+  content-addressed tag, so an unchanged recipe is not rebuilt), then every in-cell step runs in
+  one container that is removed on every exit path (D's :class:`DockerEngine.container`);
+* ``host``: the same steps in a temporary directory here, with a local interpreter.
+
+Before anything runs, the cell's *input key* (project files, recipe, base image, interpreter,
+wheelhouse, builder sources) is compared with the manifest: a cell whose wheel in ``dist/`` was
+built from the same inputs is reported ``up-to-date`` and not rebuilt (``--force`` rebuilds).
+
+A wheel reaches ``dist/`` only after verification, through an atomic rename; a failure or a
+Ctrl-C anywhere leaves ``dist/`` and ``manifest.json`` as they were.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import platform
+import posixpath
+import shutil
+import time
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+from builder import __version__
+from builder.arch import ARCHES
+from builder.cells import Cell
+from builder.config import BaseImage, BuildConfig
+from builder.engines.base import OutputLog, Session
+from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.engines.host import HostEngine, find_python
+from builder.errors import BuilderError, ConfigError, EngineUnavailable, StepFailed
+from builder.incell import PROJECT_IGNORE, build_in_session
+from builder.localversion import add_local_version
+from builder.manifest import (
+    ManifestEntry,
+    publish_wheel,
+    read_manifest,
+    record_wheel,
+    sha256_file,
+    utc_now,
+)
+from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult, StepResult
+from builder.redact import Redactor
+from builder.render import Recipe
+from builder.repair import CONTAINER_AUDITWHEEL, host_auditwheel, repair_wheel
+from builder.verify import verify_wheel
+
+T = TypeVar("T")
+
+#: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
+RUN_LABEL = f"{CONTAINER_LABEL}.run"
+#: Where the wheelhouse is mounted inside containers (the rendered recipe's PIP_FIND_LINKS).
+CONTAINER_WHEELHOUSE = "/wheelhouse"
+BUILDER_DIR = Path(__file__).resolve().parent
+
+
+class BaseImageMissing(StepFailed):
+    """The cell's base image is not in the engine (nothing is ever pulled implicitly)."""
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    project: Path
+    out: Path  # dist/
+    work: Path  # logs and staging (never inside dist/)
+    wheelhouse: Optional[Path] = None  # find-links for torch and deps (offline: the only source)
+    offline: bool = False
+    jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
+    force: bool = False  # rebuild even when the manifest says up to date
+    ccache: bool = False
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # docker | host
+    reason: str
+    engine: Optional[DockerEngine] = None
+
+
+# ------------------------------------------------------------------------- backend choice
+
+
+def host_machine() -> str:
+    return platform.machine()
+
+
+def host_arch() -> str:
+    machine = host_machine()
+    for name, arch in ARCHES.items():
+        if arch.machine == machine:
+            return name
+    raise ConfigError(f"this host's machine {machine!r} is neither x86_64 nor aarch64")
+
+
+def choose_backend(
+    requested: str, base_refs: Sequence[str], redactor: Redactor,
+    engine_factory: Callable[[], DockerEngine] | None = None,
+) -> BackendChoice:
+    """``docker``/``host`` as asked; ``auto``: docker when an engine answers *and* has the
+    cells' base images, else host -- with the reason either way."""
+    make = engine_factory or (lambda: DockerEngine(redactor=redactor))
+    if requested == "host":
+        return BackendChoice("host", "asked for (--backend host)")
+    if requested == "docker":
+        engine = make()  # EngineUnavailable (exit 1) says where it looked and how to start one
+        return BackendChoice("docker", f"asked for (--backend docker); engine {engine.base_url} "
+                                       f"(server {engine.server_version})", engine)
+    if requested != "auto":
+        raise ConfigError(f"unknown backend {requested!r}; expected auto, docker or host",
+                          key="--backend")
+    try:
+        engine = make()
+    except EngineUnavailable as exc:
+        return BackendChoice("host", "no container engine answers ("
+                             + exc.message.splitlines()[0] + ")")
+    missing = [ref for ref in base_refs if engine.image_id(ref) is None]
+    if missing:
+        return BackendChoice(
+            "host",
+            f"a container engine answers at {engine.base_url}, but it lacks the base image "
+            f"{', '.join(missing)} (nothing is pulled implicitly: `docker pull` it, or build a "
+            "local one with `python -m builder base-image` and pass --base-image local)")
+    return BackendChoice("docker", f"a container engine answers at {engine.base_url} "
+                                   f"(server {engine.server_version}) and has the base image",
+                         engine)
+
+
+def with_base_image(config: BuildConfig, arch: str, ref: str,
+                    engine: Optional[DockerEngine]) -> BuildConfig:
+    """*config* with *arch*'s base image replaced by *ref* (``--base-image``).
+
+    Images made by ``builder base-image`` are Debian inside: their family and glibc tag come
+    from their labels, so the recipe uses apt and trusts a CA the Debian way.
+    """
+    old = config.images[arch]
+    family, plat = old.family, old.plat
+    if engine is not None and engine.image_id(ref) is not None:
+        labels = engine.api.inspect_image(ref).get("Config", {}).get("Labels") or {}
+        if "org.ampforge.base.suite" in labels:
+            family = "debian"
+            plat = labels.get("org.ampforge.base.plat", plat)
+    images = dict(config.images)
+    images[arch] = BaseImage(ref=ref, family=family, plat=plat, python_path=old.python_path)
+    return replace(config, images=images)
+
+
+# ------------------------------------------------------------------------- input key
+
+
+def _ignored(rel: Path) -> bool:
+    return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in PROJECT_IGNORE)
+
+
+def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
+    """sha256 over the relative paths and contents of the files the build would see."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames if not ignore(rel_dir / d))
+        for name in sorted(filenames):
+            rel = rel_dir / name
+            if ignore(rel):
+                continue
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                data = os.readlink(path).encode()
+            else:
+                data = path.read_bytes()
+            h.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def input_key(parts: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def find_up_to_date(out: Path, cell_id: str, key: str) -> Optional[Path]:
+    """The wheel in *out* recorded for *cell_id* with input key *key*, intact; else None."""
+    if not (out / "manifest.json").exists():
+        return None
+    for w in read_manifest(out)["wheels"]:
+        extra = w.get("extra") or {}
+        if w.get("cell") != cell_id or extra.get("input_key") != key:
+            continue
+        path = out / str(w.get("file"))
+        if path.is_file() and sha256_file(path) == w.get("sha256"):
+            return path
+    return None
+
+
+# ------------------------------------------------------------------------- one cell
+
+
+class _Steps:
+    """Runs named steps, timing each and reporting it to the display."""
+
+    def __init__(self, result: CellResult, report: Callable[[str, str], None]) -> None:
+        self.result = result
+        self.report = report
+
+    def __call__(self, name: str, fn: Callable[[], T]) -> T:
+        self.report(self.result.cell, name)
+        start = time.monotonic()
+        try:
+            value = fn()
+        except BaseException as exc:
+            detail = exc.message if isinstance(exc, BuilderError) else type(exc).__name__
+            self.result.steps.append(StepResult(name, False, time.monotonic() - start, detail))
+            raise
+        self.result.steps.append(StepResult(name, True, time.monotonic() - start))
+        return value
+
+
+@dataclass
+class _Built:
+    wheel: Path  # verified, on the host (staging)
+    torch: str
+    compiler: str
+    tag: str
+    modules: tuple[str, ...]
+    base_image: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _in_session(
+    session: Session, cell: Cell, config: BuildConfig, opts: PipelineOptions, steps: _Steps,
+    stage: Path, *, python: str, wheelhouse: Optional[str], auditwheel: Sequence[str],
+    auditwheel_env: Optional[Mapping[str, str]],
+) -> _Built:
+    """The in-cell steps shared by both backends."""
+    excludes = tuple(config.build.auditwheel_exclude)
+    built = steps("compile", lambda: build_in_session(
+        session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
+        index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache))
+
+    def label() -> str:
+        # The label is added outside the project's build, so any project gets +torchX.Y.
+        raw = session.copy_out(built.wheel, stage / "raw")
+        (stage / "labelled").mkdir(parents=True, exist_ok=True)
+        labelled = add_local_version(raw, cell.torch_local, stage / "labelled")
+        return session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
+
+    inside = steps("version label", label)
+    (stage / "repaired").mkdir(parents=True, exist_ok=True)
+    repaired = steps("repair", lambda: repair_wheel(
+        session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
+        excludes=excludes))
+    checked = steps("verify", lambda: verify_wheel(
+        session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
+        auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
+        index_url=config.pip.index_url))
+    gxx = session.run(["g++", "--version"], check=False, step="compiler version")
+    compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
+    return _Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
+                  modules=checked.modules, base_image="")
+
+
+def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: PipelineOptions,
+                 engine: DockerEngine, log: OutputLog, steps: _Steps, stage: Path,
+                 run_id: str, base_id: str) -> _Built:
+    tag = f"ampforge/cell:{cell.identifier}-{input_key({'r': recipe.digest, 'b': base_id})[:16]}"
+
+    def image() -> str:
+        found = engine.image_id(tag)
+        if found is not None:
+            log.open()
+            log.write_line(f"ampforge: image {tag} is up to date (same recipe and base image)")
+            log.close()
+            return found
+        folder = recipe.write(stage / "context")
+        return engine.build_image(recipe.dockerfile, tag, context=folder,
+                                  build_args=recipe.build_args, log=log,
+                                  labels={"org.ampforge.cell": cell.identifier})
+
+    steps("image", image)
+    env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
+    if opts.jobs:
+        env["MAX_JOBS"] = str(opts.jobs)
+    binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
+    with engine.container(tag, env=env, binds=binds, network=not opts.offline,
+                          labels={RUN_LABEL: run_id, f"{CONTAINER_LABEL}.cell": cell.identifier},
+                          log=log) as session:
+        built = _in_session(session, cell, config, opts, steps, stage,
+                            python=cell.python_path,
+                            wheelhouse=CONTAINER_WHEELHOUSE if opts.wheelhouse else None,
+                            auditwheel=CONTAINER_AUDITWHEEL, auditwheel_env=None)
+    built.base_image = base_id
+    built.extra["image"] = tag
+    return built
+
+
+def _host_cell(cell: Cell, config: BuildConfig, opts: PipelineOptions, log: OutputLog,
+               steps: _Steps, stage: Path, python: str) -> _Built:
+    aw, aw_env = host_auditwheel()
+    env = {"MAX_JOBS": str(opts.jobs)} if opts.jobs else {}
+    with HostEngine().session(env=env, log=log, parent=stage) as session:
+        built = _in_session(session, cell, config, opts, steps, stage, python=python,
+                            wheelhouse=str(opts.wheelhouse.resolve()) if opts.wheelhouse else None,
+                            auditwheel=aw, auditwheel_env=aw_env)
+    built.base_image = f"host:{python}"
+    return built
+
+
+def unsupported_reason(cell: Cell) -> Optional[str]:
+    """Why this host cannot build *cell* natively (None when it can)."""
+    machine = host_machine()
+    if cell.machine != machine:
+        return (f"{cell.arch} ({cell.machine}) cells are not supported yet on this {machine} "
+                f"host: {cell.identifier} needs an {cell.machine} machine (or the cross backend, "
+                "when it is wired); build it on such a machine, e.g. one CI runner per cell "
+                "(`python -m builder plan --format github`)")
+    return None
+
+
+def build_cell(
+    cell: Cell, recipe: Recipe, config: BuildConfig, opts: PipelineOptions,
+    choice: BackendChoice, redactor: Redactor, report: Callable[[str, str], None],
+    run_id: str,
+) -> CellResult:
+    """Build one cell. Step failures become a failed CellResult; Ctrl-C propagates (after the
+    container and the staging folder are removed)."""
+    result = CellResult(cell=cell.identifier)
+    start = time.monotonic()
+    log_path = opts.work / "logs" / f"{cell.identifier}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    result.log = log_path
+    log = OutputLog(redactor=redactor, log_file=log_path)
+    steps = _Steps(result, report)
+    stage = opts.work / "stage" / f"{cell.identifier}-{uuid.uuid4().hex[:8]}"
+    started_at = utc_now()
+    try:
+        why = unsupported_reason(cell)
+        if why is not None:
+            raise StepFailed(why)
+        key_parts: dict[str, Any] = {
+            "builder": __version__, "builder_sources": tree_digest(BUILDER_DIR),
+            "cell": cell.to_dict(), "backend": choice.name,
+            "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
+            "index_url": config.pip.index_url, "offline": opts.offline,
+            "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
+            if opts.wheelhouse and opts.wheelhouse.is_dir() else None,
+        }
+        base_id = ""
+        python = ""
+        if choice.name == "docker":
+            assert choice.engine is not None
+            engine = choice.engine
+
+            def base() -> str:
+                found = engine.image_id(cell.image.ref)
+                if found is None:
+                    raise BaseImageMissing(
+                        f"base image {cell.image.ref} for {cell.identifier} is not in the engine "
+                        f"at {engine.base_url}; nothing is pulled implicitly. Either "
+                        f"`docker pull {cell.image.ref}` (offline: `docker load -i FILE.tar`), "
+                        "or build a local manylinux-shaped image with `python -m builder "
+                        "base-image` and pass --base-image local (make wheel BASE_IMAGE=local), "
+                        "or use --backend host")
+                return found
+
+            base_id = steps("base image", base)
+            key_parts.update(recipe=recipe.digest, base_image=base_id)
+        else:
+            python = steps("interpreter", lambda: str(find_python(cell.python)))
+            key_parts.update(python=python)
+        key = input_key(key_parts)
+        if not opts.force:
+            existing = steps("up-to-date check", lambda: find_up_to_date(opts.out, cell.identifier,
+                                                                          key))
+            if existing is not None:
+                result.status, result.wheel = UP_TO_DATE, existing
+                return result
+        stage.mkdir(parents=True, exist_ok=True)
+        if choice.name == "docker":
+            assert choice.engine is not None
+            built = _docker_cell(cell, recipe, config, opts, choice.engine, log, steps, stage,
+                                 run_id, base_id)
+        else:
+            built = _host_cell(cell, config, opts, log, steps, stage, python)
+
+        def publish() -> Path:
+            final = publish_wheel(built.wheel, opts.out)
+            entry = ManifestEntry.for_wheel(
+                final, cell=cell.identifier, torch=built.torch, python=cell.python,
+                base_image=built.base_image, compiler=built.compiler,
+                builder_version=__version__, started_at=started_at, finished_at=utc_now(),
+                extra={"input_key": key, "backend": choice.name, "tag": built.tag,
+                       "modules": list(built.modules), "project": opts.project.name,
+                       **built.extra})
+            try:
+                record_wheel(opts.out, entry)
+            except BaseException:
+                # The manifest must describe dist/: a wheel it does not list is taken back.
+                final.unlink(missing_ok=True)
+                raise
+            return final
+
+        result.wheel = steps("publish", publish)
+        result.status = BUILT
+    except BuilderError as exc:
+        result.status, result.error = FAILED, redactor(exc.message)
+    except Exception as exc:  # noqa: BLE001 - a bug must not stop the other cells
+        log.open()
+        for line in traceback.format_exc().splitlines():
+            log.write_line(line)
+        log.close()
+        result.status = FAILED
+        result.error = redactor(f"unexpected {type(exc).__name__}: {exc} (traceback in {log_path})")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        result.seconds = time.monotonic() - start
+    return result
+
+
+# ------------------------------------------------------------------------- many cells
+
+
+def remove_run_containers(engine: DockerEngine, run_id: str) -> None:
+    for c in engine.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+        try:
+            engine.api.remove_container(c["Id"], force=True, v=True)
+        except Exception:  # noqa: BLE001 - best effort while interrupted; each cell also cleans
+            pass
+
+
+def build_cells(
+    cells: Iterable[tuple[Cell, Recipe]], config: BuildConfig, opts: PipelineOptions,
+    choice: BackendChoice, redactor: Redactor, report: Callable[[str, str], None],
+    finished: Callable[[CellResult], None], keep_going: bool = False, parallel: int = 1,
+) -> list[CellResult]:
+    """Build every cell; stop at the first failure unless *keep_going*."""
+    run_id = uuid.uuid4().hex
+    todo = list(cells)
+    results: list[CellResult] = []
+    if parallel <= 1:
+        for i, (cell, recipe) in enumerate(todo):
+            r = build_cell(cell, recipe, config, opts, choice, redactor, report, run_id)
+            finished(r)
+            results.append(r)
+            if not r.ok and not keep_going:
+                for skipped, _ in todo[i + 1:]:
+                    results.append(CellResult(cell=skipped.identifier, status="not built",
+                                              error="an earlier cell failed (--keep-going "
+                                                    "builds the others)"))
+                break
+        return results
+    # Parallel cells: one thread each (the work happens in containers).
+    from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: PLC0415
+
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        futures = {pool.submit(build_cell, c, r, config, opts, choice, redactor, report, run_id):
+                   c for c, r in todo}
+        for fut in as_completed(futures):
+            r = fut.result()
+            finished(r)
+            results.append(r)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if choice.engine is not None:
+            remove_run_containers(choice.engine, run_id)
+        raise
+    pool.shutdown()
+    order = {c.identifier: i for i, (c, _) in enumerate(todo)}
+    return sorted(results, key=lambda r: order[r.cell])
