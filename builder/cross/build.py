@@ -17,11 +17,23 @@ environment:
   the manylinux tag;
 * ``LDFLAGS=-L<dir with libgomp.so -> torch's own OpenMP runtime>`` so ``-fopenmp`` links the
   runtime torch ships (a hash-renamed libgomp in aarch64 wheels) instead of a system libgomp.
+
+Contract with the project's build (setup.py), beyond using torch.utils.cpp_extension:
+
+* ``AMP_TORCH_VERSION`` -- the target torch's ``torch.__version__`` (e.g. ``2.9.1+cpu``). A
+  project that records the torch it was built against must prefer it over the host's
+  ``torch.__version__`` (amp's setup.py: ``-DAMP_TORCH_VERSION=...``).
+* ``AMP_LOCAL_VERSION`` (passed by :func:`builder.cross.build_cross_cell`) -- the wheel's local
+  version label, as in the container build.
+* ``AMP_TORCH_INCLUDE`` (``os.pathsep``-separated) / ``AMP_TORCH_LIBDIR`` -- the target torch's
+  include and library folders, for projects that do not go through cpp_extension's helpers.
+* The project must not hard-code ``-march=native`` or x86 flags without an ``__x86_64__`` guard.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +71,17 @@ class CrossBuildResult:
     wheel: Path  # the linux_<arch> wheel (unrepaired)
     seconds: float  # wall time of the project's build
     log: Path  # full build log
+
+
+def _failure_excerpt(log: Path) -> str:
+    """The compiler's error lines (pip's own summary buries them), then the log's last lines."""
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [ln for ln in lines if re.search(r"(error|Error):|undefined reference", ln)]
+    parts = []
+    if errors:
+        parts.append("compiler errors:\n" + "\n".join(errors[:15]))
+    parts.append("last lines:\n" + "\n".join(lines[-12:]))
+    return "\n".join(parts)
 
 
 def host_python_for(python: TargetPython) -> str:
@@ -155,9 +178,9 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
             raise StepFailed(f"cross build of {project} for {python.arch} failed "
-                             f"(exit {proc.returncode}); last lines:\n{tail}\nfull log: {log}")
+                             f"(exit {proc.returncode}):\n{_failure_excerpt(log)}\n"
+                             f"full log: {log}")
         wheels = sorted(wheel_dir.glob("*.whl"))
         if len(wheels) != 1:
             raise StepFailed(f"cross build of {project}: expected one wheel, got "
