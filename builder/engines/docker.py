@@ -212,6 +212,7 @@ class DockerEngine:
         *,
         env: Mapping[str, str] | None = None,
         binds: Mapping[str, str] | None = None,
+        volumes: Mapping[str, str] | None = None,
         network: bool = True,
         labels: Mapping[str, str] | None = None,
         workdir: str = "/ampforge",
@@ -220,14 +221,18 @@ class DockerEngine:
         """A running container for the duration of the ``with`` block; removed afterwards.
 
         *binds* maps host paths to read-only paths inside (e.g. a wheelhouse); remote engines
-        cannot see host paths, use :meth:`DockerSession.copy_in` there. ``network=False``
+        cannot see host paths, use :meth:`DockerSession.copy_in` there. *volumes* maps named
+        volumes (created on first use, kept afterwards) to read-write paths inside: the compiler
+        cache (``ccache``, ``CCACHE_DIR=/ccache`` in the base image). ``network=False``
         starts the container with no network at all (offline builds).
         The container is removed on every exit path: success, exception, KeyboardInterrupt.
         """
         all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex}
         all_labels.update(labels or {})
+        mounts = {h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()}
+        mounts.update({v: {"bind": c, "mode": "rw"} for v, c in (volumes or {}).items()})
         host_config = self.api.create_host_config(
-            binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
+            binds=mounts or None,
             network_mode=None if network else "none",
             ulimits=_PODMAN_ULIMITS if self.is_podman else None,
         )

@@ -75,20 +75,28 @@ def build_in_session(
     shim: str = "auto",
     ccache: bool = False,
     extra_requirements: Sequence[str] = ("setuptools", "wheel"),
+    make_venv: bool = True,
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
     *wheelhouse* is a directory inside the session (bind-mounted or copied in): when given the
-    install is offline (``--no-index``). *local_version_label* defaults to ``torchX.Y``.
+    install is offline (``--no-index``). *local_version_label* defaults to ``torchX.Y``; ""
+    turns the check off (for projects that do not read ``AMP_LOCAL_VERSION``).
+    ``make_venv=False`` builds with *python* itself: for images whose recipe already installed
+    torch in a cached layer (the install step then finds it satisfied in seconds); installing
+    torch into a fresh venv dominates a rebuild otherwise.
     """
     work = session.workdir
     with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
         staged = stage_project(project, Path(tmp))
         project_in = session.copy_in(staged, work)
     steps = session.copy_in(STEPS_SCRIPT, work)
-    venv_dir = posixpath.join(work, "build-venv")
-    made = parse_result(session.run([python, steps, "venv", venv_dir], step="create build venv"))
-    vpy = str(made["python"])
+    vpy = python
+    if make_venv:
+        venv_dir = posixpath.join(work, "build-venv")
+        made = parse_result(session.run([python, steps, "venv", venv_dir],
+                                        step="create build venv"))
+        vpy = str(made["python"])
     sources: list[str] = []
     if wheelhouse:
         sources += ["--wheelhouse", wheelhouse]
