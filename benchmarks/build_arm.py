@@ -37,7 +37,8 @@ FLAGS = ["-O3", "-g0", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-std
 # `apt-cache depends --recurse g++-12:arm64`, minus what a compile never touches.
 COMPILER_PACKAGES = [
     "g++-12", "gcc-12", "cpp-12", "gcc-12-base", "libgcc-12-dev", "libstdc++-12-dev",
-    "binutils-aarch64-linux-gnu", "binutils-common", "libbinutils", "libctf0", "libctf-nobfd0",
+    "binutils", "binutils-aarch64-linux-gnu", "binutils-common", "libbinutils", "libctf0",
+    "libctf-nobfd0",
     "libgprofng0", "libjansson4", "libc6", "libc6-dev", "linux-libc-dev", "libcrypt-dev",
     "libcrypt1", "libgcc-s1", "libgmp10", "libisl23", "libmpc3", "libmpfr6", "libzstd1",
     "zlib1g", "libstdc++6", "libgomp1", "libatomic1", "libasan8", "libhwasan0", "liblsan0",
@@ -82,8 +83,10 @@ def main() -> None:
     if not args.no_emulated:
         root = ensure_debian_root([p + ":arm64" for p in COMPILER_PACKAGES], "gcc12-aarch64")
         qemu = find_qemu()
-        # g++ execs cc1plus and as: QEMU_LD_PREFIX lets the binfmt-launched children find the
-        # arm64 loader and libraries too (provision.sh registers qemu-aarch64 with binfmt).
+        # g++ execs cc1plus and `as` (binutils:arm64 provides /usr/bin/as; without it the
+        # lookup falls through -L to the host's x86 `as`). QEMU_LD_PREFIX lets the
+        # binfmt-launched children find the arm64 loader and libraries too (provision.sh
+        # registers qemu-aarch64 with binfmt).
         env = {**os.environ, "QEMU_LD_PREFIX": str(root),
                "PATH": f"{root}/usr/bin:{os.environ['PATH']}"}
         cases["emulated aarch64 (g++-12 under qemu)"] = (
