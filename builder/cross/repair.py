@@ -63,7 +63,7 @@ def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
     _, _, _, tags = parse_wheel_filename(wheel.name)
     arch = next(iter(tags)).platform.split("_", 1)[1]
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ampforge-repair-", dir=out_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".ampforge-repair-", dir=out_dir) as tmp:
         cmd = [sys.executable, "-m", "auditwheel", "repair", "--plat", "auto",
                "--ldpaths", os.pathsep.join(str(p) for p in ldpaths), "-w", tmp]
         for pattern in excludes:
