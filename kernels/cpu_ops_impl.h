@@ -157,23 +157,43 @@ static bool k_axpby(Ref xr, Ref yr, Ref outr, int64_t off, int64_t n, float a, f
   return bad == 0;
 }
 
+// Sum of squares: kLanes independent partial sums so the adds do not wait on each
+// other (one vector accumulator is add-latency bound below memory speed).
+static constexpr int kLanes = 32;
+
 static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
   alignas(64) float tx[kBlock];
+  alignas(64) float acc[kLanes] = {};
+  alignas(64) uint32_t bad[kLanes] = {};
   double total = 0.0;
-  uint32_t bad = 0;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
     const float* x = acquire(xr, off + b, k, tx);
-    float acc = 0.f;
-#pragma omp simd reduction(+ : acc) reduction(| : bad)
-    for (int i = 0; i < k; ++i) {
-      const float v = x[i] * s;
-      bad |= nonfinite_bits(v);
-      acc += v * v;
+    int i = 0;
+    for (; i + kLanes <= k; i += kLanes) {
+#pragma omp simd
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = x[i + j] * s;
+        bad[j] |= nonfinite_bits(v);
+        acc[j] += v * v;
+      }
     }
-    total += acc;
+    for (int j = 0; i < k; ++i, ++j) {
+      const float v = x[i] * s;
+      bad[j] |= nonfinite_bits(v);
+      acc[j] += v * v;
+    }
+    // Flush to double every block so long tensors keep float-level relative accuracy.
+    float blk = 0.f;
+    for (int j = 0; j < kLanes; ++j) {
+      blk += acc[j];
+      acc[j] = 0.f;
+    }
+    total += blk;
   }
-  return NormPart{total, bad == 0};
+  uint32_t any_bad = 0;
+  for (int j = 0; j < kLanes; ++j) any_bad |= bad[j];
+  return NormPart{total, any_bad == 0};
 }
 
 // Formulas follow torch.optim.Adam/AdamW (single-tensor path) term by term so
