@@ -91,3 +91,27 @@ plan: builder-env
 
 dockerfiles: builder-env
 	$(BUILDER) render $(BUILDER_CONFIG_ARG) --out $(DOCKERFILES_OUT)
+
+# --- builder: wheels (builder/commands/build.py) --------------------------------
+# `make wheel` builds ONE cell: the ARCH/PY/TORCH named, or by default this host's arch
+# and the builder's Python (.venv's, 3.11) with the newest torch that has a wheel for it.
+# `make matrix` builds every cell (narrowed by ARCH/PY/TORCH if given), --keep-going.
+# BACKEND=auto|docker|host; BASE_IMAGE=REF|local (local: `make base-image`'s image);
+# WHEELHOUSE=DIR: pip installs torch and its dependencies only from there.
+BASE_IMAGE ?=
+WHEELHOUSE ?=
+OUT ?= dist
+BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(if $(BACKEND),--backend $(BACKEND)) \
+	$(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+	$(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) --out $(OUT)
+
+.PHONY: wheel matrix base-image
+
+wheel: builder-env
+	$(BUILDER) build $(BUILD_FLAGS)
+
+matrix: builder-env
+	$(BUILDER) build --all --keep-going $(BUILD_FLAGS)
+
+base-image: builder-env
+	$(BUILDER) base-image

@@ -183,6 +183,20 @@ def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
     return h.hexdigest()
 
 
+#: The builder files whose change changes a wheel (not the CLI, display or cross backend).
+BUILD_SOURCES: tuple[str, ...] = ("incell", "repair.py", "verify.py", "localversion.py",
+                                  "pipeline.py")
+
+
+def builder_digest() -> str:
+    h = hashlib.sha256()
+    for name in BUILD_SOURCES:
+        path = BUILDER_DIR / name
+        h.update(name.encode() + (tree_digest(path) if path.is_dir() else
+                                  hashlib.sha256(path.read_bytes()).hexdigest()).encode())
+    return h.hexdigest()
+
+
 def input_key(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -347,7 +361,7 @@ def build_cell(
         if why is not None:
             raise StepFailed(why)
         key_parts: dict[str, Any] = {
-            "builder": __version__, "builder_sources": tree_digest(BUILDER_DIR),
+            "builder": __version__, "builder_sources": builder_digest(),
             "cell": cell.to_dict(), "backend": choice.name,
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "index_url": config.pip.index_url, "offline": opts.offline,
@@ -398,7 +412,9 @@ def build_cell(
                 final, cell=cell.identifier, torch=built.torch, python=cell.python,
                 base_image=built.base_image, compiler=built.compiler,
                 builder_version=__version__, started_at=started_at, finished_at=utc_now(),
-                extra={"input_key": key, "backend": choice.name, "tag": built.tag,
+                extra={"input_key": key, "inputs": {k: input_key({k: v})[:12]
+                                                    for k, v in key_parts.items()},
+                       "backend": choice.name, "tag": built.tag,
                        "modules": list(built.modules), "project": opts.project.name,
                        **built.extra})
             try:

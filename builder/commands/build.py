@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "builds or reuses the one from `python -m builder base-image` "
                         "(env BASE_IMAGE)")
     g.add_argument("--all", action="store_true",
-                   help="every cell of the matrix (default: one cell for this host)")
+                   help="every cell of the matrix (narrowed by any selection given); without "
+                        "it and without a selection: one cell for this host")
     g.add_argument("--keep-going", action="store_true",
                    help="build the other cells when one fails (exit code still 1)")
     g.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -94,9 +95,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     settings = load_from_args(args, ctx)
     config = settings.config
     selection = settings.selection
-    if args.all and not selection.empty:
-        raise ConfigError("--all builds every cell; it cannot be combined with a selection "
-                          "(--arch/--python/--torch/selectors or ARCH/PY/TORCH)", key="--all")
     if selection.empty and not args.all:
         selection = _default_selection(selection)
     backend = args.backend or ctx.env.get("BACKEND") or "auto"

@@ -1,0 +1,94 @@
+"""Helpers for the build-pipeline tests: run ``python -m builder build`` as a user would, and
+tiny extension projects that are broken in one specific way each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from enginelib import write_tiny_extension
+
+from builder.config import REPO_ROOT
+
+CELL = "cp311-manylinux_x86_64-torch2.13.0"
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    err: str
+
+
+def builder_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ARCH", "PY", "TORCH", "BACKEND", "BASE_IMAGE", "JOBS", "OFFLINE")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env.update(extra)
+    return env
+
+
+def build_argv(tmp: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "builder", "build", "--out", str(tmp / "dist"),
+            "--work-dir", str(tmp / "work"), *args]
+
+
+def run_build(tmp: Path, *args: str, timeout: int = 1800, **env: str) -> Run:
+    proc = subprocess.run(build_argv(tmp, *args), capture_output=True, text=True,
+                          env=builder_env(**env), cwd=tmp, timeout=timeout)
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def dist_state(dist: Path) -> dict[str, bytes]:
+    """Every file in dist/ (names and bytes): must not change when a build fails."""
+    return {p.name: p.read_bytes() for p in sorted(dist.iterdir()) if p.is_file()}
+
+
+def seed_dist(dist: Path) -> dict[str, bytes]:
+    """An earlier build's wheel and manifest (a different cell), to prove they survive."""
+    from builder.manifest import ManifestEntry, record_wheel  # noqa: PLC0415
+
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = dist / "earlier-1.0+torch2.9-cp310-cp310-manylinux_2_24_x86_64.whl"
+    wheel.write_bytes(b"an earlier wheel")
+    record_wheel(dist, ManifestEntry.for_wheel(
+        wheel, cell="cp310-manylinux_x86_64-torch2.9.1", torch="2.9.1", python="3.10",
+        base_image="x", compiler="g++", builder_version="0", started_at="t0",
+        finished_at="t1"))
+    return dist_state(dist)
+
+
+def manifest(dist: Path) -> dict:
+    return json.loads((dist / "manifest.json").read_text())
+
+
+def broken_project(root: Path, kind: str) -> Path:
+    """tinyext with one defect: ``compile`` (a C++ error), ``repair`` (links a library outside
+    the manylinux policy), ``smoke`` (the package fails at import)."""
+    project = write_tiny_extension(root)
+    if kind == "compile":
+        (project / "tinyext" / "ext.cpp").write_text(
+            "#include <torch/extension.h>\nint broken( { return sentinel_undeclared_xyz; }\n")
+    elif kind == "repair":
+        # libexpat is on every Debian system (python3 needs it) but outside the manylinux
+        # policy: auditwheel would have to graft it, and the builder refuses.
+        setup = (project / "setup.py").read_text().replace(
+            'extra_link_args=["-fopenmp", "-s"]',
+            'extra_link_args=["-fopenmp", "-s", "-Wl,--no-as-needed", '
+            '"/usr/lib/x86_64-linux-gnu/libexpat.so.1"]')
+        (project / "setup.py").write_text(setup)
+    elif kind == "smoke":
+        (project / "tinyext" / "__init__.py").write_text(
+            'raise ImportError("smoke-sentinel: this package refuses to import")\n')
+    else:
+        raise ValueError(kind)
+    return project
+
+
+def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=cwd, env=builder_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,102 @@
+"""Each way a cell can fail, for real: a clear message, exit 1 (130 for Ctrl-C), no container
+left, no partial file in dist/, the earlier wheel and the manifest untouched.
+
+Uses small broken extension projects (``--project``) so each failure is reached quickly.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
+from pipelinelib import (
+    CELL,
+    broken_project,
+    build_argv,
+    dist_state,
+    run_build,
+    run_subprocess,
+    seed_dist,
+)
+
+from builder.base_image import build_base_image
+from builder.engines.docker import CONTAINER_LABEL
+from builder.pipeline import RUN_LABEL
+
+pytestmark = pytest.mark.slow
+
+
+def _host_build(tmp_path: Path, project: Path):
+    return run_build(tmp_path, "--backend", "host", "--project", str(project),
+                     "--wheelhouse", str(wheelhouse_cp311()))
+
+
+def _no_leftovers(tmp_path: Path, before: dict[str, bytes]) -> None:
+    assert dist_state(tmp_path / "dist") == before
+    assert not list((tmp_path / "work" / "stage").glob("*")), "staging folder left behind"
+
+
+def test_compile_error_shows_the_compiler_lines_and_the_log(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    r = _host_build(tmp_path, broken_project(tmp_path / "src", "compile"))
+    assert r.rc == 1, r.err
+    assert "step 'build wheel' failed" in r.err
+    assert "sentinel_undeclared_xyz" in r.err  # the compiler's own error line is shown
+    log = tmp_path / "work" / "logs" / f"{CELL}.log"
+    assert f"full log: {log}" in r.err and "sentinel_undeclared_xyz" in log.read_text()
+    assert "Traceback" not in r.err
+    _no_leftovers(tmp_path, before)
+
+
+def test_repair_refuses_a_library_outside_the_policy(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    r = _host_build(tmp_path, broken_project(tmp_path / "src", "repair"))
+    assert r.rc == 1, r.err
+    assert "refusing to repair" in r.err and "libexpat.so.1" in r.err
+    _no_leftovers(tmp_path, before)
+
+
+def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    r = _host_build(tmp_path, broken_project(tmp_path / "src", "smoke"))
+    assert r.rc == 1, r.err
+    assert "smoke test" in r.err and "smoke-sentinel" in r.err
+    _no_leftovers(tmp_path, before)
+
+
+@pytest.mark.docker
+def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path: Path) -> None:
+    engine = docker_engine()
+    base = build_base_image(engine)
+    before = seed_dist(tmp_path / "dist")
+    project = write_tiny_extension(tmp_path / "src")
+    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base.tag,
+                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    proc = run_subprocess(argv, tmp_path)
+    log = tmp_path / "work" / "logs" / f"{CELL}.log"
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 600
+        # Interrupt once the build runs inside its container (torch being installed).
+        while time.monotonic() < deadline and proc.poll() is None:
+            for c in engine.api.containers(all=True, filters={"label": RUN_LABEL}):
+                if c["Labels"].get(f"{CONTAINER_LABEL}.cell") == CELL:
+                    seen.add(c["Id"])
+            if seen and log.exists() and "install-torch" in log.read_text():
+                break
+            time.sleep(0.5)
+        assert seen and proc.poll() is None, "the build never reached its container"
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    left = {c["Id"] for c in engine.api.containers(all=True)}
+    assert not (seen & left), "the build's container was left behind"
+    _no_leftovers(tmp_path, before)

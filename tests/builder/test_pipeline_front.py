@@ -1,0 +1,127 @@
+"""The build front door's fast paths: backend choice, clear failures before any compile,
+the +torchX.Y label, the input key. Each runs the real CLI in a subprocess (seconds)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+from enginelib import docker_engine, write_tiny_extension
+from pipelinelib import CELL, dist_state, run_build, seed_dist
+
+from builder.errors import StepFailed
+from builder.localversion import add_local_version, with_local
+from builder.pipeline import tree_digest
+
+
+def test_dead_engine_socket_is_a_clear_exit_1(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    dead = f"unix://{tmp_path}/no-engine.sock"
+    r = run_build(tmp_path, "--backend", "docker", DOCKER_HOST=dead)
+    assert r.rc == 1, r.err
+    assert f"no container engine answers at {dead}" in r.err
+    assert "BACKEND=host" in r.err  # says what to do next
+    assert "Traceback" not in r.err
+    assert dist_state(tmp_path / "dist") == before
+
+
+def test_auto_falls_back_to_host_and_says_why(tmp_path: Path) -> None:
+    dead = f"unix://{tmp_path}/no-engine.sock"
+    # A project that is not a project stops the build right after the backend is chosen.
+    r = run_build(tmp_path, "--project", str(tmp_path), "--backend", "auto", DOCKER_HOST=dead)
+    assert r.rc == 2 and "is not a Python project" in r.err
+    (tmp_path / "p").mkdir()
+    write_tiny_extension(tmp_path / "p" / "x")
+    r = run_build(tmp_path, "--project", str(tmp_path / "p" / "x"), "--python", "3.11",
+                  "--arch", "ARM", DOCKER_HOST=dead)
+    assert "backend: host -- no container engine answers" in r.err
+
+
+def test_arm_cell_is_not_supported_yet_with_a_clear_message(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    r = run_build(tmp_path, "--backend", "host", "--arch", "ARM", "--python", "3.9")
+    assert r.rc == 1, r.err
+    assert "ARM (aarch64) cells are not supported yet on this x86_64 host" in r.err
+    assert "cp39-manylinux_aarch64-torch" in r.err  # the selection resolved to a real cell
+    assert "Traceback" not in r.err
+    assert dist_state(tmp_path / "dist") == before
+
+
+@pytest.mark.docker
+def test_missing_base_image_names_it_and_the_ways_out(tmp_path: Path) -> None:
+    docker_engine()  # fails under CI when the engine is missing
+    before = seed_dist(tmp_path / "dist")
+    r = run_build(tmp_path, "--backend", "docker", "--base-image", "ampforge/none:missing",
+                  "--python", "3.11")
+    assert r.rc == 1, r.err
+    assert "base image ampforge/none:missing" in r.err
+    assert "python -m builder base-image" in r.err and "--backend host" in r.err
+    assert "Traceback" not in r.err
+    assert dist_state(tmp_path / "dist") == before
+
+
+def test_bad_usage_exits_2(tmp_path: Path) -> None:
+    r = run_build(tmp_path, "--backend", "host", "--wheelhouse", str(tmp_path / "nope"))
+    assert r.rc == 2 and "wheelhouse" in r.err and "is not a directory" in r.err
+    r = run_build(tmp_path, BACKEND="podman")
+    assert r.rc == 2 and "BACKEND='podman'" in r.err
+
+
+def test_default_selection_is_one_cell_for_this_host(tmp_path: Path) -> None:
+    # An ARM-free, torch-free selection: the builder's Python (3.11) on x86_64, newest torch.
+    r = run_build(tmp_path, "--backend", "host", "--project", str(tmp_path))
+    assert r.rc == 2  # stops at the project check, after resolving nothing expensive
+    from builder.commands.build import _default_selection  # noqa: PLC0415
+    from builder.config import Selection  # noqa: PLC0415
+
+    sel = _default_selection(Selection())
+    assert sel.arch == ("X86",) and sel.python == ("3.11",) and sel.torch is None
+
+
+# -- the +torchX.Y label ----------------------------------------------------------------------
+
+
+def _wheel(path: Path, version: str) -> Path:
+    info = f"demo-{version}.dist-info"
+    w = path / f"demo-{version}-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(w, "w") as zf:
+        zf.writestr("demo/__init__.py", "x = 1\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return w
+
+
+def test_local_version_label_rewrites_name_metadata_and_record(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    labelled = add_local_version(_wheel(tmp_path, "1.2"), "torch2.13", out)
+    assert labelled.name == "demo-1.2+torch2.13-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(labelled) as zf:
+        names = zf.namelist()
+        meta = zf.read("demo-1.2+torch2.13.dist-info/METADATA").decode()
+        record = zf.read("demo-1.2+torch2.13.dist-info/RECORD").decode()
+    assert "Version: 1.2+torch2.13" in meta
+    assert not [n for n in names if n.startswith("demo-1.2.dist-info")]
+    assert "demo/__init__.py,sha256=" in record and "METADATA,sha256=" in record
+    # Already labelled: untouched; an existing local label gets ours appended.
+    assert add_local_version(labelled, "torch2.13", out) == labelled
+    assert with_local("1.0+abc", "torch2.13") == "1.0+abc.torch2.13"
+    with pytest.raises(StepFailed, match="not valid"):
+        with_local("1.0", "torch 2.13")
+
+
+def test_input_key_ignores_build_outputs_but_sees_sources(tmp_path: Path) -> None:
+    project = write_tiny_extension(tmp_path / "p")
+    first = tree_digest(project)
+    (project / "build").mkdir()
+    (project / "build" / "junk.o").write_bytes(b"x")
+    (project / "tinyext" / "__pycache__").mkdir()
+    assert tree_digest(project) == first
+    (project / "tinyext" / "ext.cpp").write_text("// changed\n")
+    assert tree_digest(project) != first
+
+
+def test_cell_id_constant_matches_default_selection() -> None:
+    assert CELL.startswith("cp311-manylinux_x86_64-torch")
