@@ -55,7 +55,7 @@ def test_fused_adamw_matches_torch_adamw(backend, wd):
                             weight_decay=wd)
     fused = FusedAdam(_groups(pb, lr=3e-3), lr=1e-2, betas=(0.8, 0.99), eps=1e-8,
                       weight_decay=wd, adam_w_mode=True)
-    _run(ref, fused, pa, pb, 200)
+    _run(ref, fused, pa, pb, 100)
     assert _rel(pb, pa) < 1e-6
     torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
@@ -64,7 +64,7 @@ def test_fused_adam_l2_matches_torch_adam(backend):
     pa, pb = _params(), _params()
     ref = torch.optim.Adam(pa, lr=1e-2, weight_decay=0.1)
     fused = FusedAdam(pb, lr=1e-2, weight_decay=0.1, adam_w_mode=False)
-    _run(ref, fused, pa, pb, 200)
+    _run(ref, fused, pa, pb, 100)
     assert _rel(pb, pa) < 1e-6
 
 
@@ -85,7 +85,7 @@ def test_fused_sgd_matches_torch_sgd(backend, kw):
     pa, pb = _params(), _params()
     ref = torch.optim.SGD(_groups(pa, lr=0.02), lr=0.05, **kw)
     fused = FusedSGD(_groups(pb, lr=0.02), lr=0.05, **kw)
-    _run(ref, fused, pa, pb, 200)
+    _run(ref, fused, pa, pb, 100)
     assert _rel(pb, pa) < 1e-6
     torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
