@@ -91,23 +91,24 @@ Checked check_list(const TensorList& ts, const char* name, const Checked* like,
   c.numels.reserve(ts.size());
   for (size_t i = 0; i < ts.size(); ++i) {
     const at::Tensor& t = ts[i];
-    const std::string where = std::string("amp._C: ") + name + "[" + std::to_string(i) + "]";
-    if (!t.defined()) throw py::value_error(where + " is an undefined tensor");
+    // Built only on error: this loop runs for every tensor of a model on every step.
+    auto where = [&] { return std::string("amp._C: ") + name + "[" + std::to_string(i) + "]"; };
+    if (!t.defined()) throw py::value_error(where() + " is an undefined tensor");
     if (!t.device().is_cpu())
-      throw py::value_error(where + " is on " + t.device().str() +
+      throw py::value_error(where() + " is on " + t.device().str() +
                             "; the compiled kernels take CPU tensors only");
     const int code = dtype_code(t, name, i);
     if (c.dtype < 0) c.dtype = code;
     if (code != c.dtype)
-      throw py::type_error(where + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
                            " but " + name + "[0] has another; one list must share one dtype");
     if (allowed && std::find(allowed->begin(), allowed->end(), code) == allowed->end())
-      throw py::type_error(where + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
                            ", which is not allowed here");
-    if (!t.is_contiguous()) throw py::value_error(where + " is not contiguous");
-    if (t.is_sparse()) throw py::value_error(where + " is sparse; expected a dense tensor");
+    if (t.is_sparse()) throw py::value_error(where() + " is sparse; expected a dense tensor");
+    if (!t.is_contiguous()) throw py::value_error(where() + " is not contiguous");
     if (like && t.numel() != like->numels[i])
-      throw py::value_error(where + " has " + std::to_string(t.numel()) + " elements; expected " +
+      throw py::value_error(where() + " has " + std::to_string(t.numel()) + " elements; expected " +
                             std::to_string(like->numels[i]) + " to match the first list");
     c.ptrs.push_back(t.numel() ? t.data_ptr() : nullptr);
     c.numels.push_back(t.numel());

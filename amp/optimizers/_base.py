@@ -30,14 +30,19 @@ class Bucket:
         return self.models or None
 
 
-def _grad_of(model_param: Tensor) -> Optional[Tensor]:
-    g = model_param.grad
-    if g is None:
-        return None
-    if g.is_sparse:
+def _dense(g: Tensor) -> Tensor:
+    """The slow path of gradient access, off the per-tensor hot loop."""
+    if g.layout is not torch.strided:
         raise RuntimeError("amp.optimizers: sparse gradients are not supported")
     # Kernels read gradients only, so a contiguous copy is a safe fallback.
-    return g if g.is_contiguous() else g.contiguous()
+    return g.contiguous()
+
+
+def _grad_of(model_param: Tensor) -> Optional[Tensor]:
+    g = model_param.grad
+    if g is None or g.is_contiguous():
+        return g
+    return _dense(g)
 
 
 def make_buckets(params: list[Tensor], models: list[Tensor],
