@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 import zipfile
 from pathlib import Path
@@ -54,7 +55,9 @@ def _run(argv: list[str], env: Optional[dict[str, str]] = None, cwd: Optional[st
     print("+ " + " ".join(argv), flush=True)
     full = dict(os.environ)
     full.update(env or {})
+    start = time.monotonic()
     code = subprocess.call(argv, env=full, cwd=cwd)
+    print(f"+ exit {code} after {time.monotonic() - start:.1f}s", flush=True)
     if code != 0:
         _fail(f"command failed with exit code {code}: {' '.join(argv)}")
 
@@ -77,8 +80,10 @@ def cmd_venv(args: argparse.Namespace) -> None:
 
 def cmd_install_torch(args: argparse.Namespace) -> None:
     reqs = ["torch==" + args.torch] + list(args.extra)
+    # --no-compile: byte-compiling torch's thousands of modules costs more CPU than the
+    # compile of a kernel file, for files that are compiled lazily on import anyway.
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
-          "--no-input", *_pip_source_args(args), *reqs])
+          "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
     import importlib.metadata as md
 
     _result(torch=md.version("torch"))
@@ -169,7 +174,7 @@ def cmd_smoke(args: argparse.Namespace) -> None:
     venv.create(args.venv, with_pip=True, clear=True)
     py = str(Path(args.venv) / "bin" / "python")
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
+          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
     mods = _extension_modules(wheel)
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
     code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
