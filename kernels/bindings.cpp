@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -337,6 +338,17 @@ at::Tensor lamb(const TensorList& grads, const TensorList& params, const TensorL
   return ratios;
 }
 
+// How many distinct threads at::parallel_for used for a 64-item loop: 1 would mean the
+// module was compiled without OpenMP (then at::parallel_for silently runs serially).
+int64_t parallel_threads_seen() {
+  std::vector<int> seen(64, -1);
+  at::parallel_for(0, 64, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) seen[i] = at::get_thread_num();
+  });
+  std::sort(seen.begin(), seen.end());
+  return std::unique(seen.begin(), seen.end()) - seen.begin();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -346,6 +358,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("__torch_version__") = AMP_TORCH_VERSION;
   m.attr("chunk_size") = kChunk;
   m.def("isa", [] { return std::string(g_ops->name); }, "ISA of the kernels in use");
+  m.def("_parallel_threads_seen", &parallel_threads_seen,
+        "threads at::parallel_for used (a build check: OpenMP must be on)");
   m.def("set_isa", &set_isa, py::arg("name"), "Select kernels: 'auto', 'generic' or 'avx2'");
   m.def("scale", &scale, py::arg("inputs"), py::arg("outputs"), py::arg("scale"),
         "outputs[i] = inputs[i] * scale; returns True if any result is non-finite");

@@ -95,3 +95,17 @@ def test_fallback_optimizer_runs_with_one_warning_in_a_fresh_process(tmp_path):
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_kernels_run_in_parallel_and_follow_set_num_threads():
+    # CppExtension does not add -fopenmp; without it at::parallel_for is silently serial.
+    mod = _ext.load()
+    assert mod is not None
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert mod._parallel_threads_seen() == 2
+        torch.set_num_threads(1)
+        assert mod._parallel_threads_seen() == 1
+    finally:
+        torch.set_num_threads(before)
