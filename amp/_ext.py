@@ -39,9 +39,9 @@ def _disabled_by_env() -> bool:
 def _warn(reason: str) -> None:
     warnings.warn(
         f"amp: compiled kernels unavailable ({reason}); using the pure-torch fallback, "
-        "which is correct but slower. Rebuild against the installed torch "
-        "(`pip install --no-build-isolation --force-reinstall ampforge` from source, "
-        "or a wheel built for this torch).",
+        "which is correct but slower. Install an ampforge wheel built for this torch "
+        "(its local version says which: +torchX.Y), or rebuild from a checkout with "
+        "`pip install --no-build-isolation .`.",
         AmpExtensionWarning,
         stacklevel=3,
     )
