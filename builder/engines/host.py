@@ -70,20 +70,39 @@ def run_host(
     return result
 
 
+def _runs_as(exe: Path, version: str) -> bool:
+    """Whether *exe* starts and is Python *version* (a pyenv shim for a version that is not
+    selected exists on PATH but fails)."""
+    try:
+        out = subprocess.run([str(exe), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == version
+
+
 def find_python(version: str) -> Path:
-    """A local interpreter for *version* ("3.11"): ``python3.11`` on PATH, then pyenv's."""
+    """A working local interpreter for *version* ("3.11"): ``python3.11`` on PATH (unless it is
+    a pyenv shim that does not run), then pyenv's installed versions, newest patch first."""
+    candidates: list[Path] = []
     found = shutil.which(f"python{version}")
     if found:
-        return Path(found)
+        candidates.append(Path(found))
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     if root.is_dir():
-        for cand in sorted(root.glob(f"{version}.*"), reverse=True):
-            exe = cand / "bin" / f"python{version}"
-            if exe.exists():
-                return exe
+        def patch(p: Path) -> int:
+            tail = p.name.split(".")[2:3]
+            return int(tail[0]) if tail and tail[0].isdigit() else -1
+
+        for cand in sorted(root.glob(f"{version}.*"), key=patch, reverse=True):
+            candidates.append(cand / "bin" / f"python{version}")
+    for exe in candidates:
+        if exe.exists() and _runs_as(exe, version):
+            return exe
     raise StepFailed(
-        f"no Python {version} interpreter on this host (looked for python{version} on PATH and "
-        f"in {root}); install it (e.g. `pyenv install {version}`) or use BACKEND=docker"
+        f"no working Python {version} interpreter on this host (tried python{version} on PATH "
+        f"and {root}/{version}.*); install it (e.g. `pyenv install {version}`) or use "
+        "BACKEND=docker"
     )
 
 

@@ -152,7 +152,7 @@ for _ in range(30):
     with amp.scale_loss(loss, optimizer) as scaled:
         scaled.backward()
     optimizer.step()
-    losses.append(float(loss))
+    losses.append(float(loss.detach()))
 if not all(l == l for l in losses) or not losses[-1] < losses[0] * 0.5:
     raise SystemExit("quick-start loop did not train: losses %r" % losses[::5])
 print("smoke: amp._C loaded, FusedAdam loss %.4f -> %.4f" % (losses[0], losses[-1]))

@@ -180,3 +180,25 @@ def test_host_session_runs_streams_and_cleans_up(tmp_path: Path) -> None:
     assert "exit code 4" in str(err.value)
     assert "secret=***" in lines
     assert not workdir.exists()
+
+
+def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyenv puts shims for every version on PATH; one for an unselected version fails."""
+    import sys
+
+    from builder.engines.host import find_python
+
+    version = "{}.{}".format(*sys.version_info[:2])
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / f"python{version}"
+    shim.write_text("#!/bin/sh\necho 'pyenv: command not found' >&2; exit 127\n")
+    shim.chmod(0o755)
+    real = tmp_path / "pyenv" / "versions" / f"{version}.99" / "bin" / f"python{version}"
+    real.parent.mkdir(parents=True)
+    real.symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    assert find_python(version) == real
+    with pytest.raises(StepFailed, match="no working Python 3.1 interpreter"):
+        find_python("3.1")
