@@ -65,6 +65,7 @@ RUN_LABEL = f"{CONTAINER_LABEL}.run"
 #: Where the wheelhouse is mounted inside containers (the rendered recipe's PIP_FIND_LINKS).
 CONTAINER_WHEELHOUSE = "/wheelhouse"
 BUILDER_DIR = Path(__file__).resolve().parent
+CCACHE_VOLUME = "ampforge-ccache"
 
 
 class BaseImageMissing(StepFailed):
@@ -304,7 +305,10 @@ def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: Pipeline
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)
     binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
-    with engine.container(tag, env=env, binds=binds, network=not opts.offline,
+    # The compiler cache outlives the container in a named volume (the base image sets
+    # CCACHE_DIR=/ccache): a rebuild after a one-file change recompiles only that file.
+    volumes = {CCACHE_VOLUME: "/ccache"} if opts.ccache else {}
+    with engine.container(tag, env=env, binds=binds, volumes=volumes, network=not opts.offline,
                           labels={RUN_LABEL: run_id, f"{CONTAINER_LABEL}.cell": cell.identifier},
                           log=log) as session:
         built = _in_session(session, cell, config, opts, steps, stage,
@@ -320,6 +324,11 @@ def _host_cell(cell: Cell, config: BuildConfig, opts: PipelineOptions, log: Outp
                steps: _Steps, stage: Path, python: str) -> _Built:
     aw, aw_env = host_auditwheel()
     env = {"MAX_JOBS": str(opts.jobs)} if opts.jobs else {}
+    if opts.ccache:
+        if shutil.which("ccache") is None:
+            raise StepFailed("--ccache: ccache is not installed on this host "
+                             "(apt-get install ccache), or build without --ccache")
+        env["CCACHE_DIR"] = str(opts.work / "ccache")  # outlives the session's temp dir
     with HostEngine().session(env=env, log=log, parent=stage) as session:
         built = _in_session(session, cell, config, opts, steps, stage, python=python,
                             wheelhouse=str(opts.wheelhouse.resolve()) if opts.wheelhouse else None,
