@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,6 +50,9 @@ def run_host(
                 text=True,
                 errors="replace",
                 bufsize=1,
+                # Its own process group: on Ctrl-C or an error the whole tree (pip -> gcc,
+                # debootstrap -> chroot dpkg) is killed, not just the direct child.
+                start_new_session=True,
             )
         except FileNotFoundError as exc:
             raise StepFailed(f"step '{step or argv[0]}': program not found: {argv[0]}") from exc
@@ -57,8 +61,9 @@ def run_host(
             tail = log.capture(proc.stdout, tail_lines)
             code = proc.wait()
         except BaseException:
-            # Ctrl-C or an error while streaming: do not leave the child running.
-            proc.kill()
+            # Ctrl-C or an error while streaming: do not leave the children running.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
     finally:

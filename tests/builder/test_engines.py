@@ -202,3 +202,27 @@ def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.Mon
     assert find_python(version) == real
     with pytest.raises(StepFailed, match="no working Python 3.1 interpreter"):
         find_python("3.1")
+
+
+def test_ctrl_c_on_host_kills_the_whole_step_tree(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        with HostEngine().session(parent=tmp_path) as session:
+            timer.start()
+            session.run(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], step="compile")
+    timer.cancel()
+    grandchild = int(pidfile.read_text())
+
+    def alive() -> bool:
+        try:  # a killed, not yet reaped process is a zombie ("Z"): dead for our purpose
+            return Path(f"/proc/{grandchild}/stat").read_text().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+
+    for _ in range(50):
+        if not alive():
+            break
+        threading.Event().wait(0.1)
+    else:
+        pytest.fail(f"the step's child process {grandchild} survived Ctrl-C")
