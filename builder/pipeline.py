@@ -42,7 +42,7 @@ from builder.engines.base import OutputLog, Session
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine, find_python
 from builder.errors import BuilderError, ConfigError, EngineUnavailable, StepFailed
-from builder.incell import PROJECT_IGNORE, build_in_session
+from builder.incell import PROJECT_IGNORE, build_in_session, smoke_in_session
 from builder.localversion import add_local_version
 from builder.manifest import (
     ManifestEntry,
@@ -55,8 +55,15 @@ from builder.manifest import (
 from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult, StepResult
 from builder.redact import Redactor
 from builder.render import Recipe
-from builder.repair import CONTAINER_AUDITWHEEL, host_auditwheel, repair_wheel
-from builder.verify import verify_wheel
+from builder.repair import (
+    CONTAINER_AUDITWHEEL,
+    audit_wheel,
+    host_auditwheel,
+    repair_wheel,
+    split_wheel_name,
+)
+from builder.verify import Verification, check_name_against_audit, check_no_bundled_torch
+from builder.wheelcheck import check_tag_covers_own_code
 
 T = TypeVar("T")
 
@@ -186,7 +193,7 @@ def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
 
 #: The builder files whose change changes a wheel (not the CLI, display or cross backend).
 BUILD_SOURCES: tuple[str, ...] = ("incell", "repair.py", "verify.py", "localversion.py",
-                                  "pipeline.py")
+                                  "pipeline.py", "wheelcheck.py")
 
 
 def builder_digest() -> str:
@@ -273,7 +280,7 @@ def _in_session(
     repaired = steps("repair", lambda: repair_wheel(
         session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
         excludes=excludes))
-    checked = steps("verify", lambda: verify_wheel(
+    checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
         index_url=config.pip.index_url))
@@ -281,6 +288,37 @@ def _in_session(
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     return _Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
                   modules=checked.modules, base_image="")
+
+
+def verify_cell_wheel(
+    session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
+    auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
+    wheelhouse: Optional[str], index_url: Optional[str],
+) -> Verification:
+    """D's three checks (builder.verify), with the tag check made exclusion-aware.
+
+    ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
+    which counts the excluded libraries' own glibc needs (see builder.wheelcheck); when only
+    that differs, the wheel's own ELF files decide.
+    """
+    check_no_bundled_torch(wheel)
+    inside = session.copy_in(wheel, posixpath.join(session.workdir, "audit"))
+    audit = audit_wheel(session, inside, auditwheel=auditwheel, env=auditwheel_env)
+    try:
+        check_name_against_audit(wheel.name, audit, excludes)
+    except StepFailed as exc:
+        if audit.sym_tag in split_wheel_name(wheel.name)[4] or audit.unsupported_isa:
+            raise
+        check_name_against_audit(wheel.name, replace(audit, sym_tag=split_wheel_name(
+            wheel.name)[4][0]), excludes)  # everything but the symbol tag still checked
+        try:
+            check_tag_covers_own_code(wheel)
+        except StepFailed:
+            raise exc from None
+    modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
+                               wheelhouse=wheelhouse, index_url=index_url)
+    return Verification(wheel=wheel, tag=split_wheel_name(wheel.name)[4][0],
+                        modules=tuple(modules))
 
 
 def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: PipelineOptions,
