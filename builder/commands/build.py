@@ -103,10 +103,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                           key="environment BACKEND")
     if args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}; expected 1 or more", key="--parallel")
-    project = Path(args.project).resolve() if args.project else REPO_ROOT
-    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
-        raise ConfigError(f"{project} is not a Python project; expected a folder with "
-                          "pyproject.toml or setup.py", key="--project")
     wheelhouse = Path(args.wheelhouse) if args.wheelhouse else None
     if wheelhouse is None and config.offline.enabled:
         wheelhouse = config.offline.wheelhouse
@@ -119,6 +115,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         err(f"warning: {w}")
     for n in plan.notes:
         err(f"note: {n}")
+    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise ConfigError(f"{project} is not a Python project; expected a folder with "
+                          "pyproject.toml or setup.py", key="--project")
     native = [c for c in plan.cells if unsupported_reason(c) is None]
     base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     arch = host_arch()
