@@ -244,7 +244,7 @@ void adam(const TensorList& grads, const TensorList& params, const TensorList& e
   a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   a.decay = static_cast<float>(1.0 - lr * weight_decay);
   a.step_size = static_cast<float>(lr / bc1);
-  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   a.weight_decay = static_cast<float>(weight_decay);
   a.grad_scale = static_cast<float>(grad_scale);
   a.adam_w_mode = adam_w_mode ? 1 : 0;

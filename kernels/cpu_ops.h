@@ -30,7 +30,7 @@ struct AdamArgs {
   float one_minus_beta1, one_minus_beta2;
   float decay;       // 1 - lr * weight_decay (decoupled mode)
   float step_size;   // lr / bias_correction1
-  float bc2_sqrt;    // sqrt(bias_correction2)
+  float inv_bc2_sqrt;  // 1 / sqrt(bias_correction2)
   float weight_decay;
   float grad_scale;  // inverse loss scale x clip coefficient, applied on load
   int adam_w_mode;   // 1: decoupled weight decay (AdamW), 0: L2 added to the gradient
