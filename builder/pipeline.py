@@ -482,7 +482,15 @@ def build_cell(
             log.write_line(line)
         log.close()
         result.status = FAILED
-        result.error = redactor(f"unexpected {type(exc).__name__}: {exc} (traceback in {log_path})")
+        if type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker"):
+            # The engine went away mid-build (daemon stopped or restarted).
+            step = result.steps[-1].name if result.steps else "start"
+            result.error = redactor(f"the container engine stopped answering during step "
+                                    f"'{step}' ({type(exc).__name__}: {exc}); is it still "
+                                    f"running? Details in {log_path}")
+        else:
+            result.error = redactor(f"unexpected {type(exc).__name__}: {exc} "
+                                    f"(traceback in {log_path})")
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         result.seconds = time.monotonic() - start
