@@ -37,8 +37,10 @@ class FusedLAMB(FusedOptimizer):
         super().__init__(params, defaults, set_grad_none)
 
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
-        # apex clips by the norm of all gradients of all groups, before any update.
-        norm = self._global_norm(model_params, inv_scale)
+        # apex clips by the norm of all gradients of all groups, before any update (a read
+        # pass that is skipped when no group clips).
+        clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
+        norm = self._global_norm(model_params, inv_scale) if clipping else 0.0
         for group, models in zip(self.param_groups, model_params):
             buckets = make_buckets(group["params"], models)
             if not buckets:
