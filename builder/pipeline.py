@@ -347,7 +347,8 @@ def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: Pipeline
     # CCACHE_DIR=/ccache): a rebuild after a one-file change recompiles only that file.
     volumes = {CCACHE_VOLUME: "/ccache"} if opts.ccache else {}
     with engine.container(tag, env=env, binds=binds, volumes=volumes, network=not opts.offline,
-                          labels={RUN_LABEL: run_id, f"{CONTAINER_LABEL}.cell": cell.identifier},
+                          labels={RUN_LABEL: run_id, f"{CONTAINER_LABEL}.cell": cell.identifier,
+                                  f"{CONTAINER_LABEL}.project": opts.project.name},
                           log=log) as session:
         built = _in_session(session, cell, config, opts, steps, stage,
                             python=cell.python_path,

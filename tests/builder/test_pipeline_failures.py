@@ -24,7 +24,6 @@ from pipelinelib import (
 
 from builder.base_image import build_base_image
 from builder.engines.docker import CONTAINER_LABEL
-from builder.pipeline import RUN_LABEL
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +71,7 @@ def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path:
     engine = docker_engine()
     base = build_base_image(engine)
     before = seed_dist(tmp_path / "dist")
-    project = write_tiny_extension(tmp_path / "src")
+    project = write_tiny_extension(tmp_path / "ctrl-c-tinyext")
     argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base.tag,
                       "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
     proc = run_subprocess(argv, tmp_path)
@@ -82,10 +81,10 @@ def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path:
         deadline = time.monotonic() + 600
         # Interrupt once the build runs inside its container (torch being installed).
         while time.monotonic() < deadline and proc.poll() is None:
-            for c in engine.api.containers(all=True, filters={"label": RUN_LABEL}):
-                if c["Labels"].get(f"{CONTAINER_LABEL}.cell") == CELL:
-                    seen.add(c["Id"])
-            if seen and log.exists() and "install-torch" in log.read_text():
+            mine = {"label": f"{CONTAINER_LABEL}.project=ctrl-c-tinyext"}
+            seen |= {c["Id"] for c in engine.api.containers(all=True, filters=mine)}
+            # Interrupt while pip installs torch inside the container.
+            if seen and log.exists() and "Processing /wheelhouse/torch" in log.read_text():
                 break
             time.sleep(0.5)
         assert seen and proc.poll() is None, "the build never reached its container"
