@@ -68,6 +68,24 @@ class MinimalScaler:
                 self.scale, self.good = self.scale * 2, 0
 
 
+class Phases:
+    """Optional per-phase timer (--profile): mark(name) closes the phase since the last mark."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.on = False
+        self._t = 0.0
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.on:
+            now = time.perf_counter()
+            self.times.setdefault(name, []).append(now - self._t)
+            self._t = now
+
+
 @dataclass
 class Case:
     name: str
@@ -75,6 +93,7 @@ class Case:
     torch_step: Callable[[], None]
     fused_step: Callable[[], None]
     reset: Callable[[], None]  # restores the (unscaled-in-place by torch) gradients
+    phases: Phases
 
 
 def make_case(kind: str, sizes: list[int]) -> Case:
@@ -102,15 +121,24 @@ def make_case(kind: str, sizes: list[int]) -> Case:
     scaler.scale(torch.ones(()))  # creates the scale tensor, as scaling the loss would
     master_grads = [p.grad for p in t_masters]
 
+    ph = Phases()
+
     def torch_step() -> None:
+        ph.start()
         if kind == "b":
             torch._foreach_copy_(master_grads, t_model_grads)
+            ph.mark("torch: grads to fp32")
         scaler.unscale_(t_opt)
+        ph.mark("torch: GradScaler.unscale_")
         torch.nn.utils.clip_grad_norm_(t_masters, MAX_NORM, foreach=True)
+        ph.mark("torch: clip_grad_norm_")
         scaler.step(t_opt)
+        ph.mark("torch: AdamW(fused) step")
         scaler.update()
+        ph.mark("torch: scaler.update")
         if kind == "b":
             torch._foreach_copy_(t_model, t_masters)
+            ph.mark("torch: masters to bf16")
 
     # --- fused: gradients read once for the check + norm, once in the update -------
     f_masters = [x.clone() for x in init]
@@ -128,11 +156,14 @@ def make_case(kind: str, sizes: list[int]) -> Case:
     model_groups = [f_model]
 
     def fused_step() -> None:
+        ph.start()
         inv = 1.0 / f_scaler.scale
         found_inf = f_opt._amp_grads_nonfinite(model_groups, inv)
         f_scaler.update(found_inf)
+        ph.mark("fused: check + norm pass")
         if not found_inf:
             f_opt._amp_fused_step(model_groups, inv)
+        ph.mark("fused: update pass")
 
     def reset() -> None:
         torch._foreach_copy_(t_model_grads, grads0)
@@ -142,7 +173,7 @@ def make_case(kind: str, sizes: list[int]) -> Case:
     gb = 4 if kind == "a" else 2
     ideal = n * (gb + gb + 12 + 12 + (2 if kind == "b" else 0))
     name = "(a) fp32" if kind == "a" else "(b) bf16+fp32 master"
-    return Case(name, ideal, torch_step, fused_step, reset)
+    return Case(name, ideal, torch_step, fused_step, reset, ph)
 
 
 def bench(case: Case, triad: Triad, rounds: int) -> dict:
@@ -164,6 +195,9 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict:
         tt.append(times["torch"])
         tf.append(times["fused"])
         ratios.append(times["torch"] / times["fused"])
+    if case.phases.on:
+        for name, ts in case.phases.times.items():
+            print(f"        {name:<30} {statistics.median(ts) * 1e3:9.2f} ms")
     bw = statistics.median(bws)
     med_t, med_f = statistics.median(tt), statistics.median(tf)
     return dict(torch_ms=med_t * 1e3, fused_ms=med_f * 1e3, speedup=statistics.median(ratios),
@@ -177,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=0, help="0: 60 / 30 / 15 by size")
     ap.add_argument("--cases", default="ab")
+    ap.add_argument("--profile", action="store_true", help="also print per-phase medians")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     mod = _ext.load()
@@ -192,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15)
         for kind in args.cases:
             case = make_case(kind, uneven_sizes(total))
+            case.phases.on = args.profile
             res = bench(case, triad, rounds)
             print(f"{total / 1e6:>6g}M {case.name:<22} {res['torch_ms']:>9.2f} "
                   f"{res['fused_ms']:>9.2f} {res['speedup']:>7.2f}x "

@@ -157,43 +157,58 @@ static bool k_axpby(Ref xr, Ref yr, Ref outr, int64_t off, int64_t n, float a, f
   return bad == 0;
 }
 
-// Sum of squares: kLanes independent partial sums so the adds do not wait on each
-// other (one vector accumulator is add-latency bound below memory speed).
-static constexpr int kLanes = 32;
+// Sum of squares, the read-only pass that also detects non-finite gradients. The hot
+// loop only accumulates, into four independent 8-float vectors (GCC vector extensions,
+// so it is the same code on every ISA); an inf or NaN always makes the block's sum
+// non-finite, and only then is the block rescanned to tell a real inf/NaN from a sum
+// that overflowed (keeping the flag exact without a per-element test).
+// (Static inline helpers only: the -Wpsabi note about AVX-sized vectors without AVX
+// concerns calls across object files, which never happen here.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float f8 __attribute__((vector_size(32)));
+
+static inline f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static inline float hsum(f8 v) {
+  float s = 0.f;
+  for (int j = 0; j < 8; ++j) s += v[j];
+  return s;
+}
 
 static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
   alignas(64) float tx[kBlock];
-  alignas(64) float acc[kLanes] = {};
-  alignas(64) uint32_t bad[kLanes] = {};
   double total = 0.0;
+  bool finite = true;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
     const float* x = acquire(xr, off + b, k, tx);
+    f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
     int i = 0;
-    for (; i + kLanes <= k; i += kLanes) {
-#pragma omp simd
-      for (int j = 0; j < kLanes; ++j) {
-        const float v = x[i + j] * s;
-        bad[j] |= nonfinite_bits(v);
-        acc[j] += v * v;
-      }
+    for (; i + 32 <= k; i += 32) {
+      const f8 x0 = load8(x + i) * s, x1 = load8(x + i + 8) * s;
+      const f8 x2 = load8(x + i + 16) * s, x3 = load8(x + i + 24) * s;
+      a0 += x0 * x0;
+      a1 += x1 * x1;
+      a2 += x2 * x2;
+      a3 += x3 * x3;
     }
-    for (int j = 0; i < k; ++i, ++j) {
+    float blk = hsum(a0 + a1 + a2 + a3);
+    for (; i < k; ++i) {
       const float v = x[i] * s;
-      bad[j] |= nonfinite_bits(v);
-      acc[j] += v * v;
+      blk += v * v;
     }
-    // Flush to double every block so long tensors keep float-level relative accuracy.
-    float blk = 0.f;
-    for (int j = 0; j < kLanes; ++j) {
-      blk += acc[j];
-      acc[j] = 0.f;
+    if (!std::isfinite(blk)) {  // rare: find out whether an element itself is non-finite
+      uint32_t bad = 0;
+      for (int j = 0; j < k; ++j) bad |= nonfinite_bits(x[j] * s);
+      if (bad) finite = false;
     }
     total += blk;
   }
-  uint32_t any_bad = 0;
-  for (int j = 0; j < kLanes; ++j) any_bad |= bad[j];
-  return NormPart{total, any_bad == 0};
+  return NormPart{total, finite};
 }
 
 // Formulas follow torch.optim.Adam/AdamW (single-tensor path) term by term so

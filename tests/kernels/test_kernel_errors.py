@@ -78,3 +78,12 @@ def test_nothing_written_on_error(backend):
     with pytest.raises(ValueError):
         _adam([torch.ones(3), torch.ones(4)], params, v=[torch.zeros(3)])
     assert all(bool((p == 1).all()) for p in params)
+
+
+def test_l2norm_flag_is_exact_when_squares_overflow(backend):
+    # 1e30**2 overflows float32 although every value is finite: no false overflow report.
+    xs = [torch.tensor([1e30, 1.0, -2.0]), torch.ones(1000)]
+    _, _, found = mt.l2norm(xs, 1.0)
+    assert found is False
+    xs[1][999] = float("nan")
+    assert mt.l2norm(xs, 1.0)[2] is True
