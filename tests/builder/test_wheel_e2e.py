@@ -53,6 +53,8 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     base = build_base_image(engine)
     wheelhouse = wheelhouse_cp311()
     seeded = seed_dist(tmp_path / "dist")
+    cells = {"label": f"{CONTAINER_LABEL}.cell"}
+    earlier = {c["Id"] for c in engine.api.containers(all=True, filters=cells)}
     args = ("--backend", "docker", "--base-image", base.tag, "--arch", "X86", "--python", "3.11",
             "--wheelhouse", str(wheelhouse))
     r = run_build(tmp_path, *args)
@@ -60,7 +62,8 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     assert "backend: docker" in r.err
     wheel = _check_amp_wheel(tmp_path / "dist", "docker", seeded)
     assert str(wheel) in r.out
-    assert not engine.api.containers(all=True, filters={"label": f"{CONTAINER_LABEL}.cell"})
+    left = {c["Id"] for c in engine.api.containers(all=True, filters=cells)} - earlier
+    assert not left, "the build left its container behind"
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "smoke: amp._C loaded, FusedAdam loss" in log
 
