@@ -61,6 +61,7 @@ bench: setup
 
 clean:
 	rm -rf build *.egg-info amp/_C*.so .pytest_cache .hypothesis
+	rm -f $(VENV)/.installed  # amp._C is gone: the next `make setup` must rebuild it
 
 distclean: clean
 	rm -rf $(VENV) dist
