@@ -35,7 +35,8 @@ def build(project: Path, work: Path, extra: list[str]) -> tuple[float, str]:
     took = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"build failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    status = "up-to-date" if "up-to-date" in proc.stderr else "built"
+    # The progress line "[cell] up-to-date (0s)" (not the "up-to-date check" step).
+    status = "up-to-date" if "] up-to-date (" in proc.stderr else "built"
     return took, status
 
 
