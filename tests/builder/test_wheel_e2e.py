@@ -73,7 +73,8 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     again = run_build(tmp_path, *args)
     took = time.monotonic() - start
     assert again.rc == 0, again.err
-    assert "up-to-date" in again.err, again.err
+    assert f"[{CELL}] up-to-date (" in again.err, again.err
+    assert "] compile (" not in again.err and "] image (" not in again.err
     assert dist_state(tmp_path / "dist") == before
     print(f"up-to-date check took {took:.1f}s")  # the benchmark reports it; no timed assert
 
