@@ -9,6 +9,7 @@ missing engine fails the test.
 
 from __future__ import annotations
 
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, dist_state, manifest, run_build, seed_dist
 
 from builder.base_image import build_base_image
+from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
 
 pytestmark = pytest.mark.slow
@@ -55,8 +57,19 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     seeded = seed_dist(tmp_path / "dist")
     cells = {"label": f"{CONTAINER_LABEL}.cell"}
     earlier = {c["Id"] for c in engine.api.containers(all=True, filters=cells)}
+    # A snapshot of this repository's sources: the up-to-date check below must not see other
+    # people's edits to the shared checkout between the two builds.
+    project = tmp_path / "ampforge"
+    project.mkdir()
+    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md"):
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__",
+                                                                              "*.so"))
+        else:
+            shutil.copy2(src, project / name)
     args = ("--backend", "docker", "--base-image", base.tag, "--arch", "X86", "--python", "3.11",
-            "--wheelhouse", str(wheelhouse))
+            "--wheelhouse", str(wheelhouse), "--project", str(project))
     r = run_build(tmp_path, *args)
     assert r.rc == 0, r.err[-4000:]
     assert "backend: docker" in r.err
