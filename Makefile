@@ -23,7 +23,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test lint bench clean distclean
+.PHONY: help setup test lint bench bench-build bench-arm clean distclean
 
 help:
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
@@ -56,8 +56,17 @@ test: setup
 lint: setup
 	$(PY_VENV) -m ruff check .
 
+# bench: the optimizer-step benchmark (amp vs torch's best sequence, with the machine's
+# memory bandwidth measured in the same run). The build benchmarks are slow (minutes)
+# and have their own targets.
 bench: setup
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY_VENV) $$b || exit 1; done
+	$(PY_VENV) benchmarks/optimizer_step.py
+
+bench-build: builder-env
+	$(PY_VENV) benchmarks/build_cell.py
+
+bench-arm: builder-env
+	$(PY_VENV) benchmarks/build_arm.py
 
 clean:
 	rm -rf build *.egg-info amp/_C*.so .pytest_cache .hypothesis
