@@ -7,7 +7,11 @@ the same for both backends; only where they run differs:
 * ``docker``: the cell's image is built from the rendered Dockerfile (proxies as build args,
   content-addressed tag, so an unchanged recipe is not rebuilt), then every in-cell step runs in
   one container that is removed on every exit path (D's :class:`DockerEngine.container`);
-* ``host``: the same steps in a temporary directory here, with a local interpreter.
+* ``host``: the same steps in a temporary directory here, with a local interpreter;
+* ``cross``: aarch64 cells on an x86_64 host (:mod:`builder.cross`): cross-compiled with
+  ``aarch64-linux-gnu-g++`` against the aarch64 torch, repaired with auditwheel, verified by
+  running it under ``qemu-aarch64``. ``auto`` uses it for aarch64 cells when
+  :func:`~builder.cross.cross_available` says the host can.
 
 Before anything runs, the cell's *input key* (project files, recipe, base image, interpreter,
 wheelhouse, builder sources) is compared with the manifest: a cell whose wheel in ``dist/`` was
@@ -26,6 +30,7 @@ import os
 import platform
 import posixpath
 import shutil
+import sys
 import time
 import traceback
 import uuid
@@ -38,6 +43,13 @@ from builder import __version__
 from builder.arch import ARCHES
 from builder.cells import Cell
 from builder.config import BaseImage, BuildConfig
+from builder.cross.build import cross_build_wheel
+from builder.cross.cell import cross_available
+from builder.cross.qemu import verify_wheel
+from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
+from builder.cross.sysroot import TargetPython, ensure_target_python
+from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
+from builder.cross.toolchain import PROVISION_SCRIPT, CrossToolchain, find_toolchain
 from builder.engines.base import OutputLog, Session
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine, find_python
@@ -93,9 +105,28 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class BackendChoice:
-    name: str  # docker | host
+    name: str  # docker | host | cross
     reason: str
     engine: Optional[DockerEngine] = None
+    #: ``auto`` with docker/host for this host's cells: the cross path builds the other arch's
+    #: cells (the reason it was chosen), or None when it was not.
+    cross: Optional[str] = None
+
+
+def uses_cross(cell: Cell, choice: BackendChoice) -> bool:
+    """Whether *cell* goes through the cross path under *choice*."""
+    return choice.name == "cross" or (choice.cross is not None and cell.machine != host_machine())
+
+
+def choose_cross(cells: Sequence[Cell]) -> tuple[bool, str]:
+    """``auto`` for cells of another arch: the cross path when it can build every one of them."""
+    reasons = []
+    for cell in cells:
+        ok, why = cross_available(cell.machine, cell.python)
+        if not ok:
+            return False, f"{cell.identifier}: {why}"
+        reasons.append(why)
+    return bool(cells), (reasons[0] if reasons else "no cell of another arch")
 
 
 # ------------------------------------------------------------------------- backend choice
@@ -376,15 +407,95 @@ def _host_cell(cell: Cell, config: BuildConfig, opts: PipelineOptions, log: Outp
     return built
 
 
+@dataclass(frozen=True)
+class _CrossTarget:
+    """What a cross cell is built against (all cached under ~/.cache/ampforge)."""
+
+    toolchain: CrossToolchain
+    python: TargetPython
+    torch_wheel: Path  # a CPU build (checked), so the result can be verified under QEMU
+
+    @property
+    def sysroot_id(self) -> str:
+        """The sysroot's cache entry (named by the hash of its .debs), e.g.
+        ``python3.11-aarch64-b8578677f7daa3d2``."""
+        return self.python.sysroot.parent.name  # builder.cross.sysroot: <entry>/root
+
+    def key(self) -> dict[str, Any]:
+        return {"cross_sources": tree_digest(BUILDER_DIR / "cross"),
+                "toolchain": self.toolchain.version(), "target_python": self.sysroot_id,
+                "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel),
+                # The host interpreter runs the project's setup.py.
+                "host_python": sys.version}
+
+
+def _cross_target(cell: Cell) -> _CrossTarget:
+    toolchain = find_toolchain(cell.machine)
+    python = ensure_target_python(cell.python, cell.machine)
+    return _CrossTarget(toolchain, python, require_cpu_torch(cell.torch, python))
+
+
+def _cross_cell(cell: Cell, opts: PipelineOptions, target: _CrossTarget, log_path: Path,
+                steps: _Steps, stage: Path) -> _Built:
+    """The cross path's steps (builder.cross), each reported like the in-cell ones."""
+    torch = steps("target torch", lambda: ensure_target_torch(cell.torch, target.python))
+    env = {"AMP_LOCAL_VERSION": cell.torch_local}
+    if opts.jobs:
+        env["MAX_JOBS"] = str(opts.jobs)
+    built = steps("compile", lambda: cross_build_wheel(
+        opts.project, stage / "raw", target.python, torch, target.toolchain,
+        log_path=log_path, extra_env=env))  # the cell's log is the build's log
+    # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
+    (stage / "labelled").mkdir(parents=True, exist_ok=True)
+    labelled = steps("version label", lambda: add_local_version(
+        built.wheel, cell.torch_local, stage / "labelled"))
+    ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
+    repaired = steps("repair", lambda: repair_cross_wheel(
+        labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
+
+    def verify() -> dict[str, Any]:
+        check_no_bundled_torch(repaired.wheel)
+        # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
+        return verify_wheel(repaired.wheel, target.python, torch)
+
+    report = steps("verify (qemu)", verify)
+    modules = tuple(report.get("modules") or (["amp._C"] if "losses" in report else []))
+    return _Built(wheel=repaired.wheel, torch=torch.full_version,
+                  compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
+                  tag=repaired.tag, modules=modules,
+                  base_image=f"cross:{target.sysroot_id}",
+                  extra={"verification": report})
+
+
 def unsupported_reason(cell: Cell) -> Optional[str]:
-    """Why this host cannot build *cell* natively (None when it can)."""
+    """Why this host cannot build *cell* natively (None when it can), naming what the cross
+    path would need."""
     machine = host_machine()
     if cell.machine != machine:
+        ok, why = cross_available(cell.machine, cell.python)
+        cross = ("--backend cross (BACKEND=cross, or auto) builds it on this host" if ok else
+                 f"the cross backend cannot build it here: {why.rstrip('.')}")
         return (f"{cell.arch} ({cell.machine}) cells are not supported yet on this {machine} "
-                f"host: {cell.identifier} needs an {cell.machine} machine (or the cross backend, "
-                "when it is wired); build it on such a machine, e.g. one CI runner per cell "
-                "(`python -m builder plan --format github`)")
+                f"host by the docker and host backends: {cell.identifier} needs an "
+                f"{cell.machine} machine, e.g. one CI runner per cell (`python -m builder plan "
+                f"--format github`); {cross}. The cross path needs aarch64-linux-gnu-g++, "
+                f"qemu-aarch64 (`sudo {PROVISION_SCRIPT}`) and an aarch64 Python sysroot "
+                "(Python 3.11 only for now)")
     return None
+
+
+def cross_unsupported(cell: Cell) -> Optional[str]:
+    """Why the cross path cannot build *cell* on this host (None when it can)."""
+    ok, why = cross_available(cell.machine, cell.python)
+    if ok:
+        return None
+    hint = ""
+    if cell.machine == "aarch64" and "sysroot" in why:
+        hint = ("; the cross sysroot supports only Python 3.11 for now (--python 3.11), or "
+                "build this cell on an aarch64 machine")
+    elif cell.machine != "aarch64":
+        hint = "; build it with --backend auto, docker or host"
+    return f"the cross backend cannot build {cell.identifier}: {why.rstrip('.')}{hint}"
 
 
 def build_cell(
@@ -405,7 +516,8 @@ def build_cell(
     stage = opts.work / "stage" / f"{cell.identifier}-{uuid.uuid4().hex[:8]}"
     started_at = utc_now()
     try:
-        why = unsupported_reason(cell)
+        cross = uses_cross(cell, choice)
+        why = cross_unsupported(cell) if cross else unsupported_reason(cell)
         if why is not None:
             raise StepFailed(why)
         key_parts: dict[str, Any] = {
@@ -418,7 +530,11 @@ def build_cell(
         }
         base_id = ""
         python = ""
-        if choice.name == "docker":
+        target: Optional[_CrossTarget] = None
+        if cross:
+            target = steps("cross target", lambda: _cross_target(cell))
+            key_parts.update(backend="cross", excludes=list(CROSS_EXCLUDES), **target.key())
+        elif choice.name == "docker":
             assert choice.engine is not None
             engine = choice.engine
 
@@ -447,7 +563,9 @@ def build_cell(
                 result.status, result.wheel = UP_TO_DATE, existing
                 return result
         stage.mkdir(parents=True, exist_ok=True)
-        if choice.name == "docker":
+        if target is not None:
+            built = _cross_cell(cell, opts, target, log_path, steps, stage)
+        elif choice.name == "docker":
             assert choice.engine is not None
             built = _docker_cell(cell, recipe, config, opts, choice.engine, log, steps, stage,
                                  run_id, base_id)
@@ -462,7 +580,7 @@ def build_cell(
                 builder_version=__version__, started_at=started_at, finished_at=utc_now(),
                 extra={"input_key": key, "inputs": {k: input_key({k: v})[:12]
                                                     for k, v in key_parts.items()},
-                       "backend": choice.name, "tag": built.tag,
+                       "backend": "cross" if cross else choice.name, "tag": built.tag,
                        "modules": list(built.modules), "project": opts.project.name,
                        **built.extra})
             try:

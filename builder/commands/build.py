@@ -15,12 +15,14 @@ from builder.pipeline import (
     PipelineOptions,
     build_cells,
     choose_backend,
+    choose_cross,
     host_arch,
     unsupported_reason,
     with_base_image,
 )
 
 NAME = "build"
+BACKENDS = ("auto", "docker", "host", "cross")
 HELP = "build, repair and verify wheels of the selected cells into dist/"
 DESCRIPTION = """\
 For each selected cell: build the cell's image from its rendered Dockerfile (docker
@@ -37,7 +39,11 @@ this host's arch and the builder's own Python, with the newest torch that has a 
 it (`make wheel`). --all builds every cell of the matrix (`make matrix`).
 
 Backends: auto (docker when an engine answers and has the base image, else host; says
-which and why), docker (DOCKER_HOST is honoured: a Podman socket works too), host.
+which and why), docker (DOCKER_HOST is honoured: a Podman socket works too), host, cross
+(aarch64 cells on an x86_64 host: aarch64-linux-gnu-g++ against the aarch64 torch, auditwheel,
+verified under qemu-aarch64; needs builder/cross/provision.sh's tools, Python 3.11, and a CPU
+aarch64 torch such as 2.9.1). auto picks cross for aarch64 cells on an x86_64 host whenever
+the cross path can build them, and says so.
 
 Exit codes: 0 all cells built or up to date, 1 a cell failed, 2 bad configuration,
 130 interrupted (no partial file is left in --out)."""
@@ -45,7 +51,7 @@ Exit codes: 0 all cells built or up to date, 1 a cell failed, 2 bad configuratio
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("build")
-    g.add_argument("--backend", choices=("auto", "docker", "host"), default=None,
+    g.add_argument("--backend", choices=BACKENDS, default=None,
                    help="where the cells are built (env BACKEND; default: auto)")
     g.add_argument("--project", metavar="PATH", default=None,
                    help="the PEP 517 project with torch C++ extensions to build "
@@ -98,8 +104,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if selection.empty and not args.all:
         selection = _default_selection(selection)
     backend = args.backend or ctx.env.get("BACKEND") or "auto"
-    if backend not in ("auto", "docker", "host"):
-        raise ConfigError(f"BACKEND={backend!r}; expected auto, docker or host",
+    if backend not in BACKENDS:
+        raise ConfigError(f"BACKEND={backend!r}; expected auto, docker, host or cross",
                           key="environment BACKEND")
     if args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}; expected 1 or more", key="--parallel")
@@ -120,12 +126,23 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")
     native = [c for c in plan.cells if unsupported_reason(c) is None]
+    foreign = [c for c in plan.cells if unsupported_reason(c) is not None]
+    cross_ok, cross_why = choose_cross(foreign) if backend == "auto" else (False, "")
     base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     arch = host_arch()
 
     # The engine is needed to resolve --base-image local before choosing the backend.
     choice: BackendChoice
-    if base_ref == "local" and backend != "host":
+    if backend == "cross" or (cross_ok and not native):
+        if base_ref and backend == "cross":
+            raise ConfigError("--base-image/BASE_IMAGE is for the docker backend; the cross "
+                              "backend builds on this host", key="--base-image")
+        if base_ref:
+            err(f"note: base image {base_ref} is not used: the cross backend builds on this host")
+        choice = BackendChoice("cross", "asked for (--backend cross or BACKEND=cross)"
+                               if backend == "cross" else
+                               f"auto: {cross_why}")
+    elif base_ref == "local" and backend != "host":
         from builder.base_image import build_base_image  # noqa: PLC0415
         from builder.engines.docker import DockerEngine  # noqa: PLC0415
 
@@ -143,10 +160,17 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         choice = choose_backend(backend, refs, ctx.output.redact)
         if base_ref and choice.engine is not None:
             config = with_base_image(config, arch, base_ref, choice.engine)
-    if choice.name == "host" and args.parallel > 1:
-        raise ConfigError("--parallel > 1 needs the docker backend (host builds share this "
-                          "machine's compiler and caches)", key="--parallel")
+    if cross_ok and choice.name != "cross":
+        choice = replace(choice, cross=f"auto: {cross_why}")
+    if (choice.name in ("host", "cross") or choice.cross) and args.parallel > 1:
+        raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
+                          "share this machine's compiler and caches)", key="--parallel")
     err(f"backend: {choice.name} -- {choice.reason}")
+    others = ", ".join(sorted({c.arch for c in foreign}))
+    if choice.cross:
+        err(f"backend for {others} cells: cross -- {choice.cross}")
+    elif foreign and backend == "auto" and choice.name != "cross":
+        err(f"backend for {others} cells: not cross -- {cross_why}")
 
     cells = select(expand(config), selection).cells
     recipes = render_all(cells, config)

@@ -155,3 +155,39 @@ def ensure_target_torch(version: str, python: TargetPython, cache: Path | None =
     if not (site / "torch" / "include" / "torch" / "extension.h").exists():
         raise StepFailed(f"target torch in {site} has no torch/include/torch/extension.h")
     return TargetTorch(version=version, site=site, wheel=wheel, wheel_sha256=digest)
+
+
+#: Requirement names that mark a torch wheel as a CUDA build (it cannot import without them).
+_CUDA_PREFIXES = ("nvidia-", "cuda-")
+
+
+def cuda_requirements(wheel: Path, python: TargetPython) -> list[str]:
+    """The CUDA runtime packages ``wheel`` requires on the target (empty: a CPU build).
+
+    Read from the wheel's own metadata, so no table of "which torch is CPU" goes stale.
+    """
+    names = []
+    for req in target_requirements(wheel, python):
+        name = Requirement(req).name.lower()
+        if name.startswith(_CUDA_PREFIXES):
+            names.append(name)
+    return names
+
+
+def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = None) -> Path:
+    """The cached target torch wheel ``version``; :class:`StepFailed` when it is a CUDA build.
+
+    A CUDA torch cannot be imported under QEMU (no CUDA libraries, no GPU), so a wheel built
+    against it could not be verified; verifying against another torch instead would prove
+    nothing about this cell, so the caller must stop.
+    """
+    wheel = download_torch_wheel(version, python, cache)
+    cuda = cuda_requirements(wheel, python)
+    if cuda:
+        raise StepFailed(
+            f"torch {version} for {python.arch} on the index is a CUDA build (it requires "
+            f"{', '.join(sorted(cuda)[:4])}{', ...' if len(cuda) > 4 else ''}): it cannot be "
+            f"imported under qemu-{python.arch}, so a wheel built against it cannot be verified "
+            f"here. Build a cell whose {python.arch} torch is a CPU build (e.g. --torch 2.9.1, "
+            "TORCH=2.9.1), or build this cell on an aarch64 machine")
+    return wheel
