@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
+from builder.cells import Cell
 from builder.cli import Context, add_config_options, add_selection_options, load_from_args
 from builder.config import REPO_ROOT, Selection
 from builder.errors import ConfigError
@@ -18,6 +21,7 @@ from builder.pipeline import (
     choose_cross,
     host_arch,
     unsupported_reason,
+    uses_cross,
     with_base_image,
 )
 
@@ -90,6 +94,23 @@ def _default_selection(selection: Selection) -> Selection:
     return replace(selection, arch=(host_arch(),), python=(py,), origins={
         **selection.origins, "arch": "default: this host", "python": "default: the builder's "
                                                                     f"Python {py}"})
+
+
+def _verifiable_defaults(cells: Sequence[Cell], matrix: Sequence[Cell], choice: BackendChoice,
+                         err: Callable[[str], None]) -> tuple[Cell, ...]:
+    """No torch named: cross cells get the newest torch they can be verified with (see
+    builder.cross.default_torch), with a note."""
+    from builder.cross.default_torch import newest_verifiable  # noqa: PLC0415
+
+    chosen: list[Cell] = []
+    for cell in cells:
+        if uses_cross(cell, choice):
+            cell, note = newest_verifiable(cell, matrix)
+            if note:
+                err(f"note: {note}")
+        if cell not in chosen:
+            chosen.append(cell)
+    return tuple(chosen)
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -173,6 +194,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         err(f"backend for {others} cells: not cross -- {cross_why}")
 
     cells = select(expand(config), selection).cells
+    if selection.torch is None and selection.python is not None:
+        cells = _verifiable_defaults(cells, expand(config).cells, choice, err)
     recipes = render_all(cells, config)
     opts = PipelineOptions(project=project, out=Path(args.out).resolve(),
                            work=Path(args.work_dir).resolve(),

@@ -130,3 +130,21 @@ def test_cuda_only_arm_torch_fails_clearly_instead_of_verifying_against_another(
     assert "cp311-manylinux_aarch64-torch2.13.0] compile" not in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
+
+
+def test_no_torch_named_means_the_newest_verifiable_arm_torch_on_the_cross_path() -> None:
+    """`make wheel ARCH=ARM PY=3.11`: the selection's newest torch (2.13.0) is a CUDA build for
+    aarch64, so the cross path takes the newest CPU one instead, and says why. Reads the real
+    wheels' metadata (cached after the first download)."""
+    from builder.cells import expand  # noqa: PLC0415
+    from builder.config import CliOverrides, load_settings  # noqa: PLC0415
+    from builder.cross.default_torch import newest_verifiable  # noqa: PLC0415
+
+    matrix = expand(load_settings(CliOverrides(), {}).config).cells
+    by_id = {c.identifier: c for c in matrix}
+    chosen, note = newest_verifiable(by_id["cp311-manylinux_aarch64-torch2.13.0"], matrix)
+    assert chosen.identifier == ARM_CELL
+    assert note is not None and "torch 2.13.0 for aarch64 is a CUDA build" in note
+    assert "name --torch 2.13.0" in note
+    # A cell whose torch already is a CPU build is kept, without a note.
+    assert newest_verifiable(by_id[ARM_CELL], matrix) == (by_id[ARM_CELL], None)
