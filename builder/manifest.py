@@ -40,8 +40,20 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _public_mode() -> int:
+    """0o666 less the process umask: what a plainly created file would get.
+
+    mkstemp creates 0600 files; release artefacts are meant to be read by others (a web
+    server, an upload job), so the final files get the ordinary mode instead.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _atomic_write(target: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, _public_mode())
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -59,6 +71,7 @@ def publish_wheel(wheel: Path, dist: Path) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     final = dist / wheel.name
     fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".tmp", dir=dist)
+    os.fchmod(fd, _public_mode())
     try:
         with os.fdopen(fd, "wb") as out, wheel.open("rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
