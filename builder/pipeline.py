@@ -45,7 +45,7 @@ from builder.cells import Cell
 from builder.config import BaseImage, BuildConfig
 from builder.cross.build import cross_build_wheel
 from builder.cross.cell import cross_available
-from builder.cross.qemu import verify_wheel
+from builder.cross.qemu import extension_modules, verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import TargetPython, ensure_target_python
 from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
@@ -459,10 +459,9 @@ def _cross_cell(cell: Cell, opts: PipelineOptions, target: _CrossTarget, log_pat
         return verify_wheel(repaired.wheel, target.python, torch)
 
     report = steps("verify (qemu)", verify)
-    modules = tuple(report.get("modules") or (["amp._C"] if "losses" in report else []))
     return _Built(wheel=repaired.wheel, torch=torch.full_version,
                   compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
-                  tag=repaired.tag, modules=modules,
+                  tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
                   base_image=f"cross:{target.sysroot_id}",
                   extra={"verification": report})
 

@@ -20,7 +20,7 @@ from builder.pipeline import (
     choose_backend,
     choose_cross,
     host_arch,
-    unsupported_reason,
+    host_machine,
     uses_cross,
     with_base_image,
 )
@@ -146,8 +146,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")
-    native = [c for c in plan.cells if unsupported_reason(c) is None]
-    foreign = [c for c in plan.cells if unsupported_reason(c) is not None]
+    native = [c for c in plan.cells if c.machine == host_machine()]
+    foreign = [c for c in plan.cells if c.machine != host_machine()]
     cross_ok, cross_why = choose_cross(foreign) if backend == "auto" else (False, "")
     base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     arch = host_arch()
