@@ -1,4 +1,5 @@
-"""Run kernel tests on every backend: the compiled kernels per ISA, and the fallback."""
+"""Shared fixtures. `backend`: run a kernel/optimizer test on every backend (the compiled
+kernels per ISA, and the pure-torch fallback)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
