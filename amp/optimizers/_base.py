@@ -137,6 +137,19 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
         raise NotImplementedError
 
+    def _adam_moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """The first and second moment buffers of *params* (torch.optim's 'exp_avg' and
+        'exp_avg_sq'), created as zeros on first use; shared by Adam and LAMB."""
+        exp_avgs, exp_avg_sqs = [], []
+        for p in params:
+            st = self.state[p]
+            if "exp_avg" not in st:
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            exp_avgs.append(st["exp_avg"])
+            exp_avg_sqs.append(st["exp_avg_sq"])
+        return exp_avgs, exp_avg_sqs
+
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
 

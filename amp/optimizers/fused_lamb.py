@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from .. import multi_tensor as mt
 from ._base import FusedOptimizer, ParamGroups, make_buckets
 
@@ -50,15 +48,7 @@ class FusedLAMB(FusedOptimizer):
             group["step"] = int(group.get("step", 0)) + 1
             beta1, beta2 = group["betas"]
             for b in buckets:
-                exp_avgs, exp_avg_sqs = [], []
-                for p in b.params:
-                    st = self.state[p]
-                    if "exp_avg" not in st:
-                        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                        st["exp_avg_sq"] = torch.zeros_like(p,
-                                                            memory_format=torch.preserve_format)
-                    exp_avgs.append(st["exp_avg"])
-                    exp_avg_sqs.append(st["exp_avg_sq"])
+                exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
                 mt.lamb(b.grads, b.params, exp_avgs, exp_avg_sqs, b.model_params,
                         lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                         step=group["step"], bias_correction=group["bias_correction"],
