@@ -16,11 +16,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from builder.errors import StepFailed
 
@@ -51,12 +51,14 @@ def _public_mode() -> int:
     return 0o666 & ~umask
 
 
-def _atomic_write(target: Path, data: bytes) -> None:
+def _atomic_replace(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write *target* through a temporary file in its folder, fsync it, then rename it over
+    the final name: readers see the old file or the whole new one, never a part."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.fchmod(fd, _public_mode())
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -66,22 +68,20 @@ def _atomic_write(target: Path, data: bytes) -> None:
         raise
 
 
+def _atomic_write(target: Path, data: bytes) -> None:
+    _atomic_replace(target, lambda fh: fh.write(data))
+
+
 def publish_wheel(wheel: Path, dist: Path) -> Path:
     """Copy *wheel* into *dist* atomically; return its final path (same file name)."""
     dist.mkdir(parents=True, exist_ok=True)
     final = dist / wheel.name
-    fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".tmp", dir=dist)
-    os.fchmod(fd, _public_mode())
-    try:
-        with os.fdopen(fd, "wb") as out, wheel.open("rb") as src:
+
+    def copy(out: BinaryIO) -> None:
+        with wheel.open("rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    _atomic_replace(final, copy)
     return final
 
 
