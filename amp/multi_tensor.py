@@ -140,6 +140,20 @@ def _check_step(name: str, step: int) -> None:
         raise ValueError(f"amp.multi_tensor.{name}: step must be >= 1")
 
 
+def _check_adam_like(op: str, step: int, grads: TensorSeq, params: TensorSeq,
+                     exp_avgs: TensorSeq, exp_avg_sqs: TensorSeq,
+                     model_params: Optional[TensorSeq]) -> None:
+    """The fallback's input checks for the Adam-family kernels (adam, lamb): the same
+    errors the compiled kernels raise."""
+    _check_step(op, step)
+    _check("grads", grads)
+    _check("params", params, grads, fp32_only=model_params is not None)
+    _check("exp_avgs", exp_avgs, grads)
+    _check("exp_avg_sqs", exp_avg_sqs, grads)
+    if model_params is not None:
+        _check("model_params", model_params, grads)
+
+
 def adam(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: TensorSeq,
          model_params: Optional[TensorSeq] = None, *, lr: float, beta1: float, beta2: float,
          eps: float, step: int, adam_w_mode: bool, bias_correction: bool = True,
@@ -156,13 +170,7 @@ def adam(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: 
                  float(beta1), float(beta2), float(eps), int(step), bool(adam_w_mode),
                  bool(bias_correction), float(weight_decay), float(grad_scale))
         return
-    _check_step("adam", step)
-    _check("grads", grads)
-    _check("params", params, grads, fp32_only=model_params is not None)
-    _check("exp_avgs", exp_avgs, grads)
-    _check("exp_avg_sqs", exp_avg_sqs, grads)
-    if model_params is not None:
-        _check("model_params", model_params, grads)
+    _check_adam_like("adam", step, grads, params, exp_avgs, exp_avg_sqs, model_params)
     bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
     bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
     g = torch._foreach_mul(_f32(grads), float(grad_scale))
@@ -246,13 +254,7 @@ def lamb(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: 
                         float(beta1), float(beta2), float(eps), int(step),
                         bool(bias_correction), float(weight_decay), bool(grad_averaging),
                         bool(adam_w_mode), bool(use_nvlamb), float(grad_scale))
-    _check_step("lamb", step)
-    _check("grads", grads)
-    _check("params", params, grads, fp32_only=model_params is not None)
-    _check("exp_avgs", exp_avgs, grads)
-    _check("exp_avg_sqs", exp_avg_sqs, grads)
-    if model_params is not None:
-        _check("model_params", model_params, grads)
+    _check_adam_like("lamb", step, grads, params, exp_avgs, exp_avg_sqs, model_params)
     # The kernel rounds these host-side constants to float32; do the same.
     f32 = lambda x: float(torch.tensor(x, dtype=torch.float32))  # noqa: E731
     beta3 = f32(1.0 - beta1) if grad_averaging else 1.0
