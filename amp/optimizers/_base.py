@@ -94,6 +94,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     # Per-group step counter (one kernel call serves a whole bucket, so one step count).
     _group_step = True
+    # Optimizer-wide gradient clipping (FusedAdam/FusedSGD keyword; 0 = off). FusedLAMB
+    # clips per group instead, as apex does.
+    max_grad_norm: float = 0.0
 
     def __init__(self, params: Any, defaults: dict, set_grad_none: bool) -> None:
         super().__init__(params, defaults)
@@ -133,6 +136,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         if cached is not None and cached[0] == inv_scale:
             return cached[1]
         return grad_norm(model_params, inv_scale)[0]
+
+    def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float) -> float:
+        """inv_scale times the clip coefficient of the optional ``max_grad_norm`` (Adam, SGD):
+        both are applied as the kernels read the gradients, which stay unscaled in memory."""
+        if self.max_grad_norm <= 0:
+            return inv_scale
+        norm = self._global_norm(model_params, inv_scale)
+        return inv_scale * min(1.0, self.max_grad_norm / (norm + 1e-6))
 
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
         raise NotImplementedError

@@ -57,10 +57,7 @@ class FusedAdam(FusedOptimizer):
                 "foreach": None, "capturable": False, "differentiable": False, "fused": None}
 
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
-        grad_scale = inv_scale
-        if self.max_grad_norm > 0:
-            norm = self._global_norm(model_params, inv_scale)
-            grad_scale *= min(1.0, self.max_grad_norm / (norm + 1e-6))
+        grad_scale = self._clipped_grad_scale(model_params, inv_scale)
         for group, models in zip(self.param_groups, model_params):
             buckets = make_buckets(group["params"], models)
             if not buckets:

@@ -45,10 +45,7 @@ class FusedSGD(FusedOptimizer):
         return self.state[p].get("momentum_buffer") is None
 
     def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
-        grad_scale = inv_scale
-        if self.max_grad_norm > 0:
-            norm = self._global_norm(model_params, inv_scale)
-            grad_scale *= min(1.0, self.max_grad_norm / (norm + 1e-6))
+        grad_scale = self._clipped_grad_scale(model_params, inv_scale)
         for group, models in zip(self.param_groups, model_params):
             momentum = group["momentum"]
             key = self._first_run if momentum != 0 else None
