@@ -6,6 +6,13 @@ environment variable, the pipeline rewrites the finished wheel: the ``.dist-info
 name, ``Version:`` in ``METADATA``, the file name, and a fresh ``RECORD`` (hashes per PEP 376 /
 the wheel spec). A version that already has a local label gets ours appended with a dot
 (``1.0+abc`` -> ``1.0+abc.torch2.13``); one that already ends in the label is left alone.
+
+The same rewrite pins the torch requirement to the release series the binary was compiled
+against (``Requires-Dist: torch==2.13.*``): a C++ extension is tied to torch's ABI, and the pin
+is what lets pip pick the matching ``+torchX.Y`` wheel out of an index that holds several
+(the others' requirements cannot be met next to the installed torch, so pip backtracks).
+A ``torch`` requirement the project declared is replaced (its environment marker kept); a
+project that declared none gets one.
 """
 
 from __future__ import annotations
@@ -15,11 +22,47 @@ import hashlib
 import re
 import zipfile
 from pathlib import Path
+from typing import Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from builder.errors import StepFailed
 from builder.repair import split_wheel_name
 
 _LABEL = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
+_TORCH_LABEL = re.compile(r"^torch(\d+)\.(\d+)$")
+
+
+def torch_pin(label: str) -> Optional[str]:
+    """``torch2.13`` -> ``torch==2.13.*``; None for a label that names no torch series."""
+    m = _TORCH_LABEL.match(label)
+    return f"torch=={m.group(1)}.{m.group(2)}.*" if m else None
+
+
+def pin_torch_requirement(metadata: str, pin: str) -> str:
+    """*metadata* (a METADATA file's text) with every ``Requires-Dist: torch…`` replaced by
+    *pin* (markers kept), or *pin* added when torch is not required at all."""
+    head, sep, body = metadata.partition("\n\n")
+    lines = head.split("\n")
+    found = False
+    for i, line in enumerate(lines):
+        if not line.startswith("Requires-Dist:"):
+            continue
+        value = line.split(":", 1)[1].strip()
+        try:
+            req = Requirement(value)
+        except InvalidRequirement as exc:
+            raise StepFailed(f"METADATA has an invalid Requires-Dist {value!r}: {exc}") from exc
+        if canonicalize_name(req.name) != "torch":
+            continue
+        found = True
+        lines[i] = f"Requires-Dist: {pin}" + (f"; {req.marker}" if req.marker else "")
+    if not found:
+        at = max((i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")),
+                 default=len(lines) - 1)
+        lines.insert(at + 1, f"Requires-Dist: {pin}")
+    return "\n".join(lines) + sep + body
 
 
 def with_local(version: str, label: str) -> str:
@@ -40,13 +83,24 @@ def _record_hash(data: bytes) -> str:
 def add_local_version(wheel: Path, label: str, out_dir: Path) -> Path:
     """Write a copy of *wheel* whose version carries ``+label`` into *out_dir*; return it.
 
-    Returns *wheel* unchanged (not copied) when its version already carries the label.
+    A ``torchX.Y`` label also pins the torch requirement (:func:`pin_torch_requirement`).
+    Returns *wheel* unchanged (not copied) when its version already carries the label and its
+    metadata already has the pin.
     """
     dist, version, py, abi, plats = split_wheel_name(wheel.name)
     new_version = with_local(version, label)
+    pin = torch_pin(label)
+    old_info = f"{dist}-{version}.dist-info/"
     if new_version == version:
-        return wheel
-    old_info, new_info = f"{dist}-{version}.dist-info/", f"{dist}-{new_version}.dist-info/"
+        with zipfile.ZipFile(wheel) as src:
+            try:
+                meta = src.read(old_info + "METADATA").decode("utf-8")
+            except KeyError:
+                raise StepFailed(
+                    f"{wheel.name}: no {old_info}METADATA; not a valid wheel") from None
+        if pin is None or pin_torch_requirement(meta, pin) == meta:
+            return wheel
+    new_info = f"{dist}-{new_version}.dist-info/"
     # PEP 427 keeps '+' in file names ('1.0+torch2.13'); only '-' would need escaping.
     target = out_dir / f"{dist}-{new_version}-{py}-{abi}-{'.'.join(plats)}.whl"
     records: list[str] = []
@@ -68,6 +122,8 @@ def add_local_version(wheel: Path, label: str, out_dir: Path) -> Path:
                                           count=1)
                         if n != 1:
                             raise StepFailed(f"{wheel.name}: METADATA has no Version line")
+                        if pin is not None:
+                            text = pin_torch_requirement(text, pin)
                         data = text.encode("utf-8")
                 copy = zipfile.ZipInfo(name, date_time=info.date_time)
                 copy.external_attr = info.external_attr

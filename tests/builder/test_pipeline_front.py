@@ -83,12 +83,13 @@ def test_default_selection_is_one_cell_for_this_host(tmp_path: Path) -> None:
 # -- the +torchX.Y label ----------------------------------------------------------------------
 
 
-def _wheel(path: Path, version: str) -> Path:
+def _wheel(path: Path, version: str, requires: str = "") -> Path:
     info = f"demo-{version}.dist-info"
     w = path / f"demo-{version}-cp311-cp311-linux_x86_64.whl"
     with zipfile.ZipFile(w, "w") as zf:
         zf.writestr("demo/__init__.py", "x = 1\n")
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n"
+                    f"{requires}\nA description that mentions Requires-Dist: torch>=1\n")
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
         zf.writestr(f"{info}/RECORD", "")
     return w
@@ -104,6 +105,7 @@ def test_local_version_label_rewrites_name_metadata_and_record(tmp_path: Path) -
         meta = zf.read("demo-1.2+torch2.13.dist-info/METADATA").decode()
         record = zf.read("demo-1.2+torch2.13.dist-info/RECORD").decode()
     assert "Version: 1.2+torch2.13" in meta
+    assert "Requires-Dist: torch==2.13.*\n" in meta  # none declared: the pin is added
     assert not [n for n in names if n.startswith("demo-1.2.dist-info")]
     assert "demo/__init__.py,sha256=" in record and "METADATA,sha256=" in record
     # Already labelled: untouched; an existing local label gets ours appended.
@@ -122,3 +124,27 @@ def test_input_key_ignores_build_outputs_but_sees_sources(tmp_path: Path) -> Non
     assert tree_digest(project) == first
     (project / "tinyext" / "ext.cpp").write_text("// changed\n")
     assert tree_digest(project) != first
+
+
+def test_torch_label_pins_the_torch_requirement(tmp_path: Path) -> None:
+    """A binary built against torch X.Y needs torch X.Y.*: a declared torch requirement is
+    replaced (marker kept, others untouched, the description left alone), also when the
+    project's own build already put the label in the version (the cross path does)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    requires = ("Requires-Dist: numpy>=1\n"
+                "Requires-Dist: torch>=2.1; platform_system == \"Linux\"")
+    labelled = add_local_version(_wheel(tmp_path, "1.2+torch2.9", requires), "torch2.9", out)
+    assert labelled.parent == out  # rewritten although the version was already labelled
+    with zipfile.ZipFile(labelled) as zf:
+        meta = zf.read("demo-1.2+torch2.9.dist-info/METADATA").decode()
+        record = zf.read("demo-1.2+torch2.9.dist-info/RECORD").decode()
+    assert 'Requires-Dist: torch==2.9.*; platform_system == "Linux"' in meta
+    assert "Requires-Dist: numpy>=1" in meta and "torch>=2.1" not in meta
+    assert "mentions Requires-Dist: torch>=1" in meta
+    assert "METADATA,sha256=" in record
+    assert add_local_version(labelled, "torch2.9", tmp_path) == labelled  # pinned: as is
+    # A label that names no torch series pins nothing.
+    plain = add_local_version(_wheel(tmp_path, "2.0", "Requires-Dist: torch>=2"), "cpu", out)
+    with zipfile.ZipFile(plain) as zf:
+        assert "Requires-Dist: torch>=2\n" in zf.read("demo-2.0+cpu.dist-info/METADATA").decode()
