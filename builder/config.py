@@ -124,6 +124,11 @@ class OfflineOptions:
 
 
 @dataclass(frozen=True)
+class PublishOptions:
+    repository_url: str | None  # where `publish` uploads; credentials never live here
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     """The fully merged, validated configuration (everything but the selection)."""
 
@@ -138,6 +143,7 @@ class BuildConfig:
     offline: OfflineOptions
     support: SupportTable
     origins: Mapping[str, str] = field(default_factory=dict)
+    publish: PublishOptions = PublishOptions(repository_url=None)
 
 
 @dataclass(frozen=True)
@@ -346,6 +352,10 @@ def _check_values(doc: YamlDocument) -> None:
         check(("pip", "index_url"), values.index_url, pip["index_url"])
     for i, url in enumerate(pip.get("extra_index_urls", [])):
         check(("pip", "extra_index_urls", i), values.index_url, url)
+    repository_url = (data.get("publish") or {}).get("repository_url")
+    if repository_url is not None:
+        # Same rules as an index URL: plain http(s), no user:password in a config file.
+        check(("publish", "repository_url"), values.index_url, repository_url)
     for key, value in (data.get("proxy") or {}).items():
         if value is not None:
             parse = values.no_proxy if key == "no_proxy" else values.proxy_url
@@ -625,7 +635,10 @@ def load_settings(
         offline=offline,
         support=support,
         origins=origins,
+        publish=PublishOptions(repository_url=merged["publish"]["repository_url"]),
     )
+    if merged["publish"]["repository_url"] is not None:
+        origins["publish.repository_url"] = origin_of("publish", "repository_url")[0]
     return Settings(config=config, selection=_selection(cli, env))
 
 
@@ -682,6 +695,7 @@ __all__: Sequence[str] = (
     "MatrixSpec",
     "OfflineOptions",
     "PipOptions",
+    "PublishOptions",
     "Selection",
     "Settings",
     "load_settings",

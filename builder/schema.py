@@ -102,6 +102,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         "ca_bundle": _NULLABLE_STRING,
+        "publish": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"repository_url": _NULLABLE_STRING},
+        },
         "offline": {
             "type": "object",
             "additionalProperties": False,
