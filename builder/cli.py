@@ -32,6 +32,8 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.render",
     "builder.commands.build",
     "builder.commands.base_image",
+    "builder.commands.index",
+    "builder.commands.publish",
 )
 
 

@@ -1,0 +1,56 @@
+"""``index``: a PEP 503 simple index of the wheels in ``dist/``, for ``pip --index-url``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.cli import Context
+from builder.distfiles import dist_wheels
+from builder.simple_index import write_simple_index
+
+NAME = "index"
+HELP = "write a PEP 503 simple index of dist/ that pip installs from"
+DESCRIPTION = """\
+Check the wheels in DIST against DIST/manifest.json (when present: every wheel must be
+listed with the same sha256), then write a static PEP 503 index to OUT/simple/: one page
+per project (normalized name) with one link per wheel, each carrying #sha256= (pip checks
+it) and data-requires-python, plus each wheel's METADATA (PEP 658). The wheels are copied
+(--link: hard-linked) next to their page. The index replaces OUT/simple/ atomically and
+is the same, byte for byte, for the same wheels.
+
+Install from it:
+  pip install --index-url file://<OUT>/simple/ ampforge
+or serve OUT with any static web server (python -m http.server -d OUT) and use
+http://HOST:PORT/simple/. pip picks the wheel whose Requires-Dist torch==X.Y.* matches the
+installed torch (the +torchX.Y local version of each wheel carries that pin).
+
+Exit codes: 0 written; 1 a wheel is broken or does not match the manifest (each is named);
+2 DIST is missing or holds no wheel."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dist", nargs="?", default="dist", metavar="DIST",
+                   help="folder of wheels, usually with manifest.json (default: dist)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="where to write the index (DIR/simple/...); `make index` uses "
+                   "build/index")
+    p.add_argument("--link", action="store_true",
+                   help="hard-link the wheels into the index instead of copying them")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    found = dist_wheels(Path(args.dist))
+    for note in found.notes:
+        ctx.output.err(f"note: {note}")
+    result = write_simple_index(found.wheels, Path(args.out), link=args.link)
+    check = "sha256 checked against manifest.json" if found.checked else "no manifest"
+    for project, files in result.projects.items():
+        ctx.output.err(f"{project}: {len(files)} file(s)")
+        for w in files:
+            ctx.output.err(f"  {w.filename}  sha256={w.sha256[:16]}...")
+    ctx.output.err(f"indexed {len(result.files)} wheel(s) of {len(result.projects)} "
+                   f"project(s) from {found.dist} ({check}) into {result.simple}")
+    # stdout: just the URL, so `pip install --index-url "$(python -m builder index ...)"` works.
+    ctx.output.out(result.url)
+    return 0

@@ -1,0 +1,119 @@
+"""``publish``: upload the wheels of ``dist/`` to a package repository with twine."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from builder.cli import Context
+from builder.config import CliOverrides, load_settings
+from builder.distfiles import dist_wheels
+from builder.errors import ConfigError, StepFailed
+
+NAME = "publish"
+HELP = "upload the wheels in dist/ to a package repository (twine)"
+DESCRIPTION = """\
+Check the wheels in DIST against DIST/manifest.json (when present: every wheel must be
+listed with the same sha256), then upload them with twine (python -m twine upload).
+
+Repository URL, first found wins:
+  --repository-url URL > env TWINE_REPOSITORY_URL > config publish.repository_url
+Credentials are twine's own: --username or env TWINE_USERNAME, and env TWINE_PASSWORD
+(deliberately no --password option: a command line is visible to every process). The
+password, and any user:password@ in the URL, are masked (***) in every line printed.
+
+Exit codes: 0 uploaded; 1 a wheel does not match the manifest, or the upload failed
+(twine's message is shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
+
+URL_ENV = "TWINE_REPOSITORY_URL"
+USER_ENV = "TWINE_USERNAME"
+PASSWORD_ENV = "TWINE_PASSWORD"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dist", nargs="?", default="dist", metavar="DIST",
+                   help="folder of wheels, usually with manifest.json (default: dist)")
+    p.add_argument("--repository-url", metavar="URL",
+                   help=f"upload endpoint, e.g. http://127.0.0.1:8080/ (env {URL_ENV}; config "
+                   "publish.repository_url)")
+    p.add_argument("--username", "-u", metavar="NAME", help=f"user name (env {USER_ENV})")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="don't fail on files the repository already has (twine --skip-existing)")
+    p.add_argument("--config", metavar="FILE",
+                   help="build configuration YAML for publish.repository_url "
+                   "(default: configs/matrix.yaml)")
+
+
+def resolve_repository_url(
+    cli_value: str | None, env: Mapping[str, str], config_value: str | None
+) -> tuple[str, str]:
+    """(URL, where it came from); ConfigError (exit 2) when none is given or it is not http(s)."""
+    for value, origin in ((cli_value, "--repository-url"), (env.get(URL_ENV), URL_ENV),
+                          (config_value, "config publish.repository_url")):
+        if value:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError("expected an http(s) URL such as http://127.0.0.1:8080/, got "
+                                  f"{value!r}", key=origin)
+            return value, origin
+    raise ConfigError(f"no repository URL; pass --repository-url URL, set {URL_ENV}, or set "
+                      "publish.repository_url in the config file")
+
+
+def twine_command(
+    wheels: Sequence[Path], url: str, *, username: str | None, skip_existing: bool
+) -> list[str]:
+    cmd = [sys.executable, "-m", "twine", "upload", "--non-interactive",
+           "--disable-progress-bar", "--repository-url", url]
+    if username:
+        cmd += ["--username", username]
+    if skip_existing:
+        cmd.append("--skip-existing")
+    return cmd + [str(w) for w in wheels]
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    redact = ctx.output.redact
+    password = ctx.env.get(PASSWORD_ENV)
+    if password:
+        redact.add_secret(password)
+    env_url = ctx.env.get(URL_ENV)
+    if env_url:
+        redact.add_url(env_url)
+    settings = load_settings(CliOverrides(config=args.config), ctx.env)
+    url, origin = resolve_repository_url(args.repository_url, ctx.env,
+                                         settings.config.publish.repository_url)
+    redact.add_url(url)
+    found = dist_wheels(Path(args.dist))
+    for note in found.notes:
+        ctx.output.err(f"note: {note}")
+    check = "sha256 match manifest.json" if found.checked else "no manifest"
+    ctx.output.err(f"publishing {len(found.wheels)} wheel(s) from {found.dist} ({check}) to "
+                   f"{url} (from {origin})")
+    env = dict(ctx.env)
+    # twine would otherwise ask the desktop keyring for a password, which can block or
+    # print backend noise on a headless build machine.
+    env.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
+    username = args.username or ctx.env.get(USER_ENV)
+    cmd = twine_command(found.wheels, url, username=username, skip_existing=args.skip_existing)
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", check=False)
+    except OSError as exc:
+        raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
+                         "pip install -e '.[builder]'") from exc
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0:
+        tail = "\n  ".join(lines[-15:]) or "(no output)"
+        raise StepFailed(f"twine upload to {url} failed (exit {proc.returncode}):\n  {tail}")
+    for line in lines:
+        ctx.output.err(f"twine: {line}")
+    for w in found.wheels:
+        ctx.output.out(w.name)
+    ctx.output.err(f"published {len(found.wheels)} wheel(s) to {url}")
+    return 0
+
