@@ -101,6 +101,9 @@ class PipelineOptions:
     jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
     force: bool = False  # rebuild even when the manifest says up to date
     ccache: bool = False
+    #: Docker network the cell's image build and container join (``--network``; None: the
+    #: engine's default bridge). Not an input of the wheel: it only decides the way out.
+    network: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,8 @@ def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: Pipeline
         folder = recipe.write(stage / "context")
         return engine.build_image(recipe.dockerfile, tag, context=folder,
                                   build_args=recipe.build_args, log=log,
-                                  labels={"org.ampforge.cell": cell.identifier})
+                                  labels={"org.ampforge.cell": cell.identifier},
+                                  network=None if opts.offline else opts.network)
 
     steps("image", image)
     env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
@@ -378,6 +382,7 @@ def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: Pipeline
     # CCACHE_DIR=/ccache): a rebuild after a one-file change recompiles only that file.
     volumes = {CCACHE_VOLUME: "/ccache"} if opts.ccache else {}
     with engine.container(tag, env=env, binds=binds, volumes=volumes, network=not opts.offline,
+                          network_name=opts.network,
                           labels={RUN_LABEL: run_id, f"{CONTAINER_LABEL}.cell": cell.identifier,
                                   f"{CONTAINER_LABEL}.project": opts.project.name},
                           log=log) as session:

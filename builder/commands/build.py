@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rebuild cells even when dist/ has their wheel from the same inputs")
     g.add_argument("--ccache", action="store_true",
                    help="compile through ccache (the image or host must have it)")
+    g.add_argument("--network", metavar="NAME", default=None,
+                   help="Docker network the cell's image build and container join, e.g. an "
+                        "--internal network whose only way out is the proxy (docker backend; "
+                        "env BUILDER_NETWORK; default: the engine's bridge)")
     add_selection_options(p)
     add_config_options(p)
 
@@ -111,6 +115,24 @@ def _verifiable_defaults(cells: Sequence[Cell], matrix: Sequence[Cell], choice: 
         if cell not in chosen:
             chosen.append(cell)
     return tuple(chosen)
+
+
+def _network(name: str | None, choice: BackendChoice, offline: bool) -> str | None:
+    """``--network NAME``: only for docker builds with a network, and only a network the
+    engine has (nothing is created implicitly: the user decides what it may reach)."""
+    if name is None:
+        return None
+    if offline:
+        raise ConfigError(f"--network {name}: offline builds run with no network at all; "
+                          "drop --network or --offline", key="--network")
+    if choice.engine is None or choice.name not in ("docker", "emulated") or choice.cross:
+        raise ConfigError(f"--network {name} is for the docker backend; this build uses "
+                          f"{choice.name}", key="--network")
+    if not choice.engine.has_network(name):
+        raise ConfigError(f"--network {name}: the engine at {choice.engine.base_url} has no "
+                          f"network {name!r}; expected one from `docker network ls` (create "
+                          f"one: `docker network create --internal {name}`)", key="--network")
+    return name
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -187,6 +209,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
                           "share this machine's compiler and caches)", key="--parallel")
     err(f"backend: {choice.name} -- {choice.reason}")
+    network = _network(args.network or ctx.env.get("BUILDER_NETWORK") or None, choice,
+                       config.offline.enabled)
     others = ", ".join(sorted({c.arch for c in foreign}))
     if choice.cross:
         err(f"backend for {others} cells: cross -- {choice.cross}")
@@ -201,7 +225,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                            work=Path(args.work_dir).resolve(),
                            wheelhouse=wheelhouse.resolve() if wheelhouse else None,
                            offline=config.offline.enabled,
-                           jobs=config.build.jobs, force=args.force, ccache=args.ccache)
+                           jobs=config.build.jobs, force=args.force, ccache=args.ccache,
+                           network=network)
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     with Progress(sys.stderr, redact=ctx.output.redact) as progress:
         try:

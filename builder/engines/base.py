@@ -18,6 +18,7 @@ from typing import Callable, Optional, Protocol, TextIO
 
 from builder.errors import StepFailed
 from builder.redact import Redactor
+from builder.tls_hint import tls_failure_hint
 
 #: Receives each redacted output line (without its newline), e.g. a progress display.
 LineSink = Callable[[str], None]
@@ -130,4 +131,7 @@ def check_result(
         f"step '{name}' failed in {where} with exit code {result.exit_code}\n"
         f"  command: {' '.join(result.argv)}\n  last lines:\n{shown}{log}"
     )
+    hint = tls_failure_hint(result.tail)
+    if hint:
+        message += f"\n  hint: {hint}"
     raise StepFailed((redactor or Redactor())(message))

@@ -114,6 +114,10 @@ class DockerEngine:
         except docker.errors.NotFound:
             return None
 
+    def has_network(self, name: str) -> bool:
+        """Whether the engine has a network called *name* (``docker network ls``)."""
+        return any(n.get("Name") == name for n in self.api.networks(names=[name]))
+
     def import_rootfs(
         self, tarball: Path, repository: str, tag: str, changes: Sequence[str] = ()
     ) -> str:
@@ -136,12 +140,14 @@ class DockerEngine:
         labels: Mapping[str, str] | None = None,
         log: OutputLog | None = None,
         nocache: bool = False,
+        network: str | None = None,
     ) -> str:
         """Build *dockerfile* (text) with *context* (a directory, may be None); return the id.
 
         Proxies belong in *build_args* (``HTTP_PROXY`` ...): Docker treats those names as
         predefined build args and keeps them out of the image's history and environment,
         whereas ``ENV`` would bake them into a layer. Every log line is redacted.
+        *network* names the Docker network the ``RUN`` steps join (default: the engine's).
         """
         log = log or OutputLog(redactor=self.redactor)
         docker = _docker_module()
@@ -166,6 +172,7 @@ class DockerEngine:
                     # The SDK would otherwise copy proxies from ~/.docker/config.json into
                     # build args on its own; we pass exactly what the caller gave us.
                     use_config_proxy=False,
+                    network_mode=network,
                 )
                 for chunk in stream:
                     if "stream" in chunk:
@@ -214,6 +221,7 @@ class DockerEngine:
         binds: Mapping[str, str] | None = None,
         volumes: Mapping[str, str] | None = None,
         network: bool = True,
+        network_name: str | None = None,
         labels: Mapping[str, str] | None = None,
         workdir: str = "/ampforge",
         log: OutputLog | None = None,
@@ -224,7 +232,9 @@ class DockerEngine:
         cannot see host paths, use :meth:`DockerSession.copy_in` there. *volumes* maps named
         volumes (created on first use, kept afterwards) to read-write paths inside: the compiler
         cache (``ccache``, ``CCACHE_DIR=/ccache`` in the base image). ``network=False``
-        starts the container with no network at all (offline builds).
+        starts the container with no network at all (offline builds); *network_name* attaches
+        it to that Docker network instead of the default bridge (e.g. an ``--internal``
+        network whose only way out is a proxy).
         The container is removed on every exit path: success, exception, KeyboardInterrupt.
         """
         all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex}
@@ -233,7 +243,7 @@ class DockerEngine:
         mounts.update({v: {"bind": c, "mode": "rw"} for v, c in (volumes or {}).items()})
         host_config = self.api.create_host_config(
             binds=mounts or None,
-            network_mode=None if network else "none",
+            network_mode=(network_name or None) if network else "none",
             ulimits=_PODMAN_ULIMITS if self.is_podman else None,
         )
         created = self.api.create_container(
