@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from builder.emulation import require_emulation
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine
 from builder.engines.host import run_host
@@ -284,6 +285,9 @@ def build_base_image(
                              labels.get(_LABEL + ".plat", ""), time.monotonic() - start)
     if os.geteuid() != 0:
         raise StepFailed("building a base image needs root (debootstrap, chroot)")
+    # Another arch's rootfs: debootstrap's second stage, the chroot query and the shaping
+    # RUN steps all execute its binaries, through QEMU (EmulationUnavailable says how).
+    require_emulation(_machine(spec.debian_arch))
     if shutil.which("debootstrap") is None:
         raise StepFailed("debootstrap is not installed: apt-get install debootstrap")
     mirror = mirror or host_debian_mirror(spec.suite)

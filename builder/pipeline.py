@@ -12,6 +12,10 @@ the same for both backends; only where they run differs:
   ``aarch64-linux-gnu-g++`` against the aarch64 torch, repaired with auditwheel, verified by
   running it under ``qemu-aarch64``. ``auto`` uses it for aarch64 cells when
   :func:`~builder.cross.cross_available` says the host can.
+* ``emulated``: another arch's cells in that arch's base image (``base-image --arch ARM``),
+  run under QEMU user emulation (:mod:`builder.emulation`): exactly the docker steps, only
+  slower. ``auto`` falls back to it for aarch64 cells when the cross path cannot build them
+  but emulation works and the engine has an arm64 base image.
 
 Before anything runs, the cell's *input key* (project files, recipe, base image, interpreter,
 wheelhouse, builder sources) is compared with the manifest: a cell whose wheel in ``dist/`` was
@@ -50,6 +54,7 @@ from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import TargetPython, ensure_target_python
 from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
 from builder.cross.toolchain import PROVISION_SCRIPT, CrossToolchain, find_toolchain
+from builder.emulation import require_emulation
 from builder.engines.base import OutputLog, Session
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine, find_python
@@ -108,17 +113,27 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class BackendChoice:
-    name: str  # docker | host | cross
+    name: str  # docker | host | cross | emulated
     reason: str
     engine: Optional[DockerEngine] = None
     #: ``auto`` with docker/host for this host's cells: the cross path builds the other arch's
     #: cells (the reason it was chosen), or None when it was not.
     cross: Optional[str] = None
+    #: ``auto`` with docker for this host's cells: emulated containers build the other arch's
+    #: cells (the reason), or None.
+    emulated: Optional[str] = None
 
 
 def uses_cross(cell: Cell, choice: BackendChoice) -> bool:
     """Whether *cell* goes through the cross path under *choice*."""
     return choice.name == "cross" or (choice.cross is not None and cell.machine != host_machine())
+
+
+def uses_emulation(cell: Cell, choice: BackendChoice) -> bool:
+    """Whether *cell* is built in an emulated container (another arch's image under QEMU)."""
+    if cell.machine == host_machine():
+        return False  # `--backend emulated` builds this host's cells like docker does
+    return choice.name == "emulated" or choice.emulated is not None
 
 
 def choose_cross(cells: Sequence[Cell]) -> tuple[bool, str]:
@@ -484,7 +499,9 @@ def unsupported_reason(cell: Cell) -> Optional[str]:
                 f"{cell.machine} machine, e.g. one CI runner per cell (`python -m builder plan "
                 f"--format github`); {cross}. The cross path needs aarch64-linux-gnu-g++, "
                 f"qemu-aarch64 (`sudo {PROVISION_SCRIPT}`) and an aarch64 Python sysroot "
-                "(Python 3.11 only for now)")
+                "(Python 3.11 only for now); --backend emulated builds it in an emulated "
+                f"container instead (slow; needs `python -m builder base-image --arch "
+                f"{cell.arch}`)")
     return None
 
 
@@ -521,12 +538,15 @@ def build_cell(
     started_at = utc_now()
     try:
         cross = uses_cross(cell, choice)
-        why = cross_unsupported(cell) if cross else unsupported_reason(cell)
+        emulated = not cross and uses_emulation(cell, choice)
+        why = cross_unsupported(cell) if cross else None if emulated else unsupported_reason(cell)
         if why is not None:
             raise StepFailed(why)
+        if emulated:
+            steps("emulation", lambda: require_emulation(cell.machine))
         key_parts: dict[str, Any] = {
             "builder": __version__, "builder_sources": builder_digest(),
-            "cell": cell.to_dict(), "backend": choice.name,
+            "cell": cell.to_dict(), "backend": "emulated" if emulated else choice.name,
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
@@ -538,9 +558,11 @@ def build_cell(
         if cross:
             target = steps("cross target", lambda: _cross_target(cell))
             key_parts.update(backend="cross", excludes=list(CROSS_EXCLUDES), **target.key())
-        elif choice.name == "docker":
+        elif choice.name in ("docker", "emulated"):
             assert choice.engine is not None
             engine = choice.engine
+            make_base = ("python -m builder base-image --arch " + cell.arch
+                         if emulated else "python -m builder base-image")
 
             def base() -> str:
                 found = engine.image_id(cell.image.ref)
@@ -549,9 +571,9 @@ def build_cell(
                         f"base image {cell.image.ref} for {cell.identifier} is not in the engine "
                         f"at {engine.base_url}; nothing is pulled implicitly. Either "
                         f"`docker pull {cell.image.ref}` (offline: `docker load -i FILE.tar`), "
-                        "or build a local manylinux-shaped image with `python -m builder "
-                        "base-image` and pass --base-image local (make wheel BASE_IMAGE=local), "
-                        "or use --backend host")
+                        f"or build a local manylinux-shaped image with `{make_base}` and "
+                        "pass --base-image local (make wheel BASE_IMAGE=local), or use "
+                        + ("--backend cross" if emulated else "--backend host"))
                 return found
 
             base_id = steps("base image", base)
@@ -569,7 +591,7 @@ def build_cell(
         stage.mkdir(parents=True, exist_ok=True)
         if target is not None:
             built = _cross_cell(cell, opts, target, log_path, steps, stage)
-        elif choice.name == "docker":
+        elif choice.name in ("docker", "emulated"):
             assert choice.engine is not None
             built = _docker_cell(cell, recipe, config, opts, choice.engine, log, steps, stage,
                                  run_id, base_id)
@@ -584,7 +606,8 @@ def build_cell(
                 builder_version=__version__, started_at=started_at, finished_at=utc_now(),
                 extra={"input_key": key, "inputs": {k: input_key({k: v})[:12]
                                                     for k, v in key_parts.items()},
-                       "backend": "cross" if cross else choice.name, "tag": built.tag,
+                       "backend": "cross" if cross else "emulated" if emulated else
+                       choice.name, "tag": built.tag,
                        "modules": list(built.modules), "project": opts.project.name,
                        **built.extra})
             try:

@@ -15,6 +15,11 @@ debootstrap a minimal Debian root filesystem with Python, a compiler, ccache and
 auditwheel and patchelf on PATH, AUDITWHEEL_PLAT). The image is tagged by a content
 key: a second run finds it and returns at once (--force rebuilds).
 
+--arch ARM on an x86_64 host makes the arm64 image for `build --backend emulated`
+(make base-image ARCH=ARM): debootstrap's second stage and the shaping steps run under
+QEMU user emulation, which must be enabled (binfmt_misc with qemu-aarch64, flag F; the
+error says how). It takes several minutes.
+
 Needs root, debootstrap and a Docker-API engine (DOCKER_HOST is honoured). The Debian
 mirror comes from this host's APT sources unless --mirror is given; auditwheel's
 wheels come from pip (honouring its proxy/CA settings) or from --tools-wheelhouse.
@@ -25,8 +30,10 @@ tag), i.e. `make wheel BASE_IMAGE=local`. Prints the image tag on stdout."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default=None, help="Debian suite (default: bookworm)")
-    p.add_argument("--arch", default="x86_64",
-                   help="x86_64 or aarch64 (default: x86_64, this host)")
+    p.add_argument("--arch", default=None,
+                   help="X86 or ARM (also x86_64/amd64, aarch64/arm64; env ARCH; default: "
+                        "this host's). Another arch's image is built under QEMU user "
+                        "emulation (binfmt_misc), for `build --backend emulated`")
     p.add_argument("--mirror", metavar="URL", default=None,
                    help="Debian archive URL (default: from /etc/apt sources)")
     p.add_argument("--tools-wheelhouse", metavar="DIR", default=None,
@@ -35,11 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    from builder.arch import ARCHES, arch_name  # noqa: PLC0415
     from builder.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
     from builder.engines.base import OutputLog  # noqa: PLC0415
     from builder.engines.docker import DockerEngine  # noqa: PLC0415
+    from builder.errors import ConfigError  # noqa: PLC0415
+    from builder.pipeline import host_arch  # noqa: PLC0415
 
-    spec_kwargs = {"arch": args.arch}
+    requested = args.arch or ctx.env.get("ARCH") or host_arch()
+    try:
+        machine = ARCHES[arch_name(requested)].machine
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--arch" if args.arch else "environment ARCH") from exc
+    spec_kwargs = {"arch": machine}
     if args.suite:
         spec_kwargs["suite"] = args.suite
     spec = BaseImageSpec(**spec_kwargs)

@@ -22,11 +22,12 @@ from builder.pipeline import (
     host_arch,
     host_machine,
     uses_cross,
+    uses_emulation,
     with_base_image,
 )
 
 NAME = "build"
-BACKENDS = ("auto", "docker", "host", "cross")
+BACKENDS = ("auto", "docker", "host", "cross", "emulated")
 HELP = "build, repair and verify wheels of the selected cells into dist/"
 DESCRIPTION = """\
 For each selected cell: build the cell's image from its rendered Dockerfile (docker
@@ -46,8 +47,11 @@ Backends: auto (docker when an engine answers and has the base image, else host;
 which and why), docker (DOCKER_HOST is honoured: a Podman socket works too), host, cross
 (aarch64 cells on an x86_64 host: aarch64-linux-gnu-g++ against the aarch64 torch, auditwheel,
 verified under qemu-aarch64; needs builder/cross/provision.sh's tools, Python 3.11, and a CPU
-aarch64 torch such as 2.9.1). auto picks cross for aarch64 cells on an x86_64 host whenever
-the cross path can build them, and says so.
+aarch64 torch such as 2.9.1), emulated (another arch's cells in that arch's base image,
+e.g. `python -m builder base-image --arch ARM`, run under QEMU user emulation: the docker
+steps unchanged, many times slower). auto picks cross for aarch64 cells on an x86_64 host
+whenever the cross path can build them; when it cannot, emulated if emulation works and the
+engine has an arm64 base image; and says so.
 
 Exit codes: 0 all cells built or up to date, 1 a cell failed, 2 bad configuration,
 130 interrupted (no partial file is left in --out)."""
@@ -108,7 +112,7 @@ def _verifiable_defaults(cells: Sequence[Cell], matrix: Sequence[Cell], choice: 
 
     chosen: list[Cell] = []
     for cell in cells:
-        if uses_cross(cell, choice):
+        if uses_cross(cell, choice) or uses_emulation(cell, choice):
             cell, note = newest_verifiable(cell, matrix)
             if note:
                 err(f"note: {note}")
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         selection = _default_selection(selection)
     backend = args.backend or ctx.env.get("BACKEND") or "auto"
     if backend not in BACKENDS:
-        raise ConfigError(f"BACKEND={backend!r}; expected auto, docker, host or cross",
+        raise ConfigError(f"BACKEND={backend!r}; expected one of {', '.join(BACKENDS)}",
                           key="environment BACKEND")
     if args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}; expected 1 or more", key="--parallel")
@@ -185,6 +189,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         choice = BackendChoice("cross", "asked for (--backend cross or BACKEND=cross)"
                                if backend == "cross" else
                                f"auto: {cross_why}")
+    elif backend == "emulated":
+        from builder.emulated_backend import choose_emulated  # noqa: PLC0415
+        from builder.engines.docker import DockerEngine  # noqa: PLC0415
+
+        engine = DockerEngine(redactor=ctx.output.redact)
+        if foreign:
+            choice, config = choose_emulated(config, foreign, base_ref, engine, err)
+        else:  # this host's cells need no emulation: the docker backend's way
+            choice = BackendChoice("emulated", "asked for (--backend emulated); this host's "
+                                   "cells run natively in the engine", engine)
+            if base_ref:
+                config = with_base_image(config, arch, base_ref, engine)
     elif base_ref == "local" and backend != "host":
         from builder.base_image import build_base_image  # noqa: PLC0415
         from builder.engines.docker import DockerEngine  # noqa: PLC0415
@@ -205,6 +221,15 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             config = with_base_image(config, arch, base_ref, choice.engine)
     if cross_ok and choice.name != "cross":
         choice = replace(choice, cross=f"auto: {cross_why}")
+    elif backend == "auto" and foreign and choice.engine is not None:
+        from builder.emulated_backend import emulated_fallback  # noqa: PLC0415
+
+        emulated_why, config = emulated_fallback(config, foreign, choice.engine)
+        if emulated_why and not native:
+            choice = BackendChoice("emulated", f"auto: the cross path cannot ({cross_why}); "
+                                   f"{emulated_why}", choice.engine)
+        elif emulated_why:
+            choice = replace(choice, emulated=f"auto: the cross path cannot; {emulated_why}")
     if (choice.name in ("host", "cross") or choice.cross) and args.parallel > 1:
         raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
                           "share this machine's compiler and caches)", key="--parallel")
@@ -214,7 +239,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     others = ", ".join(sorted({c.arch for c in foreign}))
     if choice.cross:
         err(f"backend for {others} cells: cross -- {choice.cross}")
-    elif foreign and backend == "auto" and choice.name != "cross":
+    elif choice.emulated:
+        err(f"backend for {others} cells: emulated -- {choice.emulated}")
+    elif foreign and backend == "auto" and choice.name not in ("cross", "emulated"):
         err(f"backend for {others} cells: not cross -- {cross_why}")
 
     cells = select(expand(config), selection).cells
