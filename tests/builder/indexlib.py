@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,3 +67,48 @@ def make_wheel(
             # Fixed timestamps: the same arguments give the same bytes (stable sha256).
             zf.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), d)
     return path
+
+
+# ------------------------------------------------------------------ pip in a fresh venv
+
+
+def clean_pip_env(**extra: str) -> dict[str, str]:
+    """This process's environment without pip settings or proxies: pip then sees only the
+    index a test names (no machine-wide extra index, find-links or constraints), and
+    127.0.0.1 is reached directly."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.upper().startswith(("PIP_", "TWINE_")) and not k.lower().endswith("_proxy")}
+    # pip skips every configuration file (global ones too) when this is os.devnull.
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    env.update(extra)
+    return env
+
+
+def fresh_venv(path: Path, *, see_outer_packages: bool = False) -> Path:
+    """A venv without pip (pip runs from outside with ``--python``: seconds saved per venv).
+
+    ``see_outer_packages`` adds this interpreter's site-packages through a ``.pth`` file, so
+    the venv already has the real torch of the test environment, installed once, not copied.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    if see_outer_packages:
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        Path(purelib, "_outer_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def pip_in(python: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """``pip --python <venv python> ARGS`` with a clean environment; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), *args],
+        env=clean_pip_env(), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def installed_version(python: Path, dist: str) -> str:
+    """The version of *dist* installed in the venv of *python*, as its metadata says."""
+    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+    return subprocess.run([str(python), "-c", code],
+                          check=True, capture_output=True, text=True).stdout.strip()
