@@ -23,6 +23,11 @@ from builder.errors import StepFailed
 STEPS_SCRIPT = Path(__file__).with_name("steps.py")
 RESULT_PREFIX = "AMPFORGE_RESULT "
 
+#: The name every session's work directory has inside compiled files (``-ffile-prefix-map``):
+#: the docker backend's own workdir, so there the mapping changes nothing, and host builds in
+#: different temporary folders compile to the same bytes.
+BUILD_PATH_ALIAS = "/ampforge"
+
 #: Never copied into a build: environments, build outputs, caches, compiled modules.
 PROJECT_IGNORE: tuple[str, ...] = (
     ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyc",
@@ -110,7 +115,8 @@ def build_in_session(
         step=f"install torch=={torch}"))
     label = local_version(torch) if local_version_label is None else local_version_label
     argv = [vpy, steps, "build-wheel", "--project", project_in,
-            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim]
+            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
+            "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
     if ccache:
         argv.append("--ccache")
     built = parse_result(session.run(argv, step="build wheel"))

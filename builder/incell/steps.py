@@ -9,7 +9,7 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     python steps.py venv DEST
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
-                                         [--shim auto|on|off]
+                                         [--shim auto|on|off] [--prefix-map OLD=NEW]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR]
 """
 
@@ -112,6 +112,13 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         flag = "-I" + str(shim_dir)
         for var in ("CFLAGS", "CXXFLAGS"):
             env[var] = (os.environ.get(var, "") + " " + flag).strip()
+    for mapping in args.prefix_map:
+        # Reproducible builds: the session's directory differs per build (the host backend's
+        # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
+        # Mapping it to one fixed name makes the compiled module independent of where it was built.
+        flag = "-ffile-prefix-map=" + mapping
+        for var in ("CFLAGS", "CXXFLAGS"):
+            env[var] = (env.get(var, os.environ.get(var, "")) + " " + flag).strip()
     if args.ccache:
         env["CC"] = "ccache gcc"
         env["CXX"] = "ccache g++"
@@ -210,6 +217,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--local-version", default="", help="e.g. torch2.13 (-> +torch2.13)")
     p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--ccache", action="store_true", help="compile through ccache")
+    p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
+                   help="compile with -ffile-prefix-map=OLD=NEW (repeatable)")
     p.set_defaults(func=cmd_build_wheel)
 
     p = sub.add_parser("smoke", help="install the wheel into a fresh venv and exercise it")
