@@ -1,0 +1,209 @@
+"""``python -m builder publish``: twine uploads to a real pypiserver on 127.0.0.1.
+
+The server runs as a subprocess with an htpasswd file (uploads need the password,
+downloads do not), started once for the module. Every upload goes through the real
+command (twine as a subprocess); what was uploaded is fetched back with the real pip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from indexlib import clean_pip_env, make_wheel, pip_in
+from passlib.apache import HtpasswdFile
+
+from builder.cli import main
+from builder.config import REPO_ROOT
+from builder.manifest import ManifestEntry, record_wheel
+
+USER = "releaser"
+PASSWORD = "S3ntinel-pw-4f9c2a"  # must never appear in any output
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str  # upload endpoint
+    packages: Path  # where pypiserver stores uploads
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("pypiserver")
+    packages = root / "packages"
+    packages.mkdir()
+    htpasswd = HtpasswdFile(str(root / "htpasswd"), new=True, default_scheme="apr_md5_crypt")
+    htpasswd.set_password(USER, PASSWORD)
+    htpasswd.save()
+    port = _free_port()
+    log = root / "server.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port),
+             "-P", str(root / "htpasswd"), "-a", "update", "--disable-fallback", str(packages)],
+            stdout=fh, stderr=subprocess.STDOUT, env=clean_pip_env())
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "simple/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"pypiserver did not start:\n{log.read_text()}")
+                time.sleep(0.2)
+        yield Server(url=url, packages=packages, log=log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _record(dist: Path, wheel: Path) -> None:
+    record_wheel(dist, ManifestEntry.for_wheel(
+        wheel, cell=f"test-{wheel.name}", torch="2.13.0", python="3.11", base_image="none",
+        compiler="none", builder_version="test", started_at="2026-01-01T00:00:00Z",
+        finished_at="2026-01-01T00:00:00Z"))
+
+
+def _dist(tmp: Path, name: str, version: str = "1.0") -> Path:
+    dist = tmp / "dist"
+    _record(dist, make_wheel(dist, name, version, requires_python=">=3.8"))
+    return dist
+
+
+def cap_lines(output: str, suffix: str) -> list[str]:
+    """The lines of *output* that are just a file name ending in *suffix* (stdout's list)."""
+    return [ln for ln in output.splitlines() if ln.endswith(suffix) and " " not in ln]
+
+
+def _publish(capsys: pytest.CaptureFixture[str], *args: str, password: str = PASSWORD,
+             **env: str) -> tuple[int, str]:
+    full_env = clean_pip_env(TWINE_USERNAME=USER, TWINE_PASSWORD=password, **env)
+    rc = main(["publish", *args], env=full_env)
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+def test_upload_then_install_from_the_server(
+    tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _dist(tmp_path, "pubdemo")
+    wheel = next(dist.glob("*.whl"))
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
+    assert rc == 0, output
+    assert PASSWORD not in output
+    assert "sha256 match manifest.json" in output
+    assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
+
+    # What pip fetches from the server is the very file that was built.
+    got = tmp_path / "got"
+    r = pip_in(Path(sys.executable), "download", "--no-deps", "--no-cache-dir", "-d", str(got),
+               "--index-url", server.url + "simple/", "pubdemo==1.0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    fetched = got / wheel.name
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == \
+        hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+    # The server refuses to overwrite (exit 1, twine's reason shown); --skip-existing passes.
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
+    assert rc == 1
+    # pypiserver answers 400 (PyPI would say 400 or 409); either way twine's line is shown
+    assert "twine upload to" in output and "HTTPError: 400" in output, output
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url, "--skip-existing")
+    assert rc == 0, output
+    assert f"{wheel.name}: already on the repository with the same sha256; skipped" in output
+    assert PASSWORD not in output
+
+    # One new wheel next to the published one: only the new one goes up.
+    new = make_wheel(dist, "pubdemo", "1.1")
+    _record(dist, new)
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url, "--skip-existing")
+    assert rc == 0, output
+    assert cap_lines(output, ".whl") == [new.name]
+    assert (server.packages / new.name).exists()
+
+    # Same name, other bytes: --skip-existing must not hide that the release differs.
+    other = make_wheel(tmp_path / "rebuilt", "pubdemo", "1.0", requires_python=">=3.9")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    _record(changed, Path(shutil.copy(other, changed / other.name)))
+    rc, output = _publish(capsys, str(changed), "--repository-url", server.url,
+                          "--skip-existing")
+    assert rc == 1
+    assert f"{other.name}: the repository has sha256" in output, output
+    assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_wrong_password_fails_and_is_never_printed(
+    tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _dist(tmp_path, "pubwrong")
+    wrong = "Wr0ng-pass-77d1e0"
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url, password=wrong)
+    assert rc == 1
+    assert "failed" in output and ("403" in output or "401" in output), output
+    assert wrong not in output and PASSWORD not in output
+    assert not (server.packages / next(dist.glob("*.whl")).name).exists()
+
+    # Credentials inside the URL are masked too (twine echoes the URL it uploads to).
+    url = server.url.replace("http://", f"http://{USER}:{wrong}@")
+    rc, output = _publish(capsys, str(dist), "--repository-url", url, password=wrong)
+    assert rc == 1
+    assert wrong not in output
+
+
+def test_url_from_environment_or_config(
+    tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _dist(tmp_path, "pubenv")
+    rc, output = _publish(capsys, str(dist), TWINE_REPOSITORY_URL=server.url)
+    assert rc == 0, output
+    assert "from TWINE_REPOSITORY_URL" in output
+
+    config = tmp_path / "matrix.yaml"
+    text = (REPO_ROOT / "configs" / "matrix.yaml").read_text()
+    # the support table is named relative to the config file: point at the repository's
+    text = re.sub(r"^support:.*$", f"support: {REPO_ROOT / 'configs' / 'support.yaml'}",
+                  text, flags=re.M)
+    config.write_text(text + f"\npublish:\n  repository_url: {server.url}\n")
+    dist2 = _dist(tmp_path / "two", "pubconfig")
+    rc, output = _publish(capsys, str(dist2), "--config", str(config))
+    assert rc == 0, output
+    assert "from config publish.repository_url" in output
+    assert (server.packages / next(dist2.glob("*.whl")).name).exists()
+
+
+def test_bad_url_or_tampered_dist_exit_before_uploading(
+    tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _dist(tmp_path, "pubbad")
+    rc, output = _publish(capsys, str(dist))
+    assert rc == 2
+    assert "no repository URL" in output and "--repository-url" in output
+    rc, output = _publish(capsys, str(dist), "--repository-url", "ftp://127.0.0.1/")
+    assert rc == 2 and "expected an http(s) URL" in output
+
+    wheel = next(dist.glob("*.whl"))
+    wheel.write_bytes(wheel.read_bytes() + b"\0")
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
+    assert rc == 1
+    assert f"{wheel.name}: sha256" in output and "refusing to release" in output
+    assert not (server.packages / wheel.name).exists()
