@@ -32,6 +32,8 @@ help:
 	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS=] every cell of the build matrix"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
+	@echo "make index [OUT= INDEX_DIR=] PEP 503 index of OUT (dist/) for pip --index-url"
+	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
 
 # --- set-up (each step leaves a stamp so a second run does nothing) ------------
 $(PY_VENV):
@@ -125,3 +127,25 @@ matrix: builder-env
 
 base-image: builder-env
 	$(BUILDER) base-image
+
+# --- builder: release (builder/commands/index.py, publish.py) -------------------
+# `make index` checks OUT (default dist) against its manifest.json and writes a PEP 503
+# index into INDEX_DIR; the last line printed is the URL for `pip install --index-url`.
+# `make publish REPOSITORY_URL=URL` uploads OUT with twine; the password comes only from
+# TWINE_PASSWORD (and the user from TWINE_USERNAME) in the environment. The URL reaches the
+# builder through the environment, not the command line, so make never echoes it (it may
+# carry user:password@); without REPOSITORY_URL, TWINE_REPOSITORY_URL or the config's
+# publish.repository_url is used. SKIP_EXISTING=1 skips files the repository already has.
+INDEX_DIR ?= build/index
+REPOSITORY_URL ?=
+SKIP_EXISTING ?=
+
+.PHONY: index publish
+
+index: builder-env
+	$(BUILDER) index $(OUT) --out $(INDEX_DIR)
+
+publish: builder-env
+	@echo "$(BUILDER) publish $(OUT) $(BUILDER_CONFIG_ARG)$(if $(SKIP_EXISTING), --skip-existing)"
+	@$(if $(REPOSITORY_URL),TWINE_REPOSITORY_URL="$$REPOSITORY_URL") $(BUILDER) publish \
+		$(OUT) $(BUILDER_CONFIG_ARG) $(if $(SKIP_EXISTING),--skip-existing)

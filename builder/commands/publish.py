@@ -169,6 +169,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                          "pip install -e '.[builder]'") from exc
     lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0:
+        if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+            # twine lets some errors (connection refused, DNS) escape as a traceback: keep
+            # what it said before it and the exception line, not forty frames.
+            first = next(i for i, ln in enumerate(lines) if ln.startswith("Traceback"))
+            lines = lines[:first] + lines[-1:]
         tail = "\n  ".join(lines[-15:]) or "(no output)"
         raise StepFailed(f"twine upload to {url} failed (exit {proc.returncode}):\n  {tail}")
     for line in lines:

@@ -201,6 +201,11 @@ def test_bad_url_or_tampered_dist_exit_before_uploading(
     rc, output = _publish(capsys, str(dist), "--repository-url", "ftp://127.0.0.1/")
     assert rc == 2 and "expected an http(s) URL" in output
 
+    # Nobody listening: twine's traceback is cut down to its exception line.
+    rc, output = _publish(capsys, str(dist), "--repository-url", f"http://127.0.0.1:{_free_port()}/")
+    assert rc == 1 and "Connection refused" in output
+    assert "Traceback" not in output and 'File "' not in output
+
     wheel = next(dist.glob("*.whl"))
     wheel.write_bytes(wheel.read_bytes() + b"\0")
     rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
