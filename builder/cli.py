@@ -32,6 +32,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.render",
     "builder.commands.build",
     "builder.commands.base_image",
+    "builder.commands.fetch",
     "builder.commands.index",
     "builder.commands.publish",
 )
@@ -147,6 +148,7 @@ def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
         patterns=tuple(getattr(args, "selectors", None) or ()),
         jobs=args.jobs,
         offline=args.offline,
+        bundle=getattr(args, "bundle", None),
         ca_bundle=args.ca_bundle,
         http_proxy=args.http_proxy,
         https_proxy=args.https_proxy,

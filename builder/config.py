@@ -121,6 +121,8 @@ class PipOptions:
 class OfflineOptions:
     enabled: bool
     wheelhouse: Path
+    #: ``fetch --bundle`` folder (config offline.bundle < env BUNDLE < --bundle); None: none
+    bundle: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ class CliOverrides:
     patterns: tuple[str, ...] = ()
     jobs: int | None = None
     offline: bool | None = None
+    bundle: str | None = None  # --bundle (build, fetch)
     ca_bundle: str | None = None
     http_proxy: str | None = None
     https_proxy: str | None = None
@@ -584,8 +587,20 @@ def load_settings(
         if not Path(wh_doc.file).is_absolute()
         else Path(wh_doc.file).parent
     )
+    bundle: Path | None = None
+    if off.get("bundle"):
+        b_doc = origin_of("offline", "bundle")[1]
+        b_file = Path(b_doc.file)
+        bundle = Path(os.path.normpath(
+            (b_file if b_file.is_absolute() else REPO_ROOT / b_file).parent / off["bundle"]))
+        origins["bundle"] = origin_of("offline", "bundle")[0]
+    if _env(env, "BUNDLE"):
+        bundle, origins["bundle"] = Path(os.path.abspath(env["BUNDLE"])), "environment BUNDLE"
+    if cli.bundle is not None:
+        bundle, origins["bundle"] = Path(os.path.abspath(cli.bundle)), "command line --bundle"
     offline = OfflineOptions(
-        enabled=offline_enabled, wheelhouse=Path(os.path.normpath(wh_base / off["wheelhouse"]))
+        enabled=offline_enabled, wheelhouse=Path(os.path.normpath(wh_base / off["wheelhouse"])),
+        bundle=bundle,
     )
 
     # proxies

@@ -113,6 +113,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "properties": {
                 "enabled": {"type": "boolean"},
                 "wheelhouse": {"type": "string"},
+                "bundle": _NULLABLE_STRING,
             },
         },
     },

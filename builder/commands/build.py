@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="base image for this host's arch instead of the config's; 'local' "
                         "builds or reuses the one from `python -m builder base-image` "
                         "(env BASE_IMAGE)")
+    g.add_argument("--bundle", metavar="DIR", default=None,
+                   help="an offline bundle from `python -m builder fetch`: verified (sha256), "
+                        "its base image loaded, its wheels the only package source; implies "
+                        "--offline (env BUNDLE; config offline.bundle)")
     g.add_argument("--all", action="store_true",
                    help="every cell of the matrix (narrowed by any selection given); without "
                         "it and without a selection: one cell for this host")
@@ -157,6 +161,15 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}; expected 1 or more", key="--parallel")
     wheelhouse = Path(args.wheelhouse) if args.wheelhouse else None
+    bundle = None
+    if config.offline.bundle is not None:
+        from builder.offline import use_bundle  # noqa: PLC0415
+
+        if wheelhouse is not None:
+            raise ConfigError("--wheelhouse and a bundle both given; the bundle's wheels/ is "
+                              "the wheelhouse: drop one", key="--wheelhouse")
+        bundle, config = use_bundle(config, err)
+        wheelhouse = bundle.wheels
     if wheelhouse is None and config.offline.enabled:
         wheelhouse = config.offline.wheelhouse
     if wheelhouse is not None and not wheelhouse.is_dir():
@@ -177,6 +190,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     cross_ok, cross_why = choose_cross(foreign) if backend == "auto" else (False, "")
     base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     arch = host_arch()
+    if bundle is not None:
+        from builder.offline import bundle_base_image  # noqa: PLC0415
+
+        base_ref = bundle_base_image(bundle, arch, base_ref, backend, ctx.output.redact, err)
 
     # The engine is needed to resolve --base-image local before choosing the backend.
     choice: BackendChoice
@@ -254,6 +271,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                            offline=config.offline.enabled,
                            jobs=config.build.jobs, force=args.force, ccache=args.ccache,
                            network=network)
+    if opts.offline and opts.wheelhouse is not None:
+        from builder.offline import preflight  # noqa: PLC0415
+
+        # Before any image build or compile: name what the wheelhouse lacks, per cell.
+        preflight([(c, choice.name == "host") for c in cells if not uses_cross(c, choice)],
+                  opts.wheelhouse, f"offline bundle {bundle.root}" if bundle else
+                  f"wheelhouse {opts.wheelhouse}", project, err)
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     with Progress(sys.stderr, redact=ctx.output.redact) as progress:
         try:

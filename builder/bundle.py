@@ -1,0 +1,223 @@
+"""Offline bundles: a folder that carries everything an air-gapped build needs.
+
+Layout (made by ``python -m builder fetch --bundle DIR``, read by ``build --bundle DIR``)::
+
+    DIR/bundle.json       what is in the bundle: every file with sha256 and size, the cells
+                          it serves, the base images' refs and ids
+    DIR/wheels/*.whl      torch, its dependencies and the build tools, for every cell
+    DIR/images/*.tar      base images (``docker save``)
+
+``bundle.json`` is written last, atomically, and removed *before* a re-fetch changes anything:
+a bundle whose fetch was interrupted has no ``bundle.json`` at all (and is refused), never one
+that describes other files than those present. A build verifies every sha256 before it uses
+the bundle, and refuses wheels that ``bundle.json`` does not list (pip would use them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from builder.errors import ConfigError, StepFailed
+
+# One atomic-write routine for every file the builder publishes (builder.manifest's).
+from builder.manifest import _atomic_write, _public_mode, sha256_file
+
+BUNDLE_FILE = "bundle.json"
+WHEELS_DIR = "wheels"
+IMAGES_DIR = "images"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    path: str  # relative to the bundle, posix: "wheels/torch-....whl", "images/....tar"
+    sha256: str
+    size: int
+    cells: tuple[str, ...] = ()  # the cells that need it (a wheel no cell needs: ())
+
+
+@dataclass(frozen=True)
+class BundleImage:
+    ref: str  # the tag `docker load` restores
+    image_id: str
+    file: str  # relative path of the tarball (also listed in files)
+    arch: str  # X86 | ARM
+    cells: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BundleCell:
+    id: str
+    arch: str
+    python: str
+    machine: str
+    plat: str
+    torch: str
+    image: str
+
+
+@dataclass
+class Bundle:
+    root: Path
+    files: list[BundleFile] = field(default_factory=list)
+    images: list[BundleImage] = field(default_factory=list)
+    cells: list[BundleCell] = field(default_factory=list)
+    builder_version: str = ""
+    created: str = ""
+
+    @property
+    def wheels(self) -> Path:
+        return self.root / WHEELS_DIR
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "builder_version": self.builder_version, "created": self.created,
+            "cells": [asdict(c) for c in self.cells],
+            "images": [asdict(i) for i in self.images],
+            "files": [asdict(f) for f in self.files],
+        }
+
+    def image_for(self, arch: str) -> Optional[BundleImage]:
+        return next((i for i in self.images if i.arch == arch), None)
+
+
+def safe_name(ref: str) -> str:
+    """A file name for an image ref: ``ampforge/base:x`` -> ``ampforge_base_x``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", ref).strip("_") or "image"
+
+
+def bundle_json(root: Path) -> Path:
+    return root / BUNDLE_FILE
+
+
+def read_bundle(root: Path) -> Bundle:
+    """The bundle at *root*; ConfigError (exit 2) naming what is wrong when it is not one."""
+    path = bundle_json(root)
+    if not root.is_dir():
+        raise ConfigError(f"offline bundle {root} is not a directory; expected a folder made by "
+                          "`python -m builder fetch --bundle DIR`", key="--bundle")
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: {root} is not a finished bundle (a fetch that was "
+                          "interrupted leaves none); run `python -m builder fetch --bundle "
+                          f"{root}` again on a connected machine", key="--bundle")
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
+        return Bundle(
+            root=root,
+            files=[BundleFile(f["path"], f["sha256"], int(f["size"]), tuple(f.get("cells", ())))
+                   for f in doc["files"]],
+            images=[BundleImage(i["ref"], i["image_id"], i["file"], i["arch"],
+                                tuple(i.get("cells", ()))) for i in doc["images"]],
+            cells=[BundleCell(**c) for c in doc["cells"]],
+            builder_version=str(doc.get("builder_version", "")),
+            created=str(doc.get("created", "")),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a valid bundle description ({exc}); fetch the bundle "
+                          "again", key="--bundle") from exc
+
+
+def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) -> None:
+    """Every listed file present with its size and sha256, and no unlisted wheel."""
+    bad = []
+    for f in bundle.files:
+        path = bundle.root / f.path
+        if not path.is_file():
+            bad.append(f"{path} is missing")
+        elif path.stat().st_size != f.size:
+            bad.append(f"{path} has {path.stat().st_size} bytes, bundle.json says {f.size}")
+        elif sha256_file(path) != f.sha256:
+            bad.append(f"{path} does not match its sha256 in bundle.json (corrupted or altered)")
+    listed = {f.path for f in bundle.files}
+    if bundle.wheels.is_dir():
+        for extra in sorted(bundle.wheels.glob("*.whl")):
+            if f"{WHEELS_DIR}/{extra.name}" not in listed:
+                bad.append(f"{extra} is not listed in bundle.json (pip would install it "
+                           "unverified); remove it or fetch again")
+    if bad:
+        raise ConfigError("offline bundle failed verification:\n  " + "\n  ".join(bad),
+                          key="--bundle")
+    say(f"verified {len(bundle.files)} files (sha256) in {bundle.root}")
+
+
+def begin_fetch(root: Path) -> dict[str, str]:
+    """Before a (re-)fetch touches anything: remember the old listing (path -> sha256, used to
+    skip re-saving unchanged images) and remove ``bundle.json``, so an interrupted fetch cannot
+    leave a description that lies."""
+    old: dict[str, str] = {}
+    path = bundle_json(root)
+    if path.is_file():
+        with contextlib.suppress(ConfigError):
+            prev = read_bundle(root)
+            old = {f.path: f.sha256 for f in prev.files}
+            old.update({f"image:{i.ref}": i.image_id for i in prev.images})
+        path.unlink()
+    (root / WHEELS_DIR).mkdir(parents=True, exist_ok=True)
+    (root / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    return old
+
+
+def write_bundle(bundle: Bundle) -> Path:
+    path = bundle_json(bundle.root)
+    _atomic_write(path, (json.dumps(bundle.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def describe_file(root: Path, rel: str, cells: Sequence[str]) -> BundleFile:
+    path = root / rel
+    return BundleFile(rel, sha256_file(path), path.stat().st_size, tuple(sorted(cells)))
+
+
+# ------------------------------------------------------------------ images
+
+
+def save_image(engine: Any, ref: str, dest: Path) -> None:
+    """``docker save REF > DEST``, through a temporary file: DEST is whole or absent."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.fchmod(fd, _public_mode())  # a bundle is copied and read by others: not mkstemp's 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in engine.api.get_image(ref, chunk_size=1 << 20):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def load_images(engine: Any, bundle: Bundle, arches: Sequence[str],
+                say: Callable[[str], None]) -> list[str]:
+    """``docker load`` the bundle's base images for *arches* that the engine lacks (or has
+    under another id); returns the refs loaded. Nothing is ever pulled."""
+    loaded = []
+    for image in bundle.images:
+        if image.arch not in arches:
+            continue
+        if engine.image_id(image.ref) == image.image_id:
+            say(f"base image {image.ref} already in the engine (same id as the bundle's)")
+            continue
+        tar = bundle.root / image.file
+        with tar.open("rb") as fh:
+            for event in engine.api.load_image(fh):
+                if isinstance(event, dict) and event.get("error"):
+                    raise StepFailed(f"docker load of {tar} failed: {event['error']}")
+        got = engine.image_id(image.ref)
+        if got != image.image_id:
+            raise StepFailed(f"docker load of {tar} gave {image.ref} id {got}, but bundle.json "
+                             f"records {image.image_id}; fetch the bundle again")
+        say(f"base image {image.ref} loaded from {tar}")
+        loaded.append(image.ref)
+    return loaded

@@ -1,0 +1,229 @@
+"""``fetch``: gather what the selected cells need into an offline bundle (wheels + images)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from builder.cli import Context, add_config_options, add_selection_options, load_from_args
+
+NAME = "fetch"
+HELP = "gather every wheel and base image the selected cells need into an offline bundle"
+DESCRIPTION = """\
+On a connected machine: for every selected cell, `pip download --only-binary=:all:` for the
+cell's Python and platform everything its build and smoke test install -- torch==<cell
+torch> and its dependencies, setuptools and wheel, the project's build-system requires and
+dependencies -- into DIR/wheels; `docker save` the cells' base images into DIR/images; and
+write DIR/bundle.json (every file's sha256 and size, the cells it serves, image refs and
+ids). Copy DIR to the air-gapped machine and build there with
+`python -m builder build --offline --bundle DIR` (make wheel OFFLINE=1 BUNDLE=DIR).
+
+pip's own configuration applies (index, find-links, proxy and CA from pip.conf and the
+environment); --find-links and --pip-arg add to it, e.g. a folder holding the CPU torch
+wheel (the package index's x86_64 torch is a multi-GB CUDA build). Running fetch again
+into the same DIR reuses what is already there. bundle.json is removed first and written
+last: an interrupted fetch leaves no bundle.json, and a build refuses such a folder.
+
+Default selection as for `build`: this host's arch and the builder's Python (--all: every
+cell). Exit codes: 0 bundle complete, 1 a download or image save failed, 2 bad usage."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fetch")
+    g.add_argument("--bundle", metavar="DIR", default=None,
+                   help="the bundle folder to create or update (env BUNDLE; config "
+                        "offline.bundle)")
+    g.add_argument("--base-image", metavar="REF", default=None,
+                   help="base image for this host's arch instead of the config's; 'local' "
+                        "builds or reuses the one from `python -m builder base-image` "
+                        "(env BASE_IMAGE)")
+    g.add_argument("--project", metavar="PATH", default=None,
+                   help="the project to be built (its pyproject.toml requirements are "
+                        "fetched too; default: this repository)")
+    g.add_argument("--find-links", metavar="DIR", action="append", default=[],
+                   help="extra folder or URL for pip to look in (repeatable)")
+    g.add_argument("--pip-arg", metavar="ARG", action="append", default=[],
+                   help="extra argument for `pip download` (repeatable), e.g. "
+                        "--pip-arg=--index-url=URL")
+    g.add_argument("--no-images", action="store_true",
+                   help="wheels only (no container engine needed; for --backend host builds)")
+    g.add_argument("--all", action="store_true", help="every cell of the matrix")
+    add_selection_options(p)
+    add_config_options(p)
+
+
+def pip_download_argv(python: str, machine: str, platforms: Sequence[str], dest: Path,
+                      requirements: Sequence[str], find_links: Sequence[str] = (),
+                      pip_args: Sequence[str] = ()) -> list[str]:
+    """``pip download`` of binary wheels for another interpreter and platform."""
+    cp = "cp" + python.replace(".", "")
+    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+            "--no-input", "--only-binary=:all:", "--dest", str(dest),
+            "--python-version", python, "--implementation", "cp", "--abi", cp]
+    for plat in platforms:
+        argv += ["--platform", plat]
+    for link in find_links:
+        argv += ["--find-links", link]
+    return [*argv, *pip_args, *requirements]
+
+
+def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str, str]:
+    """The environment for pip: the caller's (pip.conf, PIP_*, proxies, CA) plus proxies
+    that came from the config file or the command line."""
+    env = dict(base)
+    env.update(proxy_args)
+    return env
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from builder import __version__  # noqa: PLC0415
+    from builder.bundle import (  # noqa: PLC0415
+        IMAGES_DIR,
+        WHEELS_DIR,
+        Bundle,
+        BundleCell,
+        BundleImage,
+        begin_fetch,
+        describe_file,
+        safe_name,
+        save_image,
+        write_bundle,
+    )
+    from builder.cells import expand, select  # noqa: PLC0415
+    from builder.commands.build import _default_selection  # noqa: PLC0415
+    from builder.config import REPO_ROOT  # noqa: PLC0415
+    from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
+    from builder.manifest import utc_now  # noqa: PLC0415
+    from builder.pipeline import host_arch, with_base_image  # noqa: PLC0415
+    from builder.preflight import (  # noqa: PLC0415
+        Target,
+        cell_requirements,
+        describe_missing,
+        index_wheelhouse,
+        resolve,
+    )
+
+    err = ctx.output.err
+    start = time.monotonic()
+    settings = load_from_args(args, ctx)
+    config = settings.config
+    root = config.offline.bundle
+    if root is None:
+        raise ConfigError("no bundle folder given; expected --bundle DIR (env BUNDLE, config "
+                          "offline.bundle)", key="--bundle")
+    selection = settings.selection
+    if selection.empty and not args.all:
+        selection = _default_selection(selection)
+    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise ConfigError(f"{project} is not a Python project; expected a folder with "
+                          "pyproject.toml or setup.py", key="--project")
+    base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
+    engine = None
+    if not args.no_images:
+        from builder.engines.docker import DockerEngine  # noqa: PLC0415
+
+        try:
+            engine = DockerEngine(redactor=ctx.output.redact)
+        except EngineUnavailable as exc:
+            raise EngineUnavailable(exc.message + "\nfetch saves the base images with the "
+                                    "container engine; --no-images fetches wheels only "
+                                    "(for --backend host builds)") from exc
+        if base_ref == "local":
+            from builder.base_image import build_base_image  # noqa: PLC0415
+
+            made = build_base_image(engine, progress=lambda m: err(f"base image: {m}"))
+            base_ref = made.tag
+            err(f"base image: {made.tag} ({'reused' if made.reused else 'built'})")
+    elif base_ref == "local":
+        raise ConfigError("--base-image local needs the container engine; drop --no-images",
+                          key="--base-image")
+    if base_ref:
+        config = with_base_image(config, host_arch(), base_ref, engine)
+    plan = select(expand(config), selection)
+    for w in plan.warnings:
+        err(f"warning: {w}")
+    cells = plan.cells
+    if not cells:
+        raise ConfigError("the selection matches no cell; see `python -m builder plan`")
+
+    old = begin_fetch(root)
+    wheels_dir = root / WHEELS_DIR
+    log_file = Path("build/ampforge/logs/fetch.log").resolve()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    env = pip_env(ctx.env, config.proxy.build_args())
+    needed: dict[str, set[str]] = {}
+    with log_file.open("w") as log:
+        for cell in cells:
+            target = Target(cell.python, cell.machine, cell.plat, cell.identifier)
+            reqs = cell_requirements(cell.torch, project)
+            argv = pip_download_argv(cell.python, cell.machine, target.platforms(), wheels_dir,
+                                     reqs, args.find_links, args.pip_arg)
+            err(f"fetch: {cell.identifier}: pip download {' '.join(reqs)} for "
+                f"{target.describe()}")
+            log.write(ctx.output.redact("+ " + " ".join(argv)) + "\n")
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+            output = ctx.output.redact(proc.stdout + proc.stderr)
+            log.write(output + "\n")
+            log.flush()
+            if proc.returncode != 0:
+                tail = "\n".join(output.strip().splitlines()[-15:])
+                raise StepFailed(f"pip download for {cell.identifier} failed (exit "
+                                 f"{proc.returncode}; full output in {log_file}):\n{tail}")
+            # What pip fetched must be exactly enough for the offline build's pre-flight.
+            res = resolve(index_wheelhouse(wheels_dir), target, reqs)
+            if not res.ok:
+                raise StepFailed(describe_missing(res, f"bundle {root}") + "\n(pip download "
+                                 f"did not provide it; see {log_file})")
+            for w in res.chosen.values():
+                needed.setdefault(f"{WHEELS_DIR}/{w.path.name}", set()).add(cell.identifier)
+
+    images: list[BundleImage] = []
+    image_files: dict[str, set[str]] = {}
+    if engine is not None:
+        by_ref: dict[str, list] = {}
+        for cell in cells:
+            by_ref.setdefault(cell.image.ref, []).append(cell)
+        for ref, ref_cells in sorted(by_ref.items()):
+            image_id = engine.image_id(ref)
+            if image_id is None:
+                names = ", ".join(c.identifier for c in ref_cells)
+                raise StepFailed(f"base image {ref} (cells {names}) is not in the engine "
+                                 f"at {engine.base_url}; nothing is pulled implicitly: "
+                                 "`docker pull` it first, or pass --base-image local")
+            rel = f"{IMAGES_DIR}/{safe_name(ref)}.tar"
+            tar = root / rel
+            ids = [c.identifier for c in ref_cells]
+            if (old.get(f"image:{ref}") == image_id and tar.is_file()
+                    and describe_file(root, rel, ids).sha256 == old.get(rel)):
+                err(f"fetch: image {ref}: unchanged, reusing {rel}")
+            else:
+                err(f"fetch: image {ref}: docker save -> {rel}")
+                save_image(engine, ref, tar)
+            images.append(BundleImage(ref, image_id, rel, ref_cells[0].arch, tuple(ids)))
+            image_files[rel] = set(ids)
+
+    files = []
+    reused = 0
+    for whl in sorted(wheels_dir.glob("*.whl")):
+        rel = f"{WHEELS_DIR}/{whl.name}"
+        f = describe_file(root, rel, sorted(needed.get(rel, ())))
+        reused += old.get(rel) == f.sha256
+        files.append(f)
+    for rel, ids in sorted(image_files.items()):
+        files.append(describe_file(root, rel, sorted(ids)))
+    bundle = Bundle(
+        root=root, files=files, images=images,
+        cells=[BundleCell(c.identifier, c.arch, c.python, c.machine, c.plat, c.torch,
+                          c.image.ref) for c in cells],
+        builder_version=__version__, created=utc_now())
+    path = write_bundle(bundle)
+    size = sum(f.size for f in files) / 1e6
+    err(f"fetch: {len(cells)} cell(s), {len(files) - len(images)} wheels ({reused} reused), "
+        f"{len(images)} image(s); {size:.0f} MB in {root}; {time.monotonic() - start:.1f}s")
+    ctx.output.out(str(path))
+    return 0
