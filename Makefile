@@ -32,6 +32,8 @@ help:
 	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS=] every cell of the build matrix"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
+	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
+	@echo "make wheel OFFLINE=1 BUNDLE=DIR   build from the bundle, no network"
 	@echo "make index [OUT= INDEX_DIR=] PEP 503 index of OUT (dist/) for pip --index-url"
 	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
 
@@ -110,14 +112,23 @@ dockerfiles: builder-env
 # `make matrix` builds every cell (narrowed by ARCH/PY/TORCH if given), --keep-going.
 # BACKEND=auto|docker|host; BASE_IMAGE=REF|local (local: `make base-image`'s image);
 # WHEELHOUSE=DIR: pip installs torch and its dependencies only from there.
+# BUNDLE=DIR: an offline bundle from `make fetch` (verified, its base image loaded, its
+# wheels the only source; implies OFFLINE=1).
 BASE_IMAGE ?=
 WHEELHOUSE ?=
+BUNDLE ?=
 OUT ?= dist
 BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(if $(BACKEND),--backend $(BACKEND)) \
 	$(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
-	$(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) --out $(OUT)
+	$(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) \
+	$(if $(BUNDLE),--bundle $(BUNDLE)) --out $(OUT)
 
-.PHONY: wheel matrix base-image
+# `make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]` (on a connected machine): every
+# wheel and base image the selected cells need, into DIR, for `make wheel OFFLINE=1 BUNDLE=DIR`
+# on a machine without network. FETCH_ARGS: more options, e.g. --find-links DIR, --all.
+FETCH_ARGS ?=
+
+.PHONY: wheel matrix base-image fetch
 
 wheel: builder-env
 	$(BUILDER) build $(BUILD_FLAGS)
@@ -127,6 +138,11 @@ matrix: builder-env
 
 base-image: builder-env
 	$(BUILDER) base-image
+
+fetch: builder-env
+	$(if $(BUNDLE),,$(error make fetch needs BUNDLE=DIR, the folder to fill))
+	$(BUILDER) fetch $(BUILDER_CONFIG_ARG) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+		--bundle $(BUNDLE) $(FETCH_ARGS)
 
 # --- builder: release (builder/commands/index.py, publish.py) -------------------
 # `make index` checks OUT (default dist) against its manifest.json and writes a PEP 503
