@@ -39,7 +39,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -79,6 +79,8 @@ from builder.repair import (
     repair_wheel,
     split_wheel_name,
 )
+from builder.reproducible import ENV_VAR as EPOCH_VAR
+from builder.reproducible import SourceDateEpoch, normalize_wheel
 from builder.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheelcheck import check_tag_covers_own_code
 
@@ -106,6 +108,13 @@ class PipelineOptions:
     jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
     force: bool = False  # rebuild even when the manifest says up to date
     ccache: bool = False
+    #: The build's timestamp (builder.reproducible): in every build environment, the input key
+    #: and the manifest; each published wheel is normalised with it. None: wheels as built.
+    source_date_epoch: Optional[SourceDateEpoch] = None
+
+    def epoch_env(self) -> dict[str, str]:
+        epoch = self.source_date_epoch
+        return {EPOCH_VAR: str(epoch.value)} if epoch is not None else {}
     #: Docker network the cell's image build and container join (``--network``; None: the
     #: engine's default bridge). Not an input of the wheel: it only decides the way out.
     network: Optional[str] = None
@@ -272,6 +281,27 @@ def find_up_to_date(out: Path, cell_id: str, key: str) -> Optional[Path]:
     return None
 
 
+def rebuild_reason(out: Path, cell_id: str, parts: Mapping[str, Any]) -> str:
+    """Why *cell_id* is built although dist/ may hold it: the inputs whose digest differs from
+    its newest manifest entry's (``extra.inputs``), or that there is no usable entry."""
+    entries = [w for w in read_manifest(out)["wheels"] if w.get("cell") == cell_id] if (
+        out / "manifest.json").exists() else []
+    if not entries:
+        return "not built before (no manifest entry)"
+    recorded = (entries[-1].get("extra") or {}).get("inputs") or {}
+    changed = sorted(k for k, v in parts.items() if recorded.get(k) != input_key({k: v})[:12])
+    if changed:
+        return "inputs changed since the last build: " + ", ".join(changed)
+    return "its wheel in the manifest is missing or altered"
+
+
+def _normalize(opts: PipelineOptions, steps: _Steps, wheel: Path) -> None:
+    """The repaired wheel in the canonical zip layout (builder.reproducible)."""
+    epoch = opts.source_date_epoch
+    if epoch is not None:
+        steps("normalize", lambda: normalize_wheel(wheel, epoch.value))
+
+
 # ------------------------------------------------------------------------- one cell
 
 
@@ -329,6 +359,7 @@ def _in_session(
     repaired = steps("repair", lambda: repair_wheel(
         session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
         excludes=excludes))
+    _normalize(opts, steps, repaired.wheel)
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
@@ -390,6 +421,7 @@ def _docker_cell(cell: Cell, recipe: Recipe, config: BuildConfig, opts: Pipeline
 
     steps("image", image)
     env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
+    env.update(opts.epoch_env())
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)
     binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
@@ -414,6 +446,7 @@ def _host_cell(cell: Cell, config: BuildConfig, opts: PipelineOptions, log: Outp
                steps: _Steps, stage: Path, python: str) -> _Built:
     aw, aw_env = host_auditwheel()
     env = {"MAX_JOBS": str(opts.jobs)} if opts.jobs else {}
+    env.update(opts.epoch_env())
     if opts.ccache:
         if shutil.which("ccache") is None:
             raise StepFailed("--ccache: ccache is not installed on this host "
@@ -459,7 +492,7 @@ def _cross_cell(cell: Cell, opts: PipelineOptions, target: _CrossTarget, log_pat
                 steps: _Steps, stage: Path) -> _Built:
     """The cross path's steps (builder.cross), each reported like the in-cell ones."""
     torch = steps("target torch", lambda: ensure_target_torch(cell.torch, target.python))
-    env = {"AMP_LOCAL_VERSION": cell.torch_local}
+    env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)
     built = steps("compile", lambda: cross_build_wheel(
@@ -472,6 +505,7 @@ def _cross_cell(cell: Cell, opts: PipelineOptions, target: _CrossTarget, log_pat
     ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
     repaired = steps("repair", lambda: repair_cross_wheel(
         labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
+    _normalize(opts, steps, repaired.wheel)
 
     def verify() -> dict[str, Any]:
         check_no_bundled_torch(repaired.wheel)
@@ -551,6 +585,8 @@ def build_cell(
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
             if opts.wheelhouse and opts.wheelhouse.is_dir() else None,
+            "source_date_epoch": opts.source_date_epoch.value
+            if opts.source_date_epoch is not None else None,
         }
         base_id = ""
         python = ""
@@ -587,7 +623,11 @@ def build_cell(
                                                                           key))
             if existing is not None:
                 result.status, result.wheel = UP_TO_DATE, existing
+                result.note = (f"same inputs as its manifest entry (input key {key[:12]}); "
+                               "--force rebuilds")
                 return result
+        result.note = ("--force" if opts.force else
+                       rebuild_reason(opts.out, cell.identifier, key_parts))
         stage.mkdir(parents=True, exist_ok=True)
         if target is not None:
             built = _cross_cell(cell, opts, target, log_path, steps, stage)
@@ -609,6 +649,8 @@ def build_cell(
                        "backend": "cross" if cross else "emulated" if emulated else
                        choice.name, "tag": built.tag,
                        "modules": list(built.modules), "project": opts.project.name,
+                       **({"source_date_epoch": asdict(opts.source_date_epoch)}
+                          if opts.source_date_epoch is not None else {}),
                        **built.extra})
             try:
                 record_wheel(opts.out, entry)

@@ -27,6 +27,8 @@ class CellResult:
     error: str = ""
     log: Optional[Path] = None
     seconds: float = 0.0
+    #: Why the cell was built or skipped (e.g. which inputs changed), shown in the summary.
+    note: str = ""
 
     @property
     def ok(self) -> bool:

@@ -56,7 +56,8 @@ class Progress:
             started = self._rows.get(result.cell, ("", time.monotonic(), ""))[1]
             self._rows[result.cell] = (result.status, started, result.status)
             if not self.live_mode:
-                self._line(f"[{result.cell}] {result.status} ({result.seconds:.0f}s)")
+                why = f": {result.note}" if result.note else ""
+                self._line(f"[{result.cell}] {result.status} ({result.seconds:.0f}s){why}")
 
     def note(self, text: str) -> None:
         with self._lock:
@@ -83,5 +84,7 @@ def summary_table(results: Iterable[CellResult], console: Console,
         table.add_column(col, overflow="fold")
     for r in results:
         what = r.wheel.name if r.wheel is not None else (r.error.splitlines() or [""])[0]
+        if r.note and r.wheel is not None:
+            what += f" ({r.note})"
         table.add_row(r.cell, r.status, f"{r.seconds:.0f}s", redact(what))
     console.print(table)
