@@ -1,0 +1,266 @@
+"""Offline builds without an engine: the pre-flight (``builder.preflight``) on real wheel files,
+bundle verification (``builder.bundle``), and the ``build``/``fetch``/``make`` front doors
+failing early and by name. Fast (seconds): the wheels here are small but real zip files with
+METADATA; the end-to-end fetch + offline docker build is in test_fetch_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from pipelinelib import builder_env
+
+from builder.bundle import (
+    WHEELS_DIR,
+    Bundle,
+    BundleCell,
+    begin_fetch,
+    describe_file,
+    read_bundle,
+    verify_bundle,
+    write_bundle,
+)
+from builder.config import REPO_ROOT
+from builder.errors import ConfigError
+from builder.preflight import Target, cell_requirements, describe_missing, index_wheelhouse, resolve
+
+X86_311 = Target("3.11", "x86_64", "manylinux_2_28_x86_64", "cp311-manylinux_x86_64-torch2.13.0")
+TORCH_DEPS = [
+    "filelock",
+    "sympy>=1.13.3",
+    'typing-extensions>=4.10.0; python_version >= "3.9"',
+    'legacy-shim; python_version < "3.10"',  # only for old Pythons: must not be needed here
+    "fsspec[http]",
+    'nvidia-only; platform_machine == "aarch64"',
+]
+
+
+def make_wheel(folder: Path, filename: str, requires: list[str] = ()) -> Path:
+    """A real (tiny) wheel: a zip whose .dist-info/METADATA carries *requires*."""
+    name, version = filename.split("-")[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+        zf.writestr(f"{name}/__init__.py", "")
+    return path
+
+
+def full_wheelhouse(folder: Path, torch_name: str =
+                    "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") -> Path:
+    make_wheel(folder, torch_name, TORCH_DEPS)
+    make_wheel(folder, "filelock-3.20.0-py3-none-any.whl")
+    make_wheel(folder, "sympy-1.14.0-py3-none-any.whl", ["mpmath>=1.1.0,<1.4"])
+    make_wheel(folder, "mpmath-1.3.0-py3-none-any.whl")
+    make_wheel(folder, "typing_extensions-4.16.0-py3-none-any.whl")
+    make_wheel(folder, "fsspec-2026.9.0-py3-none-any.whl", ['aiohttp; extra == "http"'])
+    make_wheel(folder, "aiohttp-3.13.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+    make_wheel(folder, "setuptools-80.0.0-py3-none-any.whl")
+    make_wheel(folder, "wheel-0.45.0-py3-none-any.whl")
+    return folder
+
+
+def check(folder: Path, target: Target = X86_311, torch: str = "2.13.0"):
+    return resolve(index_wheelhouse(folder), target, cell_requirements(torch))
+
+
+# ------------------------------------------------------------------ pre-flight
+
+
+def test_complete_wheelhouse_passes_with_markers_and_extras_for_the_target(tmp_path: Path):
+    result = check(full_wheelhouse(tmp_path))
+    assert result.ok, describe_missing(result, "x")
+    assert sorted(result.chosen) == ["aiohttp", "filelock", "fsspec", "mpmath", "setuptools",
+                                     "sympy", "torch", "typing-extensions", "wheel"]
+    assert str(result.chosen["torch"].version) == "2.13.0+cpu"
+
+
+def test_missing_torch_is_named_with_version_python_and_platform(tmp_path: Path):
+    folder = full_wheelhouse(tmp_path)
+    next(folder.glob("torch-*.whl")).unlink()
+    msg = describe_missing(check(folder), f"offline bundle {folder}")
+    assert msg == (f"offline bundle {folder} lacks torch==2.13.0 for cp311 "
+                   "manylinux_2_28_x86_64 (cell cp311-manylinux_x86_64-torch2.13.0)")
+
+
+def test_torch_for_another_platform_is_named_as_unusable(tmp_path: Path):
+    folder = full_wheelhouse(
+        tmp_path, torch_name="torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl")
+    msg = describe_missing(check(folder), "offline bundle B")
+    assert msg.startswith("offline bundle B lacks torch==2.13.0 for cp311 manylinux_2_28_x86_64")
+    assert ("present but not usable there: "
+            "torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl") in msg
+
+
+def test_torch_for_another_python_is_named(tmp_path: Path):
+    folder = full_wheelhouse(tmp_path)
+    cp312 = Target("3.12", "x86_64", "manylinux_2_28_x86_64", "cp312-manylinux_x86_64-torch2.13.0")
+    result = check(folder, cp312)
+    assert [m.requirement for m in result.missing] == ["torch==2.13.0"]
+    assert "lacks torch==2.13.0 for cp312 manylinux_2_28_x86_64 (cell cp312-" in (
+        describe_missing(result, "B"))
+
+
+def test_wrong_torch_version_and_newer_glibc_are_both_refused(tmp_path: Path):
+    folder = full_wheelhouse(tmp_path)
+    assert [m.requirement for m in check(folder, torch="2.9.1").missing] == ["torch==2.9.1"]
+    # The base image's glibc (2.17) is older than the torch wheel's policy (2.28).
+    old_glibc = Target("3.11", "x86_64", "manylinux_2_17_x86_64", "c")
+    assert [m.requirement for m in check(folder, old_glibc).missing] == ["torch==2.13.0"]
+    # A newer glibc takes older policies (2_28 wheel on a 2_36 base).
+    assert check(folder, Target("3.11", "x86_64", "manylinux_2_36_x86_64", "c")).ok
+
+
+def test_missing_dependency_from_torch_metadata_names_who_needs_it(tmp_path: Path):
+    folder = full_wheelhouse(tmp_path)
+    (folder / "sympy-1.14.0-py3-none-any.whl").unlink()
+    make_wheel(folder, "sympy-1.12-py3-none-any.whl")
+    msg = describe_missing(check(folder), "B")
+    assert msg == ("B lacks sympy>=1.13.3 for cp311 manylinux_2_28_x86_64 (cell "
+                   "cp311-manylinux_x86_64-torch2.13.0), required by torch 2.13.0+cpu; present "
+                   "but not usable there: sympy-1.12-py3-none-any.whl")
+
+
+def test_markers_are_evaluated_for_the_target_python_not_this_host(tmp_path: Path):
+    folder = full_wheelhouse(
+        tmp_path, torch_name="torch-2.13.0-cp39-cp39-manylinux_2_28_x86_64.whl")
+    make_wheel(folder, "aiohttp-3.13.0-cp39-cp39-manylinux_2_17_x86_64.whl")
+    cp39 = Target("3.9", "x86_64", "manylinux_2_28_x86_64", "cp39-manylinux_x86_64-torch2.13.0")
+    result = check(folder, cp39)
+    assert [m.requirement for m in result.missing] == ["legacy-shim"]
+    make_wheel(folder, "legacy_shim-1.0-py3-none-any.whl")
+    assert check(folder, cp39).ok
+
+
+def test_project_requirements_join_the_cells(tmp_path: Path):
+    assert cell_requirements("2.13.0") == ["torch==2.13.0", "setuptools", "wheel"]
+    reqs = cell_requirements("2.13.0", REPO_ROOT)
+    assert reqs[:3] == ["torch==2.13.0", "setuptools", "wheel"]
+    assert "setuptools>=68" in reqs and "torch>=2.1" in reqs
+
+
+# ------------------------------------------------------------------ bundle verification
+
+
+def small_bundle(root: Path) -> Bundle:
+    full_wheelhouse(root / WHEELS_DIR)
+    files = [describe_file(root, f"{WHEELS_DIR}/{p.name}", ["c1"])
+             for p in sorted((root / WHEELS_DIR).glob("*.whl"))]
+    bundle = Bundle(root=root, files=files, cells=[BundleCell(
+        "c1", "X86", "3.11", "x86_64", "manylinux_2_28_x86_64", "2.13.0", "img")])
+    write_bundle(bundle)
+    return bundle
+
+
+def test_bundle_round_trips_and_verifies(tmp_path: Path):
+    small_bundle(tmp_path)
+    again = read_bundle(tmp_path)
+    verify_bundle(again)
+    assert len(again.files) == 9 and again.cells[0].plat == "manylinux_2_28_x86_64"
+    doc = json.loads((tmp_path / "bundle.json").read_text())
+    torch = next(f for f in doc["files"] if f["path"].startswith("wheels/torch-"))
+    assert torch["size"] == (tmp_path / torch["path"]).stat().st_size and len(torch["sha256"]) == 64
+
+
+@pytest.mark.parametrize("damage", ["tamper", "missing", "unlisted"])
+def test_damaged_bundle_names_the_file(tmp_path: Path, damage: str):
+    small_bundle(tmp_path)
+    target = tmp_path / WHEELS_DIR / "sympy-1.14.0-py3-none-any.whl"
+    if damage == "tamper":
+        data = bytearray(target.read_bytes())
+        data[10] ^= 0xFF  # same size, other bytes
+        target.write_bytes(bytes(data))
+        expect = f"{target} does not match its sha256 in bundle.json"
+    elif damage == "missing":
+        target.unlink()
+        expect = f"{target} is missing"
+    else:
+        target = make_wheel(tmp_path / WHEELS_DIR, "evil-1.0-py3-none-any.whl")
+        expect = f"{target} is not listed in bundle.json"
+    with pytest.raises(ConfigError) as info:
+        verify_bundle(read_bundle(tmp_path))
+    assert expect in info.value.message and info.value.return_code == 2
+
+
+def test_refetch_removes_bundle_json_first(tmp_path: Path):
+    """An interrupted fetch leaves no bundle.json that could describe other files."""
+    small_bundle(tmp_path)
+    old = begin_fetch(tmp_path)
+    assert not (tmp_path / "bundle.json").exists()
+    assert old[f"{WHEELS_DIR}/filelock-3.20.0-py3-none-any.whl"]
+    with pytest.raises(ConfigError, match="bundle.json not found.*interrupted"):
+        read_bundle(tmp_path)
+
+
+# ------------------------------------------------------------------ front doors
+
+
+def run_builder(cwd: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "builder", *argv], cwd=cwd, capture_output=True,
+                          text=True, env=builder_env(**env), timeout=300)
+
+
+def test_build_with_tampered_bundle_exits_2_before_building(tmp_path: Path):
+    small_bundle(tmp_path / "B")
+    victim = tmp_path / "B" / WHEELS_DIR / "wheel-0.45.0-py3-none-any.whl"
+    victim.write_bytes(victim.read_bytes() + b"x")
+    r = run_builder(tmp_path, "build", "--offline", "--bundle", "B", "--backend", "host",
+                    "--out", "dist", "--work-dir", "work")
+    assert r.returncode == 2, r.stderr
+    assert f"{victim} has {victim.stat().st_size} bytes, bundle.json says" in r.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_build_preflight_names_missing_torch_before_compiling(tmp_path: Path):
+    bundle = small_bundle(tmp_path / "B")
+    # A bundle made for another Python: valid, verified, but no cp312 torch.
+    r = run_builder(tmp_path, "build", "--bundle", "B", "--backend", "host", "--arch", "X86",
+                    "--python", "3.12", "--torch", "2.13.0", "--out", "dist",
+                    "--work-dir", "work")
+    assert r.returncode == 2, r.stderr
+    assert "note: a bundle is for offline builds" in r.stderr
+    assert (f"offline bundle {bundle.root} lacks torch==2.13.0 for cp312 manylinux_2_"
+            in r.stderr), r.stderr
+    assert "(cell cp312-manylinux_x86_64-torch2.13.0)" in r.stderr
+    assert "] compile" not in r.stderr and not (tmp_path / "dist").exists()
+
+
+def test_make_wheel_offline_passes_the_bundle(tmp_path: Path):
+    small_bundle(tmp_path / "B")
+    (tmp_path / "B" / WHEELS_DIR / "mpmath-1.3.0-py3-none-any.whl").unlink()
+    env = {k: v for k, v in builder_env().items() if k not in ("MAKEFLAGS", "BUNDLE")}
+    # -o builder-env: this test checks the wheel target only, never (re)installs .venv.
+    r = subprocess.run(["make", "-s", "-o", "builder-env", "wheel",
+                        "OFFLINE=1", f"BUNDLE={tmp_path / 'B'}", "BACKEND=host",
+                        f"OUT={tmp_path / 'dist'}"],
+                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "mpmath-1.3.0-py3-none-any.whl is missing" in r.stderr
+
+
+def test_fetch_that_fails_leaves_no_bundle_json(tmp_path: Path):
+    small_bundle(tmp_path / "B")
+    # pip with no index and no configuration at all cannot find torch: the fetch fails.
+    r = run_builder(tmp_path, "fetch", "--bundle", "B", "--no-images", "--arch", "X86",
+                    "--python", "3.11", "--torch", "2.13.0", "--pip-arg=--isolated",
+                    "--pip-arg=--no-index")
+    assert r.returncode == 1, r.stderr
+    assert "pip download for cp311-manylinux_x86_64-torch2.13.0 failed" in r.stderr
+    assert not (tmp_path / "B" / "bundle.json").exists()
+    r = run_builder(tmp_path, "build", "--bundle", "B", "--backend", "host", "--out", "dist")
+    assert r.returncode == 2 and "bundle.json not found" in r.stderr, r.stderr
+
+
+def test_fetch_needs_a_bundle_folder(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k != "BUNDLE"}
+    r = subprocess.run([sys.executable, "-m", "builder", "fetch", "--no-images"], cwd=tmp_path,
+                       capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO_ROOT)})
+    assert r.returncode == 2 and "expected --bundle DIR" in r.stderr, r.stderr
