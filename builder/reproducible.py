@@ -130,7 +130,8 @@ def resolve_source_date_epoch(
         return SourceDateEpoch(committed, "the project's last git commit")
     newest = newest_mtime(project, ignore or project_ignored)
     if newest is not None:
-        return SourceDateEpoch(newest, "not a git checkout: the newest file in the project")
+        return SourceDateEpoch(newest, "not a git checkout (or git cannot read it): "
+                                       "the newest file in the project")
     raise ConfigError(f"cannot choose a source date epoch for {project}: it is not a git "
                       "checkout and holds no files; pass --source-date-epoch N or set "
                       f"{ENV_VAR}", key="--source-date-epoch")
