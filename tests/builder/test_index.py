@@ -23,6 +23,7 @@ from indexlib import fresh_venv, installed_version, make_wheel, pip_in
 from packaging.version import Version
 
 from builder.cli import main
+from builder.errors import StepFailed
 from builder.localversion import add_local_version
 from builder.manifest import ManifestEntry, record_wheel
 from builder.simple_index import normalize_project, read_wheel, write_simple_index
@@ -256,3 +257,12 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "junk-1.0-py3-none-any.whl: cannot read it as a wheel" in err
     assert not (tmp_path / "o" / "simple").exists()
+
+
+def test_a_wheel_whose_metadata_disagrees_with_its_name_is_refused(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w", "realname", "1.0")
+    renamed = wheel.rename(wheel.with_name("othername-1.0-py3-none-any.whl"))
+    with pytest.raises(StepFailed, match="file name says othername 1.0 but METADATA says "
+                       "realname 1.0"):
+        write_simple_index([renamed], tmp_path / "out")
+    assert not (tmp_path / "out" / "simple").exists()

@@ -7,6 +7,7 @@ command (twine as a subprocess); what was uploaded is fetched back with the real
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,11 +46,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("pypiserver")
+@contextlib.contextmanager
+def running_server(root: Path, authenticate: str) -> Iterator[Server]:
+    """pypiserver on a free 127.0.0.1 port; *authenticate*: the actions that need the
+    password (pypiserver's -a: "update", or "update,download,list" for a private one)."""
     packages = root / "packages"
-    packages.mkdir()
+    packages.mkdir(parents=True)
     htpasswd = HtpasswdFile(str(root / "htpasswd"), new=True, default_scheme="apr_md5_crypt")
     htpasswd.set_password(USER, PASSWORD)
     htpasswd.save()
@@ -57,15 +60,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port),
-             "-P", str(root / "htpasswd"), "-a", "update", "--disable-fallback", str(packages)],
+             "-P", str(root / "htpasswd"), "-a", authenticate, "--disable-fallback",
+             str(packages)],
             stdout=fh, stderr=subprocess.STDOUT, env=clean_pip_env())
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(url + "simple/", timeout=2):
+                with urllib.request.urlopen(url + "health", timeout=2):
                     break
+            except urllib.error.HTTPError:
+                break  # it answers (an older pypiserver without /health, or 401)
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"pypiserver did not start:\n{log.read_text()}")
@@ -74,6 +80,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Uploads need the password, reading the index does not."""
+    with running_server(tmp_path_factory.mktemp("pypiserver"), "update") as srv:
+        yield srv
 
 
 def _record(dist: Path, wheel: Path) -> None:
@@ -212,3 +225,25 @@ def test_bad_url_or_tampered_dist_exit_before_uploading(
     assert rc == 1
     assert f"{wheel.name}: sha256" in output and "refusing to release" in output
     assert not (server.packages / wheel.name).exists()
+
+
+def test_skip_existing_on_a_private_repository(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reading the index needs the password too: --skip-existing must send it."""
+    with running_server(tmp_path / "private", "update,download,list") as private:
+        dist = _dist(tmp_path, "pubprivate")
+        wheel = next(dist.glob("*.whl"))
+        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
+                              "--skip-existing")
+        assert rc == 0, output
+        assert (private.packages / wheel.name).exists()
+        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
+                              "--skip-existing")
+        assert rc == 0, output
+        assert "already on the repository with the same sha256" in output
+        assert PASSWORD not in output
+        # without the password the index cannot be read: a clear failure, not a re-upload
+        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
+                              "--skip-existing", password="")
+        assert rc == 1 and "HTTP 401" in output, output
