@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "different sha256 is an error); read from its simple index, see --index-url")
     p.add_argument("--index-url", metavar="URL",
                    help="the repository's PEP 503 simple index, read by --skip-existing "
-                   "(default: <repository-url>/simple/, as pypiserver and devpi serve it)")
+                   "(default: <repository-url>/simple/, where pypiserver serves it)")
     p.add_argument("--config", metavar="FILE",
                    help="build configuration YAML for publish.repository_url "
                    "(default: configs/matrix.yaml)")
