@@ -51,7 +51,7 @@ from builder.cross.build import cross_build_wheel
 from builder.cross.cell import cross_available
 from builder.cross.qemu import extension_modules, verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
-from builder.cross.sysroot import TargetPython, ensure_target_python
+from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
 from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
 from builder.cross.toolchain import PROVISION_SCRIPT, CrossToolchain, find_toolchain
 from builder.emulation import require_emulation
@@ -533,7 +533,8 @@ def unsupported_reason(cell: Cell) -> Optional[str]:
                 f"{cell.machine} machine, e.g. one CI runner per cell (`python -m builder plan "
                 f"--format github`); {cross}. The cross path needs aarch64-linux-gnu-g++, "
                 f"qemu-aarch64 (`sudo {PROVISION_SCRIPT}`) and an aarch64 Python sysroot "
-                "(Python 3.11 only for now); --backend emulated builds it in an emulated "
+                f"(Python {', '.join(DEBIAN_PYTHONS)}: the Debian releases' arm64 CPythons); "
+                "--backend emulated builds it in an emulated "
                 f"container instead (slow; needs `python -m builder base-image --arch "
                 f"{cell.arch}`)")
     return None
@@ -546,8 +547,8 @@ def cross_unsupported(cell: Cell) -> Optional[str]:
         return None
     hint = ""
     if cell.machine == "aarch64" and "sysroot" in why:
-        hint = ("; the cross sysroot supports only Python 3.11 for now (--python 3.11), or "
-                "build this cell on an aarch64 machine")
+        hint = (f"; the cross sysroot supports Python {', '.join(DEBIAN_PYTHONS)} (the "
+                "Debian arm64 CPythons), or build this cell on an aarch64 machine")
     elif cell.machine != "aarch64":
         hint = "; build it with --backend auto, docker or host"
     return f"the cross backend cannot build {cell.identifier}: {why.rstrip('.')}{hint}"

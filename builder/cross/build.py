@@ -1,12 +1,13 @@
 """Cross-compile a PEP 517 torch-extension project into a ``linux_<arch>`` wheel on this host.
 
 The project's own build runs unchanged (``pip wheel --no-build-isolation``) on the host
-interpreter, which must be the same Python X.Y as the target and have *some* torch importable
-(for ``torch.utils.cpp_extension``'s build logic). What makes it a cross build is the
-environment:
+interpreter, which must have *some* torch importable (for ``torch.utils.cpp_extension``'s build
+logic); it need not be the target's Python X.Y. What makes it a cross build is the environment:
 
-* ``_PYTHON_SYSCONFIGDATA_NAME`` + ``PYTHONPATH`` -> the target's sysconfig (EXT_SUFFIX, SOABI),
-  so the module is ``*.cpython-3X-aarch64-linux-gnu.so``;
+* ``_PYTHON_SYSCONFIGDATA_NAME`` + ``PYTHONPATH`` -> the target's sysconfig (EXT_SUFFIX, SOABI,
+  VERSION), so the module is ``*.cpython-3X-aarch64-linux-gnu.so`` and setuptools (84.x here,
+  whose bdist_wheel reads the Python and ABI tags from the target's sysconfig) tags the wheel
+  ``cp3X-cp3X``; the compile sees only the target's Python headers (``CPPFLAGS`` first);
 * ``_PYTHON_HOST_PLATFORM=linux-aarch64`` -> ``sysconfig.get_platform()``, so the wheel is
   ``linux_aarch64``;
 * ``CC``/``CXX``/``LDSHARED`` -> the GNU cross toolchain;
@@ -85,15 +86,27 @@ def _failure_excerpt(log: Path) -> str:
 
 
 def host_python_for(python: TargetPython) -> str:
-    """The interpreter that runs the build: this one when its X.Y matches the target."""
-    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    if here != python.version:
-        raise StepFailed(
-            f"cross build for Python {python.version}: the host interpreter running the build "
-            f"must be Python {python.version} with torch importable (this is {here}); run the "
-            f"builder from a Python {python.version} venv with a CPU torch installed"
-        )
+    """The interpreter that runs the build: this one (it has torch; its X.Y may differ from
+    the target's, whose sysconfig and headers the build uses).
+
+    A host torch for every target Python would cost a CUDA-sized download per version on an
+    x86_64 host (the index's non-cp311 x86_64 torch wheels are CUDA builds); the wheel's tags
+    are checked against the target after the build instead.
+    """
     return sys.executable
+
+
+def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
+    """Refuse a cross-built wheel not tagged ``cpXY-cpXY-linux_<arch>`` for the target."""
+    tag = python.python_tag
+    expected = f"-{tag}-{tag}-linux_{python.arch}.whl"
+    if not wheel.name.endswith(expected):
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        raise StepFailed(
+            f"cross build: wheel {wheel.name} is not tagged {expected[1:-4]} for the target "
+            f"Python {python.version}. The host interpreter (Python {here}) named it; its "
+            "setuptools must take the tags from the target's sysconfig (a recent one does), or "
+            f"run the builder from a Python {python.version} venv with torch; log: {log}")
 
 
 def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossToolchain,
@@ -186,9 +199,7 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             raise StepFailed(f"cross build of {project}: expected one wheel, got "
                              f"{[w.name for w in wheels]}; log: {log}")
         built = wheels[0]
-        if not built.name.endswith(f"-linux_{python.arch}.whl"):
-            raise StepFailed(f"cross build of {project}: wheel {built.name} is not tagged "
-                             f"linux_{python.arch}; log: {log}")
+        check_wheel_tags(built, python, log)
         final = out_dir / built.name
         shutil.move(str(built), final)
     return CrossBuildResult(wheel=final, seconds=seconds, log=log)

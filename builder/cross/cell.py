@@ -41,8 +41,10 @@ def cross_available(arch: str, python: str) -> tuple[bool, str]:
     if arch != "aarch64":
         return False, f"cross compilation targets aarch64 only, not {arch}"
     if python not in DEBIAN_PYTHONS:
-        return False, (f"no aarch64 Python {python} sysroot on this host "
-                       f"(Debian provides {', '.join(sorted(DEBIAN_PYTHONS))})")
+        shipped = ", ".join(f"{v} ({s})" for v, s in DEBIAN_PYTHONS.items())
+        return False, (f"no aarch64 Python {python} sysroot on this host: no Debian release "
+                       f"ships an arm64 Python {python} to verify against (Debian arm64 "
+                       f"CPythons: {shipped})")
     try:
         find_toolchain(arch)
         find_qemu(arch)

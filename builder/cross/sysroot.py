@@ -8,10 +8,14 @@ One sysroot serves two jobs:
 * verifying: ``qemu-aarch64 -L <sysroot> <sysroot>/usr/bin/python3.X`` runs the real target
   interpreter.
 
-The .debs come from the host's own apt sources (``apt-get download PKG:arm64``, which needs
-``dpkg --add-architecture arm64``; see provision.sh). Nothing is installed on the host. The cache
-entry is keyed by the SHA-256 of every .deb, read from the apt index before downloading, so a
-security update of python3.11 makes a new sysroot and an unchanged one is reused offline.
+Each Debian suite ships one CPython for arm64 (bullseye 3.9, bookworm 3.11, trixie 3.13), and
+each sysroot is that suite's: its python3.X with the suite's own libc, libssl, libffi... The
+.debs come from the host's apt (``apt-get download PKG:arm64``): the host's own suite through
+the host's sources (``dpkg --add-architecture arm64``; see provision.sh), any other suite
+through a private apt configuration derived from them (:mod:`builder.cross.apt_suite`). Nothing
+is installed on the host. The cache entry is keyed by the SHA-256 of every .deb, read from the
+apt index before downloading, so a security update of python3.X makes a new sysroot and an
+unchanged one is reused offline.
 
 The sysroot deliberately contains no libgomp: a wheel that only imports because the verification
 sysroot happened to provide an OpenMP runtime would break on a bare target.
@@ -19,6 +23,7 @@ sysroot happened to provide an OpenMP runtime would break on a bare target.
 
 from __future__ import annotations
 
+import functools
 import pprint
 import shutil
 import subprocess
@@ -27,24 +32,82 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.cross.apt_suite import SuiteApt, suite_apt
 from builder.cross.cache import cache_root, content_key, ensure_entry
+from builder.engines.host import find_python
 from builder.errors import StepFailed
 
-# Debian suite -> the CPython it ships for arm64. Only bookworm's is wired to the host's apt.
-DEBIAN_PYTHONS = {"3.11": "bookworm"}
+# Python X.Y -> the Debian suite whose arm64 archive ships it (checked on this machine's apt:
+# no suite has 3.10 or 3.12; sid/forky have 3.13 and 3.14, which are not stable releases).
+DEBIAN_PYTHONS = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 
-# Runtime closure of Debian's python3.X (stdlib extension modules' shared libs) + headers.
-# Computed once with `apt-cache depends --recurse python3.11:arm64`, minus tools and -dev
-# packages a compiled extension never needs. "{v}" is the Python version.
-_PACKAGES = (
+# Runtime closure of Debian's python3.X (stdlib extension modules' shared libs, libstdc++ for the
+# extension under test) + headers. Computed once per suite with `apt-cache depends --recurse
+# --no-recommends python3.X:arm64 libpython3.X:arm64 libstdc++6:arm64`, minus tools, -dev
+# packages a compiled extension never needs and arch-all data (tzdata, media-types).
+# "{v}" is the Python version.
+_PYTHON_PACKAGES = (
     "python{v}-minimal", "libpython{v}-minimal", "libpython{v}-stdlib", "python{v}",
     "libpython{v}", "libpython{v}-dev",
-    "libc6", "libgcc-s1", "gcc-12-base", "libstdc++6", "zlib1g", "libexpat1", "libffi8",
-    "libssl3", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libncursesw6", "libtinfo6",
-    "libreadline8", "libuuid1", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3",
-    "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libkrb5support0", "libkeyutils1",
-    "libcom-err2",
 )
+_KERBEROS = ("libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libkrb5support0", "libkeyutils1",
+             "libcom-err2")
+SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {
+    "bullseye": (
+        "libc6", "libgcc-s1", "gcc-10-base", "libstdc++6", "zlib1g", "libexpat1", "libffi7",
+        "libssl1.1", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libncursesw6", "libtinfo6",
+        "libreadline8", "libuuid1", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3", "libmpdec3",
+        *_KERBEROS,
+    ),
+    "bookworm": (
+        "libc6", "libgcc-s1", "gcc-12-base", "libstdc++6", "zlib1g", "libexpat1", "libffi8",
+        "libssl3", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libncursesw6", "libtinfo6",
+        "libreadline8", "libuuid1", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3",
+        *_KERBEROS,
+    ),
+    # trixie renamed libraries for 64-bit time_t (t64) and dropped crypt/nis from 3.13.
+    "trixie": (
+        "libc6", "libgcc-s1", "gcc-14-base", "libstdc++6", "zlib1g", "libexpat1", "libffi8",
+        "libssl3t64", "libbz2-1.0", "liblzma5", "libzstd1", "libsqlite3-0", "libncursesw6",
+        "libtinfo6", "libreadline8t64", "libuuid1", "libdb5.3t64",
+    ),
+}
+
+
+def suite_for(version: str) -> str:
+    """The Debian suite that ships an arm64 CPython ``version``; :class:`StepFailed` otherwise.
+
+    The message names the versions that do build and what to do for the others: a cross build
+    is verified by running the target interpreter, so without one there is nothing to check
+    the wheel against.
+    """
+    if version in DEBIAN_PYTHONS:
+        return DEBIAN_PYTHONS[version]
+    known = ", ".join(f"{v} ({s})" for v, s in sorted(DEBIAN_PYTHONS.items(),
+                                                       key=lambda kv: _version_key(kv[0])))
+    raise StepFailed(
+        f"target Python {version}: no Debian release ships an arm64 Python {version} (Debian "
+        f"arm64 CPythons: {known}), so there is no target interpreter to verify a cross-built "
+        f"wheel against. Build this cell on an aarch64 machine (or --backend emulated in a "
+        f"manylinux_2_28_aarch64 image), or pick Python {', '.join(_sorted_versions())}"
+    )
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _sorted_versions() -> list[str]:
+    return sorted(DEBIAN_PYTHONS, key=_version_key)
+
+
+def target_packages(version: str, arch: str = "aarch64") -> list[str]:
+    """``name:arch`` of every .deb in the sysroot of Python ``version`` (its suite's closure)."""
+    deb_arch = _debian_arch(arch)
+    suite = suite_for(version)
+    names = [p.format(v=version) for p in _PYTHON_PACKAGES] + list(SUITE_LIBRARIES[suite])
+    return [f"{name}:{deb_arch}" for name in names]
+
 
 SYSCONFIG_NAME = "_sysconfigdata__ampforge_cross_{arch}"
 
@@ -79,10 +142,13 @@ def _debian_arch(arch: str) -> str:
     return "arm64"
 
 
-def _apt_index(packages: list[str]) -> dict[str, tuple[str, str]]:
-    """name:arch -> (version, sha256) of the candidate .debs, from the local apt index."""
+def _apt_index(packages: list[str], apt: SuiteApt | None = None) -> dict[str, tuple[str, str]]:
+    """name:arch -> (version, sha256) of the candidate .debs, from the apt index (the host's,
+    or ``apt``'s private one)."""
+    options = list(apt.options) if apt else []
     out = subprocess.run(
-        ["apt-cache", "show", "--no-all-versions", *packages], capture_output=True, text=True
+        ["apt-cache", *options, "show", "--no-all-versions", *packages], capture_output=True,
+        text=True,
     )
     found: dict[str, tuple[str, str]] = {}
     for para in out.stdout.split("\n\n"):
@@ -94,6 +160,13 @@ def _apt_index(packages: list[str]) -> dict[str, tuple[str, str]]:
     # Architecture: all packages (media-types) answer for any :arch; match on the name.
     found = {p: found[p.split(":")[0]] for p in packages if p.split(":")[0] in found}
     missing = [p for p in packages if p not in found]
+    if missing and apt is not None and apt.options:
+        raise StepFailed(
+            f"target Python: Debian {apt.suite}'s apt index has no candidate for "
+            + ", ".join(missing) + f" (index: {apt.options[apt.options.index('-o') + 1]}...; "
+            "a suite's package names change between releases: see SUITE_LIBRARIES in "
+            "builder/cross/sysroot.py)"
+        )
     if missing:
         raise StepFailed(
             "target Python: apt knows no candidate for " + ", ".join(missing) + ". Enable the "
@@ -140,9 +213,11 @@ def _layout(entry: Path, version: str, arch: str) -> TargetPython:
     triplet = f"{arch}-linux-gnu"
     name = SYSCONFIG_NAME.format(arch=arch)
     suffix_file = entry / "ext_suffix"
-    lib_dirs = tuple(
-        p for p in (sysroot / "lib" / triplet, sysroot / "usr" / "lib" / triplet) if p.is_dir()
-    )
+    lib_dirs: tuple[Path, ...] = ()
+    for folder in (sysroot / "lib" / triplet, sysroot / "usr" / "lib" / triplet):
+        # In merged-/usr sysroots lib/ is a link to usr/lib: list each folder once.
+        if folder.is_dir() and folder.resolve() not in {d.resolve() for d in lib_dirs}:
+            lib_dirs += (folder,)
     return TargetPython(
         version=version,
         arch=arch,
@@ -156,42 +231,130 @@ def _layout(entry: Path, version: str, arch: str) -> TargetPython:
     )
 
 
+def native_interpreter(version: str) -> str | None:
+    """A host interpreter of Python ``version`` (X.Y): this one, else the host backend's
+    search (``pythonX.Y`` on PATH, pyenv's versions); None when there is none."""
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
+        return sys.executable
+    try:
+        return str(find_python(version))
+    except StepFailed:
+        return None
+
+
 def precompile(folder: Path, version: str, shown_as: Path) -> None:
-    """Byte-compile ``folder`` natively when this interpreter is the target's X.Y.
+    """Byte-compile ``folder`` natively with a host Python of the target's X.Y, if there is one.
 
     Debian's .debs ship no .pyc (postinst writes them); the emulated interpreter would
-    otherwise recompile its stdlib on every start. Bytecode is CPU-independent. ``shown_as`` is
-    the folder's path as the running program will see it (tracebacks find the source there).
+    otherwise recompile its stdlib on every start. Bytecode is CPU-independent (its format is
+    per X.Y only). ``shown_as`` is the folder's path as the running program will see it
+    (tracebacks find the source there). Without such a host Python nothing is compiled: slower
+    emulated starts, same results.
     """
-    if f"{sys.version_info[0]}.{sys.version_info[1]}" != version:
+    python = native_interpreter(version)
+    if python is None:
         return
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "2", "-s", str(folder),
+    subprocess.run([python, "-m", "compileall", "-q", "-j", "2", "-s", str(folder),
                     "-p", str(shown_as), str(folder)], capture_output=True)
 
 
-def unpack_debs(packages: list[str], root: Path) -> None:
-    """``apt-get download`` ``packages`` (``name:arch``) and ``dpkg -x`` them into ``root``."""
+def _versions(package: str, apt: SuiteApt | None) -> list[str]:
+    """Every version of ``package`` (``name:arch``) the apt index knows, newest first."""
+    options = list(apt.options) if apt else []
+    out = subprocess.run(["apt-cache", *options, "show", package], capture_output=True,
+                         text=True).stdout
+    versions = [line.split(": ", 1)[1] for line in out.splitlines()
+                if line.startswith("Version: ")]
+    ordered: list[str] = []
+    for version in versions:
+        if version not in ordered:
+            ordered.append(version)
+    return sorted(ordered, key=functools.cmp_to_key(_compare_debian_versions))
+
+
+def _compare_debian_versions(a: str, b: str) -> int:
+    """Newest first, by dpkg's own ordering."""
+    if a == b:
+        return 0
+    newer = subprocess.run(["dpkg", "--compare-versions", a, "gt", b]).returncode == 0
+    return -1 if newer else 1
+
+
+def _downloaded(folder: Path) -> dict[str, Path]:
+    """``name:arch`` -> .deb for the files ``apt-get download`` left in ``folder``."""
+    found = {}
+    for deb in folder.glob("*.deb"):
+        name, _, rest = deb.name.partition("_")
+        arch = rest.rsplit("_", 1)[-1][: -len(".deb")]
+        found[f"{name}:{arch}"] = deb
+    return found
+
+
+def unpack_debs(packages: list[str], root: Path, apt: SuiteApt | None = None) -> list[str]:
+    """``apt-get download`` ``packages`` (``name:arch``) and ``dpkg -x`` them into ``root``.
+
+    A candidate the mirror does not serve (seen here: bullseye-security's pool answers 404 while
+    its index is served) is replaced by the newest older version of the same package that it
+    does serve, e.g. the suite's own point-release build. The sysroot only runs the
+    verification, so that costs security fixes in a test interpreter, never in a wheel.
+    Returns ``name:arch=version`` of every .deb unpacked.
+    """
     root.mkdir(parents=True, exist_ok=True)
+    options = list(apt.options) if apt else []
     with tempfile.TemporaryDirectory(prefix="ampforge-debs-") as name:
         debs = Path(name)
         # apt drops privileges to _apt for downloads; a folder it cannot write only costs a
         # warning, so make it writable rather than silence apt.
         debs.chmod(0o777)
-        run = subprocess.run(["apt-get", "download", "-q", *packages], cwd=debs,
+        run = subprocess.run(["apt-get", *options, "download", "-q", *packages], cwd=debs,
                              capture_output=True, text=True)
-        if run.returncode != 0:
-            raise StepFailed("`apt-get download` of the target's .debs failed:\n"
-                             + run.stderr[-2000:])
-        for deb in sorted(debs.glob("*.deb")):
+        errors = run.stderr
+        older = {p: _versions(p, apt)[1:] for p in packages if p not in _downloaded(debs)}
+        # One apt-get per round, each still-missing package at its next older version.
+        for attempt in range(max((len(v) for v in older.values()), default=0)):
+            wanted = [f"{p}={v[attempt]}" for p, v in older.items()
+                      if p not in _downloaded(debs) and attempt < len(v)]
+            if not wanted:
+                break
+            retry = subprocess.run(["apt-get", *options, "download", "-q", *wanted], cwd=debs,
+                                   capture_output=True, text=True)
+            errors += retry.stderr
+        still = [p for p in packages if p not in _downloaded(debs)]
+        if still:
+            raise StepFailed("`apt-get download` of the target's .debs failed for "
+                             + ", ".join(still) + ":\n" + errors[-2000:])
+        used = []
+        for package, deb in sorted(_downloaded(debs).items()):
             subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+            version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"],
+                                     capture_output=True, text=True).stdout.strip()
+            used.append(f"{package}={version}")
+    # Merged-/usr suites (trixie) ship the loader as /usr/lib/ld-linux-*.so.1 and leave the
+    # /lib -> usr/lib link to base-files; QEMU's -L and the loader's own paths need it.
+    for top in ("lib", "bin", "sbin"):
+        if not (root / top).exists() and (root / "usr" / top).is_dir():
+            (root / top).symlink_to(f"usr/{top}")
+    return used
 
 
-def ensure_debian_root(packages: list[str], name: str, cache: Path | None = None) -> Path:
-    """A cached folder with ``packages`` (``name:arch``) unpacked, keyed by their .deb hashes."""
-    index = _apt_index(packages)
+def ensure_debian_root(packages: list[str], name: str, cache: Path | None = None,
+                       apt: SuiteApt | None = None) -> Path:
+    """A cached folder with ``packages`` (``name:arch``) unpacked, keyed by their .deb hashes
+    (from the host's apt, or ``apt``'s suite)."""
+    index = _apt_index(packages, apt)
     key = content_key(sorted(f"{p}={index[p][1]}" for p in packages))
     return ensure_entry(cache_root(cache) / "sysroots" / f"{name}-{key}",
-                        lambda tmp: unpack_debs(packages, tmp))
+                        lambda tmp: unpack_debs(packages, tmp, apt))
+
+
+def _debian_sysconfigdata(stdlib: Path, triplet: str) -> Path:
+    """The target's build-time sysconfig module: ``_sysconfigdata__<triplet>.py`` (Debian's
+    name; in trixie's 3.13 a link to upstream's ``_sysconfigdata__linux_<triplet>.py``)."""
+    for name in (f"_sysconfigdata__{triplet}.py", f"_sysconfigdata__linux_{triplet}.py"):
+        if (stdlib / name).is_file():
+            return (stdlib / name).resolve()
+    raise StepFailed(f"target Python: no _sysconfigdata__{triplet}.py in {stdlib} (found "
+                     f"{sorted(p.name for p in stdlib.glob('_sysconfigdata*'))})")
 
 
 def ensure_target_python(version: str, arch: str = "aarch64",
@@ -201,26 +364,20 @@ def ensure_target_python(version: str, arch: str = "aarch64",
     Raises :class:`StepFailed` with what to do when this host cannot provide that Python.
     """
     deb_arch = _debian_arch(arch)
-    if version not in DEBIAN_PYTHONS:
-        suites = ", ".join(sorted(set(DEBIAN_PYTHONS.values())))
-        known = ", ".join(sorted(DEBIAN_PYTHONS))
-        raise StepFailed(
-            f"target Python {version} for {arch}: this host's Debian ({suites}) ships only "
-            f"Python {known} for {deb_arch}. Other versions need a manylinux_2_28_aarch64 "
-            "image's /opt/python/cp3X (emulated backend) or an arm64 python3.X from another "
-            "Debian suite (bullseye has 3.9); not wired up yet."
-        )
+    packages = target_packages(version, arch)  # fails clearly for 3.10, 3.12, ...
     if shutil.which("dpkg") is None or shutil.which("apt-get") is None:
         raise StepFailed("target Python: needs a Debian host (dpkg, apt-get) to unpack .debs")
-    packages = [p.format(v=version) + f":{deb_arch}" for p in _PACKAGES]
-    index = _apt_index(packages)
+    apt = suite_apt(suite_for(version), deb_arch, cache)
+    index = _apt_index(packages, apt)
+    # The key is the .debs' content only (the suite is implied by them), so the bookworm
+    # sysroot made before other suites existed is still found.
     key = content_key(sorted(f"{p}={index[p][1]}" for p in packages))
     entry_path = cache_root(cache) / "sysroots" / f"python{version}-{arch}-{key}"
     triplet = f"{arch}-linux-gnu"
 
     def fill(tmp: Path) -> None:
         root = tmp / "root"
-        unpack_debs(packages, root)
+        used = unpack_debs(packages, root, apt)
         # Debian splits pyconfig.h per architecture behind a wrapper that needs the whole
         # sysroot /usr/include on the path (with the target libc headers shadowing the cross
         # compiler's). Build a self-contained include folder with the real one instead.
@@ -229,7 +386,7 @@ def ensure_target_python(version: str, arch: str = "aarch64",
         (include / "pyconfig.h").unlink()
         shutil.copy2(root / "usr" / "include" / triplet / f"python{version}" / "pyconfig.h",
                      include / "pyconfig.h")
-        debian_vars = root / "usr" / "lib" / f"python{version}" / f"_sysconfigdata__{triplet}.py"
+        debian_vars = _debian_sysconfigdata(root / "usr" / "lib" / f"python{version}", triplet)
         suffix = _write_target_sysconfig(
             debian_vars, tmp / "sysconfig", tmp.parent / entry_path.name / "include" /
             f"python{version}", tmp.parent / entry_path.name / "root",
@@ -238,9 +395,12 @@ def ensure_target_python(version: str, arch: str = "aarch64",
         (tmp / "ext_suffix").write_text(suffix + "\n")
         stdlib = Path("/usr/lib") / f"python{version}"
         precompile(root / stdlib.relative_to("/"), version, shown_as=stdlib)
+        # What the index offered (the cache key) and what was unpacked (they differ where a
+        # candidate was not served; see unpack_debs).
         (tmp / "packages.txt").write_text(
             "".join(f"{p} {index[p][0]} {index[p][1]}\n" for p in packages)
         )
+        (tmp / "unpacked.txt").write_text("".join(f"{u}\n" for u in used))
 
     ensure_entry(entry_path, fill)
     return _layout(entry_path, version, arch)

@@ -102,7 +102,7 @@ def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path)
     assert "backend: cross -- asked for" in r.err
     assert "the cross backend cannot build cp312-manylinux_aarch64-torch2.9.1" in r.err
     assert "no aarch64 Python 3.12 sysroot" in r.err
-    assert "supports only Python 3.11 for now (--python 3.11)" in r.err
+    assert "supports Python 3.9, 3.11, 3.13 (the Debian arm64 CPythons)" in r.err
     assert "Traceback" not in r.err
     # auto: this host cannot build it either way, and says what the cross path would need.
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",

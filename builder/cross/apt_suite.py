@@ -1,0 +1,212 @@
+"""A private apt configuration for another Debian suite's arm64 packages (read-only for the host).
+
+Each Debian release ships one CPython 3.X (bullseye 3.9, bookworm 3.11, trixie 3.13). The host's
+own suite is reached through the host's apt as it is; any other suite gets an apt configuration
+of its own under the cache folder -- sources, index, lists -- passed to ``apt-get``/``apt-cache``
+with ``-o Dir::...`` options. The machine's global apt sources, state and dpkg database are never
+changed.
+
+Its sources are *derived* from the host's: every ``deb`` entry whose suite is the host's codename
+(``bookworm``, ``bookworm-updates``, ``bookworm-security``) is repeated with the target suite in
+its place, same mirror, components and keyring. So a machine behind its own mirror keeps using it,
+and no mirror name is written anywhere in this project.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.cross.cache import cache_root
+from builder.errors import StepFailed
+
+#: An index younger than this is used as it is; older ones are refreshed (a failed refresh keeps
+#: the old index, so offline builds still work from a warm cache).
+INDEX_MAX_AGE_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One ``deb`` source: where, which suites, which components, signed by what."""
+
+    uris: tuple[str, ...]
+    suites: tuple[str, ...]
+    components: tuple[str, ...]
+    signed_by: str = ""
+
+
+def host_codename(os_release: Path = Path("/etc/os-release")) -> tuple[str, str]:
+    """``(ID, VERSION_CODENAME)`` of this host, e.g. ``("debian", "bookworm")``."""
+    fields: dict[str, str] = {}
+    if os_release.exists():
+        for line in os_release.read_text().splitlines():
+            if "=" in line:
+                key, value = line.split("=", 1)
+                fields[key.strip()] = value.strip().strip('"')
+    return fields.get("ID", ""), fields.get("VERSION_CODENAME", "")
+
+
+def parse_deb822(text: str) -> list[SourceEntry]:
+    """The ``Types: deb`` stanzas of a deb822 ``.sources`` file (disabled ones skipped)."""
+    entries = []
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        last = ""
+        for line in stanza.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if line[0] in " \t" and last:  # continuation line
+                fields[last] += " " + line.strip()
+                continue
+            if ":" in line:
+                last, value = line.split(":", 1)
+                last = last.strip().lower()
+                fields[last] = value.strip()
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        entries.append(SourceEntry(uris=tuple(fields.get("uris", "").split()),
+                                   suites=tuple(fields.get("suites", "").split()),
+                                   components=tuple(fields.get("components", "").split()),
+                                   signed_by=fields.get("signed-by", "")))
+    return [e for e in entries if e.uris and e.suites]
+
+
+def parse_one_line(text: str) -> list[SourceEntry]:
+    """The ``deb`` lines of a one-line-style ``.list`` file (``deb [opts] URI SUITE COMP...``)."""
+    entries = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line.startswith("deb "):
+            continue
+        rest = line[4:].strip()
+        signed_by = ""
+        if rest.startswith("["):
+            options, rest = rest[1:].split("]", 1)
+            for option in options.split():
+                if option.startswith("signed-by="):
+                    signed_by = option.split("=", 1)[1]
+        words = rest.split()
+        if len(words) >= 2:
+            entries.append(SourceEntry((words[0],), (words[1],), tuple(words[2:]), signed_by))
+    return entries
+
+
+def host_sources() -> list[SourceEntry]:
+    """Every ``deb`` entry of the host's apt sources (where ``apt-config`` says they are)."""
+    run = subprocess.run(["apt-config", "shell", "LIST", "Dir::Etc::sourcelist/f",
+                          "PARTS", "Dir::Etc::sourceparts/d"], capture_output=True, text=True)
+    paths = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    sourcelist = Path(paths.get("LIST", "'/etc/apt/sources.list'").strip("'"))
+    parts = Path(paths.get("PARTS", "'/etc/apt/sources.list.d/'").strip("'"))
+    entries: list[SourceEntry] = []
+    files = [sourcelist] + (sorted(parts.iterdir()) if parts.is_dir() else [])
+    for path in files:
+        if not path.is_file():
+            continue
+        if path.suffix == ".sources":
+            entries += parse_deb822(path.read_text(errors="replace"))
+        elif path.suffix == ".list" or path == sourcelist:
+            entries += parse_one_line(path.read_text(errors="replace"))
+    return entries
+
+
+def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
+                   arch: str) -> str:
+    """A deb822 sources text for ``suite`` built from the host's ``host_suite`` entries.
+
+    ``bookworm`` -> ``suite``, ``bookworm-updates`` -> ``suite-updates`` and so on; entries of
+    other suites (third-party repositories) are left out. Raises :class:`StepFailed` when the host
+    has no entry for its own suite to derive from.
+    """
+    stanzas = []
+    for entry in entries:
+        suites = [suite + s[len(host_suite):] for s in entry.suites
+                  if s == host_suite or s.startswith(host_suite + "-")]
+        if not suites:
+            continue
+        lines = ["Types: deb", "URIs: " + " ".join(entry.uris), "Suites: " + " ".join(suites),
+                 "Components: " + " ".join(entry.components or ("main",)),
+                 f"Architectures: {arch}"]
+        if entry.signed_by:
+            lines.append("Signed-By: " + entry.signed_by)
+        stanzas.append("\n".join(lines) + "\n")
+    if not stanzas:
+        raise StepFailed(
+            f"target Python: cannot reach Debian {suite}: the host's apt sources have no entry "
+            f"for its own suite {host_suite!r} to derive a {suite} source from")
+    return "\n".join(stanzas)
+
+
+@dataclass(frozen=True)
+class SuiteApt:
+    """The ``-o`` options that point apt at one suite's private configuration (empty: host)."""
+
+    suite: str
+    options: tuple[str, ...] = ()
+
+
+def _apt_options(root: Path) -> tuple[str, ...]:
+    etc, state, cache = root / "etc", root / "state", root / "cache"
+    return ("-o", f"Dir::Etc::sourcelist={etc / 'sources.list'}",
+            "-o", f"Dir::Etc::sourceparts={etc / 'sources.list.d'}",
+            "-o", f"Dir::Etc::preferences={etc / 'preferences'}",
+            "-o", f"Dir::Etc::preferencesparts={etc / 'preferences.d'}",
+            "-o", f"Dir::State={state}",
+            "-o", f"Dir::State::status={state / 'status'}",
+            "-o", f"Dir::Cache={cache}",
+            # arm64 indices even where the host never ran `dpkg --add-architecture arm64`.
+            "-o", "APT::Architectures::=arm64")
+
+
+def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> SuiteApt:
+    """apt access to ``suite``'s ``arch`` packages: the host's apt for its own suite, else a
+    private configuration under the cache folder whose index is refreshed when missing or older
+    than :data:`INDEX_MAX_AGE_S`."""
+    distro, codename = host_codename()
+    if suite == codename:
+        return SuiteApt(suite)
+    if distro != "debian" or not codename:
+        raise StepFailed(
+            f"target Python: Debian {suite}'s {arch} packages are derived from the host's "
+            f"Debian apt sources, but this host is {distro or 'unknown'} "
+            f"{codename or '(no VERSION_CODENAME in /etc/os-release)'}")
+    root = cache_root(cache) / "apt" / f"{suite}-{arch}"
+    sources = derive_sources(host_sources(), codename, suite, arch)
+    for folder in ("etc/sources.list.d", "etc/preferences.d", "state/lists/partial",
+                   "cache/archives/partial"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "sources.list").touch()
+    (root / "state" / "status").touch()  # no packages "installed": the host's dpkg stays out
+    listing = root / "etc" / "sources.list.d" / "ampforge.sources"
+    changed = not listing.exists() or listing.read_text() != sources
+    if changed:
+        listing.write_text(sources)
+    options = _apt_options(root)
+    lists = [p for p in (root / "state" / "lists").glob("*_Packages*")]
+    stamp = root / "state" / "updated"
+    stale = (not lists or changed or not stamp.exists()
+             or time.time() - stamp.stat().st_mtime > INDEX_MAX_AGE_S)
+    if stale:
+        # apt drops to _apt for downloads; let it write its partial folder.
+        if shutil.which("apt-get") is None:
+            raise StepFailed("target Python: needs a Debian host (apt-get) to read "
+                             f"Debian {suite}'s packages")
+        if os.geteuid() == 0:
+            (root / "state" / "lists" / "partial").chmod(0o777)
+            (root / "cache" / "archives" / "partial").chmod(0o777)
+        run = subprocess.run(["apt-get", *options, "-q", "update"], capture_output=True,
+                             text=True)
+        failed = run.returncode != 0 or "\nE: " in "\n" + run.stderr
+        lists = [p for p in (root / "state" / "lists").glob("*_Packages*")]
+        if failed and not lists:
+            raise StepFailed(f"target Python: `apt-get update` of Debian {suite} ({arch}) "
+                             f"failed and no earlier index is cached:\n{run.stderr[-1500:]}")
+        if not failed:
+            stamp.touch()
+    return SuiteApt(suite, options)
