@@ -47,7 +47,7 @@ it (`make wheel`). --all builds every cell of the matrix (`make matrix`).
 Backends: auto (docker when an engine answers and has the base image, else host; says
 which and why), docker (DOCKER_HOST is honoured: a Podman socket works too), host, cross
 (aarch64 cells on an x86_64 host: aarch64-linux-gnu-g++ against the aarch64 torch, auditwheel,
-verified under qemu-aarch64; needs builder/cross/provision.sh's tools, Python 3.11, and a CPU
+verified under qemu-aarch64; needs builder/cross/provision.sh's tools, Python 3.9/3.11/3.13, a CPU
 aarch64 torch such as 2.9.1), emulated (another arch's cells in that arch's base image,
 e.g. `python -m builder base-image --arch ARM`, run under QEMU user emulation: the docker
 steps unchanged, many times slower). auto picks cross for aarch64 cells on an x86_64 host
