@@ -1,114 +1,175 @@
-"""Compile one kernel file three ways: x86 native, aarch64 cross, aarch64 emulated (QEMU).
+"""Whole-cell build times for the same ARM cell, emulated vs cross, and the x86 cell for scale.
 
-Same source, same flags (setup.py's release flags); only the compiler and the torch/Python
-headers differ:
+Each case is one `python -m builder build --force` of a copy of this project (amp, kernels,
+setup.py, pyproject.toml, README) into its own dist/, measured in the same run:
 
-  native    g++ (x86_64)            host torch + host Python headers
-  cross     aarch64-linux-gnu-g++   aarch64 torch 2.9.1 + Debian arm64 Python headers
-  emulated  Debian arm64 g++-12 run under qemu-aarch64 (what an arm64 container on this host
-            does), same headers as cross
+  emulated  ARM cp311 torch 2.9.1, --backend emulated: the docker steps in the local arm64 base
+            image (`python -m builder base-image --arch ARM`), every process under QEMU
+  cross     ARM cp311 torch 2.9.1, --backend cross: aarch64-linux-gnu-g++ on this host, verified
+            under qemu-aarch64
+  native    X86 cp311 torch 2.13.0, --backend docker, the local amd64 base image
 
-The emulated compiler is unpacked from Debian arm64 .debs into the cache on first use.
+Wheels come from wheelhouses (aarch64: tests/builder/armlib.py, x86_64: tests/builder/enginelib.py),
+filled with pip on first use. The base images are built (or found) first, outside the timings.
+Targets (issue #7): cross >= 5x faster than emulated; cross within 1.5x of native X86.
 
-    python benchmarks/build_arm.py [--source kernels/ops_generic.cpp] [--rounds 1] [--no-emulated]
+    .venv/bin/python benchmarks/build_arm.py [--cases native,cross,emulated] [--jobs N]
+                                             [--overlap] [--project DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from builder.cross import ensure_target_python, ensure_target_torch, find_qemu, find_toolchain  # noqa: E402
-from builder.cross.sysroot import ensure_debian_root  # noqa: E402
-
-FLAGS = ["-O3", "-g0", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-std=c++20", "-fPIC",
-         "-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DNDEBUG"]
-
-# `apt-cache depends --recurse g++-12:arm64`, minus what a compile never touches.
-COMPILER_PACKAGES = [
-    "g++-12", "gcc-12", "cpp-12", "gcc-12-base", "libgcc-12-dev", "libstdc++-12-dev",
-    "binutils", "binutils-aarch64-linux-gnu", "binutils-common", "libbinutils", "libctf0",
-    "libctf-nobfd0",
-    "libgprofng0", "libjansson4", "libc6", "libc6-dev", "linux-libc-dev", "libcrypt-dev",
-    "libcrypt1", "libgcc-s1", "libgmp10", "libisl23", "libmpc3", "libmpfr6", "libzstd1",
-    "zlib1g", "libstdc++6", "libgomp1", "libatomic1", "libasan8", "libhwasan0", "liblsan0",
-    "libtsan2", "libubsan1", "libitm1", "libcc1-0",
-]
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "builder")]
+COPY = ("amp", "kernels", "setup.py", "pyproject.toml", "README.md")
+STEP_LINE = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+) \((?P<t>\d+)s\)(?::.*)?$")
+CASES = ("native", "cross", "emulated")
+LOGS = ROOT / "build" / "bench-arm"  # each case's builder output, kept after the run
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+def base_image(arch: str) -> str:
+    """Build or reuse the local base image of *arch*; return its tag (untimed set-up)."""
     start = time.monotonic()
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if run.returncode != 0:
-        raise SystemExit(f"compile failed: {' '.join(cmd[:3])} ...\n{run.stderr[-2000:]}")
-    return time.monotonic() - start
+    proc = subprocess.run([sys.executable, "-m", "builder", "base-image", "--arch", arch],
+                          capture_output=True, text=True, cwd=ROOT, env=_env())
+    if proc.returncode != 0:
+        sys.exit(f"base-image --arch {arch} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    tag = proc.stdout.strip().splitlines()[-1]
+    print(f"set-up: base image {arch}: {tag} ({time.monotonic() - start:.0f}s)", flush=True)
+    return tag
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ARCH", "PY", "TORCH", "BACKEND", "BASE_IMAGE")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float, dict[str, float],
+                                                                          str]:
+    """One forced cell build; (wall seconds, seconds per step, wheel name)."""
+    out = work / name
+    argv = [sys.executable, "-m", "builder", "build", "--project", str(project), "--force",
+            "--out", str(out / "dist"), "--work-dir", str(out / "work"), *args]
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=work)
+    took = time.monotonic() - start
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / f"{name}.log").write_text(proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"{name} build failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    marks = [(m["step"], int(m["t"])) for m in map(STEP_LINE.match, proc.stderr.splitlines())
+             if m]
+    steps: dict[str, float] = {}
+    for (step, t), (_, t_next) in zip(marks, marks[1:]):
+        steps[step] = steps.get(step, 0.0) + (t_next - t)
+    wheel = Path(proc.stdout.strip().splitlines()[-1]).name
+    return took, steps, wheel
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default="kernels/ops_generic.cpp")
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--no-emulated", action="store_true")
-    args = parser.parse_args()
-    source = (REPO / args.source).resolve()
-    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--jobs", type=int, default=None, help="compile jobs in each cell (JOBS)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="build the emulated case at the same time as the others (they then "
+                         "share the CPU: the times say less, the run takes less)")
+    ap.add_argument("--project", default=None,
+                    help="another project to build (default: a copy of this repository)")
+    args = ap.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        ap.error(f"unknown case(s) {bad}; expected some of {', '.join(CASES)}")
+    if args.jobs:
+        os.environ["JOBS"] = str(args.jobs)
 
-    import sysconfig
+    from armlib import ARM_TORCH, wheelhouse_cp311_aarch64  # noqa: PLC0415
+    from enginelib import TORCH, wheelhouse_cp311  # noqa: PLC0415
 
-    import torch.utils.cpp_extension as cpp
+    arm_cell = ["--arch", "ARM", "--python", "3.11", "--torch", ARM_TORCH]
+    argv: dict[str, list[str]] = {}
+    if "native" in cases:
+        argv["native"] = ["--arch", "X86", "--python", "3.11", "--torch", TORCH, "--backend",
+                          "docker", "--base-image", base_image("X86"), "--wheelhouse",
+                          str(wheelhouse_cp311())]
+    if "cross" in cases:
+        argv["cross"] = [*arm_cell, "--backend", "cross"]
+    if "emulated" in cases:  # its base image is resolved right before it is built
+        argv["emulated"] = [*arm_cell, "--backend", "emulated", "--wheelhouse",
+                            str(wheelhouse_cp311_aarch64())]
 
-    toolchain = find_toolchain()
-    target_python = ensure_target_python(py)
-    target_torch = ensure_target_torch("2.9.1", target_python)
-    kernels = ["-I", str(source.parent)]
-    host_inc = [f"-I{p}" for p in cpp.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    target_inc = [f"-I{p}" for p in target_torch.include_dirs] + [f"-I{target_python.include_dir}"]
+    results: dict[str, tuple[float, dict[str, float], str]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-arm-") as tmp:
+        work = Path(tmp) / "work"
+        project = Path(tmp) / "project"
+        work.mkdir()
+        project.mkdir()
+        source = Path(args.project).resolve() if args.project else ROOT
+        for name in COPY if not args.project else [p.name for p in source.iterdir()]:
+            src = source / name
+            if src.is_dir():
+                shutil.copytree(src, project / name,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+            elif src.exists():
+                shutil.copy2(src, project / name)
+        if "emulated" in argv:
+            argv["emulated"] += ["--base-image", base_image("ARM")]
 
-    out = Path(tempfile.mkdtemp(prefix="ampforge-bench-"))
-    cases: dict[str, tuple[list[str], dict[str, str] | None]] = {
-        "native x86_64 (g++)": (["g++", *FLAGS, *kernels, *host_inc], None),
-        "cross aarch64 (aarch64-linux-gnu-g++)": ([str(toolchain.cxx), *FLAGS, *kernels,
-                                                   *target_inc], None),
-    }
-    if not args.no_emulated:
-        root = ensure_debian_root([p + ":arm64" for p in COMPILER_PACKAGES], "gcc12-aarch64")
-        qemu = find_qemu()
-        # g++ execs cc1plus and `as` (binutils:arm64 provides /usr/bin/as; without it the
-        # lookup falls through -L to the host's x86 `as`). QEMU_LD_PREFIX lets the
-        # binfmt-launched children find the arm64 loader and libraries too (provision.sh
-        # registers qemu-aarch64 with binfmt).
-        env = {**os.environ, "QEMU_LD_PREFIX": str(root),
-               "PATH": f"{root}/usr/bin:{os.environ['PATH']}"}
-        cases["emulated aarch64 (g++-12 under qemu)"] = (
-            [str(qemu), "-L", str(root), str(root / "usr/bin/aarch64-linux-gnu-g++-12"),
-             *FLAGS, *kernels, *target_inc], env)
+        def one(name: str) -> None:
+            print(f"building: {name} ...", flush=True)
+            try:
+                results[name] = build(project, work, name, argv[name])
+            except SystemExit as exc:  # in the overlap thread it would vanish silently
+                print(exc, file=sys.stderr, flush=True)
+                return
+            print(f"  {name}: {results[name][0]:.0f}s {results[name][2]}", flush=True)
 
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.rounds):  # interleave rounds: this machine's speed drifts
-        for name, (cmd, env) in cases.items():
-            times[name].append(timed([*cmd, "-c", str(source), "-o", str(out / "x.o")], env))
-    shutil.rmtree(out)
+        # --overlap: the emulated build (10x the others) runs alongside them, not after.
+        background = None
+        if args.overlap and "emulated" in argv:
+            background = threading.Thread(target=one, args=("emulated",))
+            background.start()
+        for name in CASES:  # the fast ones first: a failure shows before the long one
+            if name in argv and not (background and name == "emulated"):
+                one(name)
+        if background is not None:
+            background.join()
+        if set(results) != set(argv):
+            sys.exit(f"not every case finished: {sorted(set(argv) - set(results))}")
 
-    native = statistics.median(times["native x86_64 (g++)"])
-    print(f"compile of {args.source} (median of {args.rounds}), {os.cpu_count()} cores")
-    print(f"{'case':42} {'seconds':>8} {'vs native':>10}")
-    for name, values in times.items():
-        med = statistics.median(values)
-        print(f"{name:42} {med:8.1f} {med / native:9.2f}x")
-    if "emulated aarch64 (g++-12 under qemu)" in times:
-        emu = statistics.median(times["emulated aarch64 (g++-12 under qemu)"])
-        cross = statistics.median(times["cross aarch64 (aarch64-linux-gnu-g++)"])
-        print(f"cross is {emu / cross:.1f}x faster than emulated")
+    print(f"\nwhole-cell builds (--force), {os.cpu_count()} cores, jobs={args.jobs or 'default'}"
+          + (", emulated overlapping the others" if args.overlap else ", one after another"))
+    print(f"{'case':<9} {'cell':<36} {'seconds':>8}  wheel")
+    cells = {"native": f"cp311-manylinux_x86_64-torch{TORCH}",
+             "cross": f"cp311-manylinux_aarch64-torch{ARM_TORCH}",
+             "emulated": f"cp311-manylinux_aarch64-torch{ARM_TORCH}"}
+    for name, (took, _, wheel) in results.items():
+        print(f"{name:<9} {cells[name]:<36} {took:8.0f}  {wheel}")
+    print("\nper step (seconds; from the build's progress lines)")
+    for name, (_, steps, _) in results.items():
+        print(f"  {name:<9} " + ", ".join(f"{s} {t:.0f}" for s, t in steps.items()))
+    if "cross" in results and "emulated" in results:
+        r = results["emulated"][0] / results["cross"][0]
+        print(f"\ncross vs emulated: {r:.1f}x faster (target >= 5x: "
+              f"{'met' if r >= 5 else 'NOT met'})")
+    if "cross" in results and "native" in results:
+        r = results["cross"][0] / results["native"][0]
+        print(f"cross vs native X86: {r:.2f}x the native time (target <= 1.5x: "
+              f"{'met' if r <= 1.5 else 'NOT met'})")
 
 
 if __name__ == "__main__":
