@@ -251,7 +251,7 @@ def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
 
 #: The builder files whose change changes a wheel (not the CLI, display or cross backend).
 BUILD_SOURCES: tuple[str, ...] = ("incell", "repair.py", "verify.py", "localversion.py",
-                                  "pipeline.py", "wheelcheck.py")
+                                  "pipeline.py", "wheelcheck.py", "reproducible.py")
 
 
 def builder_digest() -> str:
