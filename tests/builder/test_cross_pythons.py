@@ -14,11 +14,14 @@ emulated `import torch` + check ~40 s), plus ~3 min of downloads and unpacking c
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
+from elftools.elf.elffile import ELFFile
 from test_cross import TINY_CHECK, _make_tiny_project
 
 from builder.cross import (
@@ -41,7 +44,7 @@ from builder.cross.apt_suite import (
     parse_one_line,
     suite_apt,
 )
-from builder.cross.build import check_wheel_tags
+from builder.cross.build import check_wheel_tags, libm_floor_shim
 from builder.cross.sysroot import (
     DEBIAN_PYTHONS,
     TargetPython,
@@ -152,6 +155,13 @@ def test_a_wheel_tagged_for_the_host_python_is_refused(tmp_path):
         check_wheel_tags(tmp_path / "tiny-0.1-cp311-cp311-linux_aarch64.whl", target, tmp_path)
 
 
+def test_libm_shim_binds_the_glibc_2_29_functions_to_the_aarch64_base_version():
+    shim = libm_floor_shim("aarch64")
+    for name in ("exp", "exp2", "log", "log2", "pow"):
+        assert f'__asm__(".symver {name},{name}@GLIBC_2.17");' in shim
+    assert libm_floor_shim("riscv64") == ""  # unknown base version: no shim, honest tag
+
+
 def _host_apt_files() -> dict[str, bytes]:
     folder = Path("/etc/apt")
     return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -190,9 +200,17 @@ def test_cp39_cell_cross_builds_on_a_311_host_and_runs_on_bullseye(tmp_path):
     assert torch.full_version == "2.8.0+cpu"
     assert not list(torch.site.glob("nvidia*"))
 
-    built = cross_build_wheel(_make_tiny_project(tmp_path / "proj"), tmp_path / "raw", python,
-                              torch, toolchain)
+    project = _make_tiny_project(tmp_path / "proj")
+    # One libm call with a GLIBC_2.29 default version (the kernels' pow): the build's shim must
+    # bind it to the aarch64 base version, or the wheel would need glibc 2.29+.
+    source = project / "tinyext" / "ext.cpp"
+    source.write_text(source.read_text().replace(
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+        "double power(double a, double b) { return std::pow(a, b); }\n\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"power\", &power);"))
+    built = cross_build_wheel(project, tmp_path / "raw", python, torch, toolchain)
     assert built.wheel.name == "tinyext-0.1.0-cp39-cp39-linux_aarch64.whl"
+    assert _symbol_versions(built.wheel)["pow"] == "GLIBC_2.17"
     repaired = repair_cross_wheel(built.wheel, tmp_path / "repaired",
                                   [*toolchain.lib_dirs, *python.lib_dirs])
     glibc_floor = int(repaired.tag.split("_")[2])
@@ -200,17 +218,39 @@ def test_cp39_cell_cross_builds_on_a_311_host_and_runs_on_bullseye(tmp_path):
     # bullseye glibc (2.31) it is about to run on.
     assert show_wheel(repaired.wheel)["sym_tag"] == repaired.tag
     assert repaired.wheel.name.startswith("tinyext-0.1.0-cp39-cp39-manylinux_2_")
-    assert repaired.tag.endswith("_aarch64") and glibc_floor <= 31, repaired.tag
+    assert repaired.tag.endswith("_aarch64") and glibc_floor <= 28, repaired.tag
 
     script = TINY_CHECK + (
         "import sys\n"
         "print('TARGET ' + json.dumps({'python': '%d.%d' % sys.version_info[:2],"
-        " 'libc': platform.libc_ver()[1]}))\n")
+        " 'libc': platform.libc_ver()[1], 'power': ext.power(2.0, 10.5)}))\n")
     result = run_wheel_under_qemu(repaired.wheel, python, torch, script)
     lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
              for line in result.stdout.splitlines() if line.startswith(("TINY ", "TARGET "))}
-    assert lines["TARGET"] == {"python": "3.9", "libc": "2.31"}
+    target = lines["TARGET"]
+    assert (target["python"], target["libc"]) == ("3.9", "2.31")
+    assert target["power"] == pytest.approx(2.0 ** 10.5, rel=1e-15)
     tiny = lines["TINY"]
     assert tiny["machine"] == "aarch64" and tiny["torch"] == "2.8.0+cpu"
     assert tiny["max_abs_diff"] < 1e-5
     assert len(tiny["gomps"]) == 1 and "torch.libs/libgomp-" in tiny["gomps"][0], tiny
+
+
+def _symbol_versions(wheel: Path) -> dict[str, str]:
+    """Undefined dynamic symbol -> the version it binds to, for the wheel's one module."""
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".so")]
+        elf = ELFFile(io.BytesIO(zf.read(name)))
+    versions = elf.get_section_by_name(".gnu.version_r")
+    names = {}
+    for _, auxiliaries in versions.iter_versions():
+        for aux in auxiliaries:
+            names[aux["vna_other"]] = aux.name
+    symtab = elf.get_section_by_name(".dynsym")
+    version_table = elf.get_section_by_name(".gnu.version")
+    found = {}
+    for index, symbol in enumerate(symtab.iter_symbols()):
+        if symbol["st_shndx"] == "SHN_UNDEF" and symbol.name:
+            ndx = version_table.get_symbol(index)["ndx"]
+            found[symbol.name] = names.get(ndx, str(ndx))
+    return found
