@@ -14,6 +14,8 @@
 #   aarch64 programs also run directly and inside containers (the emulated docker path needs it);
 # - dpkg --add-architecture arm64: lets `apt-get download PKG:arm64` fetch the target Python
 #   .debs that builder.cross.sysroot unpacks with `dpkg -x` (nothing arm64 is installed).
+#   Other suites' Pythons (bullseye 3.9, trixie 3.13) need nothing more here: builder.cross
+#   reads them through a private apt configuration under ~/.cache/ampforge/apt/.
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
