@@ -86,7 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bundle", metavar="DIR", default=None,
                    help="an offline bundle from `python -m builder fetch`: verified (sha256), "
                         "its base image loaded, its wheels the only package source; implies "
-                        "--offline (env BUNDLE; config offline.bundle)")
+                        "--offline (env BUNDLE; config offline.bundle). A damaged bundle, or "
+                        "one that lacks a wheel a cell needs, exits 2 before anything is built")
     g.add_argument("--all", action="store_true",
                    help="every cell of the matrix (narrowed by any selection given); without "
                         "it and without a selection: one cell for this host")
