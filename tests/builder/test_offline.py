@@ -264,3 +264,29 @@ def test_fetch_needs_a_bundle_folder(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "builder", "fetch", "--no-images"], cwd=tmp_path,
                        capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO_ROOT)})
     assert r.returncode == 2 and "expected --bundle DIR" in r.stderr, r.stderr
+
+
+def test_offline_wheelhouse_without_bundle_is_preflighted_too(tmp_path: Path):
+    full_wheelhouse(tmp_path / "wh")
+    r = run_builder(tmp_path, "build", "--offline", "--wheelhouse", "wh", "--backend", "host",
+                    "--arch", "X86", "--python", "3.11", "--torch", "2.9.1", "--out", "dist",
+                    "--work-dir", "work")
+    assert r.returncode == 2, r.stderr
+    # The host backend's wheels install on this host: its glibc is the platform checked.
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1].replace(".", "_")
+    assert (f"wheelhouse {tmp_path / 'wh'} lacks torch==2.9.1 for cp311 manylinux_{glibc}_x86_64 "
+            "(cell cp311-manylinux_x86_64-torch2.9.1)") in r.stderr, r.stderr
+    assert "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl" in r.stderr
+
+
+def test_config_offline_bundle_is_relative_to_the_config_file(tmp_path: Path):
+    small_bundle(tmp_path / "conf" / "B")
+    (tmp_path / "conf" / "B" / "bundle.json").unlink()
+    (tmp_path / "conf" / "matrix.yaml").write_text(
+        f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+        "matrix:\n  arch: [X86]\n  python: ['3.11']\n  torch: ['2.13.0']\n"
+        "offline:\n  bundle: B\n")
+    r = run_builder(tmp_path, "build", "--config", "conf/matrix.yaml", "--backend", "host",
+                    "--out", "dist")
+    assert r.returncode == 2, r.stderr
+    assert f"{tmp_path / 'conf' / 'B' / 'bundle.json'} not found" in r.stderr, r.stderr
