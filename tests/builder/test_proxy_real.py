@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
-from pipelinelib import CELL, Run, manifest, run_build
+from pipelinelib import CELL, Run, builder_env, manifest, run_build
 from proxylib import (
     PROXY_USER,
     SENTINEL,
@@ -149,6 +151,15 @@ def _built_wheel(tmp: Path, r: Run) -> tuple[Path, dict]:
 def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
                                                               tmp_path: Path) -> None:
     config = setup.config(setup.http)
+    # What a user checks first: the proxy as the builder sees it, password masked.
+    plan = subprocess.run([sys.executable, "-m", "builder", "plan", "--config", str(config)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=builder_env(HTTPS_PROXY=setup.proxy.url))
+    assert plan.returncode == 0, plan.stderr
+    masked = f"HTTPS_PROXY=http://{PROXY_USER}:***@{setup.proxy.host}:{setup.proxy.port}"
+    assert f"{masked} (environment HTTPS_PROXY)" in plan.stdout + plan.stderr
+    assert SENTINEL not in plan.stdout + plan.stderr
+
     r = setup.build(tmp_path, config)
     _, entry = _built_wheel(tmp_path, r)
     # The proxy saw the index requests (pip asks for the torch page through it).
