@@ -5,13 +5,18 @@ Layout under *out*::
     out/simple/index.html                      one anchor per project (PEP 503 normalized name)
     out/simple/<project>/index.html            one anchor per file of that project
     out/simple/<project>/<file>.whl            the wheel itself, next to its page
-    out/simple/<project>/<file>.whl.metadata   its METADATA (PEP 658), so pip can resolve
-                                               without downloading every wheel
+    out/simple/<project>/<file>.whl.metadata   only with metadata=True (``--metadata``): its
+                                               METADATA (PEP 658), so pip can resolve without
+                                               downloading every wheel
 
 Every file anchor carries ``#sha256=<hex>`` (pip checks it after downloading and refuses a
 file that does not match), ``data-requires-python`` (HTML-escaped, from the wheel's
-``Requires-Python``) and ``data-dist-info-metadata`` / ``data-core-metadata`` with the hash of
-the ``.metadata`` file. Pages declare ``pypi:repository-version`` 1.0 (PEP 629), which is the
+``Requires-Python``) and, with metadata=True, ``data-dist-info-metadata`` /
+``data-core-metadata`` with the hash of the ``.metadata`` file. That is off by default: pip 23.0
+(the ensurepip of Python 3.11 images, i.e. the build containers') rejects PEP 658 metadata whose
+``Name`` is spelled unnormalised ("inconsistent Name: expected 'typing-extensions', but
+metadata has 'typing_extensions'"), so an index made for builds must not offer it.
+Pages declare ``pypi:repository-version`` 1.0 (PEP 629), which is the
 HTML serialisation PEP 691 keeps. Hrefs are relative, so the same folder works as
 ``file://.../simple`` and behind any static web server.
 
@@ -184,15 +189,16 @@ def _page(title: str, anchors: Iterable[str]) -> bytes:
     return "\n".join(lines).encode("utf-8")
 
 
-def _file_anchor(w: WheelInfo) -> str:
+def _file_anchor(w: WheelInfo, metadata: bool) -> str:
     href = f"{quote(w.filename)}#sha256={w.sha256}"
     attrs = [f'href="{html.escape(href, quote=True)}"']
     if w.requires_python:
         attrs.append(f'data-requires-python="{html.escape(w.requires_python, quote=True)}"')
-    meta_hash = f"sha256={_sha256(w.metadata)}"
-    # PEP 714 renamed the attribute; pip reads either, older tools only the first.
-    attrs.append(f'data-dist-info-metadata="{meta_hash}"')
-    attrs.append(f'data-core-metadata="{meta_hash}"')
+    if metadata:
+        meta_hash = f"sha256={_sha256(w.metadata)}"
+        # PEP 714 renamed the attribute; pip reads either, older tools only the first.
+        attrs.append(f'data-dist-info-metadata="{meta_hash}"')
+        attrs.append(f'data-core-metadata="{meta_hash}"')
     return f"<a {' '.join(attrs)}>{html.escape(w.filename)}</a>"
 
 
@@ -236,12 +242,14 @@ def write_simple_index(
     out: Path,
     *,
     link: bool = False,
+    metadata: bool = False,
 ) -> IndexResult:
     """Write a PEP 503 index of *wheels* (a folder of ``*.whl`` or a list of paths) to
     ``out/simple/``, replacing any index there; return what was written.
 
     ``link=True`` hard-links the wheels into the index instead of copying them (falling back
     to a copy across file systems); the index then shares the files with the source folder.
+    ``metadata=True`` also serves each wheel's METADATA (PEP 658; see the module docstring).
     """
     infos = [read_wheel(p) for p in collect_wheels(wheels)]
     projects = _group(infos)
@@ -259,9 +267,10 @@ def write_simple_index(
             folder.mkdir()
             for w in files:
                 _place(w.path, folder / w.filename, link)
-                (folder / f"{w.filename}.metadata").write_bytes(w.metadata)
+                if metadata:
+                    (folder / f"{w.filename}.metadata").write_bytes(w.metadata)
             (folder / "index.html").write_bytes(_page(
-                f"Links for {project}", (_file_anchor(w) for w in files)))
+                f"Links for {project}", (_file_anchor(w, metadata) for w in files)))
         _swap_in(tmp, out / SIMPLE_DIR)
     except BaseException:
         with contextlib.suppress(OSError):

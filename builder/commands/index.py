@@ -37,13 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "build/index")
     p.add_argument("--link", action="store_true",
                    help="hard-link the wheels into the index instead of copying them")
+    p.add_argument("--metadata", action="store_true",
+                   help="also serve each wheel's METADATA (PEP 658) so new pips resolve without "
+                   "downloading; pip 23.0 (Python 3.11's ensurepip) mishandles it, so off by "
+                   "default")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     found = dist_wheels(Path(args.dist))
     for note in found.notes:
         ctx.output.err(f"note: {note}")
-    result = write_simple_index(found.wheels, Path(args.out), link=args.link)
+    result = write_simple_index(found.wheels, Path(args.out), link=args.link,
+                                metadata=args.metadata)
     check = "sha256 checked against manifest.json" if found.checked else "no manifest"
     for project, files in result.projects.items():
         ctx.output.err(f"{project}: {len(files)} file(s)")

@@ -71,7 +71,7 @@ def test_normalization_follows_pep503() -> None:
 def test_pages_hashes_requires_python_and_idempotence(tmp_path: Path) -> None:
     dist = _dist(tmp_path)
     out = tmp_path / "index"
-    result = write_simple_index(dist, out)
+    result = write_simple_index(dist, out, metadata=True)
     root = (out / "simple" / "index.html").read_text()
     assert re.findall(r'href="([^"]+)"', root) == ["demo-pkg/", "other-thing/"]
     page = (out / "simple" / "demo-pkg" / "index.html").read_text()
@@ -95,7 +95,7 @@ def test_pages_hashes_requires_python_and_idempotence(tmp_path: Path) -> None:
     assert result.url == (out / "simple").resolve().as_uri() + "/"
 
     before = _tree(out)
-    write_simple_index(dist, out)
+    write_simple_index(dist, out, metadata=True)
     assert _tree(out) == before  # byte-identical, and no temporary folders left behind
     assert sorted(p.name for p in out.iterdir()) == ["simple"]
 
@@ -109,6 +109,15 @@ def test_reindex_replaces_the_old_index(tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "simple").iterdir()) == ["fresh", "index.html"]
     served = out / "simple" / "fresh" / "fresh-2.0-py3-none-any.whl"
     assert served.stat().st_ino == (only / served.name).stat().st_ino  # --link: same file
+
+
+def test_pep658_metadata_is_opt_in(tmp_path: Path) -> None:
+    """Off by default: pip 23.0 in the build containers rejects it for unnormalised names."""
+    out = tmp_path / "index"
+    write_simple_index(_dist(tmp_path), out)
+    page = (out / "simple" / "demo-pkg" / "index.html").read_text()
+    assert "#sha256=" in page and "metadata" not in page
+    assert not list(out.rglob("*.metadata"))
 
 
 def test_pip_installs_from_file_url_and_honours_requires_python(tmp_path: Path) -> None:
