@@ -111,13 +111,13 @@ class PipelineOptions:
     #: The build's timestamp (builder.reproducible): in every build environment, the input key
     #: and the manifest; each published wheel is normalised with it. None: wheels as built.
     source_date_epoch: Optional[SourceDateEpoch] = None
+    #: Docker network the cell's image build and container join (``--network``; None: the
+    #: engine's default bridge). Not an input of the wheel: it only decides the way out.
+    network: Optional[str] = None
 
     def epoch_env(self) -> dict[str, str]:
         epoch = self.source_date_epoch
         return {EPOCH_VAR: str(epoch.value)} if epoch is not None else {}
-    #: Docker network the cell's image build and container join (``--network``; None: the
-    #: engine's default bridge). Not an input of the wheel: it only decides the way out.
-    network: Optional[str] = None
 
 
 @dataclass(frozen=True)
