@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-from builder.errors import ConfigError, StepFailed
+from typing import Any, BinaryIO, Callable, Optional
 
 # One atomic-write routine for every file the builder publishes (builder.manifest's).
-from builder.manifest import _atomic_write, _public_mode, sha256_file
+from builder.atomicfile import atomic_replace, atomic_write
+from builder.errors import ConfigError, StepFailed
+from builder.manifest import sha256_file
 
 BUNDLE_FILE = "bundle.json"
 WHEELS_DIR = "wheels"
@@ -169,7 +167,7 @@ def begin_fetch(root: Path) -> dict[str, str]:
 
 def write_bundle(bundle: Bundle) -> Path:
     path = bundle_json(bundle.root)
-    _atomic_write(path, (json.dumps(bundle.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path, (json.dumps(bundle.to_json(), indent=2, sort_keys=True) + "\n").encode())
     return path
 
 
@@ -183,19 +181,12 @@ def describe_file(root: Path, rel: str, cells: Sequence[str]) -> BundleFile:
 
 def save_image(engine: Any, ref: str, dest: Path) -> None:
     """``docker save REF > DEST``, through a temporary file: DEST is whole or absent."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.fchmod(fd, _public_mode())  # a bundle is copied and read by others: not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in engine.api.get_image(ref, chunk_size=1 << 20):
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    def write(fh: BinaryIO) -> None:
+        for chunk in engine.api.get_image(ref, chunk_size=1 << 20):
+            fh.write(chunk)
+
+    atomic_replace(dest, write)
 
 
 def load_images(engine: Any, bundle: Bundle, arches: Sequence[str],

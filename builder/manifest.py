@@ -13,15 +13,14 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from builder.atomicfile import atomic_replace, atomic_write
 from builder.errors import StepFailed
 
 MANIFEST_NAME = "manifest.json"
@@ -40,38 +39,6 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _public_mode() -> int:
-    """0o666 less the process umask: what a plainly created file would get.
-
-    mkstemp creates 0600 files; release artefacts are meant to be read by others (a web
-    server, an upload job), so the final files get the ordinary mode instead.
-    """
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _atomic_replace(target: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write *target* through a temporary file in its folder, fsync it, then rename it over
-    the final name: readers see the old file or the whole new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.fchmod(fd, _public_mode())
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_write(target: Path, data: bytes) -> None:
-    _atomic_replace(target, lambda fh: fh.write(data))
-
-
 def publish_wheel(wheel: Path, dist: Path) -> Path:
     """Copy *wheel* into *dist* atomically; return its final path (same file name)."""
     dist.mkdir(parents=True, exist_ok=True)
@@ -81,7 +48,7 @@ def publish_wheel(wheel: Path, dist: Path) -> Path:
         with wheel.open("rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
 
-    _atomic_replace(final, copy)
+    atomic_replace(final, copy)
     return final
 
 
@@ -146,5 +113,5 @@ def record_wheel(dist: Path, entry: ManifestEntry) -> Path:
         doc["version"] = MANIFEST_VERSION
         doc["updated_at"] = utc_now()
         path = dist / MANIFEST_NAME
-        _atomic_write(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        atomic_write(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
     return path

@@ -16,10 +16,8 @@ and through a filter for its context: ``dq`` (a Dockerfile double-quoted word), 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shlex
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 
 import jinja2
 
+from builder.atomicfile import atomic_write
 from builder.cells import Cell
 from builder.config import REPO_ROOT, BuildConfig, display_path
 from builder.errors import BuilderError
@@ -116,24 +115,12 @@ class Recipe:
         """
         folder = out_dir / self.cell.identifier
         folder.mkdir(parents=True, exist_ok=True)
-        _atomic_write(folder / DOCKERFILE_NAME, self.dockerfile.encode())
+        atomic_write(folder / DOCKERFILE_NAME, self.dockerfile.encode())
         for name, src in sorted(self.context_files.items()):
-            _atomic_write(folder / name, src.read_bytes())
+            atomic_write(folder / name, src.read_bytes())
         if CA_CONTEXT_NAME not in self.context_files:
             (folder / CA_CONTEXT_NAME).unlink(missing_ok=True)  # stale from an earlier render
         return folder
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def template_for(cell: Cell) -> str:

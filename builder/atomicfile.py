@@ -1,0 +1,48 @@
+"""Files that appear whole or not at all: write to a hidden temporary name in the target's
+folder, fsync, then ``os.replace`` over the final name (atomic within one file system).
+
+Used for everything the builder publishes (wheels and the manifest in ``dist/``, offline
+bundles, rendered build contexts): a failure or a Ctrl-C while writing leaves the previous
+file intact and no partial one visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def public_mode() -> int:
+    """0o666 less the process umask: what a plainly created file would get.
+
+    mkstemp creates 0600 files; release artefacts are meant to be read by others (a web
+    server, an upload job, the machine a bundle is carried to), so they get the ordinary mode.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_replace(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write *target* through *write* into a temporary file in its folder, fsync it, then
+    rename it over the final name: readers see the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, public_mode())
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    atomic_replace(target, lambda fh: fh.write(data))
