@@ -115,6 +115,14 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_base_image_option(g: argparse._ActionsContainer) -> None:
+    """``--base-image``, shared by ``build`` and ``fetch`` (which saves what build will use)."""
+    g.add_argument("--base-image", metavar="REF", default=None,
+                   help="base image for this host's arch instead of the config's; 'local' "
+                        "builds or reuses the one from `python -m builder base-image` "
+                        "(env BASE_IMAGE)")
+
+
 def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) -> None:
     g = p.add_argument_group("selection (default: every buildable cell)")
     g.add_argument(

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Callable
 
 from builder.cells import Cell
-from builder.cli import Context, add_config_options, add_selection_options, load_from_args
+from builder.cli import (
+    Context,
+    add_base_image_option,
+    add_config_options,
+    add_selection_options,
+    load_from_args,
+)
 from builder.config import REPO_ROOT, Selection
 from builder.errors import ConfigError
 from builder.pipeline import (
@@ -79,10 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a folder of wheels (torch and its dependencies, setuptools, wheel): "
                         "pip installs only from it (--no-index); default: the index, or the "
                         "config's offline wheelhouse when offline")
-    g.add_argument("--base-image", metavar="REF", default=None,
-                   help="base image for this host's arch instead of the config's; 'local' "
-                        "builds or reuses the one from `python -m builder base-image` "
-                        "(env BASE_IMAGE)")
+    add_base_image_option(g)
     g.add_argument("--bundle", metavar="DIR", default=None,
                    help="an offline bundle from `python -m builder fetch`: verified (sha256), "
                         "its base image loaded, its wheels the only package source; implies "

@@ -9,7 +9,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from builder.cli import Context, add_config_options, add_selection_options, load_from_args
+from builder.cli import (
+    Context,
+    add_base_image_option,
+    add_config_options,
+    add_selection_options,
+    load_from_args,
+)
 
 NAME = "fetch"
 HELP = "gather every wheel and base image the selected cells need into an offline bundle"
@@ -37,10 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bundle", metavar="DIR", default=None,
                    help="the bundle folder to create or update (env BUNDLE; config "
                         "offline.bundle)")
-    g.add_argument("--base-image", metavar="REF", default=None,
-                   help="base image for this host's arch instead of the config's; 'local' "
-                        "builds or reuses the one from `python -m builder base-image` "
-                        "(env BASE_IMAGE)")
+    add_base_image_option(g)
     g.add_argument("--project", metavar="PATH", default=None,
                    help="the project to be built (its pyproject.toml requirements are "
                         "fetched too; default: this repository)")
