@@ -16,9 +16,7 @@ and what a build checks for cannot drift apart.
 
 from __future__ import annotations
 
-import email.parser
 import re
-import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from builder.errors import ConfigError
+from builder.wheelmeta import marker_environment, requires_dist
 
 #: What the in-cell steps install besides torch (builder/incell/steps.py: install-torch's
 #: default ``--extra``); the smoke test installs torch and the wheel itself.
@@ -90,15 +89,7 @@ class Target:
 
     def environment(self) -> dict[str, str]:
         """PEP 508 marker values of the *target* (torch's dependencies differ per Python)."""
-        full = self.python + ".0"
-        return {
-            "python_version": self.python, "python_full_version": full,
-            "implementation_name": "cpython", "implementation_version": full,
-            "platform_python_implementation": "CPython", "os_name": "posix",
-            "sys_platform": "linux", "platform_system": "Linux",
-            "platform_machine": self.machine, "platform_release": "", "platform_version": "",
-            "extra": "",
-        }
+        return marker_environment(self.machine, self.python)
 
     def describe(self) -> str:
         return f"{self.cp} {self.plat}"
@@ -175,22 +166,6 @@ def index_wheelhouse(folder: Path) -> list[WheelFile]:
             continue  # pip ignores such files too
         out.append(WheelFile(path, name, version, frozenset(tags)))
     return out
-
-
-def requires_dist(wheel: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of a wheel's METADATA (read from the zip, not installed)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            meta = [n for n in zf.namelist()
-                    if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(meta) != 1:
-                raise ConfigError(f"{wheel} has {len(meta)} .dist-info/METADATA files; "
-                                  "expected one (is it a wheel?)")
-            text = zf.read(meta[0]).decode("utf-8", errors="replace")
-    except zipfile.BadZipFile as exc:
-        raise ConfigError(f"{wheel} is not a valid wheel (zip): {exc}") from exc
-    return list(email.parser.Parser().parsestr(text, headersonly=True).get_all(
-        "Requires-Dist") or [])
 
 
 def resolve(wheels: Sequence[WheelFile], target: Target,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from builder import wheelmeta
 from builder.cross.cache import cache_root, content_key, ensure_entry, sha256_file
 from builder.cross.sysroot import TargetPython, precompile
 from builder.errors import StepFailed
@@ -78,29 +78,7 @@ def _pip(args: list[str], what: str) -> None:
 
 def target_requirements(wheel: Path, python: TargetPython) -> list[str]:
     """The wheel's ``Requires-Dist`` entries whose markers hold on the target (no extras)."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = zf.read(meta_name).decode()
-    environment = {
-        "platform_machine": python.arch,
-        "platform_system": "Linux",
-        "sys_platform": "linux",
-        "os_name": "posix",
-        "python_version": python.version,
-        "python_full_version": python.version + ".0",
-        "implementation_name": "cpython",
-        "platform_python_implementation": "CPython",
-        "extra": "",
-    }
-    wanted: list[str] = []
-    for line in metadata.splitlines():
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
-        if req.marker is None or req.marker.evaluate(environment):
-            req.marker = None
-            wanted.append(str(req))
-    return wanted
+    return wheelmeta.target_requirements(wheel, python.arch, python.version)
 
 
 def download_torch_wheel(version: str, python: TargetPython, cache: Path | None = None,

@@ -15,10 +15,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
-from packaging.requirements import Requirement
+from builder.wheelmeta import target_requirements
 
 ARM_TORCH = "2.9.1"
 CACHE = Path(os.environ.get("AMPFORGE_CACHE", Path.home() / ".cache" / "ampforge"))
@@ -61,22 +60,7 @@ def _pip_download(dest: Path, requirements: list[str], *, deps: bool) -> None:
 def aarch64_requirements(wheel: Path) -> list[str]:
     """*wheel*'s ``Requires-Dist`` entries (no extras) whose markers hold on aarch64 Linux
     CPython 3.11, without their markers."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        text = zf.read(meta).decode()
-    env = {"platform_machine": "aarch64", "sys_platform": "linux", "platform_system": "Linux",
-           "os_name": "posix", "python_version": "3.11", "python_full_version": "3.11.2",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython",
-           "extra": ""}
-    out = []
-    for line in text.splitlines():
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
-        if req.marker is None or req.marker.evaluate(env):
-            req.marker = None
-            out.append(str(req))
-    return out
+    return target_requirements(wheel, "aarch64", "3.11")
 
 
 def busybox_rootfs(dest: Path) -> Path:
