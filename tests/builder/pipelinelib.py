@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -89,6 +90,15 @@ def broken_project(root: Path, kind: str) -> Path:
     return project
 
 
+def _as_terminal_foreground() -> None:
+    # A runner that started the suite in the background (``cmd &`` without job control, as
+    # some CI launchers do) passes SIGINT down as *ignored*, and Python then never raises
+    # KeyboardInterrupt: the child gets the default disposition a terminal's foreground
+    # process has, which is what the Ctrl-C tests mean to exercise.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=cwd, env=builder_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_terminal_foreground)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,16 @@ from builder.redact import Redactor
 
 SENTINEL = "s3ntinelPassw0rd"
 PROXY = f"http://builder:{SENTINEL}@127.0.0.1:3128"
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process, as in a terminal, even when the suite
+    was started with SIGINT ignored (a background job without job control): Python installs
+    its handler only when SIGINT is at its default at start-up."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +95,8 @@ def test_keyboard_interrupt_in_block_removes_container(engine: DockerEngine, bas
 
 
 @pytest.mark.docker
-def test_ctrl_c_during_a_running_step_removes_container(engine: DockerEngine, base: str) -> None:
+def test_ctrl_c_during_a_running_step_removes_container(engine: DockerEngine, base: str,
+                                                        ctrl_c: object) -> None:
     """A real SIGINT while a command runs inside (what Ctrl-C in a terminal does)."""
     seen: dict[str, str] = {}
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
@@ -204,7 +216,7 @@ def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.Mon
         find_python("3.1")
 
 
-def test_ctrl_c_on_host_kills_the_whole_step_tree(tmp_path: Path) -> None:
+def test_ctrl_c_on_host_kills_the_whole_step_tree(tmp_path: Path, ctrl_c: object) -> None:
     pidfile = tmp_path / "grandchild.pid"
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
