@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import tempfile
-import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +49,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import ConfigError, StepFailed
+from builder.manifest import sha256_file
+from builder.wheelmeta import read_metadata
 
 SIMPLE_DIR = "simple"
 _REPOSITORY_VERSION = "1.0"  # PEP 629
@@ -62,14 +63,6 @@ def normalize_project(name: str) -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -97,16 +90,7 @@ def read_wheel(path: Path) -> WheelInfo:
     except InvalidWheelFilename as exc:
         raise StepFailed(f"{path}: not a wheel file name ({exc}); expected "
                          "<name>-<version>-<python>-<abi>-<platform>.whl") from exc
-    try:
-        with zipfile.ZipFile(path) as zf:
-            metas = [n for n in zf.namelist()
-                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(metas) != 1:
-                raise StepFailed(f"{path}: expected exactly one <name>-<version>.dist-info/"
-                                 f"METADATA in the wheel, found {len(metas)}")
-            metadata = zf.read(metas[0])
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise StepFailed(f"{path}: cannot read it as a wheel (zip archive): {exc}") from exc
+    metadata = read_metadata(path, error=StepFailed)
     msg = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
     meta_name, meta_version = msg.get("Name"), msg.get("Version")
     if not meta_name or not meta_version:
@@ -126,7 +110,7 @@ def read_wheel(path: Path) -> WheelInfo:
         version=meta_version.strip(),
         requires_python=requires_python.strip() if requires_python else None,
         metadata=metadata,
-        sha256=_sha256_file(path),
+        sha256=sha256_file(path),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from builder.errors import ConfigError
+from builder.errors import BuilderError, ConfigError
 
 
 def marker_environment(machine: str, python: str) -> dict[str, str]:
@@ -31,18 +31,24 @@ def marker_environment(machine: str, python: str) -> dict[str, str]:
     }
 
 
-def requires_dist(wheel: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of a wheel's METADATA (read from the zip, not installed)."""
+def read_metadata(wheel: Path, error: type[BuilderError] = ConfigError) -> bytes:
+    """The bytes of *wheel*'s top-level ``.dist-info/METADATA``; *error* (naming the file) when
+    it is not a readable zip or does not hold exactly one."""
     try:
         with zipfile.ZipFile(wheel) as zf:
-            meta = [n for n in zf.namelist()
-                    if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(meta) != 1:
-                raise ConfigError(f"{wheel} has {len(meta)} .dist-info/METADATA files; "
-                                  "expected one (is it a wheel?)")
-            text = zf.read(meta[0]).decode("utf-8", errors="replace")
-    except zipfile.BadZipFile as exc:
-        raise ConfigError(f"{wheel} is not a valid wheel (zip): {exc}") from exc
+            metas = [n for n in zf.namelist()
+                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(metas) != 1:
+                raise error(f"{wheel}: expected exactly one <name>-<version>.dist-info/"
+                            f"METADATA in the wheel, found {len(metas)}")
+            return zf.read(metas[0])
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise error(f"{wheel}: cannot read it as a wheel (zip archive): {exc}") from exc
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA (read from the zip, not installed)."""
+    text = read_metadata(wheel).decode("utf-8", errors="replace")
     return list(email.parser.Parser().parsestr(text, headersonly=True).get_all(
         "Requires-Dist") or [])
 

@@ -38,14 +38,6 @@ def content_key(parts: Iterable[str], length: int = 16) -> str:
     return digest.hexdigest()[:length]
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
     """Return ``final``, creating it first with ``fill(tmpdir)`` if it does not exist yet.
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from builder import wheelmeta
-from builder.cross.cache import cache_root, content_key, ensure_entry, sha256_file
+from builder.cross.cache import cache_root, content_key, ensure_entry
 from builder.cross.sysroot import TargetPython, precompile
 from builder.errors import StepFailed
+from builder.manifest import sha256_file
 
 # The oldest glibc the index's aarch64 torch wheels target; pip also accepts older manylinux tags.
 DEFAULT_PLATFORM = "manylinux_2_28_{arch}"
