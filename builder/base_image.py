@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from builder.aptsources import read_sources
 from builder.emulation import require_emulation
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine
@@ -129,76 +130,20 @@ def _installed_auditwheel() -> str:
 
 
 # -- the Debian mirror --------------------------------------------------------------------
-@dataclass(frozen=True)
-class _AptSource:
-    uri: str
-    suites: tuple[str, ...]
-    components: tuple[str, ...]
-
-
-def _parse_one_line(text: str) -> list[_AptSource]:
-    out = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line.startswith("deb "):
-            continue
-        line = re.sub(r"\[[^\]]*\]", " ", line[4:])  # drop [arch=... signed-by=...]
-        parts = line.split()
-        if len(parts) >= 2:
-            out.append(_AptSource(parts[0], (parts[1],), tuple(parts[2:])))
-    return out
-
-
-def _parse_deb822(text: str) -> list[_AptSource]:
-    out = []
-    for stanza in re.split(r"\n\s*\n", text):
-        fields: dict[str, str] = {}
-        current = None
-        for raw in stanza.splitlines():
-            if raw.startswith("#"):
-                continue
-            if raw[:1].isspace() and current:
-                fields[current] += " " + raw.strip()
-                continue
-            if ":" in raw:
-                current, value = raw.split(":", 1)
-                current = current.strip().lower()
-                fields[current] = value.strip()
-        if "deb" not in fields.get("types", "").split():
-            continue
-        if fields.get("enabled", "yes").lower() == "no":
-            continue
-        for uri in fields.get("uris", "").split():
-            out.append(_AptSource(uri, tuple(fields.get("suites", "").split()),
-                                  tuple(fields.get("components", "").split())))
-    return out
-
-
 def host_debian_mirror(suite: str, apt_dir: Path = Path("/etc/apt")) -> str:
     """The Debian archive URI from this host's APT sources, for debootstrapping *suite*.
 
     Prefers a source that lists *suite* itself, then any source of a plain Debian suite
     (``bookworm``, not ``bookworm-security``) with the ``main`` component.
     """
-    sources: list[_AptSource] = []
-    files = [apt_dir / "sources.list"]
-    listdir = apt_dir / "sources.list.d"
-    if listdir.is_dir():
-        files += sorted(listdir.iterdir())
-    for f in files:
-        if not f.is_file():
-            continue
-        if f.suffix == ".list":
-            sources += _parse_one_line(f.read_text(errors="replace"))
-        elif f.suffix == ".sources":
-            sources += _parse_deb822(f.read_text(errors="replace"))
+    sources = read_sources(apt_dir / "sources.list", apt_dir / "sources.list.d")
     plain = [s for s in sources if "main" in s.components
              and any(x in _KNOWN_SUITES for x in s.suites)]
     for s in plain:
         if suite in s.suites:
-            return s.uri
+            return s.uris[0]
     if plain:
-        return plain[0].uri
+        return plain[0].uris[0]
     raise ConfigError(
         f"no Debian mirror found in {apt_dir}/sources.list or {apt_dir}/sources.list.d/; "
         "pass the mirror URL explicitly (base-image --mirror URL)", key="mirror")

@@ -21,22 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.aptsources import SourceEntry, read_sources
 from builder.cross.cache import cache_root
 from builder.errors import StepFailed
 
 #: An index younger than this is used as it is; older ones are refreshed (a failed refresh keeps
 #: the old index, so offline builds still work from a warm cache).
 INDEX_MAX_AGE_S = 24 * 3600
-
-
-@dataclass(frozen=True)
-class SourceEntry:
-    """One ``deb`` source: where, which suites, which components, signed by what."""
-
-    uris: tuple[str, ...]
-    suites: tuple[str, ...]
-    components: tuple[str, ...]
-    signed_by: str = ""
 
 
 def host_codename(os_release: Path = Path("/etc/os-release")) -> tuple[str, str]:
@@ -50,53 +41,6 @@ def host_codename(os_release: Path = Path("/etc/os-release")) -> tuple[str, str]
     return fields.get("ID", ""), fields.get("VERSION_CODENAME", "")
 
 
-def parse_deb822(text: str) -> list[SourceEntry]:
-    """The ``Types: deb`` stanzas of a deb822 ``.sources`` file (disabled ones skipped)."""
-    entries = []
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        last = ""
-        for line in stanza.splitlines():
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            if line[0] in " \t" and last:  # continuation line
-                fields[last] += " " + line.strip()
-                continue
-            if ":" in line:
-                last, value = line.split(":", 1)
-                last = last.strip().lower()
-                fields[last] = value.strip()
-        if "deb" not in fields.get("types", "").split():
-            continue
-        if fields.get("enabled", "yes").lower() == "no":
-            continue
-        entries.append(SourceEntry(uris=tuple(fields.get("uris", "").split()),
-                                   suites=tuple(fields.get("suites", "").split()),
-                                   components=tuple(fields.get("components", "").split()),
-                                   signed_by=fields.get("signed-by", "")))
-    return [e for e in entries if e.uris and e.suites]
-
-
-def parse_one_line(text: str) -> list[SourceEntry]:
-    """The ``deb`` lines of a one-line-style ``.list`` file (``deb [opts] URI SUITE COMP...``)."""
-    entries = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line.startswith("deb "):
-            continue
-        rest = line[4:].strip()
-        signed_by = ""
-        if rest.startswith("["):
-            options, rest = rest[1:].split("]", 1)
-            for option in options.split():
-                if option.startswith("signed-by="):
-                    signed_by = option.split("=", 1)[1]
-        words = rest.split()
-        if len(words) >= 2:
-            entries.append(SourceEntry((words[0],), (words[1],), tuple(words[2:]), signed_by))
-    return entries
-
-
 def host_sources() -> list[SourceEntry]:
     """Every ``deb`` entry of the host's apt sources (where ``apt-config`` says they are)."""
     run = subprocess.run(["apt-config", "shell", "LIST", "Dir::Etc::sourcelist/f",
@@ -104,16 +48,7 @@ def host_sources() -> list[SourceEntry]:
     paths = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
     sourcelist = Path(paths.get("LIST", "'/etc/apt/sources.list'").strip("'"))
     parts = Path(paths.get("PARTS", "'/etc/apt/sources.list.d/'").strip("'"))
-    entries: list[SourceEntry] = []
-    files = [sourcelist] + (sorted(parts.iterdir()) if parts.is_dir() else [])
-    for path in files:
-        if not path.is_file():
-            continue
-        if path.suffix == ".sources":
-            entries += parse_deb822(path.read_text(errors="replace"))
-        elif path.suffix == ".list" or path == sourcelist:
-            entries += parse_one_line(path.read_text(errors="replace"))
-    return entries
+    return read_sources(sourcelist, parts)
 
 
 def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,

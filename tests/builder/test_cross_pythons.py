@@ -24,6 +24,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from test_cross import TINY_CHECK, _make_tiny_project
 
+from builder.aptsources import SourceEntry, parse_deb822, parse_one_line
 from builder.cross import (
     cross_available,
     cross_build_wheel,
@@ -35,15 +36,7 @@ from builder.cross import (
     run_wheel_under_qemu,
     show_wheel,
 )
-from builder.cross.apt_suite import (
-    SourceEntry,
-    derive_sources,
-    host_codename,
-    host_sources,
-    parse_deb822,
-    parse_one_line,
-    suite_apt,
-)
+from builder.cross.apt_suite import derive_sources, host_codename, host_sources, suite_apt
 from builder.cross.build import check_wheel_tags, libm_floor_shim
 from builder.cross.sysroot import (
     DEBIAN_PYTHONS,
