@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,10 @@ import threading
 import time
 from pathlib import Path
 
+from project_copy import copy_project
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "builder")]
-COPY = ("amp", "kernels", "setup.py", "pyproject.toml", "README.md")
 STEP_LINE = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+) \((?P<t>\d+)s\)(?::.*)?$")
 CASES = ("native", "cross", "emulated")
 LOGS = ROOT / "build" / "bench-arm"  # each case's builder output, kept after the run
@@ -115,17 +115,13 @@ def main() -> None:
     results: dict[str, tuple[float, dict[str, float], str]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-arm-") as tmp:
         work = Path(tmp) / "work"
-        project = Path(tmp) / "project"
         work.mkdir()
-        project.mkdir()
-        source = Path(args.project).resolve() if args.project else ROOT
-        for name in COPY if not args.project else [p.name for p in source.iterdir()]:
-            src = source / name
-            if src.is_dir():
-                shutil.copytree(src, project / name,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-            elif src.exists():
-                shutil.copy2(src, project / name)
+        if args.project:
+            source = Path(args.project).resolve()
+            project = copy_project(Path(tmp) / "project", source,
+                                   [p.name for p in source.iterdir()])
+        else:
+            project = copy_project(Path(tmp) / "project")
         if "emulated" in argv:
             argv["emulated"] += ["--base-image", base_image("ARM")]
 

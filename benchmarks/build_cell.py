@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from project_copy import copy_project
+
 ROOT = Path(__file__).resolve().parent.parent
-COPY = ("amp", "kernels", "setup.py", "pyproject.toml", "README.md")
 
 
 def build(project: Path, work: Path, extra: list[str]) -> tuple[float, str]:
@@ -56,15 +56,7 @@ def main() -> None:
         extra.append("--ccache")
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         work = Path(tmp)
-        project = work / "project"
-        project.mkdir()
-        for name in COPY:
-            src = ROOT / name
-            if src.is_dir():
-                shutil.copytree(src, project / name,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-            elif src.exists():
-                shutil.copy2(src, project / name)
+        project = copy_project(work / "project")
         rows = []
         rows.append(("cold build", *build(project, work, extra)))
         rows.append(("nothing changed", *build(project, work, extra)))
