@@ -1,15 +1,19 @@
-"""Helper for test_distributed.py: one rank of a 2-process DDP run on CPU (gloo, env://).
+"""Helper for test_distributed.py: one rank of a DDP run on CPU (gloo).
 
-    _ddp_worker.py RANK WORLD_SIZE PORT OPT_LEVELS OUT.json   (OPT_LEVELS: comma-separated)
+    _ddp_worker.py RANK WORLD_SIZE RENDEZVOUS_FILE OPT_LEVELS OUT.json [STEPS [INJECT_STEPS]]
 
-Trains a small model; at step INJECT_STEP only rank 1 gets an inf in one gradient element after
-DDP's all-reduce (so only amp's own overflow agreement can tell rank 0). Writes per-step loss
-scales, whether each step changed the parameters, and a final parameter checksum, per level.
+OPT_LEVELS and INJECT_STEPS are comma-separated. The ranks meet through a file
+(``file://`` rendezvous), so no TCP port is chosen ahead of time: a port picked free by the
+test and bound later by rank 0 could be taken in between by anything else on the machine.
+
+Trains a small model; at each step of INJECT_STEPS only the last rank gets an inf in one
+gradient element after DDP's all-reduce (so only amp's own overflow agreement can tell the
+other ranks). Writes per-step loss scales, whether each step changed the parameters, and a
+final parameter checksum, per level.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,11 +24,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 import amp
 
-INJECT_STEP = 3
 STEPS = 6
+INJECT_STEPS = (3,)
 
 
-def train(level: str, rank: int) -> dict:
+def train(level: str, rank: int, world: int, steps: int, inject: tuple[int, ...]) -> dict:
     # Each rank starts from other weights: DDP broadcasts rank 0's, and amp's fp32 masters must
     # follow that broadcast identically on every rank.
     torch.manual_seed(rank)
@@ -35,14 +39,14 @@ def train(level: str, rank: int) -> dict:
     ddp = DistributedDataParallel(model)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     scales, changed = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         x = torch.randn(16, 10, generator=g)
         y = x.sum(dim=1, keepdim=True)
         before = [p.detach().clone() for p in amp.master_params(optimizer)]
         optimizer.zero_grad()
         with amp.scale_loss(F.mse_loss(ddp(x), y), optimizer) as scaled_loss:
             scaled_loss.backward()
-            if step == INJECT_STEP and rank == 1:
+            if step in inject and rank == world - 1:
                 model[0].weight.grad[0, 0] = float("inf")
         optimizer.step()
         scales.append(amp.state_dict()["loss_scaler0"]["loss_scale"])
@@ -53,12 +57,22 @@ def train(level: str, rank: int) -> dict:
 
 
 def main() -> None:
-    rank, world, port, levels, out = sys.argv[1:6]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=world)
-    dist.init_process_group("gloo", init_method="env://")
-    results = {level: train(level, int(rank)) for level in levels.split(",")}
-    Path(out).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    rank, world, rendezvous, levels, out = sys.argv[1:6]
+    steps = int(sys.argv[6]) if len(sys.argv) > 6 else STEPS
+    inject = tuple(int(s) for s in sys.argv[7].split(",")) if len(sys.argv) > 7 else INJECT_STEPS
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=int(rank),
+                            world_size=int(world))
+    try:
+        results = {level: train(level, int(rank), int(world), steps, inject)
+                   for level in levels.split(",")}
+        Path(out).write_text(json.dumps(results))
+        # No rank tears down while another may still be reading from it: a rank that closes
+        # its gloo connections while a peer is still finishing its last collective makes that
+        # peer's background thread fail at exit (seen as SIGABRT, "terminate called without
+        # an active exception", in about one run in five).
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
