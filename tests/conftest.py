@@ -2,11 +2,21 @@
 kernels per ISA, and the pure-torch fallback)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from amp import _ext
+
+# Under CI the property tests draw the same examples every run (derandomize): a CI run must
+# not pass or fail by chance. Locally they explore new examples each run, and a failure
+# prints the @reproduce_failure blob that replays it.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
 def _select(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
