@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import NoReturn, TextIO
 
 from builder import __version__
-from builder.config import CliOverrides, Settings, load_settings
+from builder.config.load import CliOverrides, Settings, load_settings
+from builder.config.proxy import proxies_from_env
 from builder.errors import BuilderError
-from builder.proxy import proxies_from_env
 from builder.redact import Redactor
 
 COMMANDS: tuple[str, ...] = (
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def resolve_plan(args: argparse.Namespace, ctx: Context):  # -> tuple[Settings, Plan]
     """Settings -> expanded matrix -> selection; warnings and notes go to stderr."""
-    from builder.cells import expand, select
+    from builder.plan.cells import expand, select
 
     settings = load_from_args(args, ctx)
     full = expand(settings.config)

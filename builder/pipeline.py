@@ -1,6 +1,6 @@
 """One cell, end to end: recipe -> engine -> in-cell build -> label -> repair -> verify -> dist/.
 
-Data flows one way (STYLE.md): the cell and its rendered :class:`~builder.render.Recipe` come in;
+Data flows one way: the cell and its rendered :class:`~builder.images.render.Recipe` come in;
 a :class:`~builder.pipeline_types.CellResult` with typed step results goes out. The steps are
 the same for both backends; only where they run differs:
 
@@ -13,7 +13,7 @@ the same for both backends; only where they run differs:
   running it under ``qemu-aarch64``. ``auto`` uses it for aarch64 cells when
   :func:`~builder.cross.cross_available` says the host can.
 * ``emulated``: another arch's cells in that arch's base image (``base-image --arch ARM``),
-  run under QEMU user emulation (:mod:`builder.emulation`): exactly the docker steps, only
+  run under QEMU user emulation (:mod:`builder.engines.emulation`): exactly the docker steps, only
   slower. ``auto`` falls back to it for aarch64 cells when the cross path cannot build them
   but emulation works and the engine has an arm64 base image.
 
@@ -45,8 +45,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from builder import __version__
 from builder.arch import ARCHES
-from builder.cells import Cell
-from builder.config import BaseImage, BuildConfig
+from builder.config.load import BaseImage, BuildConfig
 from builder.cross.build import cross_build_wheel
 from builder.cross.cell import cross_available
 from builder.cross.qemu import extension_modules, verify_wheel
@@ -54,14 +53,17 @@ from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
 from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
 from builder.cross.toolchain import PROVISION_SCRIPT, CrossToolchain, find_toolchain
-from builder.emulation import require_emulation
 from builder.engines.base import OutputLog, Session
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.engines.emulation import require_emulation
 from builder.engines.host import HostEngine, find_python
 from builder.errors import BuilderError, ConfigError, EngineUnavailable, StepFailed
+from builder.images.render import Recipe
 from builder.incell import PROJECT_IGNORE, build_in_session, smoke_in_session
-from builder.localversion import add_local_version
-from builder.manifest import (
+from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult, StepResult
+from builder.plan.cells import Cell
+from builder.redact import Redactor
+from builder.release.manifest import (
     ManifestEntry,
     publish_wheel,
     read_manifest,
@@ -69,20 +71,18 @@ from builder.manifest import (
     sha256_file,
     utc_now,
 )
-from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult, StepResult
-from builder.redact import Redactor
-from builder.render import Recipe
-from builder.repair import (
+from builder.wheel.localversion import add_local_version
+from builder.wheel.repair import (
     CONTAINER_AUDITWHEEL,
     audit_wheel,
     host_auditwheel,
     repair_wheel,
     split_wheel_name,
 )
-from builder.reproducible import ENV_VAR as EPOCH_VAR
-from builder.reproducible import SourceDateEpoch, normalize_wheel
-from builder.verify import Verification, check_name_against_audit, check_no_bundled_torch
-from builder.wheelcheck import check_tag_covers_own_code
+from builder.wheel.reproducible import ENV_VAR as EPOCH_VAR
+from builder.wheel.reproducible import SourceDateEpoch, normalize_wheel
+from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
+from builder.wheel.wheelcheck import check_tag_covers_own_code
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class PipelineOptions:
     jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
     force: bool = False  # rebuild even when the manifest says up to date
     ccache: bool = False
-    #: The build's timestamp (builder.reproducible): in every build environment, the input key
+    #: The build's timestamp (builder.wheel.reproducible): in every build environment, the input key
     #: and the manifest; each published wheel is normalised with it. None: wheels as built.
     source_date_epoch: Optional[SourceDateEpoch] = None
     #: Docker network the cell's image build and container join (``--network``; None: the
@@ -249,18 +249,14 @@ def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
     return h.hexdigest()
 
 
-#: The builder files whose change changes a wheel (not the CLI, display or cross backend).
-BUILD_SOURCES: tuple[str, ...] = ("incell", "repair.py", "verify.py", "localversion.py",
-                                  "pipeline.py", "wheelcheck.py", "reproducible.py")
+def _builder_ignored(rel: Path) -> bool:
+    return any(part == "__pycache__" or part.endswith(".pyc") for part in rel.parts)
 
 
 def builder_digest() -> str:
-    h = hashlib.sha256()
-    for name in BUILD_SOURCES:
-        path = BUILDER_DIR / name
-        h.update(name.encode() + (tree_digest(path) if path.is_dir() else
-                                  hashlib.sha256(path.read_bytes()).hexdigest()).encode())
-    return h.hexdigest()
+    """sha256 over the whole builder package: any module, template or data file added to it is
+    in the key without anyone having to list it (a hand-kept list once silently missed one)."""
+    return tree_digest(BUILDER_DIR, ignore=_builder_ignored)
 
 
 def input_key(parts: Mapping[str, Any]) -> str:
@@ -296,7 +292,7 @@ def rebuild_reason(out: Path, cell_id: str, parts: Mapping[str, Any]) -> str:
 
 
 def _normalize(opts: PipelineOptions, steps: _Steps, wheel: Path) -> None:
-    """The repaired wheel in the canonical zip layout (builder.reproducible)."""
+    """The repaired wheel in the canonical zip layout (builder.wheel.reproducible)."""
     epoch = opts.source_date_epoch
     if epoch is not None:
         steps("normalize", lambda: normalize_wheel(wheel, epoch.value))
@@ -375,10 +371,10 @@ def verify_cell_wheel(
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
     wheelhouse: Optional[str], index_url: Optional[str],
 ) -> Verification:
-    """D's three checks (builder.verify), with the tag check made exclusion-aware.
+    """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware.
 
     ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
-    which counts the excluded libraries' own glibc needs (see builder.wheelcheck); when only
+    which counts the excluded libraries' own glibc needs (see builder.wheel.wheelcheck); when only
     that differs, the wheel's own ELF files decide.
     """
     check_no_bundled_torch(wheel)

@@ -43,10 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder.arch import ARCHES, arch_name  # noqa: PLC0415
-    from builder.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
     from builder.engines.base import OutputLog  # noqa: PLC0415
     from builder.engines.docker import DockerEngine  # noqa: PLC0415
     from builder.errors import ConfigError  # noqa: PLC0415
+    from builder.images.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
     from builder.pipeline import host_arch  # noqa: PLC0415
 
     requested = args.arch or ctx.env.get("ARCH") or host_arch()

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from builder.cells import Cell
 from builder.cli import (
     Context,
     add_base_image_option,
@@ -17,7 +16,7 @@ from builder.cli import (
     add_selection_options,
     load_from_args,
 )
-from builder.config import REPO_ROOT, Selection
+from builder.config.load import REPO_ROOT, Selection
 from builder.errors import ConfigError
 from builder.pipeline import (
     BackendChoice,
@@ -31,7 +30,8 @@ from builder.pipeline import (
     uses_emulation,
     with_base_image,
 )
-from builder.reproducible import resolve_source_date_epoch
+from builder.plan.cells import Cell
+from builder.wheel.reproducible import resolve_source_date_epoch
 
 NAME = "build"
 BACKENDS = ("auto", "docker", "host", "cross", "emulated")
@@ -158,9 +158,9 @@ def _network(name: str | None, choice: BackendChoice, offline: bool) -> str | No
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from builder.cells import expand, select  # noqa: PLC0415
+    from builder.images.render import render_all  # noqa: PLC0415
+    from builder.plan.cells import expand, select  # noqa: PLC0415
     from builder.progress import Progress, summary_table  # noqa: PLC0415
-    from builder.render import render_all  # noqa: PLC0415
 
     err = ctx.output.err
     settings = load_from_args(args, ctx)
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     wheelhouse = Path(args.wheelhouse) if args.wheelhouse else None
     bundle = None
     if config.offline.bundle is not None:
-        from builder.offline import use_bundle  # noqa: PLC0415
+        from builder.offline.use import use_bundle  # noqa: PLC0415
 
         if wheelhouse is not None:
             raise ConfigError("--wheelhouse and a bundle both given; the bundle's wheels/ is "
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     arch = host_arch()
     if bundle is not None:
-        from builder.offline import bundle_base_image  # noqa: PLC0415
+        from builder.offline.use import bundle_base_image  # noqa: PLC0415
 
         base_ref = bundle_base_image(bundle, arch, base_ref, backend, ctx.output.redact, err)
 
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                if backend == "cross" else
                                f"auto: {cross_why}")
     elif backend == "emulated":
-        from builder.emulated_backend import choose_emulated  # noqa: PLC0415
+        from builder.backends.emulated import choose_emulated  # noqa: PLC0415
         from builder.engines.docker import DockerEngine  # noqa: PLC0415
 
         engine = DockerEngine(redactor=ctx.output.redact)
@@ -234,8 +234,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             if base_ref:
                 config = with_base_image(config, arch, base_ref, engine)
     elif base_ref == "local" and backend != "host":
-        from builder.base_image import build_base_image  # noqa: PLC0415
         from builder.engines.docker import DockerEngine  # noqa: PLC0415
+        from builder.images.base_image import build_base_image  # noqa: PLC0415
 
         engine = DockerEngine(redactor=ctx.output.redact)
         err("base image: building or reusing the local one (python -m builder base-image)")
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if cross_ok and choice.name != "cross":
         choice = replace(choice, cross=f"auto: {cross_why}")
     elif backend == "auto" and foreign and choice.engine is not None:
-        from builder.emulated_backend import emulated_fallback  # noqa: PLC0415
+        from builder.backends.emulated import emulated_fallback  # noqa: PLC0415
 
         emulated_why, config = emulated_fallback(config, foreign, choice.engine)
         if emulated_why and not native:
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                            jobs=config.build.jobs, force=args.force, ccache=args.ccache,
                            network=network)
     if opts.offline and opts.wheelhouse is not None:
-        from builder.offline import preflight  # noqa: PLC0415
+        from builder.offline.use import preflight  # noqa: PLC0415
 
         # Before any image build or compile: name what the wheelhouse lacks, per cell.
         preflight([(c, choice.name == "host") for c in cells if not uses_cross(c, choice)],

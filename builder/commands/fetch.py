@@ -84,7 +84,10 @@ def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str,
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder import __version__  # noqa: PLC0415
-    from builder.bundle import (  # noqa: PLC0415
+    from builder.commands.build import _default_selection  # noqa: PLC0415
+    from builder.config.load import REPO_ROOT  # noqa: PLC0415
+    from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
+    from builder.offline.bundle import (  # noqa: PLC0415
         IMAGES_DIR,
         WHEELS_DIR,
         Bundle,
@@ -96,19 +99,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         save_image,
         write_bundle,
     )
-    from builder.cells import expand, select  # noqa: PLC0415
-    from builder.commands.build import _default_selection  # noqa: PLC0415
-    from builder.config import REPO_ROOT  # noqa: PLC0415
-    from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
-    from builder.manifest import utc_now  # noqa: PLC0415
-    from builder.pipeline import host_arch, with_base_image  # noqa: PLC0415
-    from builder.preflight import (  # noqa: PLC0415
+    from builder.offline.preflight import (  # noqa: PLC0415
         Target,
         cell_requirements,
         describe_missing,
         index_wheelhouse,
         resolve,
     )
+    from builder.pipeline import host_arch, with_base_image  # noqa: PLC0415
+    from builder.plan.cells import expand, select  # noqa: PLC0415
+    from builder.release.manifest import utc_now  # noqa: PLC0415
 
     err = ctx.output.err
     start = time.monotonic()
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                     "container engine; --no-images fetches wheels only "
                                     "(for --backend host builds)") from exc
         if base_ref == "local":
-            from builder.base_image import build_base_image  # noqa: PLC0415
+            from builder.images.base_image import build_base_image  # noqa: PLC0415
 
             made = build_base_image(engine, progress=lambda m: err(f"base image: {m}"))
             base_ref = made.tag

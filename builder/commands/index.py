@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from builder.cli import Context
-from builder.distfiles import dist_wheels
-from builder.simple_index import write_simple_index
+from builder.release.distfiles import dist_wheels
+from builder.release.simple_index import write_simple_index
 
 NAME = "index"
 HELP = "write a PEP 503 simple index of dist/ that pip installs from"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from builder.cells import Plan
 from builder.cli import Context, add_config_options, add_selection_options, resolve_plan
-from builder.config import Settings
+from builder.config.load import Settings
+from builder.plan.cells import Plan
 
 NAME = "plan"
 HELP = "show the cells a build would make, and the reason for each dropped cell"

@@ -12,10 +12,10 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from packaging.utils import parse_wheel_filename
 
 from builder.cli import Context
-from builder.config import CliOverrides, load_settings
-from builder.distfiles import dist_wheels
+from builder.config.load import CliOverrides, load_settings
 from builder.errors import ConfigError, StepFailed
-from builder.repository import existing_files
+from builder.release.distfiles import dist_wheels
+from builder.release.repository import existing_files
 
 NAME = "publish"
 HELP = "upload the wheels in dist/ to a package repository (twine)"

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from builder.cli import Context, add_config_options, add_selection_options, resolve_plan
-from builder.render import render_all, write_recipes
+from builder.images.render import render_all, write_recipes
 
 NAME = "render"
 HELP = "write each selected cell's Dockerfile into OUT/<cell id>/"

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.aptsources import SourceEntry, read_sources
 from builder.cross.cache import cache_root
 from builder.errors import StepFailed
+from builder.images.aptsources import SourceEntry, read_sources
 
 #: An index younger than this is used as it is; older ones are refreshed (a failed refresh keeps
 #: the old index, so offline builds still work from a warm cache).

@@ -1,6 +1,6 @@
 """Which torch an ARM cell gets on the cross path when the user named none.
 
-The selection's default is the newest torch with a wheel for the cell's Python (builder.cells).
+The selection's default is the newest torch with a wheel for the cell's Python (builder.plan.cells).
 On the cross path a cell can only be verified when its aarch64 torch is a CPU build (it runs under
 QEMU, without CUDA); the index's newest aarch64 torch may be a CUDA build (2.13.0 is). Building
 that cell would end in a clear failure, so when the torch was *not* named the cross backend takes
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
-from builder import values
-from builder.cells import Cell
+from builder.config import values
 from builder.cross.sysroot import ensure_target_python
 from builder.cross.target_torch import cuda_requirements, download_torch_wheel
 from builder.errors import StepFailed
+from builder.plan.cells import Cell
 
 
 def newest_verifiable(cell: Cell, matrix: Sequence[Cell]) -> tuple[Cell, Optional[str]]:

@@ -47,7 +47,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# binfmt_misc is not mounted by default on these machines (containers/VMs without systemd).
+# binfmt_misc is not mounted by default in containers/VMs without systemd.
 if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
     mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null \
         || echo "provision.sh: warning: cannot mount binfmt_misc; qemu-aarch64 -L still works" >&2

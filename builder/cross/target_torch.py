@@ -3,7 +3,7 @@
 One cached site-packages folder per (torch wheel content, target Python) serves both jobs:
 compiling (``torch/include``, ``torch/lib``) and running under QEMU (``PYTHONPATH=<site>``).
 The index's aarch64 torch 2.9.1 is a CPU build; 2.13.0 is a CUDA-13 build that needs CUDA
-libraries even to import, so pick a CPU torch for verification (see ENVIRONMENT.md).
+libraries even to import, so pick a CPU torch for verification (configs/support.yaml lists them).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from builder import wheelmeta
 from builder.cross.cache import cache_root, content_key, ensure_entry
 from builder.cross.sysroot import TargetPython, precompile
 from builder.errors import StepFailed
-from builder.manifest import sha256_file
+from builder.release.manifest import sha256_file
+from builder.wheel import wheelmeta
 
 # The oldest glibc the index's aarch64 torch wheels target; pip also accepts older manylinux tags.
 DEFAULT_PLATFORM = "manylinux_2_28_{arch}"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, TextIO
 
+from builder.engines.tls_hint import tls_failure_hint
 from builder.errors import StepFailed
 from builder.redact import Redactor
-from builder.tls_hint import tls_failure_hint
 
 #: Receives each redacted output line (without its newline), e.g. a progress display.
 LineSink = Callable[[str], None]

@@ -10,15 +10,15 @@ Podman speaks the Docker API through its socket, so this module works unchanged 
     podman system service --time=0 unix:///run/podman/podman.sock &
     export DOCKER_HOST=unix:///run/podman/podman.sock
 
-Quirks seen with Debian's podman 4.3 on these machines (see shared/ENVIRONMENT.md):
+Quirks seen with Debian's podman 4.3 on Debian 12 hosts:
 
 * ``crun`` fails on this kernel's cgroup layout: configure ``runtime = "runc"`` under
   ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
 
-No registry is reachable from these machines: nothing is ever pulled here; base images are built
-locally (:mod:`builder.base_image`) or loaded from a tarball.
+Nothing is ever pulled implicitly (air-gapped hosts reach no registry); base images are built
+locally (:mod:`builder.images.base_image`) or loaded from a tarball.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :func:`build_in_session` runs the same sequence in a container session and in a host session:
 copy the project and the step script in, make a venv from the cell's interpreter, install
 ``torch==X`` (index or wheelhouse), build the wheel without build isolation. It returns the raw
-(unrepaired) wheel's path *inside* the session, ready for :func:`builder.repair.repair_wheel`.
+(unrepaired) wheel's path *inside* the session, ready for :func:`builder.wheel.repair.repair_wheel`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from builder.wheelmeta import target_requirements
+from builder.wheel.wheelmeta import target_requirements
 
 ARM_TORCH = "2.9.1"
 CACHE = Path(os.environ.get("AMPFORGE_CACHE", Path.home() / ".cache" / "ampforge"))

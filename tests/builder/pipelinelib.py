@@ -13,7 +13,7 @@ from pathlib import Path
 
 from enginelib import write_tiny_extension
 
-from builder.config import REPO_ROOT
+from builder.config.load import REPO_ROOT
 
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
 
@@ -51,7 +51,7 @@ def dist_state(dist: Path) -> dict[str, bytes]:
 
 def seed_dist(dist: Path) -> dict[str, bytes]:
     """An earlier build's wheel and manifest (a different cell), to prove they survive."""
-    from builder.manifest import ManifestEntry, record_wheel  # noqa: PLC0415
+    from builder.release.manifest import ManifestEntry, record_wheel  # noqa: PLC0415
 
     dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / "earlier-1.0+torch2.9-cp310-cp310-manylinux_2_24_x86_64.whl"

@@ -159,7 +159,7 @@ def write_index(wheelhouse: Path, out: Path) -> Path:
     """The wheelhouse as PEP 503 pages under ``out/simple/`` (wheels hard-linked next to their
     page, ``#sha256=`` fragments); returns *out*.
 
-    Not builder.simple_index: its PEP 658 ``.metadata`` files trip the pip 23.0.1 that
+    Not builder.release.simple_index: its PEP 658 ``.metadata`` files trip the pip 23.0.1 that
     Python 3.11's ensurepip puts in the build venv ("inconsistent Name: expected
     'typing-extensions', but metadata has 'typing_extensions'", a raw-name comparison that
     pip 23.1 fixed). Plain pages make pip read each wheel's metadata itself.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from enginelib import docker_engine
 
-from builder.base_image import BaseImageSpec, build_base_image, host_debian_mirror
 from builder.errors import ConfigError, StepFailed
+from builder.images.base_image import BaseImageSpec, build_base_image, host_debian_mirror
 
 # -- the Debian mirror comes from the host's APT sources --------------------------------------
 

@@ -24,7 +24,6 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from test_cross import TINY_CHECK, _make_tiny_project
 
-from builder.aptsources import SourceEntry, parse_deb822, parse_one_line
 from builder.cross import (
     cross_available,
     cross_build_wheel,
@@ -47,6 +46,7 @@ from builder.cross.sysroot import (
 )
 from builder.cross.toolchain import CrossToolchainMissing
 from builder.errors import StepFailed
+from builder.images.aptsources import SourceEntry, parse_deb822, parse_one_line
 
 HOST_SOURCES = """\
 Types: deb

@@ -22,7 +22,7 @@ from armlib import busybox_rootfs
 from enginelib import docker_engine, in_ci
 from pipelinelib import dist_state, run_build, seed_dist
 
-from builder.emulation import (
+from builder.engines.emulation import (
     BINFMT_ROOT,
     EmulationUnavailable,
     detect_emulation,
@@ -154,9 +154,9 @@ def test_arm64_container_runs_under_qemu(busybox_image: str) -> None:
 def test_auto_falls_back_to_emulated_only_with_an_arm64_base_image(busybox_image: str) -> None:
     """``auto`` for aarch64 cells the cross path cannot build: emulated when the engine has the
     cells' arm64 base image, not otherwise (nothing is built or pulled implicitly)."""
-    from builder.cells import expand, select  # noqa: PLC0415
-    from builder.config import CliOverrides, Selection, load_settings  # noqa: PLC0415
-    from builder.emulated_backend import emulated_fallback, local_base_tag  # noqa: PLC0415
+    from builder.backends.emulated import emulated_fallback, local_base_tag  # noqa: PLC0415
+    from builder.config.load import CliOverrides, Selection, load_settings  # noqa: PLC0415
+    from builder.plan.cells import expand, select  # noqa: PLC0415
 
     config = load_settings(CliOverrides(), {}).config
     cells = select(expand(config), Selection(arch=("ARM",), python=("3.12",),

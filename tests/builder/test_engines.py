@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from enginelib import docker_engine
 
-from builder.base_image import build_base_image
 from builder.engines.base import OutputLog
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.errors import EngineUnavailable, StepFailed
+from builder.images.base_image import build_base_image
 from builder.redact import Redactor
 
 SENTINEL = "s3ntinelPassw0rd"

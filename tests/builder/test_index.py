@@ -24,9 +24,9 @@ from packaging.version import Version
 
 from builder.cli import main
 from builder.errors import StepFailed
-from builder.localversion import add_local_version
-from builder.manifest import ManifestEntry, record_wheel
-from builder.simple_index import normalize_project, read_wheel, write_simple_index
+from builder.release.manifest import ManifestEntry, record_wheel
+from builder.release.simple_index import normalize_project, read_wheel, write_simple_index
+from builder.wheel.localversion import add_local_version
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -153,7 +153,7 @@ def test_pip_installs_over_http_and_refuses_a_tampered_file(tmp_path: Path) -> N
 
 def _torch_wheels(tmp: Path, labels: list[str], *, pinned: bool) -> Path:
     """``tpkg 0.1+<label>`` for each label; pinned ones carry Requires-Dist torch==X.Y.*
-    (builder.localversion's pin), unpinned ones only the label."""
+    (builder.wheel.localversion's pin), unpinned ones only the label."""
     dist = tmp / ("pinned" if pinned else "unpinned")
     if pinned:
         base = make_wheel(tmp / "base", "tpkg", "0.1")

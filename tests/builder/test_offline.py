@@ -1,5 +1,6 @@
-"""Offline builds without an engine: the pre-flight (``builder.preflight``) on real wheel files,
-bundle verification (``builder.bundle``), and the ``build``/``fetch``/``make`` front doors
+"""Offline builds without an engine: the pre-flight (``builder.offline.preflight``) on real wheel
+files,
+bundle verification (``builder.offline.bundle``), and the ``build``/``fetch``/``make`` front doors
 failing early and by name. Fast (seconds): the wheels here are small but real zip files with
 METADATA; the end-to-end fetch + offline docker build is in test_fetch_e2e.py.
 """
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 from pipelinelib import builder_env
 
-from builder.bundle import (
+from builder.config.load import REPO_ROOT
+from builder.errors import ConfigError
+from builder.offline.bundle import (
     WHEELS_DIR,
     Bundle,
     BundleCell,
@@ -26,9 +29,13 @@ from builder.bundle import (
     verify_bundle,
     write_bundle,
 )
-from builder.config import REPO_ROOT
-from builder.errors import ConfigError
-from builder.preflight import Target, cell_requirements, describe_missing, index_wheelhouse, resolve
+from builder.offline.preflight import (
+    Target,
+    cell_requirements,
+    describe_missing,
+    index_wheelhouse,
+    resolve,
+)
 
 X86_311 = Target("3.11", "x86_64", "manylinux_2_28_x86_64", "cp311-manylinux_x86_64-torch2.13.0")
 TORCH_DEPS = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pipelinelib import dist_state, manifest, run_build, seed_dist
 
-from builder.config import REPO_ROOT
+from builder.config.load import REPO_ROOT
 
 ARM_CELL = "cp311-manylinux_aarch64-torch2.9.1"
 
@@ -136,9 +136,9 @@ def test_no_torch_named_means_the_newest_verifiable_arm_torch_on_the_cross_path(
     """`make wheel ARCH=ARM PY=3.11`: the selection's newest torch (2.13.0) is a CUDA build for
     aarch64, so the cross path takes the newest CPU one instead, and says why. Reads the real
     wheels' metadata (cached after the first download)."""
-    from builder.cells import expand  # noqa: PLC0415
-    from builder.config import CliOverrides, load_settings  # noqa: PLC0415
+    from builder.config.load import CliOverrides, load_settings  # noqa: PLC0415
     from builder.cross.default_torch import newest_verifiable  # noqa: PLC0415
+    from builder.plan.cells import expand  # noqa: PLC0415
 
     matrix = expand(load_settings(CliOverrides(), {}).config).cells
     by_id = {c.identifier: c for c in matrix}

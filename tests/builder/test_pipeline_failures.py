@@ -22,8 +22,8 @@ from pipelinelib import (
     seed_dist,
 )
 
-from builder.base_image import build_base_image
 from builder.engines.docker import CONTAINER_LABEL
+from builder.images.base_image import build_base_image
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from enginelib import docker_engine, write_tiny_extension
 from pipelinelib import CELL, dist_state, run_build, seed_dist
 
 from builder.errors import StepFailed
-from builder.localversion import add_local_version, with_local
 from builder.pipeline import tree_digest
+from builder.wheel.localversion import add_local_version, with_local
 
 
 def test_dead_engine_socket_is_a_clear_exit_1(tmp_path: Path) -> None:

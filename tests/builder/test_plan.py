@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from builder_testlib import BASE_CONFIG, run_cli, write_config
 
-from builder.cells import cell_id
-from builder.config import REPO_ROOT
+from builder.config.load import REPO_ROOT
+from builder.plan.cells import cell_id
 
 
 def _json(*argv: str, env: dict[str, str] | None = None) -> dict:

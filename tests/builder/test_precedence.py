@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builder_testlib import BASE_CONFIG, run_cli, write_config, write_pem
 
-from builder.config import REPO_ROOT, CliOverrides, load_settings
+from builder.config.load import REPO_ROOT, CliOverrides, load_settings
 
 
 def _settings(cfg: Path, env: dict[str, str] | None = None, **cli):

@@ -39,9 +39,9 @@ from proxylib import (
     write_index,
 )
 
-from builder.base_image import build_base_image
+from builder.config.proxy import PROXY_KEYS
 from builder.engines.docker import DockerEngine
-from builder.proxy import PROXY_KEYS
+from builder.images.base_image import build_base_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

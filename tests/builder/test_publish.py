@@ -26,8 +26,8 @@ from indexlib import clean_pip_env, make_wheel, pip_in
 from passlib.apache import HtpasswdFile
 
 from builder.cli import main
-from builder.config import REPO_ROOT
-from builder.manifest import ManifestEntry, record_wheel
+from builder.config.load import REPO_ROOT
+from builder.release.manifest import ManifestEntry, record_wheel
 
 USER = "releaser"
 PASSWORD = "S3ntinel-pw-4f9c2a"  # must never appear in any output

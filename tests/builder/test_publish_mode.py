@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from builder.manifest import ManifestEntry, publish_wheel, record_wheel
+from builder.release.manifest import ManifestEntry, publish_wheel, record_wheel
 
 
 def test_published_wheel_and_manifest_are_readable_by_others(tmp_path: Path) -> None:

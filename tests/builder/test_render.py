@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from builder_testlib import BASE_CONFIG, GOLDEN, run_cli, write_config, write_pem
 
-from builder.cells import Cell, expand, select
-from builder.config import REPO_ROOT, BaseImage, CliOverrides, load_settings
-from builder.render import CA_CONTEXT_NAME, RenderError, render_all, render_recipe
+from builder.config.load import REPO_ROOT, BaseImage, CliOverrides, load_settings
+from builder.images.render import CA_CONTEXT_NAME, RenderError, render_all, render_recipe
+from builder.plan.cells import Cell, expand, select
 
 GOLDEN_CASES = [
     ("default", None, "cp311-manylinux_x86_64-torch2.13.0"),

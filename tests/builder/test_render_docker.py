@@ -3,7 +3,7 @@ build user, the tools and the injected CA, and the proxies passed as build argum
 appear nowhere in the image's history or configuration.
 
 Needs a Docker engine (CI starts one; elsewhere the test is skipped when none answers) and
-the local manylinux-shaped base image (built once by builder.base_image, cached by content).
+the local manylinux-shaped base image (built once by builder.images.base_image, cached by content).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from builder_testlib import SUPPORT
 
-from builder.cells import expand, select
-from builder.config import CliOverrides, load_settings
+from builder.config.load import CliOverrides, load_settings
 from builder.errors import EngineUnavailable
-from builder.render import render_all
+from builder.images.render import render_all
+from builder.plan.cells import expand, select
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -51,12 +51,12 @@ def _real_ca(path: Path) -> Path:
 
 def _base_image(engine) -> tuple[str, str, str]:
     """(tag, python tag, plat) of the base image. AMPFORGE_TEST_BASE_IMAGE names an image
-    already loaded (labelled by builder.base_image) to test against instead of building."""
+    already loaded (labelled by builder.images.base_image) to test against instead of building."""
     tag = os.environ.get("AMPFORGE_TEST_BASE_IMAGE")
     if tag:
         labels = engine.api.inspect_image(tag)["Config"]["Labels"]
         return tag, labels["org.ampforge.base.python"], labels["org.ampforge.base.plat"]
-    from builder.base_image import build_base_image
+    from builder.images.base_image import build_base_image
 
     base = build_base_image(engine)
     return base.tag, base.python_tag, base.auditwheel_plat

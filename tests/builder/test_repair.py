@@ -17,20 +17,20 @@ import pytest
 import torch
 from enginelib import TORCH, docker_engine, wheelhouse_cp311, write_tiny_extension
 
-from builder.base_image import build_base_image
 from builder.engines.base import OutputLog
 from builder.engines.host import HostEngine, HostSession
 from builder.errors import StepFailed
+from builder.images.base_image import build_base_image
 from builder.incell import STEPS_SCRIPT, build_in_session, local_version
-from builder.manifest import (
+from builder.release.manifest import (
     ManifestEntry,
     publish_wheel,
     read_manifest,
     record_wheel,
     sha256_file,
 )
-from builder.repair import DEFAULT_EXCLUDES, host_auditwheel, repair_wheel, split_wheel_name
-from builder.verify import check_name_against_audit, check_no_bundled_torch, verify_wheel
+from builder.wheel.repair import DEFAULT_EXCLUDES, host_auditwheel, repair_wheel, split_wheel_name
+from builder.wheel.verify import check_name_against_audit, check_no_bundled_torch, verify_wheel
 
 TORCH_LIB = str(Path(torch.__file__).parent / "lib")
 

@@ -21,7 +21,7 @@ from pipelinelib import CELL, dist_state, manifest, run_build
 
 from builder.errors import ConfigError, StepFailed
 from builder.pipeline import input_key, rebuild_reason, tree_digest
-from builder.reproducible import (
+from builder.wheel.reproducible import (
     ZIP_EPOCH_MIN,
     member_order,
     normalize_wheel,

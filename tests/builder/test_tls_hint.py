@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from builder.engines.base import RunResult, check_result
+from builder.engines.tls_hint import tls_failure_hint
 from builder.errors import StepFailed
-from builder.tls_hint import tls_failure_hint
 
 # pip 23.0.1's output for an index whose certificate the build does not trust (seen in
 # test_proxy_real.py's build without --ca-bundle), shortened.

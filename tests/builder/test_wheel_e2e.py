@@ -3,7 +3,7 @@ with both backends, and a second project through ``--project``.
 
 Slow (each cell compiles the kernels and installs torch twice, from a local wheelhouse: the
 index's x86_64 torch is a multi-GB CUDA build). The docker test runs against the real dockerd
-with the base image built locally by ``builder.base_image`` (cached by content); under CI a
+with the base image built locally by ``builder.images.base_image`` (cached by content); under CI a
 missing engine fails the test.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, dist_state, manifest, run_build, seed_dist
 
-from builder.base_image import build_base_image
-from builder.config import REPO_ROOT
+from builder.config.load import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
+from builder.images.base_image import build_base_image
 
 pytestmark = pytest.mark.slow
 

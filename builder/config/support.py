@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import values
+from builder.config import values
+from builder.config.yamlfile import format_path, load_yaml
 from builder.errors import ConfigError
-from builder.yamlfile import format_path, load_yaml
 
 MACHINES = ("x86_64", "aarch64")
 

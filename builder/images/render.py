@@ -6,7 +6,7 @@ arguments (proxies -- kept out of the text and out of ``repr``).
 
 Rendering is deterministic: same cell and config give byte-identical text (no clocks, no
 host paths, sorted inputs). Jinja2 runs with ``StrictUndefined`` so a template typo fails
-instead of rendering empty. Values are checked twice: ``builder.values`` validated them on
+instead of rendering empty. Values are checked twice: ``builder.config.values`` validated them on
 load, and here every value that reaches the text goes through ``finalize`` (which refuses
 control characters such as newlines, so no value can start a new Dockerfile instruction)
 and through a filter for its context: ``dq`` (a Dockerfile double-quoted word), ``sh``
@@ -26,9 +26,9 @@ from typing import Any
 import jinja2
 
 from builder.atomicfile import atomic_write
-from builder.cells import Cell
-from builder.config import REPO_ROOT, BuildConfig, display_path
+from builder.config.load import REPO_ROOT, BuildConfig, display_path
 from builder.errors import BuilderError
+from builder.plan.cells import Cell
 
 TEMPLATE_DIR = REPO_ROOT / "docker"
 CA_CONTEXT_NAME = "ampforge-ca.pem"

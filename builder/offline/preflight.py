@@ -35,7 +35,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from builder.errors import ConfigError
-from builder.wheelmeta import marker_environment, requires_dist
+from builder.wheel.wheelmeta import marker_environment, requires_dist
 
 #: What the in-cell steps install besides torch (builder/incell/steps.py: install-torch's
 #: default ``--extra``); the smoke test installs torch and the wheel itself.

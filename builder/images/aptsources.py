@@ -1,7 +1,8 @@
 """This host's APT sources, read (never changed) so no mirror host name is built into the project.
 
 Two users: ``base-image`` debootstraps from the host's Debian mirror
-(:func:`builder.base_image.host_debian_mirror`), and the cross path derives another Debian suite's
+(:func:`builder.images.base_image.host_debian_mirror`), and the cross path derives another Debian
+suite's
 sources from the host's entries (:mod:`builder.cross.apt_suite`). Both formats are read: deb822
 ``*.sources`` stanzas and one-line ``deb [options] URI SUITE COMPONENT...`` lists; ``deb-src``,
 disabled and commented entries are skipped.

@@ -22,7 +22,7 @@ from typing import Optional
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import smoke_in_session
-from builder.repair import (
+from builder.wheel.repair import (
     CONTAINER_AUDITWHEEL,
     DEFAULT_EXCLUDES,
     WheelAudit,

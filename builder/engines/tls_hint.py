@@ -2,8 +2,8 @@
 
 pip hides an untrusted certificate behind retries and ends with the misleading
 ``Could not find a version that satisfies the requirement ... (from versions: none)``
-(shared/ENVIRONMENT.md); the only trace of the cause is an earlier ``SSLError`` line. A
-build behind an intercepting proxy or against a private HTTPS index needs that CA injected.
+(seen behind a TLS-intercepting proxy); the only trace of the cause is an earlier ``SSLError``
+line. A build behind an intercepting proxy or against a private HTTPS index needs that CA injected.
 """
 
 from __future__ import annotations

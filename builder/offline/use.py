@@ -5,7 +5,7 @@
 * :func:`bundle_base_image` -- the bundle's base image for this host's arch, ``docker load``-ed
   when the engine lacks it (nothing is pulled);
 * :func:`preflight` -- every cell's requirements met by the wheelhouse for the cell's Python
-  and platform (:mod:`builder.preflight`), before anything compiles.
+  and platform (:mod:`builder.offline.preflight`), before anything compiles.
 
 Bundle problems and unmet requirements are bad input, not failed steps: they exit 2, naming the
 file or the package, version, Python and platform.
@@ -19,11 +19,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from builder.bundle import Bundle, load_images, read_bundle, verify_bundle
-from builder.cells import Cell
-from builder.config import BuildConfig
+from builder.config.load import BuildConfig
 from builder.errors import ConfigError, EngineUnavailable
-from builder.preflight import Target, cell_requirements, describe_missing, index_wheelhouse, resolve
+from builder.offline.bundle import Bundle, load_images, read_bundle, verify_bundle
+from builder.offline.preflight import (
+    Target,
+    cell_requirements,
+    describe_missing,
+    index_wheelhouse,
+    resolve,
+)
+from builder.plan.cells import Cell
 from builder.redact import Redactor
 
 

@@ -19,7 +19,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 
 from builder.errors import StepFailed
-from builder.repair import split_wheel_name
+from builder.wheel.repair import split_wheel_name
 
 _GLIBC = re.compile(r"^GLIBC_(\d+)\.(\d+)")
 _TAG = re.compile(r"^manylinux_(\d+)_(\d+)_")

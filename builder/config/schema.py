@@ -1,7 +1,7 @@
 """JSON schema of a build configuration file (structure only).
 
 Values that need more than a type (versions, image references, URLs, paths) are checked
-by ``builder.values`` afterwards, with messages that say what was expected.
+by ``builder.config.values`` afterwards, with messages that say what was expected.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ An emulated cell is a docker cell whose image is another arch's (an arm64 rootfs
 docker steps run unchanged. What differs is only here:
 
 * explicitly (``--backend emulated``): emulation must work for every foreign cell (else an
-  :class:`~builder.emulation.EmulationUnavailable` that says how to enable it), and the cells'
+  :class:`~builder.engines.emulation.EmulationUnavailable` that says how to enable it), and the
+  cells'
   base image is ``--base-image REF`` / ``local`` (build or reuse the local arm64 image), or the
   config's image when the engine has it, or else the local arm64 image when it was built;
 * ``auto`` keeps the cross path for aarch64 cells whenever it can build them; only when it
@@ -18,16 +19,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Callable, Optional
 
-from builder.cells import Cell
-from builder.config import BuildConfig
-from builder.emulation import detect_emulation, require_emulation
+from builder.config.load import BuildConfig
 from builder.engines.docker import DockerEngine
+from builder.engines.emulation import detect_emulation, require_emulation
 from builder.pipeline import BackendChoice, with_base_image
+from builder.plan.cells import Cell
 
 
 def local_base_tag(cell: Cell) -> str:
     """The tag ``python -m builder base-image --arch <cell's arch>`` gives its image."""
-    from builder.base_image import BaseImageSpec  # noqa: PLC0415 - needs auditwheel metadata
+    from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - needs auditwheel metadata
 
     return BaseImageSpec(arch=cell.machine).tag
 
@@ -50,7 +51,7 @@ def choose_emulated(
     for cell in {c.arch: c for c in foreign}.values():
         ref = base_ref
         if ref == "local":
-            from builder.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
+            from builder.images.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
 
             say(f"base image: building or reusing the local {cell.arch} one (python -m builder "
                 f"base-image --arch {cell.arch})")

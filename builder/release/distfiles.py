@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import ConfigError, StepFailed
-from builder.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from builder.release.manifest import MANIFEST_NAME, read_manifest, sha256_file
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import ConfigError, StepFailed
-from builder.manifest import sha256_file
-from builder.wheelmeta import read_metadata
+from builder.release.manifest import sha256_file
+from builder.wheel.wheelmeta import read_metadata
 
 SIMPLE_DIR = "simple"
 _REPOSITORY_VERSION = "1.0"  # PEP 629

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
-# One atomic-write routine for every file the builder publishes (builder.manifest's).
+# One atomic-write routine for every file the builder publishes (builder.release.manifest's).
 from builder.atomicfile import atomic_replace, atomic_write
 from builder.errors import ConfigError, StepFailed
-from builder.manifest import sha256_file
+from builder.release.manifest import sha256_file
 
 BUNDLE_FILE = "bundle.json"
 WHEELS_DIR = "wheels"

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from builder.aptsources import read_sources
-from builder.emulation import require_emulation
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine
+from builder.engines.emulation import require_emulation
 from builder.engines.host import run_host
 from builder.errors import ConfigError, StepFailed
+from builder.images.aptsources import read_sources
 
 #: Bump when the recipe below changes in a way that changes the image.
 RECIPE_VERSION = 2

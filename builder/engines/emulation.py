@@ -24,7 +24,7 @@ from builder.errors import StepFailed
 BINFMT_ROOT = Path("/proc/sys/fs/binfmt_misc")
 #: Another folder to read instead (tests point it at a fake, "unavailable" one).
 BINFMT_ROOT_ENV = "AMPFORGE_BINFMT_ROOT"
-PROVISION_SCRIPT = Path(__file__).resolve().parent / "cross" / "provision.sh"
+PROVISION_SCRIPT = Path(__file__).resolve().parent.parent / "cross" / "provision.sh"
 
 #: The first 20 bytes of a little-endian 64-bit executable for each machine (ELF ident,
 #: e_type=EXEC, e_machine): what a binfmt_misc magic/mask pair is matched against.

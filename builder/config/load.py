@@ -2,7 +2,7 @@
 
 Precedence, lowest to highest (each layer overrides the ones before it):
 
-1. built-in defaults -- ``builder/defaults.yaml`` (everything but the matrix);
+1. built-in defaults -- ``builder/config/defaults.yaml`` (everything but the matrix);
 2. the config file -- ``--config FILE``, default ``configs/matrix.yaml``;
 3. the environment -- ``ARCH``, ``PY``, ``TORCH`` (selection), ``JOBS``, ``OFFLINE``,
    ``BUILDER_CA_BUNDLE`` and the proxy variables ``HTTP_PROXY``, ``HTTPS_PROXY``,
@@ -12,7 +12,7 @@ Precedence, lowest to highest (each layer overrides the ones before it):
    ``--offline/--no-offline``, ``--ca-bundle``, ``--http-proxy`` ...
 
 Mappings merge key by key between layers 1 and 2; lists replace. The file is checked
-against ``builder.schema`` (structure) and then value by value (``builder.values``);
+against ``builder.config.schema`` (structure) and then value by value (``builder.config.values``);
 every error names the file, the line, the key and what was expected, and exits 2.
 Relative paths in a file are relative to that file; on the command line or in the
 environment, to the working directory.
@@ -28,15 +28,15 @@ from typing import Any, Callable
 
 import jsonschema
 
-from builder import values
 from builder.arch import ARCHES, arch_name
+from builder.config import values
+from builder.config.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
+from builder.config.schema import CONFIG_SCHEMA
+from builder.config.support import SupportTable, load_support
+from builder.config.yamlfile import PathKey, YamlDocument, format_path, load_yaml
 from builder.errors import ConfigError
-from builder.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
-from builder.schema import CONFIG_SCHEMA
-from builder.support import SupportTable, load_support
-from builder.yamlfile import PathKey, YamlDocument, format_path, load_yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "matrix.yaml"
 DEFAULTS_FILE = Path(__file__).resolve().with_name("defaults.yaml")
 
@@ -693,7 +693,7 @@ def _selection(cli: CliOverrides, env: Mapping[str, str]) -> Selection:
 
 def parse_config_text(text: str, name: str = "<config>") -> YamlDocument:
     """Parse and check a configuration given as text (used by tests and tools)."""
-    from builder.yamlfile import parse_yaml
+    from builder.config.yamlfile import parse_yaml
 
     doc = parse_yaml(text, name)
     _check_schema(doc, require_matrix=True)

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urljoin, urlsplit
 
 from builder.errors import StepFailed
-from builder.simple_index import normalize_project
+from builder.release.simple_index import normalize_project
 
 
 class _Anchors(html.parser.HTMLParser):

@@ -23,9 +23,9 @@ import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder import values
 from builder.arch import ARCHES
-from builder.config import BaseImage, BuildConfig, Selection, Settings
+from builder.config import values
+from builder.config.load import BaseImage, BuildConfig, Selection, Settings
 from builder.errors import ConfigError
 
 
@@ -71,7 +71,7 @@ class Cell:
 
     @property
     def torch_local(self) -> str:
-        """The wheel's local version label, ``torch2.13`` (see DESIGN.md wheel names)."""
+        """The wheel's local version label, ``torch2.13`` (see the README, "wheel names")."""
         major, minor, _ = self.torch.split(".")
         return f"torch{major}.{minor}"
 
