@@ -16,7 +16,12 @@ from ._version import __version__
 from .frontend import initialize, load_state_dict, state_dict
 from .handle import scale_loss
 from .master import master_params
+from .multi_tensor_apply import multi_tensor_applier
 from .scaler import LossScaler
+
+# Last, after every submodule import: the package attribute `_amp_state` is apex's state object,
+# not the submodule of the same name (`from amp._amp_state import ...` still finds the module).
+from ._amp_state import _amp_state as _amp_state  # noqa: E402  isort: skip
 
 __all__ = [
     "LossScaler",
@@ -24,15 +29,17 @@ __all__ = [
     "initialize",
     "load_state_dict",
     "master_params",
+    "multi_tensor_applier",
     "optimizers",
+    "parallel",
     "scale_loss",
     "state_dict",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # amp.optimizers (fused optimizers) is imported on first use, so the core works without it
-    # and `import amp` stays light.
-    if name == "optimizers":
-        return importlib.import_module(".optimizers", __name__)
+    # amp.optimizers (fused optimizers) and amp.parallel (LARC) are imported on first use, so
+    # the core works without them and `import amp` stays light.
+    if name in ("optimizers", "parallel"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

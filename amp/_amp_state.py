@@ -1,4 +1,8 @@
-"""Process-wide amp state, set by ``amp.initialize`` (apex keeps the same singleton)."""
+"""Process-wide amp state, set by ``amp.initialize``: apex's ``_amp_state`` object.
+
+``amp._amp_state`` is this object (as ``apex.amp._amp_state`` is apex's), so training scripts can
+log ``_amp_state.loss_scalers[0].loss_scale()`` or read ``_amp_state.opt_properties``;
+``from amp._amp_state import _amp_state`` gives the same object."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +19,16 @@ class AmpState:
         self.opt_properties: Optional[Properties] = None  # None until amp.initialize runs
         self.loss_scalers: list[LossScaler] = []
         self.verbosity: int = 1
+        # apex's other fields, with apex's defaults (amp.initialize sets the scale bounds).
+        self.hard_override: bool = False
+        self.allow_incoming_model_not_fp32: bool = False
+        self.min_loss_scale: Optional[float] = None
+        self.max_loss_scale: float = 2.0**24
+
+    @property
+    def _amp_state(self) -> AmpState:
+        # Code written when amp._amp_state was this module reads amp._amp_state._amp_state.
+        return self
 
 
 _amp_state = AmpState()

@@ -73,7 +73,7 @@ def wrap_forward(model: nn.Module, props: Properties, cast_model_outputs: Option
     Outputs default to float32 whenever inputs are cast or autocast is used: apex does so for a cast
     model, and under apex's O1 the loss functions computed outside the model ran in float32 too,
     which autocast limited to ``forward`` cannot do for them."""
-    input_type = props.cast_model_type
+    input_type = props.cast_model_type or None  # False: apex's "do not cast"
     autocast_dtype = props.half_dtype if props.patch_torch_functions else None
     output_type = cast_model_outputs
     if output_type is None and (input_type is not None or autocast_dtype is not None):
@@ -103,3 +103,19 @@ def check_params_fp32(model: nn.Module) -> Optional[str]:
         if tensor.is_floating_point() and tensor.dtype != torch.float32:
             return f"{name} ({tensor.dtype})"
     return None
+
+
+def _fp32_state_dict_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                          local_metadata: Any) -> None:
+    # Only this module's entries: it may itself be a child of a larger model.
+    for key, value in list(state_dict.items()):
+        if (key.startswith(prefix) and isinstance(value, torch.Tensor)
+                and value.dtype in (torch.float16, torch.bfloat16)):
+            state_dict[key] = value.detach().to(torch.float32)
+
+
+def register_fp32_state_dict(model: nn.Module) -> None:
+    """Make ``model.state_dict()`` return float32 where the model holds half tensors (apex
+    registers the same hook at O2/O3): checkpoints load into an fp32 model, and loading them
+    back into the half model casts each value back exactly."""
+    model._register_state_dict_hook(_fp32_state_dict_hook)

@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from ._amp_state import _amp_state, maybe_log
-from ._casting import check_params_fp32, convert_network, wrap_forward
+from ._casting import check_params_fp32, convert_network, register_fp32_state_dict, wrap_forward
 from .master import process_optimizer
 from .opt_levels import (
     HALF_DTYPES,
     MODEL_DTYPES,
     Properties,
     apply_overrides,
+    check_cast_model_type,
     check_dtype,
     check_opt_level,
     check_optional_bool,
@@ -24,6 +25,7 @@ from .opt_levels import (
     parse_keep_batchnorm_fp32,
     parse_loss_scale,
 )
+from .optimizer_like import check_optimizer_like
 from .scaler import LossScaler
 
 
@@ -43,14 +45,17 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _as_list(name: str, value: Any, kind: type) -> tuple[list[Any], bool]:
-    """``value`` as a list of ``kind`` and whether it was passed as a single object."""
+def _as_list(name: str, value: Any, kind: Optional[type]) -> tuple[list[Any], bool]:
+    """``value`` as a list of ``kind`` (optimizer-like objects when ``kind`` is None) and whether
+    it was passed as a single object."""
     single = not isinstance(value, (list, tuple))
     items = [value] if single else list(value)
     if not items:
         raise ValueError(f"amp.initialize: {name} must not be an empty list")
     for item in items:
-        if not isinstance(item, kind):
+        if kind is None:
+            check_optimizer_like(f"amp.initialize: {name}", item)
+        elif not isinstance(item, kind):
             raise TypeError(
                 f"amp.initialize: {name} must be a {kind.__module__}.{kind.__qualname__} or a list "
                 f"of them; got {type(item).__name__}"
@@ -82,7 +87,7 @@ def _check_scaler_knobs(
     _positive_int("scale_window", scale_window)
 
 
-def _resolve_half_dtype(half_dtype: Any, cast_model_type: Optional[torch.dtype]) -> torch.dtype:
+def _resolve_half_dtype(half_dtype: Any, cast_model_type: Any) -> torch.dtype:
     half = check_dtype("half_dtype", half_dtype, HALF_DTYPES)
     if cast_model_type in HALF_DTYPES:
         if half is not None and half != cast_model_type:
@@ -99,7 +104,7 @@ def initialize(
     optimizers: Any = None,
     enabled: bool = True,
     opt_level: str = "O1",
-    cast_model_type: Optional[torch.dtype] = None,
+    cast_model_type: Any = None,
     patch_torch_functions: Optional[bool] = None,
     keep_batchnorm_fp32: Any = None,
     master_weights: Optional[bool] = None,
@@ -114,6 +119,7 @@ def initialize(
     scale_backoff_factor: float = 0.5,
     scale_window: int = 2000,
     half_dtype: Optional[torch.dtype] = None,
+    defer_unscale: bool = False,
 ) -> Any:
     """Prepare models and optimizers for mixed precision at ``opt_level`` (apex's semantics).
 
@@ -127,6 +133,20 @@ def initialize(
     O2    half                 False                   True             True            "dynamic"
     O3    half                 False                   False            False           1.0
     ====  ===================  ======================  ===============  ==============  ==========
+
+    Spellings apex accepts are accepted: ``cast_model_type=False`` (do not cast the model, at any
+    level), ``keep_batchnorm_fp32`` as "True"/"False", ``loss_scale`` as "dynamic", a number or a
+    numeric string such as "128.0". Optimizers may be ``torch.optim`` optimizers or
+    optimizer-like objects (``param_groups``, ``state``, ``step``, ``zero_grad``,
+    ``state_dict``, ``load_state_dict``), such as ``amp.parallel.LARC``.
+
+    Gradients are unscaled when ``scale_loss`` exits, as in apex, also with the fused optimizers
+    of ``amp.optimizers`` (the fp32 master gradients are filled under O2), so clipping
+    ``amp.master_params(optimizer)`` before ``step()`` works. ``defer_unscale=True`` (this
+    project's opt-in) lets fused optimizers keep gradients scaled until their update kernel
+    reads them: one write pass less, but gradients read between ``scale_loss`` and ``step``
+    are then scaled (and None for the fp32 masters under O2). Under O2/O3 ``model.state_dict()``
+    returns float32 tensors, as in apex.
 
     "half" is ``half_dtype``: float16 by default. **bf16**: pass ``half_dtype=torch.bfloat16`` --
     one keyword that works at every level (O1's autocast dtype; O2/O3's model type). At O2/O3
@@ -162,11 +182,13 @@ def initialize(
     opt_list: list[torch.optim.Optimizer] = []
     single_opt = False
     if optimizers is not None:
-        opt_list, single_opt = _as_list("optimizers", optimizers, torch.optim.Optimizer)
+        opt_list, single_opt = _as_list("optimizers", optimizers, None)
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False; got {enabled!r}")
+    if not isinstance(defer_unscale, bool):
+        raise TypeError(f"defer_unscale must be True or False; got {defer_unscale!r}")
     level = check_opt_level(opt_level)
-    cast_model_type = check_dtype("cast_model_type", cast_model_type, MODEL_DTYPES)
+    cast_model_type = check_cast_model_type(cast_model_type)
     cast_model_outputs = check_dtype("cast_model_outputs", cast_model_outputs, MODEL_DTYPES)
     patch_torch_functions = check_optional_bool("patch_torch_functions", patch_torch_functions)
     master_weights = check_optional_bool("master_weights", master_weights)
@@ -193,6 +215,8 @@ def initialize(
             )
 
     _amp_state.verbosity = verbosity
+    _amp_state.min_loss_scale = min_loss_scale
+    _amp_state.max_loss_scale = max_loss_scale
     if not enabled:
         # enabled=False: scale_loss passes the loss through untouched.
         _amp_state.opt_properties = Properties()
@@ -207,6 +231,7 @@ def initialize(
         master_weights=master_weights,
         loss_scale=scale,
     )
+    props.defer_unscale = defer_unscale
     for opt in opt_list:
         if hasattr(opt, "_amp_stash"):
             raise RuntimeError(
@@ -225,7 +250,7 @@ def initialize(
                 stacklevel=2,
             )
     fp32_sources: dict[int, torch.Tensor] = {}
-    if props.cast_model_type is not None:
+    if props.cast_model_type:  # None or False: the model keeps its types
         if props.master_weights and props.cast_model_type in HALF_DTYPES:
             for model in model_list:
                 for param in model.parameters():
@@ -233,6 +258,8 @@ def initialize(
                         fp32_sources[id(param)] = param.detach().clone()
         for model in model_list:
             convert_network(model, props.cast_model_type, bool(props.keep_batchnorm_fp32))
+            if props.cast_model_type in HALF_DTYPES:
+                register_fp32_state_dict(model)  # checkpoints stay float32, as apex's
     for model in model_list:
         wrap_forward(model, props, cast_model_outputs)
         model._amp_initialized = True

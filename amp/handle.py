@@ -9,6 +9,7 @@ import torch
 
 from ._amp_state import _amp_state
 from .master import post_backward, prepare_backward, restore_after_failed_backward
+from .optimizer_like import check_optimizer_like
 from .scaler import any_rank_overflowed
 
 Optimizers = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]
@@ -17,11 +18,7 @@ Optimizers = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]
 def _as_amp_optimizers(optimizers: Optimizers) -> list[torch.optim.Optimizer]:
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
     for opt in opts:
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
-                "scale_loss(loss, optimizers): optimizers must be a torch.optim.Optimizer or a "
-                f"list of them; got {type(opt).__name__}"
-            )
+        check_optimizer_like("scale_loss(loss, optimizers): optimizers", opt)
         if not hasattr(opt, "_amp_stash"):
             raise RuntimeError(
                 f"scale_loss was given a {type(opt).__name__} that did not go through "

@@ -1,16 +1,24 @@
 """Optimizer side of amp: fp32 master weights, the per-optimizer stash that ``scale_loss`` uses, and
 the patched ``step``/``zero_grad``/``state_dict``/``load_state_dict``/``add_param_group``.
 
-Two paths reach the parameters:
+Three paths reach the parameters:
 
-* generic (any ``torch.optim`` optimizer): gradients are unscaled into the master gradients (fp32)
-  with a non-finite check; ``step`` runs the optimizer on the masters, then copies them into the
-  half model.
-* fused (an optimizer defining ``_amp_grads_nonfinite`` and ``_amp_fused_step``, see the seam in
-  the project notes): gradients stay scaled in memory; the optimizer checks them read-only and
-  later unscales them inside its own update kernel. Used only when it gives the generic result:
-  when a second backward pass with possibly another scale comes before the step, or when
-  gradients already exist before the backward pass, that step falls back to the generic path.
+* generic (any ``torch.optim`` optimizer, or optimizer-like object such as ``amp.parallel.LARC``):
+  gradients are unscaled into the master gradients (fp32) with a non-finite check; ``step`` runs
+  the optimizer on the masters, then copies them into the half model.
+* fused, apex-exact (the default for an optimizer with ``_amp_unscaled_step``, i.e.
+  ``amp.optimizers``): when ``scale_loss`` exits, one pass writes the unscaled gradients (the
+  model's own in place, or fresh fp32 master gradients under O2), checks them and measures their
+  norm (``_fused_unscale``); ``step`` then runs the optimizer's kernel, which also writes the half
+  model copy. Gradients look exactly as with apex between ``scale_loss`` and ``step``.
+* fused, deferred (opt-in: ``amp.initialize(..., defer_unscale=True)``, or apex's
+  ``FusedSGD(materialize_master_grads=False)`` under O2): gradients stay scaled in memory; the
+  optimizer checks them read-only and unscales them inside its update kernel. Faster, but code
+  that reads or clips gradients between ``scale_loss`` and ``step`` sees scaled values.
+
+The fused paths are used only when they give the generic result: when a second backward pass
+with possibly another scale comes before the step, or when gradients already exist before the
+backward pass, that step falls back to the generic path.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 from ._amp_state import maybe_log
+from ._fused_unscale import unscale_pairs
 from .opt_levels import HALF_DTYPES, Properties
 from .scaler import Pair, unscale_grads
 
@@ -32,12 +41,27 @@ def is_fused(optimizer: torch.optim.Optimizer) -> bool:
     return hasattr(optimizer, "_amp_fused_step") and hasattr(optimizer, "_amp_grads_nonfinite")
 
 
+def wants_deferred_unscale(optimizer: Any, props: Properties) -> bool:
+    """Deferral is opt-in: ``defer_unscale=True``, or apex's own knob for it, FusedSGD's
+    ``materialize_master_grads=False``, when master weights exist (O2)."""
+    if props.defer_unscale:
+        return True
+    return bool(props.master_weights) and getattr(optimizer, "materialize_master_grads", True) \
+        is False
+
+
 class OptimizerStash:
     """What amp keeps on an optimizer (``optimizer._amp_stash``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, master_weights: bool) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, master_weights: bool,
+                 defer_unscale: bool = False) -> None:
         self.master_weights = master_weights
         self.fused = is_fused(optimizer)
+        # deferred: grads stay scaled until the optimizer's kernel reads them (opt-in);
+        # otherwise a fused optimizer gets apex's unscaled grads from amp's one-pass unscale.
+        self.defer_unscale = defer_unscale
+        self.unscaled_step = hasattr(optimizer, "_amp_unscaled_step")
+        self.unscaled_fused = False  # amp's fused unscale ran: step() reads unscaled grads
         # model_params[g][i] is the model parameter behind optimizer.param_groups[g]["params"][i]
         # (the same object when no separate master exists).
         self.model_params: list[list[torch.Tensor]] = []
@@ -101,7 +125,7 @@ def process_optimizer(
             "for a new amp.initialize call."
         )
     master_weights = bool(props.master_weights)
-    stash = OptimizerStash(optimizer, master_weights)
+    stash = OptimizerStash(optimizer, master_weights, wants_deferred_unscale(optimizer, props))
     had_state = len(optimizer.state) > 0
     for group in optimizer.param_groups:
         if master_weights:
@@ -172,6 +196,7 @@ def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
         _generic_unscale(optimizer, stash.pending_inv_scale, with_stash=False)
         stash.pending_inv_scale = None
         stash.use_fused = False
+    stash.unscaled_fused = False  # grads already unscaled now count as existing grads
     pairs = list(stash.pairs(optimizer))
     has_grads = any(m.grad is not None or p.grad is not None for m, p in pairs)
     stash.use_fused = stash.fused and not has_grads
@@ -195,6 +220,7 @@ def restore_after_failed_backward(optimizer: torch.optim.Optimizer) -> None:
             master.grad = saved
     stash.stash = None
     stash.params_have_scaled_gradients = False
+    stash.unscaled_fused = False
 
 
 def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool):
@@ -213,9 +239,16 @@ def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.T
     gradients; returns the found_inf flag (a 0/1 tensor)."""
     stash: OptimizerStash = optimizer._amp_stash
     stash.params_have_scaled_gradients = False
-    if stash.use_fused:
+    if stash.use_fused and stash.defer_unscale:
         nonfinite = optimizer._amp_grads_nonfinite(stash.model_params, inv_scale)
         stash.pending_inv_scale = inv_scale
+        return torch.tensor([1.0 if nonfinite else 0.0])
+    if stash.use_fused:
+        nonfinite, norm, grads = unscale_pairs(stash.pairs(optimizer), inv_scale)
+        note = getattr(optimizer, "_amp_note_grad_norm", None)
+        if note is not None:
+            note(norm, grads)
+        stash.unscaled_fused = stash.unscaled_step
         return torch.tensor([1.0 if nonfinite else 0.0])
     return _generic_unscale(optimizer, inv_scale, with_stash=True)
 
@@ -229,6 +262,7 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         maybe_log(stash.skip_message, logging.WARNING)
         stash.skip_message = None
         stash.pending_inv_scale = None
+        stash.unscaled_fused = False
         for _, master in _separate_pairs(self):  # not reached by model.zero_grad()
             master.grad = None
         return None
@@ -237,6 +271,14 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
             raise RuntimeError("amp does not support a closure with a fused optimizer's step")
         inv_scale, stash.pending_inv_scale = stash.pending_inv_scale, None
         self._amp_fused_step(stash.model_params, inv_scale)
+        return None
+    if stash.unscaled_fused:
+        stash.unscaled_fused = False
+        if closure is not None:
+            raise RuntimeError("amp does not support a closure with a fused optimizer's step")
+        self._amp_unscaled_step(stash.model_params)  # also writes the half model copy
+        for _, master in _separate_pairs(self):  # as apex: drop the master grads after a step
+            master.grad = None
         return None
     separate = bool(_separate_pairs(self))
     if closure is not None and separate:
@@ -263,6 +305,7 @@ def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
             model_param.grad.detach_().zero_()
     stash.params_have_scaled_gradients = False
     stash.pending_inv_scale = None
+    stash.unscaled_fused = False
     stash.stash = None
 
 

@@ -34,6 +34,8 @@ class Properties:
         self.master_weights: Optional[bool] = None
         self.loss_scale: LossScale = 1.0
         self.half_dtype: torch.dtype = torch.float16
+        # This project's opt-in: fused optimizers keep gradients scaled until their step.
+        self.defer_unscale: bool = False
 
     def options(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -131,10 +133,27 @@ def check_dtype(name: str, value: object, allowed: tuple) -> Optional[torch.dtyp
     return value
 
 
+ModelType = Union[torch.dtype, bool, None]
+
+
+def check_cast_model_type(value: object) -> ModelType:
+    """A dtype, None (the level's default) or False: apex's "do not cast the model"."""
+    if value is False:
+        return False
+    if value is True:
+        raise TypeError("cast_model_type must be None, False (do not cast) or one of "
+                        f"{', '.join(str(d) for d in MODEL_DTYPES)}; got True")
+    try:
+        return check_dtype("cast_model_type", value, MODEL_DTYPES)
+    except TypeError:
+        raise TypeError("cast_model_type must be None, False (do not cast) or one of "
+                        f"{', '.join(str(d) for d in MODEL_DTYPES)}; got {value!r}") from None
+
+
 def apply_overrides(
     props: Properties,
     *,
-    cast_model_type: Optional[torch.dtype],
+    cast_model_type: ModelType,
     patch_torch_functions: Optional[bool],
     keep_batchnorm_fp32: Optional[bool],
     master_weights: Optional[bool],
@@ -146,7 +165,7 @@ def apply_overrides(
     """
     o1 = props.opt_level == "O1"
     if cast_model_type is not None:
-        if o1 and cast_model_type is not torch.float32:
+        if o1 and cast_model_type is not False and cast_model_type is not torch.float32:
             raise RuntimeError(
                 "O1 inserts casts around torch operations (torch.autocast) rather than casting the "
                 "model weights, so with O1 the model weights themselves must stay float32. To cast "

@@ -1,15 +1,22 @@
-"""One mixed-precision optimizer step: torch's best CPU sequence vs amp's fused step.
+"""One mixed-precision optimizer step: torch's best CPU sequence vs amp's two fused paths.
 
 Cases (each over ~100 tensors of uneven sizes):
   (a) fp32 model: GradScaler.unscale_ + clip_grad_norm_(foreach=True) + AdamW(fused=True)
-      + scaler.update()   vs   FusedAdam._amp_grads_nonfinite + _amp_fused_step
+      + scaler.update()
   (b) bf16 model, fp32 master (amp O2): copy grads to fp32 + the sequence of (a) +
-      _foreach_copy_ back to bf16   vs   the same two fused calls writing the bf16 copy.
+      _foreach_copy_ back to bf16
+against amp's FusedAdam (clipping with max_grad_norm) on its two paths:
+  apex-exact (amp's default): the unscale pass amp runs when scale_loss exits writes the
+      unscaled grads (in place in (a), fresh fp32 master grads in (b)), checks them and
+      measures their norm in one read; the step reads them (_amp_unscaled_step), writing the
+      bf16 copy in (b). Gradients are apex's between scale_loss and step.
+  deferred (opt-in, defer_unscale=True): a read-only check + norm pass, then the step unscales
+      as it reads (_amp_grads_nonfinite + _amp_fused_step); gradients stay scaled in memory.
 
 The machine's memory bandwidth drifts between states, so contenders run interleaved round
 by round, and the speed-up is the median of per-round ratios. A STREAM-style triad runs in
-every round too; "BW%" is the bytes the ideal fused step must move (norm pass + update
-pass) / time / triad bandwidth.
+every round too; "BW%" is the bytes the ideal (deferred) fused step must move (norm pass +
+update pass) / time / triad bandwidth. "exact cost" is apex-exact's time over deferred's.
 
     python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--threads 2] [--rounds N]
 """
@@ -26,6 +33,7 @@ from typing import Callable
 import torch
 
 from amp import _ext
+from amp._fused_unscale import unscale_pairs
 from amp.optimizers import FusedAdam
 
 LR, WD, MAX_NORM, SCALE = 1e-3, 0.01, 1.0, 2.0**16
@@ -91,8 +99,9 @@ class Case:
     name: str
     ideal_bytes: int
     torch_step: Callable[[], None]
-    fused_step: Callable[[], None]
-    reset: Callable[[], None]  # restores the (unscaled-in-place by torch) gradients
+    fused_step: Callable[[], None]  # deferred
+    exact_step: Callable[[], None]  # apex-exact (amp's default)
+    reset: Callable[[], None]  # restores the gradients unscaled in place by a previous step
     phases: Phases
 
 
@@ -165,44 +174,73 @@ def make_case(kind: str, sizes: list[int]) -> Case:
             f_opt._amp_fused_step(model_groups, inv)
         ph.mark("fused: update pass")
 
+    # --- apex-exact: amp's unscale pass writes unscaled grads, the step reads them --------
+    e_masters = [x.clone() for x in init]
+    e_model = e_masters if kind == "a" else [x.to(torch.bfloat16) for x in init]
+    for p, g in zip(e_model, grads0):
+        p.grad = g.clone()
+    e_model_grads = [p.grad for p in e_model]
+    e_opt = FusedAdam(e_masters, lr=LR, weight_decay=WD, adam_w_mode=True,
+                      max_grad_norm=MAX_NORM)
+    e_scaler = MinimalScaler()
+    e_pairs = list(zip(e_model, e_masters))
+    e_groups = [e_model]
+
+    def exact_step() -> None:
+        ph.start()
+        found_inf, norm, grads = unscale_pairs(e_pairs, 1.0 / e_scaler.scale)
+        e_scaler.update(found_inf)
+        e_opt._amp_note_grad_norm(norm, grads)
+        ph.mark("exact: unscale + check + norm pass")
+        if not found_inf:
+            e_opt._amp_unscaled_step(e_groups)
+        if kind == "b":  # as amp after a step: the master grads are dropped
+            for p in e_masters:
+                p.grad = None
+        ph.mark("exact: update pass")
+
     def reset() -> None:
         torch._foreach_copy_(t_model_grads, grads0)
+        torch._foreach_copy_(e_model_grads, grads0)
 
     # Ideal traffic: norm pass reads g; update reads g, p, m, v and writes p, m, v
     # (+ the bf16 model copy in (b)).
     gb = 4 if kind == "a" else 2
     ideal = n * (gb + gb + 12 + 12 + (2 if kind == "b" else 0))
     name = "(a) fp32" if kind == "a" else "(b) bf16+fp32 master"
-    return Case(name, ideal, torch_step, fused_step, reset, ph)
+    return Case(name, ideal, torch_step, fused_step, exact_step, reset, ph)
 
 
 def bench(case: Case, triad: Triad, rounds: int) -> dict:
+    steps = {"torch": case.torch_step, "fused": case.fused_step, "exact": case.exact_step}
+    names = list(steps)
     for _ in range(3):  # warm-up (state allocation, first-touch page faults)
-        case.reset()
-        case.torch_step()
-        case.fused_step()
-    tt, tf, ratios, bws = [], [], [], []
+        for who in names:
+            case.reset()
+            steps[who]()
+    times: dict[str, list[float]] = {who: [] for who in names}
+    bws = []
     for r in range(rounds):
         bws.append(triad())
-        times = {}
-        order = ("torch", "fused") if r % 2 == 0 else ("fused", "torch")
-        for who in order:
+        for who in names[r % 3:] + names[:r % 3]:  # rotate the order round by round
             case.reset()
-            step = case.torch_step if who == "torch" else case.fused_step
             t0 = time.perf_counter()
-            step()
-            times[who] = time.perf_counter() - t0
-        tt.append(times["torch"])
-        tf.append(times["fused"])
-        ratios.append(times["torch"] / times["fused"])
+            steps[who]()
+            times[who].append(time.perf_counter() - t0)
     if case.phases.on:
         for name, ts in case.phases.times.items():
-            print(f"        {name:<30} {statistics.median(ts) * 1e3:9.2f} ms")
+            print(f"        {name:<36} {statistics.median(ts) * 1e3:9.2f} ms")
     bw = statistics.median(bws)
-    med_t, med_f = statistics.median(tt), statistics.median(tf)
-    return dict(torch_ms=med_t * 1e3, fused_ms=med_f * 1e3, speedup=statistics.median(ratios),
-                torch_bw=case.ideal_bytes / med_t / bw, fused_bw=case.ideal_bytes / med_f / bw,
-                triad=bw / 1e9)
+    med = {who: statistics.median(ts) for who, ts in times.items()}
+
+    def ratio(a: str, b: str) -> float:  # median of per-round ratios a/b
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    return dict(torch_ms=med["torch"] * 1e3, fused_ms=med["fused"] * 1e3,
+                exact_ms=med["exact"] * 1e3, speedup=ratio("torch", "fused"),
+                exact_speedup=ratio("torch", "exact"), exact_cost=ratio("exact", "fused"),
+                fused_bw=case.ideal_bytes / med["fused"] / bw,
+                exact_bw=case.ideal_bytes / med["exact"] / bw, triad=bw / 1e9)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     isa = mod.isa() if mod is not None else "fallback (amp._C unavailable!)"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, amp kernels: {isa}")
     triad = Triad()
-    header = (f"{'params':>7} {'case':<22} {'torch ms':>9} {'fused ms':>9} {'speed-up':>8} "
-              f"{'torch BW%':>9} {'fused BW%':>9} {'triad GB/s':>10}")
+    header = (f"{'params':>7} {'case':<22} {'torch ms':>9} {'exact ms':>9} {'defer ms':>9} "
+              f"{'exact x':>8} {'defer x':>8} {'exact cost':>10} {'exact BW%':>9} "
+              f"{'defer BW%':>9} {'triad GB/s':>10}")
     print(header)
     print("-" * len(header))
     for size in args.sizes:
@@ -230,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             case.phases.on = args.profile
             res = bench(case, triad, rounds)
             print(f"{total / 1e6:>6g}M {case.name:<22} {res['torch_ms']:>9.2f} "
-                  f"{res['fused_ms']:>9.2f} {res['speedup']:>7.2f}x "
-                  f"{res['torch_bw'] * 100:>8.0f}% {res['fused_bw'] * 100:>8.0f}% "
-                  f"{res['triad']:>10.1f}", flush=True)
+                  f"{res['exact_ms']:>9.2f} {res['fused_ms']:>9.2f} "
+                  f"{res['exact_speedup']:>7.2f}x {res['speedup']:>7.2f}x "
+                  f"{res['exact_cost']:>9.2f}x {res['exact_bw'] * 100:>8.0f}% "
+                  f"{res['fused_bw'] * 100:>8.0f}% {res['triad']:>10.1f}", flush=True)
             del case
             gc.collect()
     return 0

@@ -5,162 +5,16 @@
 // at::parallel_for (OpenMP: the module is compiled and linked with -fopenmp,
 // so torch.set_num_threads governs it). The element-wise work lives in
 // cpu_ops_impl.h, compiled per ISA and picked at import time.
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
-
-#include <cmath>
-#include <algorithm>
-#include <cstdlib>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "cpu_ops.h"
+#include "driver.h"
 
 #ifndef AMP_TORCH_VERSION
 #define AMP_TORCH_VERSION "unknown"
 #endif
 
-namespace py = pybind11;
-using amp_kernels::NormPart;
-using amp_kernels::OpsTable;
-using amp_kernels::Ref;
-using TensorList = std::vector<at::Tensor>;
+using namespace amp_driver;
 
-namespace {
-
-constexpr int64_t kChunk = 32 * 1024;        // elements per unit of parallel work
-constexpr int64_t kSerialBelow = 64 * 1024;  // below this many elements, no threads
-
-const OpsTable* g_ops = nullptr;
-
-bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-void set_isa(const std::string& name) {
-  if (name == "generic") {
-    g_ops = &amp_kernels::ops_generic();
-  } else if (name == "avx2") {
-    if (!cpu_has_avx2()) throw py::value_error("amp._C: this CPU lacks AVX2/FMA/F16C");
-    g_ops = &amp_kernels::ops_avx2();
-  } else if (name == "auto") {
-    g_ops = cpu_has_avx2() ? &amp_kernels::ops_avx2() : &amp_kernels::ops_generic();
-  } else {
-    throw py::value_error("amp._C: unknown ISA '" + name + "' (expected auto, generic or avx2)");
-  }
-}
-
-int dtype_code(const at::Tensor& t, const char* list, size_t i) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return amp_kernels::kF32;
-    case at::kHalf: return amp_kernels::kF16;
-    case at::kBFloat16: return amp_kernels::kBF16;
-    default:
-      throw py::type_error(std::string("amp._C: ") + list + "[" + std::to_string(i) +
-                           "] has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           "; expected float32, float16 or bfloat16");
-  }
-}
-
-// A validated tensor list: element type, data pointers and sizes.
-struct Checked {
-  int dtype = -1;
-  std::vector<void*> ptrs;
-  std::vector<int64_t> numels;
-  Ref ref(size_t i) const { return Ref{ptrs[i], dtype}; }
-};
-
-// Every list must be non-empty, on the CPU, contiguous, of one float dtype,
-// and (for lists after the first) pair element-wise with `like` in size.
-Checked check_list(const TensorList& ts, const char* name, const Checked* like,
-                   const std::vector<int>* allowed = nullptr) {
-  if (ts.empty()) throw py::value_error(std::string("amp._C: ") + name + " is an empty list");
-  if (like && ts.size() != like->numels.size())
-    throw py::value_error(std::string("amp._C: ") + name + " has " + std::to_string(ts.size()) +
-                          " tensors; expected " + std::to_string(like->numels.size()) +
-                          " (one per tensor of the first list)");
-  Checked c;
-  c.ptrs.reserve(ts.size());
-  c.numels.reserve(ts.size());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const at::Tensor& t = ts[i];
-    // Built only on error: this loop runs for every tensor of a model on every step.
-    auto where = [&] { return std::string("amp._C: ") + name + "[" + std::to_string(i) + "]"; };
-    if (!t.defined()) throw py::value_error(where() + " is an undefined tensor");
-    if (!t.device().is_cpu())
-      throw py::value_error(where() + " is on " + t.device().str() +
-                            "; the compiled kernels take CPU tensors only");
-    const int code = dtype_code(t, name, i);
-    if (c.dtype < 0) c.dtype = code;
-    if (code != c.dtype)
-      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           " but " + name + "[0] has another; one list must share one dtype");
-    if (allowed && std::find(allowed->begin(), allowed->end(), code) == allowed->end())
-      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           ", which is not allowed here");
-    if (t.is_sparse()) throw py::value_error(where() + " is sparse; expected a dense tensor");
-    if (!t.is_contiguous()) throw py::value_error(where() + " is not contiguous");
-    if (like && t.numel() != like->numels[i])
-      throw py::value_error(where() + " has " + std::to_string(t.numel()) + " elements; expected " +
-                            std::to_string(like->numels[i]) + " to match the first list");
-    c.ptrs.push_back(t.numel() ? t.data_ptr() : nullptr);
-    c.numels.push_back(t.numel());
-  }
-  return c;
-}
-
-Checked check_optional(const std::optional<TensorList>& ts, const char* name,
-                       const Checked& like) {
-  if (!ts) return Checked{};
-  static const std::vector<int> halves = {amp_kernels::kF16, amp_kernels::kBF16,
-                                          amp_kernels::kF32};
-  return check_list(*ts, name, &like, &halves);
-}
-
-Ref ref_or_null(const Checked& c, size_t i) {
-  return c.ptrs.empty() ? Ref{nullptr, 0} : c.ref(i);
-}
-
-struct Chunk {
-  int32_t tensor;
-  int64_t off;
-  int64_t n;
-};
-
-std::vector<Chunk> make_chunks(const std::vector<int64_t>& numels, int64_t* total) {
-  std::vector<Chunk> cs;
-  int64_t sum = 0;
-  for (size_t t = 0; t < numels.size(); ++t) {
-    for (int64_t off = 0; off < numels[t]; off += kChunk)
-      cs.push_back(Chunk{static_cast<int32_t>(t), off, std::min(kChunk, numels[t] - off)});
-    sum += numels[t];
-  }
-  *total = sum;
-  return cs;
-}
-
-// The multi-tensor driver: f(chunk_index, chunk) for every chunk, in parallel
-// when there is enough work. Results that need reducing go into per-chunk
-// slots and are summed in chunk order, so they do not depend on thread count.
-template <class F>
-void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) {
-  if (total < kSerialBelow || cs.size() < 2) {
-    for (size_t i = 0; i < cs.size(); ++i) f(i, cs[i]);
-    return;
-  }
-  py::gil_scoped_release no_gil;
-  at::parallel_for(0, static_cast<int64_t>(cs.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(static_cast<size_t>(i), cs[i]);
-  });
-}
+// The ops, in a named namespace: apex_api.cpp re-exposes them with apex's signatures.
+namespace amp_ops {
 
 bool scale(const TensorList& in, const TensorList& out, double s) {
   const Checked ci = check_list(in, "inputs", nullptr);
@@ -220,8 +74,6 @@ py::tuple l2norm(const TensorList& xs, double s, bool per_tensor) {
   }
   return py::make_tuple(std::sqrt(sum), per_obj, !finite);
 }
-
-const std::vector<int> kF32Only = {amp_kernels::kF32};
 
 void adam(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
           const TensorList& exp_avg_sqs, const std::optional<TensorList>& model_params,
@@ -349,10 +201,13 @@ int64_t parallel_threads_seen() {
   return std::unique(seen.begin(), seen.end()) - seen.begin();
 }
 
-}  // namespace
+}  // namespace amp_ops
+
+using namespace amp_ops;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb)";
+  m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb, adagrad, "
+            "novograd; apex's multi_tensor_* entry points)";
   const char* forced = std::getenv("AMP_KERNEL_ISA");
   set_isa(forced && *forced ? forced : "auto");
   m.attr("__torch_version__") = AMP_TORCH_VERSION;
@@ -382,4 +237,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("beta2"), py::arg("eps"), py::arg("step"), py::arg("bias_correction"),
         py::arg("weight_decay"), py::arg("grad_averaging"), py::arg("adam_w_mode"),
         py::arg("use_nvlamb"), py::arg("grad_scale"));
+  register_more_ops(m);
+  register_apex_api(m);
 }

@@ -52,6 +52,19 @@ struct LambArgs {
   int adam_w_mode;
 };
 
+struct AdagradArgs {
+  float lr, eps, weight_decay;
+  float grad_scale;
+  int w_mode;  // 1: decoupled weight decay, 0: L2 added to the gradient (torch.optim.Adagrad)
+};
+
+struct NovoGradArgs {
+  float beta1, beta3, bc1;  // beta3: 1 - beta1 with grad averaging, else 1
+  float lr, weight_decay;
+  float grad_scale;
+  int moment_mode;  // 0: regularisation inside the moment, 1: decoupled
+};
+
 // Each function works on elements [off, off + n) of the tensors it is given.
 // A Ref with ptr == nullptr means "absent" (e.g. no half model copy to write).
 struct OpsTable {
@@ -69,6 +82,15 @@ struct OpsTable {
   // Recomputes the update from the new moments and applies p -= ratio * update.
   void (*lamb_stage2)(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
                       const LambArgs& a, float ratio);
+  // out = in * s; returns the sum of squares of out and whether it is finite.
+  NormPart (*scale_sumsq)(Ref in, Ref out, int64_t off, int64_t n, float s);
+  // max |x * s| (NaN if any value is non-finite).
+  float (*absmax)(Ref x, int64_t off, int64_t n, float s);
+  void (*adagrad)(Ref g, Ref p, Ref sum, Ref half, int64_t off, int64_t n,
+                  const AdagradArgs& a);
+  // `denom`: this tensor's norm / bias correction 2 + eps.
+  void (*novograd)(Ref g, Ref p, Ref m, Ref half, int64_t off, int64_t n,
+                   const NovoGradArgs& a, float denom);
 };
 
 const OpsTable& ops_generic();

@@ -179,34 +179,39 @@ static inline float hsum(f8 v) {
   return s;
 }
 
+// Sum of squares of one block of x*s (float accumulation, as above); *finite is cleared
+// when an element itself is non-finite. Shared by k_sumsq and k_scale_sumsq.
+static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
+  f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const f8 x0 = load8(x + i) * s, x1 = load8(x + i + 8) * s;
+    const f8 x2 = load8(x + i + 16) * s, x3 = load8(x + i + 24) * s;
+    a0 += x0 * x0;
+    a1 += x1 * x1;
+    a2 += x2 * x2;
+    a3 += x3 * x3;
+  }
+  float blk = hsum(a0 + a1 + a2 + a3);
+  for (; i < k; ++i) {
+    const float v = x[i] * s;
+    blk += v * v;
+  }
+  if (!std::isfinite(blk)) {  // rare: find out whether an element itself is non-finite
+    uint32_t bad = 0;
+    for (int j = 0; j < k; ++j) bad |= nonfinite_bits(x[j] * s);
+    if (bad) *finite = false;
+  }
+  return blk;
+}
+
 static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
   alignas(64) float tx[kBlock];
   double total = 0.0;
   bool finite = true;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
-    const float* x = acquire(xr, off + b, k, tx);
-    f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    int i = 0;
-    for (; i + 32 <= k; i += 32) {
-      const f8 x0 = load8(x + i) * s, x1 = load8(x + i + 8) * s;
-      const f8 x2 = load8(x + i + 16) * s, x3 = load8(x + i + 24) * s;
-      a0 += x0 * x0;
-      a1 += x1 * x1;
-      a2 += x2 * x2;
-      a3 += x3 * x3;
-    }
-    float blk = hsum(a0 + a1 + a2 + a3);
-    for (; i < k; ++i) {
-      const float v = x[i] * s;
-      blk += v * v;
-    }
-    if (!std::isfinite(blk)) {  // rare: find out whether an element itself is non-finite
-      uint32_t bad = 0;
-      for (int j = 0; j < k; ++j) bad |= nonfinite_bits(x[j] * s);
-      if (bad) finite = false;
-    }
-    total += blk;
+    total += block_sumsq(acquire(xr, off + b, k, tx), k, s, &finite);
   }
   return NormPart{total, finite};
 }
@@ -356,7 +361,3 @@ static void k_lamb_stage2(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
     if (half.ptr) release(half, off + s, k, P);
   }
 }
-
-static const OpsTable kTable = {
-    AMP_ISA_NAME, k_scale, k_axpby, k_sumsq, k_adam, k_sgd, k_lamb_stage1, k_lamb_stage2,
-};

@@ -41,3 +41,10 @@ def _select(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.fixture(params=["avx2", "generic", "fallback"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield from _select(request, monkeypatch)
+
+
+@pytest.fixture(params=["avx2", "generic"])
+def compiled_backend(request: pytest.FixtureRequest,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The compiled kernels only, per ISA (for what exists only in amp._C)."""
+    yield from _select(request, monkeypatch)

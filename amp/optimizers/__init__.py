@@ -1,11 +1,17 @@
 """Fused optimizers (apex.optimizers signatures) backed by amp._C.
 
-Usable standalone like torch.optim, and under ``amp.initialize`` at every opt level,
-where the loss scaler's unscale, non-finite check and optional clipping are fused into
-the step (see ``_amp_grads_nonfinite`` / ``_amp_fused_step``).
+Usable standalone like torch.optim, and under ``amp.initialize`` at every opt level. By
+default amp unscales the gradients when ``scale_loss`` exits (apex's behaviour) in one pass
+that also checks them and measures their norm, and the step writes the half model copy
+(see ``_amp_unscaled_step``); with ``amp.initialize(..., defer_unscale=True)`` the unscale
+happens inside the step instead (``_amp_grads_nonfinite`` / ``_amp_fused_step``).
 """
+from .fused_adagrad import FusedAdagrad
 from .fused_adam import FusedAdam
 from .fused_lamb import FusedLAMB
+from .fused_mixed_precision_lamb import FusedMixedPrecisionLamb
+from .fused_novograd import FusedNovoGrad
 from .fused_sgd import FusedSGD
 
-__all__ = ["FusedAdam", "FusedLAMB", "FusedSGD"]
+__all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb",
+           "FusedNovoGrad", "FusedSGD"]

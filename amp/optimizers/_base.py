@@ -1,6 +1,7 @@
 """Shared machinery of the fused optimizers: grouping tensors into kernel calls,
-the amp seam (``_amp_grads_nonfinite`` / ``_amp_fused_step``), and the step counter
-kept per param group but saved per parameter, as torch.optim does."""
+the amp seam (apex-exact: ``_amp_note_grad_norm`` / ``_amp_unscaled_step``; deferred:
+``_amp_grads_nonfinite`` / ``_amp_fused_step``), and the step counter kept per param
+group but saved per parameter, as torch.optim does."""
 from __future__ import annotations
 
 import copy
@@ -46,15 +47,22 @@ def _grad_of(model_param: Tensor) -> Optional[Tensor]:
 
 
 def make_buckets(params: list[Tensor], models: list[Tensor],
-                 extra_key: Optional[Callable[[Tensor], Any]] = None) -> list[Bucket]:
-    """Pair params with their model tensors' grads, skipping params without a grad, and
-    split them by (grad dtype, param dtype, model-copy dtype, device, extra key)."""
+                 extra_key: Optional[Callable[[Tensor], Any]] = None,
+                 grads_on_params: bool = False,
+                 grad_sources: Optional[list[Tensor]] = None) -> list[Bucket]:
+    """Pair params with their gradients -- the model tensors' (amp's deferred path) or, with
+    ``grads_on_params``, their own (standalone, or amp's unscaled fp32 master grads) --
+    or the tensors named in ``grad_sources`` -- skipping params without a grad, and split them
+    by (grad dtype, param dtype, model-copy dtype, device, extra key)."""
     if len(params) != len(models):
         raise ValueError(f"amp.optimizers: a param group has {len(params)} params but "
                          f"{len(models)} model params were given for it")
     buckets: dict[tuple, Bucket] = {}
-    for p, mp in zip(params, models):
-        g = _grad_of(mp)
+    for i, (p, mp) in enumerate(zip(params, models)):
+        if grad_sources is not None:
+            g = _grad_of(grad_sources[i])
+        else:
+            g = _grad_of(p if grads_on_params else mp)
         if g is None:
             continue
         if mp is not p and mp.shape != p.shape:
@@ -73,14 +81,21 @@ def make_buckets(params: list[Tensor], models: list[Tensor],
     return list(buckets.values())
 
 
+def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
+    return [g for group in sources for t in group if (g := _grad_of(t)) is not None]
+
+
+def grads_signature(grads: list[Tensor]) -> tuple:
+    """Identity and in-place version of each gradient: a cached norm is reused only while this
+    is unchanged (clip_grad_norm_ on the grads between backward and step bumps the versions)."""
+    return tuple((id(g), g._version) for g in grads)
+
+
 def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float) -> tuple[float, bool]:
     """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass."""
     by_kind: dict[tuple, list[Tensor]] = {}
-    for group in model_params:
-        for mp in group:
-            g = _grad_of(mp)
-            if g is not None:
-                by_kind.setdefault((g.dtype, g.device), []).append(g)
+    for g in grads_of(model_params):
+        by_kind.setdefault((g.dtype, g.device), []).append(g)
     total_sq, bad = 0.0, False
     for grads in by_kind.values():
         norm, _, nonfinite = mt.l2norm(grads, inv_scale)
@@ -101,12 +116,31 @@ class FusedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, defaults: dict, set_grad_none: bool) -> None:
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
-        self._amp_cached_norm: Optional[tuple[float, float]] = None
+        # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
+        self._amp_cached_norm: Optional[tuple[float, tuple, float]] = None
 
     # --- amp seam ----------------------------------------------------------------
+    def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None:
+        """amp's unscale pass measured the norm of the unscaled grads it wrote."""
+        self._amp_cached_norm = (1.0, grads_signature(grads), float(norm))
+
+    @torch.no_grad()
+    def _amp_unscaled_step(self, model_params: ParamGroups) -> None:
+        """The step after amp's unscale pass: grads are unscaled on the params (the fp32
+        masters under O2); the half model copies in ``model_params`` are written in the
+        same pass as the update."""
+        if len(model_params) != len(self.param_groups):
+            raise ValueError(f"amp.optimizers: got model params for {len(model_params)} groups; "
+                             f"the optimizer has {len(self.param_groups)}")
+        try:
+            self._update([list(g) for g in model_params], 1.0, grads_on_params=True)
+        finally:
+            self._amp_cached_norm = None
+
     def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float) -> bool:
+        grads = grads_of(model_params)
         norm, bad = grad_norm(model_params, inv_scale)
-        self._amp_cached_norm = (float(inv_scale), norm)
+        self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm)
         return bad
 
     @torch.no_grad()
@@ -127,25 +161,34 @@ class FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._amp_cached_norm = None
-        self._update([list(g["params"]) for g in self.param_groups], 1.0)
+        params = [list(g["params"]) for g in self.param_groups]
+        self._update(params, 1.0, grads_on_params=True)
         return loss
 
-    def _global_norm(self, model_params: ParamGroups, inv_scale: float) -> float:
-        """The grad norm cached by _amp_grads_nonfinite for this scale, else computed."""
-        cached = self._amp_cached_norm
-        if cached is not None and cached[0] == inv_scale:
-            return cached[1]
-        return grad_norm(model_params, inv_scale)[0]
+    def _grad_sources(self, model_params: ParamGroups, grads_on_params: bool) -> ParamGroups:
+        return [list(g["params"]) for g in self.param_groups] if grads_on_params else model_params
 
-    def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float) -> float:
+    def _global_norm(self, model_params: ParamGroups, inv_scale: float,
+                     grads_on_params: bool = False) -> float:
+        """The grad norm measured by amp's pass for these very grads and scale, else computed."""
+        sources = self._grad_sources(model_params, grads_on_params)
+        cached = self._amp_cached_norm
+        if (cached is not None and cached[0] == inv_scale
+                and cached[1] == grads_signature(grads_of(sources))):
+            return cached[2]
+        return grad_norm(sources, inv_scale)[0]
+
+    def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float,
+                            grads_on_params: bool = False) -> float:
         """inv_scale times the clip coefficient of the optional ``max_grad_norm`` (Adam, SGD):
-        both are applied as the kernels read the gradients, which stay unscaled in memory."""
+        both are applied as the kernels read the gradients, which are not rewritten."""
         if self.max_grad_norm <= 0:
             return inv_scale
-        norm = self._global_norm(model_params, inv_scale)
+        norm = self._global_norm(model_params, inv_scale, grads_on_params)
         return inv_scale * min(1.0, self.max_grad_norm / (norm + 1e-6))
 
-    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
+    def _update(self, model_params: ParamGroups, inv_scale: float,
+                grads_on_params: bool = False) -> None:
         raise NotImplementedError
 
     def _adam_moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:

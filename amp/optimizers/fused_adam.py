@@ -56,10 +56,11 @@ class FusedAdam(FusedOptimizer):
         return {"decoupled_weight_decay": self.adam_w_mode, "maximize": False,
                 "foreach": None, "capturable": False, "differentiable": False, "fused": None}
 
-    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
-        grad_scale = self._clipped_grad_scale(model_params, inv_scale)
+    def _update(self, model_params: ParamGroups, inv_scale: float,
+                grads_on_params: bool = False) -> None:
+        grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
         for group, models in zip(self.param_groups, model_params):
-            buckets = make_buckets(group["params"], models)
+            buckets = make_buckets(group["params"], models, grads_on_params=grads_on_params)
             if not buckets:
                 continue
             group["step"] = int(group.get("step", 0)) + 1

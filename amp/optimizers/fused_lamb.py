@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from .. import multi_tensor as mt
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from ._base import Bucket, FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedLAMB(FusedOptimizer):
@@ -34,13 +36,14 @@ class FusedLAMB(FusedOptimizer):
         self.use_nvlamb = bool(use_nvlamb)
         super().__init__(params, defaults, set_grad_none)
 
-    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
+    def _update(self, model_params: ParamGroups, inv_scale: float,
+                grads_on_params: bool = False) -> None:
         # apex clips by the norm of all gradients of all groups, before any update (a read
-        # pass that is skipped when no group clips).
+        # pass that is skipped when no group clips, or reuses amp's measurement).
         clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
-        norm = self._global_norm(model_params, inv_scale) if clipping else 0.0
+        norm = self._global_norm(model_params, inv_scale, grads_on_params) if clipping else 0.0
         for group, models in zip(self.param_groups, model_params):
-            buckets = make_buckets(group["params"], models)
+            buckets = self._group_buckets(group, models, grads_on_params)
             if not buckets:
                 continue
             max_norm = group["max_grad_norm"]
@@ -55,3 +58,7 @@ class FusedLAMB(FusedOptimizer):
                         weight_decay=group["weight_decay"],
                         grad_averaging=group["grad_averaging"], adam_w_mode=self.adam_w_mode,
                         use_nvlamb=self.use_nvlamb, grad_scale=inv_scale / clip)
+
+    def _group_buckets(self, group: dict[str, Any], models: list[Tensor],
+                       grads_on_params: bool) -> list[Bucket]:
+        return make_buckets(group["params"], models, grads_on_params=grads_on_params)

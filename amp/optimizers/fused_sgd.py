@@ -15,9 +15,11 @@ class FusedSGD(FusedOptimizer):
     arithmetic; ``wd_after_momentum=True`` applies decay after the momentum update, as
     apex allows). State ('momentum_buffer') is compatible with torch.optim.SGD.
 
-    ``materialize_master_grads`` is accepted for apex compatibility: the fused amp path
-    never materializes master gradients. ``max_grad_norm`` (not in apex; 0 disables)
-    clips by the global gradient norm inside the step.
+    ``materialize_master_grads=False`` is apex's opt-in to deferred unscaling under amp O2:
+    the fp32 master gradients are then never materialized and the loss scale is removed
+    inside the step (by default they are filled when ``scale_loss`` exits).
+    ``max_grad_norm`` (not in apex; 0 disables) clips by the global gradient norm inside
+    the step.
     """
 
     _group_step = False
@@ -44,12 +46,13 @@ class FusedSGD(FusedOptimizer):
     def _first_run(self, p: torch.Tensor) -> bool:
         return self.state[p].get("momentum_buffer") is None
 
-    def _update(self, model_params: ParamGroups, inv_scale: float) -> None:
-        grad_scale = self._clipped_grad_scale(model_params, inv_scale)
+    def _update(self, model_params: ParamGroups, inv_scale: float,
+                grads_on_params: bool = False) -> None:
+        grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
         for group, models in zip(self.param_groups, model_params):
             momentum = group["momentum"]
             key = self._first_run if momentum != 0 else None
-            for b in make_buckets(group["params"], models, key):
+            for b in make_buckets(group["params"], models, key, grads_on_params):
                 bufs = None
                 first_run = False
                 if momentum != 0:

@@ -1,5 +1,7 @@
 """amp core's side of the fused-optimizer seam, exercised with a tiny fused-style SGD written
-here in plain torch (the real fused optimizers are tested in tests/optimizers)."""
+here in plain torch (the real fused optimizers are tested in tests/optimizers). The deferred
+path (gradients kept scaled until the step) is opt-in: ``defer_unscale=True``; by default amp
+unscales when scale_loss exits, as apex does."""
 from __future__ import annotations
 
 import pytest
@@ -50,6 +52,7 @@ def _setup(opt_class, opt_level, **kwargs):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = opt_class(model.parameters(), lr=0.05)
+    kwargs.setdefault("defer_unscale", True)
     return amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0,
                           dynamic_init_scale=2.0**10, **kwargs)
 
@@ -131,3 +134,23 @@ def test_fused_optimizer_at_o0_uses_its_plain_step():
     model, optimizer = _setup(TinyFusedSGD, "O0")
     _step(model, optimizer, x, y)
     assert optimizer.calls == ["step"]
+
+
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+def test_default_unscales_on_exit_and_uses_the_generic_step(opt_level):
+    """An optimizer that speaks only the deferred seam (no _amp_unscaled_step): by default amp
+    unscales in its own pass and runs the optimizer's plain step on the unscaled grads."""
+    x, y = make_data()
+    model, optimizer = _setup(TinyFusedSGD, opt_level, defer_unscale=False)
+    ref_model, ref_opt = _setup(torch.optim.SGD, opt_level, defer_unscale=False)
+    for m, o in ((model, optimizer), (ref_model, ref_opt)):
+        o.zero_grad()
+        with amp.scale_loss(F.mse_loss(m(x), y), o) as scaled:
+            scaled.backward()
+    for a, b in zip(amp.master_params(optimizer), amp.master_params(ref_opt)):
+        assert torch.equal(a.grad, b.grad)  # unscaled, fp32 masters filled at O2
+    optimizer.step()
+    ref_opt.step()
+    assert optimizer.calls == ["step"]
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)

@@ -149,7 +149,7 @@ def test_bf16_through_cast_model_type_at_o2():
     )
     assert model.weight.dtype == torch.bfloat16
     assert next(amp.master_params(optimizer)).dtype == torch.float32
-    assert amp._amp_state._amp_state.opt_properties.half_dtype == torch.bfloat16
+    assert amp._amp_state.opt_properties.half_dtype == torch.bfloat16
 
 
 def test_overrides_replace_level_defaults():
@@ -158,7 +158,7 @@ def test_overrides_replace_level_defaults():
         model, optimizer, opt_level="O2", master_weights=False, loss_scale=128.0,
         keep_batchnorm_fp32="False", verbosity=0,
     )
-    props = amp._amp_state._amp_state.opt_properties
+    props = amp._amp_state.opt_properties
     assert props.master_weights is False and props.keep_batchnorm_fp32 is False
     assert next(amp.master_params(optimizer)) is model.weight  # no separate masters
     assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 128.0, "unskipped": 0}

@@ -105,11 +105,11 @@ def test_string_forms_accepted_as_apex_does():
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O2", keep_batchnorm_fp32="True",
                    loss_scale="128.0", verbosity=0)
-    props = amp._amp_state._amp_state.opt_properties
+    props = amp._amp_state.opt_properties
     assert props.keep_batchnorm_fp32 is True and props.loss_scale == 128.0
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O3", loss_scale="dynamic", verbosity=0)
-    assert amp._amp_state._amp_state.loss_scalers[0].dynamic
+    assert amp._amp_state.loss_scalers[0].dynamic
 
 
 def test_initial_scale_is_min_of_max_and_init():

@@ -37,19 +37,21 @@ def _setup(make_opt, opt_level, **kw):
 
 
 class _Spy:
-    """Counts the fused-path calls amp core makes on an optimizer instance."""
+    """Counts the fused-path calls amp core makes on an optimizer instance: the deferred
+    step (``_amp_fused_step``) or the step after amp's unscale pass (``_amp_unscaled_step``)."""
 
-    def __init__(self, opt) -> None:
+    def __init__(self, opt, deferred: bool) -> None:
         self.fused = 0
-        inner = opt._amp_fused_step
+        name = "_amp_fused_step" if deferred else "_amp_unscaled_step"
+        inner = getattr(opt, name)
 
-        def fused_step(model_params, inv_scale):
+        def fused_step(*args):
             self.fused += 1
             # The model tensors passed in are those the user trains: at O2 half copies
             # distinct from the fp32 masters the optimizer holds.
-            return inner(model_params, inv_scale)
+            return inner(*args)
 
-        opt._amp_fused_step = fused_step
+        setattr(opt, name, fused_step)
 
 
 def _train(model, opt, steps=8, inject_at=None):
@@ -63,6 +65,7 @@ def _train(model, opt, steps=8, inject_at=None):
         opt.step()
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["apex-exact", "deferred"])
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
 @pytest.mark.parametrize("pair", [
     (lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01),
@@ -70,12 +73,12 @@ def _train(model, opt, steps=8, inject_at=None):
     (lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9),
      lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
 ], ids=["adam", "sgd"])
-def test_quickstart_fused_matches_generic_path(level, pair):
+def test_quickstart_fused_matches_generic_path(level, pair, deferred):
     assert _ext.load() is not None, "amp._C must be built"
     opt_level, kw, fused_path = level
     make_fused, make_torch = pair
-    model_f, opt_f = _setup(make_fused, opt_level, **kw)
-    spy = _Spy(opt_f)
+    model_f, opt_f = _setup(make_fused, opt_level, defer_unscale=deferred, **kw)
+    spy = _Spy(opt_f, deferred)
     _train(model_f, opt_f)
     model_t, opt_t = _setup(make_torch, opt_level, **kw)
     _train(model_t, opt_t)

@@ -1,0 +1,74 @@
+"""FusedNovoGrad: apex.optimizers.FusedNovoGrad on amp._C's multi-tensor NovoGrad kernel."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import multi_tensor_more as mtm
+from ._base import FusedOptimizer, ParamGroups, make_buckets
+
+
+class FusedNovoGrad(FusedOptimizer):
+    """NovoGrad (Ginsburg et al. 2019) with apex's signature and defaults: Adam-like, but
+    the second moment is one number per tensor, a running blend of the gradient's norm
+    (``norm_type`` 2: L2, 0: max norm). ``reg_inside_moment=True`` applies the weight decay
+    inside the momentum (the paper), False decouples it into the update (apex's default).
+    ``init_zero=False`` starts the blend from the first step's norm.
+
+    State per parameter: 'exp_avg' (momentum) and 'exp_avg_sq', a 0-dim float32 tensor
+    holding the blended *norm* (not its square, as apex stores it). Under amp O2 the half
+    model copy is written in the same pass as the update.
+    """
+
+    def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False,
+                 reg_inside_moment: bool = False, grad_averaging: bool = True,
+                 norm_type: int = 2, init_zero: bool = False,
+                 set_grad_none: bool = True) -> None:
+        if amsgrad:
+            raise RuntimeError("FusedNovoGrad does not support the AMSGrad variant.")
+        if norm_type not in (0, 2):
+            raise ValueError(f"FusedNovoGrad: norm_type must be 2 (L2) or 0 (max norm); "
+                             f"got {norm_type!r}")
+        if not 0.0 <= lr:
+            raise ValueError(f"FusedNovoGrad: invalid learning rate {lr}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"FusedNovoGrad: invalid beta at index {i}: {b}")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, grad_averaging=grad_averaging,
+                        norm_type=norm_type, init_zero=init_zero, step=0)
+        self.moment_mode = 0 if reg_inside_moment else 1
+        super().__init__(params, defaults, set_grad_none)
+
+    def _is_new(self, p: torch.Tensor) -> bool:
+        return "exp_avg" not in self.state[p]
+
+    def _update(self, model_params: ParamGroups, inv_scale: float,
+                grads_on_params: bool = False) -> None:
+        for group, models in zip(self.param_groups, model_params):
+            buckets = make_buckets(group["params"], models, self._is_new, grads_on_params)
+            if not buckets:
+                continue
+            group["step"] = int(group.get("step", 0)) + 1
+            beta1, beta2 = group["betas"]
+            for b in buckets:
+                new = self._is_new(b.params[0])
+                states = [self.state[p] for p in b.params]
+                for p, st in zip(b.params, states):
+                    if new:
+                        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
+                mtm.novograd(b.grads, b.params, [st["exp_avg"] for st in states],
+                             b.model_params, grad_norms=norms, lr=group["lr"], beta1=beta1,
+                             beta2=beta2, eps=group["eps"], step=group["step"],
+                             bias_correction=group["bias_correction"],
+                             weight_decay=group["weight_decay"],
+                             grad_averaging=group["grad_averaging"],
+                             moment_mode=self.moment_mode, norm_type=group["norm_type"],
+                             init_norms=new and not group["init_zero"], grad_scale=inv_scale)
+                for st, n in zip(states, norms.unbind()):
+                    st["exp_avg_sq"] = n.clone()
