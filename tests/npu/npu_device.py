@@ -157,7 +157,8 @@ def build_and_load(
 
 def install(cache_root: Optional[Path] = None, fallback_root: Optional[Path] = None) -> Installed:
     """Build (or reuse) and load the device, then register it with torch. Idempotent
-    within a process (PrivateUse1 can be claimed only once)."""
+    within a process (PrivateUse1 can be claimed only once). Must run before the process's
+    first backward pass (see _check_autograd)."""
     global _installed
     if _installed is not None:
         return _installed
@@ -179,5 +180,24 @@ def install(cache_root: Optional[Path] = None, fallback_root: Optional[Path] = N
     if getattr(torch, BACKEND, None) is not npu_module:
         torch._register_device_module(BACKEND, npu_module)
 
+    _check_autograd()
     _installed = Installed(ops=ops, path=lib, built=built, build_seconds=seconds)
     return _installed
+
+
+def _check_autograd() -> None:
+    """Run one backward pass on the device. Autograd sizes its per-device worker threads
+    once per process, at the first backward, from the devices registered then: a device
+    installed after that fails every backward with an internal assertion. Say why."""
+    x = torch.ones(2, device=BACKEND, requires_grad=True)
+    try:
+        (x * 3).sum().backward()
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+        raise RuntimeError(
+            "the npu test device was installed after this process's first backward pass; "
+            "autograd cannot use it: install it before any backward (tests/npu/conftest.py "
+            "does so at the end of collection)"
+        ) from exc
+    assert x.grad is not None and x.grad.device.type == BACKEND

@@ -3,6 +3,9 @@ sessions race, never required. The compiler is replaced by a stub that writes a 
 these tests check the cache logic itself; the real build is the session fixture's."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import npu_device
@@ -126,3 +129,26 @@ def test_session_device_library_is_the_cached_one(npu_backend: npu_device.Instal
     assert npu_backend.path.name == f"{npu_device.LIB_NAME}.so"
     assert npu_backend.path.parent.name == npu_device.cache_key()
     assert npu_backend.path.is_file()
+
+
+def test_install_after_first_backward_is_explained(npu_backend: npu_device.Installed) -> None:
+    # Why conftest installs at collection time: autograd fixes its device threads at the
+    # process's first backward pass. A fresh process shows the message a late install gets.
+    code = (
+        "import torch\n"
+        "x = torch.ones(1, requires_grad=True)\n"
+        "(x * 2).sum().backward()\n"
+        "import npu_device\n"
+        "npu_device.install()\n"
+    )
+    env = {**os.environ, "AMPFORGE_NPU_DEVICE_CACHE": str(npu_backend.path.parent.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(npu_device.__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "installed after this process's first backward pass" in proc.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
 from collections.abc import Callable
 
 import npu_module
@@ -298,6 +299,22 @@ def test_optimizer_steps_match_cpu(npu: torch.device, optimizer: str) -> None:
     assert dev_model.weight.device.type == "npu"
 
 
+def test_training_step_raises_no_warnings(npu: torch.device) -> None:
+    # Ops go to the CPU kernels themselves, not to torch's generic structured kernels
+    # (whose out= path makes e.g. mse_loss warn that it resized its output). Tests that
+    # count warnings (amp's "one warning" rules) depend on a quiet device.
+    dev_model, _ = _linear_pair()
+    opt = torch.optim.SGD(dev_model.parameters(), lr=0.1)
+    x, y = _randn(4, 5).to(npu), _randn(4, 3, seed=1).to(npu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for loss_fn in (F.mse_loss, F.l1_loss, F.smooth_l1_loss):
+            opt.zero_grad()
+            loss_fn(dev_model(x), y).backward()
+            opt.step()
+        F.cross_entropy(dev_model(x), torch.tensor([0, 1, 2, 0], device=npu)).backward()
+
+
 @pytest.mark.parametrize("dims", [1, 2, 3])
 def test_convolution_forward_backward(npu: torch.device, dims: int) -> None:
     conv_type = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[dims]
@@ -546,6 +563,14 @@ def test_deepcopy_state_dict_and_save_load(npu: torch.device) -> None:
     dst.load_state_dict(src.state_dict())
     assert dst.weight.device.type == "npu"
     assert torch.equal(dst.weight.detach().cpu(), src.weight.detach())
+
+
+def test_unsupported_features_say_so(npu: torch.device) -> None:
+    with pytest.raises(NotImplementedError, match="no pinned host memory"):
+        torch.zeros(2).pin_memory()
+    with pytest.raises(NotImplementedError, match="no generator of its own"):
+        torch.Generator("npu")
+    assert not torch.zeros(2, device=npu).is_pinned()
 
 
 def test_storage_resize(npu: torch.device) -> None:

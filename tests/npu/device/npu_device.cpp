@@ -162,6 +162,15 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
     return exchangeDevice(index);
   }
+  // Said plainly instead of torch's generic "implement the hook" message.
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "the npu test device has no pinned host memory");
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex /*index*/) const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(false,
+                                "the npu test device has no generator of its own: random ops "
+                                "draw from the CPU generator");
+  }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     // Device memory is host memory here: the CPU resize (allocate through the storage's
     // own allocator, copy, swap) is exactly right.
