@@ -14,6 +14,7 @@
 //   view / as_strided / _reshape_alias / unfold: views must alias device storage; a
 //     fallback result would be a copy.
 //   resize_ / set_: they change a tensor's own metadata and storage.
+//   convolution(_backward)_overrideable: torch's defaults for an unknown backend raise.
 // Everything runs synchronously on the calling thread: streams, events and
 // synchronize() have nothing to wait for.
 
