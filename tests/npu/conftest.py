@@ -1,0 +1,77 @@
+"""Fixtures for tests that run on the `npu` test device (device/README.md).
+
+`npu_backend` is the installed device, `npu` the device to put tensors on.
+
+The device is installed when collection ends, before any test runs, whenever a selected
+test uses these fixtures. Not later: autograd sizes its per-device worker threads once per
+process, at the first backward pass, from the devices registered then; a device that
+appears after that (say, after the tests of tests/amp have run backward) cannot run
+backward at all. A build failure there is kept and raised by the fixture, so only the
+tests that need the device fail.
+
+Installing renames PrivateUse1 to "npu" and adds `torch.npu` for the rest of the process:
+torch allows that once per process, so it is never undone.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+from npu_device import Installed, install
+
+_FIXTURES = ("npu_backend", "npu")
+_installed: Optional[Installed] = None
+_failure: Optional[BaseException] = None
+
+
+def _install() -> Installed:
+    # The cache outside the repository is only an optimisation: where it cannot be
+    # written, the build goes to a folder under the system's temporary directory.
+    return install(fallback_root=Path(tempfile.gettempdir()) / "ampforge-npu-device")
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    global _installed, _failure
+    wanted = any(
+        name in getattr(item, "fixturenames", ()) for item in items for name in _FIXTURES
+    )
+    if not wanted or _installed is not None or _failure is not None:
+        return
+    try:
+        _installed = _install()
+    except Exception as exc:  # reported by the fixture, against the tests that need it
+        _failure = exc
+
+
+@pytest.fixture(scope="session")
+def npu_backend() -> Installed:
+    global _installed
+    if _failure is not None:
+        raise RuntimeError(f"the npu test device could not be installed: {_failure}") from (
+            _failure
+        )
+    if _installed is None:  # not selected at collection (e.g. requested dynamically)
+        _installed = _install()
+    return _installed
+
+
+@pytest.fixture(scope="session")
+def npu(npu_backend: Installed) -> torch.device:
+    return torch.device("npu", 0)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # The device's cold build counts against CI's time: say what this session paid.
+    if _installed is None:
+        return
+    how = (
+        f"built in {_installed.build_seconds:.1f}s"
+        if _installed.built
+        else "loaded from the cache"
+    )
+    terminalreporter.write_line(f"npu test device: {how} ({_installed.path})")

@@ -1,0 +1,143 @@
+"""`torch.npu` for the test device: the device module torch's generic code looks up by
+the backend's name (torch.autocast, GradScaler, torch.manual_seed, the generated
+`Tensor.npu()`, `torch.get_device_module("npu")`).
+
+The functions mirror the part of torch_npu's `torch.npu` module that device-agnostic code
+calls. They are bound to the compiled extension by `npu_device.install()`.
+
+RNG: the device has no generator of its own. Random ops on npu tensors run through the
+CPU fallback and draw from torch's CPU default generator, so the seed and RNG-state
+functions here act on that generator (seeding "the npu" therefore also seeds the CPU).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Optional, Union
+
+import torch
+
+_ext: Optional[ModuleType] = None
+
+DeviceLike = Union[int, str, torch.device, None]
+
+
+def _bind(ext: ModuleType) -> None:
+    global _ext
+    _ext = ext
+
+
+def _c() -> ModuleType:
+    if _ext is None:
+        raise RuntimeError("the npu test device is not installed (npu_device.install())")
+    return _ext
+
+
+def _index(device: DeviceLike) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    dev = torch.device(device)
+    if dev.type != "npu":
+        raise ValueError(f"expected an npu device, got {dev}")
+    return current_device() if dev.index is None else dev.index
+
+
+def is_available() -> bool:
+    return _ext is not None
+
+
+def is_initialized() -> bool:
+    return _ext is not None
+
+
+def _lazy_init() -> None:
+    _c()
+
+
+def _is_in_bad_fork() -> bool:
+    # No device runtime to poison across fork(): the memory is plain host memory.
+    return False
+
+
+def device_count() -> int:
+    return int(_c().device_count())
+
+
+def current_device() -> int:
+    return int(_c().current_device())
+
+
+def set_device(device: DeviceLike) -> None:
+    _c().set_device(_index(device))
+
+
+@contextlib.contextmanager
+def device(dev: DeviceLike) -> Iterator[None]:
+    """Make `dev` the current npu device inside the block (like torch.cuda.device)."""
+    previous = current_device()
+    set_device(dev)
+    try:
+        yield
+    finally:
+        set_device(previous)
+
+
+def synchronize(device: DeviceLike = None) -> None:
+    # Every op completes before it returns: nothing is ever queued.
+    _index(device)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+def seed_all() -> None:
+    torch.default_generator.seed()
+
+
+def initial_seed() -> int:
+    return int(torch.default_generator.initial_seed())
+
+
+def get_rng_state(device: DeviceLike = None) -> torch.Tensor:
+    _index(device)
+    return torch.default_generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: DeviceLike = None) -> None:
+    _index(device)
+    torch.default_generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def memory_allocated(device: DeviceLike = None) -> int:
+    """Bytes held by live npu tensors (all devices: the test device has one host pool)."""
+    _index(device)
+    return int(_c().live_bytes())
