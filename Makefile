@@ -80,11 +80,23 @@ distclean: clean
 	rm -rf $(VENV) dist
 
 # --- builder: plan and render (builder/commands/) ------------------------------
-# ARCH, PY, TORCH, JOBS, OFFLINE given on the make command line reach the builder
-# through the environment (make exports command-line variables to recipes), where the
-# builder's precedence applies; CONFIG becomes --config.
+# The front-door variables become flags (the command line, the top layer of the builder's
+# precedence): ARCH -> --arch, PY -> --python, TORCH -> --torch, JOBS -> --jobs, OFFLINE=1 ->
+# --offline, BACKEND, BASE_IMAGE, BUNDLE, NETWORK likewise. The builder itself reads only
+# namespaced variables (BUILDER_ARCH, ...), so a shell's own ARCH (conda-forge sets ARCH=64)
+# never steers it unless given to make.
 BUILDER := $(PY_VENV) -m builder
 BUILDER_CONFIG_ARG := $(if $(CONFIG),--config $(CONFIG))
+NETWORK ?=
+# Only a variable given on make's command line is passed (`origin`): make also imports the
+# shell's environment as variables, and a shell's ARCH=64 must not become --arch 64.
+_given = $(filter command line override,$(origin $(1)))
+_flag = $(if $(and $(call _given,$(1)),$(strip $($(1)))),$(2) $($(1)))
+SELECT_FLAGS = $(call _flag,ARCH,--arch) $(call _flag,PY,--python) $(call _flag,TORCH,--torch)
+_OFFLINE = $(if $(call _given,OFFLINE),$(OFFLINE))
+SETTING_FLAGS = $(call _flag,JOBS,--jobs) $(if $(filter 1 yes true on,$(_OFFLINE)),--offline) \
+	$(if $(filter 0 no false off,$(_OFFLINE)),--no-offline) $(call _flag,BACKEND,--backend) \
+	$(call _flag,BASE_IMAGE,--base-image) $(call _flag,NETWORK,--network)
 DOCKERFILES_OUT ?= build/dockerfiles
 PLAN_FORMAT ?= table
 
@@ -101,10 +113,10 @@ builder-env:
 	@$(MAKE) --no-print-directory setup TORCH=$(VENV_TORCH)
 
 plan: builder-env
-	$(BUILDER) plan $(BUILDER_CONFIG_ARG) --format $(PLAN_FORMAT)
+	$(BUILDER) plan $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(SETTING_FLAGS) --format $(PLAN_FORMAT)
 
 dockerfiles: builder-env
-	$(BUILDER) render $(BUILDER_CONFIG_ARG) --out $(DOCKERFILES_OUT)
+	$(BUILDER) render $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) --out $(DOCKERFILES_OUT)
 
 # --- builder: wheels (builder/commands/build.py) --------------------------------
 # `make wheel` builds ONE cell: the ARCH/PY/TORCH named, or by default this host's arch
@@ -118,8 +130,8 @@ BASE_IMAGE ?=
 WHEELHOUSE ?=
 BUNDLE ?=
 OUT ?= dist
-BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(if $(BACKEND),--backend $(BACKEND)) \
-	$(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+STRICT ?=
+BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(SETTING_FLAGS) \
 	$(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) \
 	$(if $(BUNDLE),--bundle $(BUNDLE)) --out $(OUT)
 
@@ -134,14 +146,14 @@ wheel: builder-env
 	$(BUILDER) build $(BUILD_FLAGS)
 
 matrix: builder-env
-	$(BUILDER) build --all --keep-going $(BUILD_FLAGS)
+	$(BUILDER) build --all --keep-going $(if $(STRICT),--strict) $(BUILD_FLAGS)
 
 base-image: builder-env
-	$(BUILDER) base-image
+	$(BUILDER) base-image $(call _flag,ARCH,--arch)
 
 fetch: builder-env
 	$(if $(BUNDLE),,$(error make fetch needs BUNDLE=DIR, the folder to fill))
-	$(BUILDER) fetch $(BUILDER_CONFIG_ARG) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+	$(BUILDER) fetch $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(call _flag,BASE_IMAGE,--base-image) \
 		--bundle $(BUNDLE) $(FETCH_ARGS)
 
 # --- builder: release (builder/commands/index.py, publish.py) -------------------

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import NoReturn, TextIO
 
 from builder import __version__
-from builder.config.load import CliOverrides, Settings, load_settings
+from builder.config import CliOverrides, Settings, load_settings
+from builder.config.load import BACKENDS
 from builder.config.proxy import proxies_from_env
 from builder.errors import BuilderError
 from builder.redact import Redactor
@@ -85,14 +86,30 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         metavar="N",
-        help="parallel compile jobs inside a cell (env JOBS; config build.jobs)",
+        help="parallel compile jobs inside a cell (env BUILDER_JOBS; config build.jobs)",
     )
     g.add_argument(
         "--offline",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="build without network: pip uses only the wheelhouse "
-        "(env OFFLINE=1; config offline.enabled)",
+        "(env BUILDER_OFFLINE=1; config offline.enabled)",
+    )
+    g.add_argument(
+        "--backend", choices=BACKENDS, default=None,
+        help="where cells are built: auto (default) picks per cell and says why "
+        "(env BUILDER_BACKEND; config build.backend)",
+    )
+    g.add_argument(
+        "--base-image", metavar="REF", default=None,
+        help="base image for this host's arch instead of the config's; 'local' builds or "
+        "reuses the one from `python -m builder base-image` (env BUILDER_BASE_IMAGE)",
+    )
+    g.add_argument(
+        "--network", metavar="NAME", default=None,
+        help="Docker network the cell's image build and container join, e.g. an --internal "
+        "network whose only way out is the proxy (docker backend; env BUILDER_NETWORK; "
+        "config build.network; default: the engine's bridge)",
     )
     g.add_argument(
         "--ca-bundle",
@@ -115,28 +132,23 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_base_image_option(g: argparse._ActionsContainer) -> None:
-    """``--base-image``, shared by ``build`` and ``fetch`` (which saves what build will use)."""
-    g.add_argument("--base-image", metavar="REF", default=None,
-                   help="base image for this host's arch instead of the config's; 'local' "
-                        "builds or reuses the one from `python -m builder base-image` "
-                        "(env BASE_IMAGE)")
-
-
 def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) -> None:
     g = p.add_argument_group("selection (default: every buildable cell)")
     g.add_argument(
         "--arch",
         metavar="A",
-        help="X86 or ARM (also x86_64/aarch64); comma-separated for several (env ARCH)",
+        help="X86 or ARM (also x86_64/aarch64); comma-separated for several "
+        "(env BUILDER_ARCH)",
     )
     g.add_argument(
         "--python",
         metavar="P",
-        help="Python version(s) such as 3.11 or 3.9,3.10 (env PY); with no --torch, "
-        "each resolves to the newest torch that has a wheel for it",
+        help="Python version(s) such as 3.11 or 3.9,3.10 (env BUILDER_PYTHON); with no "
+        "--torch, each resolves to the newest torch of the matrix that this host can build "
+        "(else the newest), and says so",
     )
-    g.add_argument("--torch", metavar="T", help="torch release(s) such as 2.13.0 (env TORCH)")
+    g.add_argument("--torch", metavar="T",
+                   help="torch release(s) such as 2.13.0 (env BUILDER_TORCH)")
     if selectors:
         g.add_argument(
             "selectors",
@@ -162,6 +174,9 @@ def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
         https_proxy=args.https_proxy,
         no_proxy=args.no_proxy,
         all_proxy=args.all_proxy,
+        backend=args.backend,
+        base_image=args.base_image,
+        network=args.network,
     )
 
 
@@ -229,15 +244,22 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 0
 
 
-def resolve_plan(args: argparse.Namespace, ctx: Context):  # -> tuple[Settings, Plan]
-    """Settings -> expanded matrix -> selection; warnings and notes go to stderr."""
-    from builder.plan.cells import expand, select
+def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
+                      settings: Settings | None = None):  # -> tuple[Settings, Resolution]
+    """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
+    to stderr. *everything*: no selection means the whole matrix (else this host's cell)."""
+    from pathlib import Path  # noqa: PLC0415
 
-    settings = load_from_args(args, ctx)
-    full = expand(settings.config)
-    plan = select(full, settings.selection)
-    for w in plan.warnings:
+    from builder.backends import registry  # noqa: PLC0415
+    from builder.backends.base import Host  # noqa: PLC0415
+    from builder.plan.resolve import resolve  # noqa: PLC0415
+
+    settings = settings or load_from_args(args, ctx)
+    host = Host(ctx.output.redact)
+    resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
+                         everything=everything)
+    for w in resolution.warnings:
         ctx.output.err(f"warning: {w}")
-    for n in plan.notes:
+    for n in resolution.notes:
         ctx.output.err(f"note: {n}")
-    return settings, plan
+    return settings, resolution

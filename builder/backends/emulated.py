@@ -1,89 +1,87 @@
-"""The ``emulated`` backend's choices: which arm64 base image, and when ``auto`` falls back to it.
+"""The ``emulated`` backend: another arch's cells in that arch's base image (an arm64 rootfs from
+``python -m builder base-image --arch ARM``), run under QEMU user emulation (binfmt_misc): exactly
+the docker backend's steps, only many times slower. This host's own cells, when asked for with
+``--backend emulated``, run natively in the engine, as with the docker backend.
 
-An emulated cell is a docker cell whose image is another arch's (an arm64 rootfs from
-``python -m builder base-image --arch ARM``), run under QEMU user emulation: the pipeline's
-docker steps run unchanged. What differs is only here:
-
-* explicitly (``--backend emulated``): emulation must work for every foreign cell (else an
-  :class:`~builder.engines.emulation.EmulationUnavailable` that says how to enable it), and the
-  cells'
-  base image is ``--base-image REF`` / ``local`` (build or reuse the local arm64 image), or the
-  config's image when the engine has it, or else the local arm64 image when it was built;
-* ``auto`` keeps the cross path for aarch64 cells whenever it can build them; only when it
-  cannot, *and* emulation works *and* the engine has an arm64 base image (nothing is built or
-  pulled implicitly), do those cells go to emulated containers.
-"""
+``auto`` uses it for a foreign cell only when the cross path cannot build the cell, emulation
+works, and the engine already has an arm64 base image (nothing is built or pulled implicitly)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable, Optional
+from typing import Any, Optional
 
-from builder.config.load import BuildConfig
-from builder.engines.docker import DockerEngine
-from builder.engines.emulation import detect_emulation, require_emulation
-from builder.pipeline import BackendChoice, with_base_image
+from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.docker import (
+    LOCAL_PREFIX,
+    DockerBackend,
+    base_image_step,
+    build_in_container,
+    image_choice,
+)
+from builder.config import BuildConfig
+from builder.config.support import SupportTable
+from builder.engines.emulation import require_emulation
 from builder.plan.cells import Cell
 
 
 def local_base_tag(cell: Cell) -> str:
     """The tag ``python -m builder base-image --arch <cell's arch>`` gives its image."""
-    from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - needs auditwheel metadata
+    from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - needs auditwheel
 
     return BaseImageSpec(arch=cell.machine).tag
 
 
-def _present_base(config: BuildConfig, cell: Cell, engine: DockerEngine) -> Optional[str]:
-    """The config's base image for *cell*'s arch when the engine has it, else the local one
+def present_base(cell: Cell, host: Host) -> Optional[str]:
+    """The cell's configured base image when the engine has it, else the local one of that arch
     when it was built, else None."""
-    for ref in (config.images[cell.arch].ref, local_base_tag(cell)):
-        if engine.image_id(ref) is not None:
+    for ref in (cell.image.ref, local_base_tag(cell)):
+        if host.image_id(ref) is not None:
             return ref
     return None
 
 
-def choose_emulated(
-    config: BuildConfig, foreign: Sequence[Cell], base_ref: Optional[str],
-    engine: DockerEngine, say: Callable[[str], None],
-) -> tuple[BackendChoice, BuildConfig]:
-    """``--backend emulated``: the choice, and *config* with the foreign cells' base image."""
-    found = [require_emulation(m) for m in sorted({c.machine for c in foreign})]
-    for cell in {c.arch: c for c in foreign}.values():
-        ref = base_ref
-        if ref == "local":
-            from builder.images.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
+class EmulatedBackend:
+    name = "emulated"
 
-            say(f"base image: building or reusing the local {cell.arch} one (python -m builder "
-                f"base-image --arch {cell.arch})")
-            made = build_base_image(engine, BaseImageSpec(arch=cell.machine),
-                                    progress=lambda m: say(f"base image: {m}"))
-            ref = made.tag
-            say(f"base image: {made.tag} ({'reused' if made.reused else 'built'})")
-        elif ref is None:
-            ref = _present_base(config, cell, engine)
-        if ref is not None:
-            config = with_base_image(config, cell.arch, ref, engine)
-        # None: the config's image stays; the pipeline's base-image step names what to do.
-    why = "; ".join(e.reason for e in found) or "no cell of another arch"
-    return BackendChoice("emulated", f"asked for (--backend emulated); engine {engine.base_url}"
-                                     f"; {why}", engine), config
-
-
-def emulated_fallback(
-    config: BuildConfig, foreign: Sequence[Cell], engine: DockerEngine,
-) -> tuple[Optional[str], BuildConfig]:
-    """``auto`` when the cross path cannot build *foreign*: (why emulated containers can, the
-    config with their base image), or (None, *config*) when they cannot either."""
-    if not foreign:
-        return None, config
-    reasons = []
-    for cell in {c.arch: c for c in foreign}.values():
-        emu = detect_emulation(cell.machine)
-        if not emu.available:
-            return None, config
-        ref = _present_base(config, cell, engine)
+    def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
+        if cell.machine == host.machine:
+            native = DockerBackend().availability(cell, host, support)
+            return Availability(native.ok, f"this host's cell runs natively in the engine; "
+                                           f"{native.reason}")
+        emulation = host.emulation(cell.machine)
+        if not emulation.available:
+            return Availability(False, f"no {cell.machine} emulation: {emulation.reason}")
+        if host.engine() is None:
+            return Availability(False, host.engine_reason())
+        if support.is_cuda_build(cell.torch, cell.machine):
+            return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
+                                       f"(per {support.file}): its CUDA libraries would have to "
+                                       "be installed and imported under QEMU")
+        ref = cell.image.ref if cell.image.ref.startswith(LOCAL_PREFIX) else present_base(
+            cell, host)
         if ref is None:
-            return None, config
-        config = with_base_image(config, cell.arch, ref, engine)
-        reasons.append(f"{cell.arch} cells in emulated containers of {ref} ({emu.reason})")
-    return "; ".join(reasons), config
+            return Availability(False, f"{host.engine_reason()} has no {cell.machine} base "
+                                       f"image ({cell.image.ref} or `python -m builder "
+                                       f"base-image --arch {cell.arch}`)")
+        return Availability(True, f"{cell.arch} cells in emulated containers of {ref} "
+                                  f"({emulation.reason})")
+
+    def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
+        ref = cell.image.ref
+        if cell.machine != host.machine and not ref.startswith(LOCAL_PREFIX):
+            ref = present_base(cell, host) or ref
+        return image_choice(ref, cell, host)
+
+    def input_key(self, job: CellJob) -> dict[str, Any]:
+        assert job.engine is not None and job.recipe is not None
+        if job.cell.machine != job.resolved.host_machine:
+            job.steps("emulation", lambda: require_emulation(job.cell.machine))
+        base_id = base_image_step(job, job.engine,
+                                  f"python -m builder base-image --arch {job.cell.arch}",
+                                  "--backend cross")
+        return {"recipe": job.recipe.digest, "base_image": base_id}
+
+    def build(self, job: CellJob) -> Built:
+        assert job.engine is not None
+        return build_in_container(job, job.engine,
+                                  job.engine.image_id(job.cell.image.ref) or "")

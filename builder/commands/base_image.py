@@ -31,7 +31,7 @@ tag), i.e. `make wheel BASE_IMAGE=local`. Prints the image tag on stdout."""
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default=None, help="Debian suite (default: bookworm)")
     p.add_argument("--arch", default=None,
-                   help="X86 or ARM (also x86_64/amd64, aarch64/arm64; env ARCH; default: "
+                   help="X86 or ARM (also x86_64/amd64, aarch64/arm64; env BUILDER_ARCH; default: "
                         "this host's). Another arch's image is built under QEMU user "
                         "emulation (binfmt_misc), for `build --backend emulated`")
     p.add_argument("--mirror", metavar="URL", default=None,
@@ -43,17 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder.arch import ARCHES, arch_name  # noqa: PLC0415
+    from builder.backends.base import Host  # noqa: PLC0415
     from builder.engines.base import OutputLog  # noqa: PLC0415
     from builder.engines.docker import DockerEngine  # noqa: PLC0415
     from builder.errors import ConfigError  # noqa: PLC0415
     from builder.images.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
-    from builder.pipeline import host_arch  # noqa: PLC0415
 
-    requested = args.arch or ctx.env.get("ARCH") or host_arch()
+    requested = args.arch or ctx.env.get("BUILDER_ARCH") or Host(ctx.output.redact).arch
     try:
         machine = ARCHES[arch_name(requested)].machine
     except ValueError as exc:
-        raise ConfigError(str(exc), key="--arch" if args.arch else "environment ARCH") from exc
+        raise ConfigError(str(exc), key="--arch" if args.arch else
+                          "environment BUILDER_ARCH") from exc
     spec_kwargs = {"arch": machine}
     if args.suite:
         spec_kwargs["suite"] = args.suite

@@ -9,13 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from builder.cli import (
-    Context,
-    add_base_image_option,
-    add_config_options,
-    add_selection_options,
-    load_from_args,
-)
+from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
 
 NAME = "fetch"
 HELP = "gather every wheel and base image the selected cells need into an offline bundle"
@@ -41,9 +35,8 @@ cell). Exit codes: 0 bundle complete, 1 a download or image save failed, 2 bad u
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fetch")
     g.add_argument("--bundle", metavar="DIR", default=None,
-                   help="the bundle folder to create or update (env BUNDLE; config "
-                        "offline.bundle)")
-    add_base_image_option(g)
+                   help="the bundle folder to create or update (env BUILDER_BUNDLE; "
+                        "config offline.bundle)")
     g.add_argument("--project", metavar="PATH", default=None,
                    help="the project to be built (its pyproject.toml requirements are "
                         "fetched too; default: this repository)")
@@ -84,8 +77,7 @@ def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str,
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder import __version__  # noqa: PLC0415
-    from builder.commands.build import _default_selection  # noqa: PLC0415
-    from builder.config.load import REPO_ROOT  # noqa: PLC0415
+    from builder.config import REPO_ROOT  # noqa: PLC0415
     from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
     from builder.offline.bundle import (  # noqa: PLC0415
         IMAGES_DIR,
@@ -106,26 +98,20 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         index_wheelhouse,
         resolve,
     )
-    from builder.pipeline import host_arch, with_base_image  # noqa: PLC0415
-    from builder.plan.cells import expand, select  # noqa: PLC0415
     from builder.release.manifest import utc_now  # noqa: PLC0415
 
     err = ctx.output.err
     start = time.monotonic()
-    settings = load_from_args(args, ctx)
+    settings, resolution = resolve_from_args(args, ctx, everything=args.all)
     config = settings.config
     root = config.offline.bundle
     if root is None:
-        raise ConfigError("no bundle folder given; expected --bundle DIR (env BUNDLE, config "
-                          "offline.bundle)", key="--bundle")
-    selection = settings.selection
-    if selection.empty and not args.all:
-        selection = _default_selection(selection)
+        raise ConfigError("no bundle folder given; expected --bundle DIR (env BUILDER_BUNDLE, "
+                          "config offline.bundle)", key="--bundle")
     project = Path(args.project).resolve() if args.project else REPO_ROOT
     if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")
-    base_ref = args.base_image or ctx.env.get("BASE_IMAGE") or None
     engine = None
     if not args.no_images:
         from builder.engines.docker import DockerEngine  # noqa: PLC0415
@@ -136,23 +122,20 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             raise EngineUnavailable(exc.message + "\nfetch saves the base images with the "
                                     "container engine; --no-images fetches wheels only "
                                     "(for --backend host builds)") from exc
-        if base_ref == "local":
+        if config.base_image == "local":
             from builder.images.base_image import build_base_image  # noqa: PLC0415
 
             made = build_base_image(engine, progress=lambda m: err(f"base image: {m}"))
-            base_ref = made.tag
             err(f"base image: {made.tag} ({'reused' if made.reused else 'built'})")
-    elif base_ref == "local":
+            # The image exists now: resolve again so the records carry its id and labels.
+            settings, resolution = resolve_from_args(args, ctx, everything=args.all)
+    elif config.base_image == "local":
         raise ConfigError("--base-image local needs the container engine; drop --no-images",
                           key="--base-image")
-    if base_ref:
-        config = with_base_image(config, host_arch(), base_ref, engine)
-    plan = select(expand(config), selection)
-    for w in plan.warnings:
-        err(f"warning: {w}")
-    cells = plan.cells
-    if not cells:
-        raise ConfigError("the selection matches no cell; see `python -m builder plan`")
+    cells = [c.cell for c in resolution.cells]
+    # Base images are saved for the cells built in one (docker, emulated); host and cross
+    # cells build without an image.
+    imaged = {c.identifier for c in resolution.cells if c.backend in ("docker", "emulated")}
 
     old = begin_fetch(root)
     wheels_dir = root / WHEELS_DIR
@@ -190,7 +173,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if engine is not None:
         by_ref: dict[str, list] = {}
         for cell in cells:
-            by_ref.setdefault(cell.image.ref, []).append(cell)
+            if cell.identifier in imaged:
+                by_ref.setdefault(cell.image.ref, []).append(cell)
         for ref, ref_cells in sorted(by_ref.items()):
             image_id = engine.image_id(ref)
             if image_id is None:

@@ -1,24 +1,31 @@
-"""``plan``: print the expanded cells of the matrix (and why any were dropped)."""
+"""``plan``: print the resolved cells -- every decision a build would take, with its reason."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_plan
-from builder.config.load import Settings
-from builder.plan.cells import Plan
+from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.commands.build import plan_document
+from builder.config import Settings
+from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
 
 NAME = "plan"
-HELP = "show the cells a build would make, and the reason for each dropped cell"
+HELP = "show the resolved cells (torch, backend, base image, tag, where) and every dropped cell"
 DESCRIPTION = """\
 Expand the matrix (arch x python x torch, include/exclude rules, the torch<->Python
-support table) and print the buildable cells and the dropped ones with their reasons.
+support table) and resolve every selected cell exactly as `build` does: which torch (and
+why), which backend (and why), the base image actually used, the platform tag the wheel
+must meet (never above torch's own), whether this host can build it or which native runner
+it needs, the network, and the proxy/CA/index settings with their sources (passwords
+masked). `build` executes these same records and stores each in its manifest entry.
 
 formats:
   table   human-readable (default)
-  json    {"cells": [...], "dropped": [...], "notes": [...], "warnings": [...]}
-  github  one line of JSON {"include": [...]} for a CI job matrix, one cell per job, e.g.
+  json    {"config", "cells": [record, ...], "dropped", "notes", "warnings"}; the records are
+          exactly what `build` uses (`build --dry-run` prints the same document)
+  github  one line of JSON {"include": [...]} for a CI job matrix, one cell per job, each with
+          the runner that can build it ("runs-on") and the resolved fields, e.g.
           echo "matrix=$(python -m builder plan --format github)" >> "$GITHUB_OUTPUT"
 
 Notes (e.g. which torch a selection resolved to) and warnings go to stderr."""
@@ -31,11 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (default: table)",
     )
+    p.add_argument("--out", metavar="DIR", default="dist",
+                   help="the output folder the records name (as `build --out`; default: dist)")
     add_selection_options(p)
     add_config_options(p)
 
 
-def _table(settings: Settings, plan: Plan) -> list[str]:
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _table(settings: Settings, resolution: Resolution) -> list[str]:
     cfg = settings.config
     lines = [f"config:  {cfg.source_name} (support table: {cfg.support.file})"]
     for proxy_line in cfg.proxy.describe():
@@ -45,46 +59,50 @@ def _table(settings: Settings, plan: Plan) -> list[str]:
     lines.append(
         f"offline: {'yes' if cfg.offline.enabled else 'no'} ({cfg.origins.get('offline')})"
     )
+    lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
     lines.append("")
-    header = ("CELL", "ARCH", "PYTHON", "TORCH", "BASE IMAGE")
-    rows = [(c.identifier, c.arch, c.python, c.torch, c.image.ref) for c in plan.cells]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-    lines.append(f"{len(plan.cells)} cell{'s' if len(plan.cells) != 1 else ''} to build.")
-    if plan.dropped:
+    header = ("CELL", "TORCH", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
+    rows = [header] + [(c.identifier, c.cell.torch, c.backend if c.buildable else "-",
+                        c.image.ref if c.buildable else "-", c.plat,
+                        THIS_HOST if c.buildable else f"runner {c.runner}")
+                       for c in resolution.cells]
+    lines += _columns(rows)
+    here, elsewhere = len(resolution.here), len(resolution.elsewhere)
+    lines.append(f"{here} cell{'s' if here != 1 else ''} to build on this host; {elsewhere} "
+                 f"need{'s' if elsewhere == 1 else ''} a native runner.")
+    if elsewhere:
         lines.append("")
-        lines.append(f"dropped ({len(plan.dropped)}):")
-        width = max(len(d.identifier) for d in plan.dropped)
-        for d in plan.dropped:
+        lines.append(f"not buildable on this host ({elsewhere}):")
+        width = max(len(c.identifier) for c in resolution.elsewhere)
+        for c in resolution.elsewhere:
+            lines.append(f"  {c.identifier.ljust(width)}  {c.backend_reason}")
+    if resolution.dropped:
+        lines.append("")
+        lines.append(f"dropped ({len(resolution.dropped)}):")
+        width = max(len(d.identifier) for d in resolution.dropped)
+        for d in resolution.dropped:
             lines.append(f"  {d.identifier.ljust(width)}  {d.reason}")
     return lines
 
 
+def github_job(cell: ResolvedCell, settings: Settings) -> dict[str, object]:
+    """One CI job: the runner that can build the cell and the resolved fields it builds."""
+    runners = settings.config.runners
+    runs_on = runners.get(cell.host_machine, cell.host_machine) if cell.buildable else cell.runner
+    return {"cell": cell.identifier, "runs-on": runs_on, "arch": cell.cell.arch,
+            "machine": cell.cell.machine, "python": cell.cell.python, "torch": cell.cell.torch,
+            "backend": cell.backend, "plat": cell.plat}
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    settings, plan = resolve_plan(args, ctx)
+    settings, resolution = resolve_from_args(args, ctx, everything=True)
     if args.format == "json":
-        doc = {
-            "config": settings.config.source_name,
-            "cells": [c.to_dict() for c in plan.cells],
-            "dropped": [d.to_dict() for d in plan.dropped],
-            "notes": list(plan.notes),
-            "warnings": list(plan.warnings),
-        }
-        ctx.output.out(json.dumps(doc, indent=2))
+        ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution),
+                                  indent=2))
     elif args.format == "github":
-        include = [
-            {
-                "cell": c.identifier,
-                "arch": c.arch,
-                "python": c.python,
-                "torch": c.torch,
-                "machine": c.machine,
-            }
-            for c in plan.cells
-        ]
+        include = [github_job(c, settings) for c in resolution.cells]
         ctx.output.out(json.dumps({"include": include}, separators=(",", ":")))
     else:
-        for line in _table(settings, plan):
+        for line in _table(settings, resolution):
             ctx.output.out(line)
     return 0

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from packaging.utils import parse_wheel_filename
 
 from builder.cli import Context
-from builder.config.load import CliOverrides, load_settings
+from builder.config import CliOverrides, load_settings
 from builder.errors import ConfigError, StepFailed
 from builder.release.distfiles import dist_wheels
 from builder.release.repository import existing_files

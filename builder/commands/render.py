@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_plan
+from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
 from builder.images.render import render_all, write_recipes
 
 NAME = "render"
@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    settings, plan = resolve_plan(args, ctx)
-    recipes = render_all(plan.cells, settings.config)
+    settings, resolution = resolve_from_args(args, ctx, everything=True)
+    recipes = render_all([c.cell for c in resolution.cells], settings.config)
     if args.print_only:
         for r in recipes:
             ctx.output.out(r.dockerfile)

@@ -81,7 +81,14 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "jobs": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
                 "extra_cflags": {"type": "array", "items": {"type": "string"}},
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
+                "backend": {"enum": ["auto", "docker", "host", "cross", "emulated"]},
+                "network": _NULLABLE_STRING,
             },
+        },
+        "runners": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"x86_64": {"type": "string"}, "aarch64": {"type": "string"}},
         },
         "pip": {
             "type": "object",

@@ -7,23 +7,40 @@ torch release is one YAML entry.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.config import values
-from builder.config.yamlfile import format_path, load_yaml
+from builder.config.yamlfile import YamlDocument, format_path, load_yaml
 from builder.errors import ConfigError
 
 MACHINES = ("x86_64", "aarch64")
 
 
+#: The manylinux glibc of torch's own wheels when the table names none for a release.
+DEFAULT_TORCH_GLIBC = "2.28"
+
+
 @dataclass(frozen=True)
 class SupportTable:
-    """``wheels[torch][machine]`` is the tuple of Python versions with a torch wheel."""
+    """``wheels[torch][machine]`` is the tuple of Python versions with a torch wheel;
+    ``cuda_builds[machine]`` the releases whose wheel on the default index is a CUDA build
+    there; ``torch_glibc[torch]`` the glibc of torch's own manylinux tag (the ceiling for ours)."""
 
     file: str
     wheels: Mapping[str, Mapping[str, tuple[str, ...]]]
+    cuda_builds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    torch_glibc: Mapping[str, str] = field(default_factory=dict)
+
+    def is_cuda_build(self, torch: str, machine: str) -> bool:
+        return torch in self.cuda_builds.get(machine, ())
+
+    def torch_plat(self, torch: str, machine: str) -> str:
+        """The platform tag of torch's own wheel, e.g. ``manylinux_2_28_x86_64``."""
+        glibc = self.torch_glibc.get(torch, self.torch_glibc.get("default", DEFAULT_TORCH_GLIBC))
+        return f"manylinux_{glibc.replace('.', '_')}_{machine}"
 
     def knows(self, torch: str) -> bool:
         return torch in self.wheels
@@ -55,8 +72,9 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     """Load and validate a support table; errors name file, line and key."""
     doc = load_yaml(path, display)
     data = doc.data
-    if not isinstance(data, dict) or set(data) != {"torch"}:
-        raise _fail(doc.file, doc.line(()), (), "expected a mapping with the single key 'torch'")
+    if not isinstance(data, dict) or "torch" not in data or not set(data) <= _TOP_KEYS:
+        raise _fail(doc.file, doc.line(()), (), "expected a mapping with the key 'torch' "
+                    "(and optionally 'cuda_builds', 'torch_glibc')")
     table = data["torch"]
     if not isinstance(table, dict) or not table:
         raise _fail(
@@ -109,4 +127,43 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                 except ValueError as exc:
                     raise _fail(doc.file, doc.line(ip), ip, str(exc)) from None
             wheels[torch][machine] = tuple(pythons)
-    return SupportTable(file=doc.file, wheels=wheels)
+    return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
+                        torch_glibc=_torch_glibc(doc))
+
+
+_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc"}
+
+
+def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, tuple[str, ...]]:
+    raw = doc.data.get("cuda_builds") or {}
+    p: tuple = ("cuda_builds",)
+    if not isinstance(raw, dict):
+        raise _fail(doc.file, doc.line(p), p, "expected a mapping of machine -> [torch, ...]")
+    out: dict[str, tuple[str, ...]] = {}
+    for machine, torches in raw.items():
+        mp = p + (str(machine),)
+        if machine not in MACHINES:
+            raise _fail(doc.file, doc.line(mp), mp,
+                        f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+        if not isinstance(torches, list) or not all(isinstance(t, str) for t in torches):
+            raise _fail(doc.file, doc.line(mp), mp, "expected a list of quoted torch versions")
+        for i, torch in enumerate(torches):
+            if torch not in wheels:
+                ip = mp + (i,)
+                raise _fail(doc.file, doc.line(ip), ip,
+                            f"torch {torch} is not in this table's 'torch' mapping")
+        out[machine] = tuple(torches)
+    return out
+
+
+def _torch_glibc(doc: YamlDocument) -> dict[str, str]:
+    raw = doc.data.get("torch_glibc") or {}
+    p: tuple = ("torch_glibc",)
+    if not isinstance(raw, dict):
+        raise _fail(doc.file, doc.line(p), p, 'expected a mapping of torch (or "default") -> glibc')
+    for key, glibc in raw.items():
+        if not isinstance(glibc, str) or not re.fullmatch(r"2\.\d+", glibc):
+            kp = p + (str(key),)
+            raise _fail(doc.file, doc.line(kp), kp,
+                        f'expected a quoted glibc version like "2.28", got {glibc!r}')
+    return {str(k): v for k, v in raw.items()}

@@ -25,7 +25,7 @@ Contract with the project's build (setup.py), beyond using torch.utils.cpp_exten
 * ``AMP_TORCH_VERSION`` -- the target torch's ``torch.__version__`` (e.g. ``2.9.1+cpu``). A
   project that records the torch it was built against must prefer it over the host's
   ``torch.__version__`` (amp's setup.py: ``-DAMP_TORCH_VERSION=...``).
-* ``AMP_LOCAL_VERSION`` (passed by :func:`builder.cross.build_cross_cell`) -- the wheel's local
+* ``AMP_LOCAL_VERSION`` (passed by :mod:`builder.backends.cross`) -- the wheel's local
   version label, as in the container build.
 * ``AMP_TORCH_INCLUDE`` (``os.pathsep``-separated) / ``AMP_TORCH_LIBDIR`` -- the target torch's
   include and library folders, for projects that do not go through cpp_extension's helpers.

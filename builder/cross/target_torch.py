@@ -8,8 +8,10 @@ libraries even to import, so pick a CPU torch for verification (configs/support.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +73,11 @@ class TargetTorch:
         return mangled[0] if mangled else None
 
 
-def _pip(args: list[str], what: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+def _pip(args: list[str], what: str, env: Mapping[str, str] | None = None) -> None:
+    """pip here; *env* adds to this process's environment (the build's proxies)."""
+    full_env = {**os.environ, **(env or {})}
+    run = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True,
+                         env=full_env)
     if run.returncode != 0:
         raise StepFailed(f"{what} failed (pip {' '.join(args)}):\n{run.stderr[-3000:]}")
 
@@ -83,7 +88,8 @@ def target_requirements(wheel: Path, python: TargetPython) -> list[str]:
 
 
 def download_torch_wheel(version: str, python: TargetPython, cache: Path | None = None,
-                         platform: str | None = None) -> Path:
+                         platform: str | None = None,
+                         env: Mapping[str, str] | None = None) -> Path:
     """The target torch wheel, downloaded once (``pip download --no-deps``) into the cache."""
     plat = platform or DEFAULT_PLATFORM.format(arch=python.arch)
     folder = cache_root(cache) / "wheels" / f"torch-{version}-{python.python_tag}-{plat}"
@@ -92,7 +98,7 @@ def download_torch_wheel(version: str, python: TargetPython, cache: Path | None 
         _pip(["download", "--no-deps", "--only-binary=:all:", "--platform", plat,
               "--python-version", python.version, "--implementation", "cp",
               "--abi", python.python_tag, "-d", str(tmp), f"torch=={version}"],
-             f"downloading torch=={version} for {python.python_tag} {plat}")
+             f"downloading torch=={version} for {python.python_tag} {plat}", env)
 
     ensure_entry(folder, fill)
     wheels = sorted(folder.glob("torch-*.whl"))
@@ -103,13 +109,14 @@ def download_torch_wheel(version: str, python: TargetPython, cache: Path | None 
 
 def ensure_target_torch(version: str, python: TargetPython, cache: Path | None = None,
                         platform: str | None = None,
-                        extra_requirements: tuple[str, ...] = ()) -> TargetTorch:
+                        extra_requirements: tuple[str, ...] = (),
+                        env: Mapping[str, str] | None = None) -> TargetTorch:
     """A cached target site-packages with torch ``version`` and its dependencies for ``python``.
 
     ``extra_requirements`` (e.g. ``("numpy",)``) are installed alongside and are part of the key.
     """
     plat = platform or DEFAULT_PLATFORM.format(arch=python.arch)
-    wheel = download_torch_wheel(version, python, cache, plat)
+    wheel = download_torch_wheel(version, python, cache, plat, env)
     sha_file = wheel.parent / "sha256"  # hashing 100 MB costs ~0.3 s: once per wheel
     if not sha_file.exists():
         sha_file.write_text(sha256_file(wheel) + "\n")
@@ -126,8 +133,8 @@ def ensure_target_torch(version: str, python: TargetPython, cache: Path | None =
         # and install torch itself without dependency resolution.
         requirements = [*target_requirements(wheel, python), *extra_requirements]
         if requirements:
-            _pip([*common, *requirements], f"installing torch=={version}'s dependencies")
-        _pip([*common, "--no-deps", str(wheel)], f"installing torch=={version} for {plat}")
+            _pip([*common, *requirements], f"installing torch=={version}'s dependencies", env)
+        _pip([*common, "--no-deps", str(wheel)], f"installing torch=={version} for {plat}", env)
         precompile(tmp, python.version, shown_as=site)
 
     ensure_entry(site, fill)
@@ -153,14 +160,15 @@ def cuda_requirements(wheel: Path, python: TargetPython) -> list[str]:
     return names
 
 
-def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = None) -> Path:
+def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = None,
+                      env: Mapping[str, str] | None = None) -> Path:
     """The cached target torch wheel ``version``; :class:`StepFailed` when it is a CUDA build.
 
     A CUDA torch cannot be imported under QEMU (no CUDA libraries, no GPU), so a wheel built
     against it could not be verified; verifying against another torch instead would prove
     nothing about this cell, so the caller must stop.
     """
-    wheel = download_torch_wheel(version, python, cache)
+    wheel = download_torch_wheel(version, python, cache, env=env)
     cuda = cuda_requirements(wheel, python)
     if cuda:
         raise StepFailed(

@@ -26,7 +26,7 @@ from typing import Any
 import jinja2
 
 from builder.atomicfile import atomic_write
-from builder.config.load import REPO_ROOT, BuildConfig, display_path
+from builder.config import REPO_ROOT, BuildConfig, display_path
 from builder.errors import BuilderError
 from builder.plan.cells import Cell
 

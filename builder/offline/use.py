@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from builder.config.load import BuildConfig
+from builder.config import BuildConfig
 from builder.errors import ConfigError, EngineUnavailable
 from builder.offline.bundle import Bundle, load_images, read_bundle, verify_bundle
 from builder.offline.preflight import (

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from builder.arch import ARCHES
-from builder.config import values
-from builder.config.load import BaseImage, BuildConfig, Selection, Settings
+from builder.config import BaseImage, BuildConfig, Selection, Settings, values
 from builder.errors import ConfigError
 
 
@@ -201,8 +200,11 @@ def _describe_selection(sel: Selection) -> str:
     return ", ".join(parts)
 
 
-def select(plan: Plan, selection: Selection) -> Plan:
-    """Narrow *plan* to *selection*; ConfigError (exit 2) when it selects nothing buildable."""
+def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
+    """Narrow *plan* to *selection*; ConfigError (exit 2) when it selects nothing buildable.
+
+    *newest*: a Python named without a torch keeps only the newest torch per (arch, Python);
+    False keeps every candidate (the resolver then picks among them with this host in mind)."""
     if selection.empty:
         return plan
     everything = [*plan.cells, *plan.dropped]
@@ -259,7 +261,7 @@ def select(plan: Plan, selection: Selection) -> Plan:
             key="selection",
         )
     notes: list[str] = []
-    if selection.torch is None and selection.python is not None:
+    if newest and selection.torch is None and selection.python is not None:
         # Resolve to the newest torch per (arch, python) and say which.
         newest: dict[tuple[str, str], Cell] = {}
         for c in cells:

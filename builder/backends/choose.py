@@ -1,0 +1,45 @@
+"""The one place a cell's backend is chosen: asked for by name, or ``auto`` -- with the reason.
+
+``auto`` tries, in order, for this host's own cells: docker (an engine answers and has the base
+image), then host (a local interpreter of the cell's Python); for another arch's cells: cross
+(x86_64 host, aarch64 cell, a Debian arm64 CPython to verify against, a CPU torch), then emulated
+(binfmt_misc + an arm64 base image in the engine). The first that can build the cell wins; when
+none can, the cell needs a native runner, and the reason lists why each one could not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from builder.backends.base import Backend, Host
+from builder.config.support import SupportTable
+from builder.plan.cells import Cell
+
+NATIVE_ORDER = ("docker", "host")
+FOREIGN_ORDER = ("cross", "emulated")
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # the backend that builds the cell (or would, on a native runner)
+    buildable: bool  # here, on this host
+    reason: str
+
+
+def choose(cell: Cell, requested: str, origin: str, host: Host,
+           backends: Mapping[str, Backend], support: SupportTable) -> Choice:
+    if requested != "auto":
+        got = backends[requested].availability(cell, host, support)
+        return Choice(requested, got.ok, f"{requested} asked for ({origin}): {got.reason}")
+    order = NATIVE_ORDER if cell.machine == host.machine else FOREIGN_ORDER
+    why_not: list[str] = []
+    for name in order:
+        got = backends[name].availability(cell, host, support)
+        if got.ok:
+            earlier = f" (not {'; not '.join(why_not)})" if why_not else ""
+            return Choice(name, True, f"auto: {got.reason}{earlier}")
+        why_not.append(f"{name}: {got.reason}")
+    # On a native runner the cell is built the usual way: docker, else host.
+    return Choice(NATIVE_ORDER[0], False, "auto: not buildable on this "
+                  f"{host.machine} host ({'; '.join(why_not)})")

@@ -1,0 +1,137 @@
+"""The ``cross`` backend: aarch64 cells on an x86_64 host, cross-compiled with
+``aarch64-linux-gnu-g++`` against the aarch64 torch, repaired with auditwheel, verified by running
+the wheel under ``qemu-aarch64`` (:mod:`builder.cross` has the building blocks). This module is the
+only place that orchestrates them into a cell."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.config import BuildConfig
+from builder.config.support import SupportTable
+from builder.cross.build import cross_build_wheel
+from builder.cross.qemu import extension_modules, verify_wheel
+from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
+from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
+from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
+from builder.cross.toolchain import (
+    CrossToolchain,
+    CrossToolchainMissing,
+    find_qemu,
+    find_toolchain,
+)
+from builder.inputkey import BUILDER_DIR, tree_digest
+from builder.plan.cells import Cell
+from builder.release.manifest import sha256_file
+from builder.wheel.localversion import add_local_version
+from builder.wheel.verify import check_no_bundled_torch
+
+
+def cross_available(machine: str, python: str) -> tuple[bool, str]:
+    """Whether the cross path can build (*machine*, *python*) here, and why (or why not)."""
+    if platform.machine() != "x86_64":
+        return False, f"host is {platform.machine()}, the cross path runs on x86_64 hosts"
+    if machine != "aarch64":
+        return False, f"cross compilation targets aarch64 only, not {machine}"
+    if python not in DEBIAN_PYTHONS:
+        return False, (f"no aarch64 Python {python} sysroot: no Debian release ships an arm64 "
+                       f"Python {python} to verify the wheel against (cross Pythons: "
+                       f"{', '.join(DEBIAN_PYTHONS)})")
+    try:
+        find_toolchain(machine)
+        find_qemu(machine)
+    except CrossToolchainMissing as exc:
+        return False, exc.message
+    return True, "x86_64 host, aarch64 cell: aarch64-linux-gnu-g++ and qemu-aarch64 present"
+
+
+@dataclass(frozen=True)
+class CrossTarget:
+    """What a cross cell is built against (all cached under ~/.cache/ampforge)."""
+
+    toolchain: CrossToolchain
+    python: TargetPython
+    torch_wheel: Path  # a CPU build (checked), so the result can be verified under QEMU
+
+    @property
+    def sysroot_id(self) -> str:
+        """The sysroot's cache entry (named by the hash of its .debs), e.g.
+        ``python3.11-aarch64-b8578677f7daa3d2``."""
+        return self.python.sysroot.parent.name  # builder.cross.sysroot: <entry>/root
+
+    def key(self) -> dict[str, Any]:
+        return {"cross_sources": tree_digest(BUILDER_DIR / "cross"),
+                "toolchain": self.toolchain.version(), "target_python": self.sysroot_id,
+                "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel),
+                # The host interpreter runs the project's setup.py.
+                "host_python": sys.version}
+
+
+class CrossBackend:
+    name = "cross"
+
+    def __init__(self) -> None:
+        self._targets: dict[str, CrossTarget] = {}
+
+    def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
+        ok, why = cross_available(cell.machine, cell.python)
+        if not ok:
+            return Availability(False, why)
+        if support.is_cuda_build(cell.torch, cell.machine):
+            return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
+                                       f"(per {support.file}): it cannot be imported under "
+                                       f"qemu-{cell.machine}, so the wheel could not be verified")
+        return Availability(True, why)
+
+    def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
+        return ImageChoice(ref=f"cross:debian-arm64-python{cell.python}")
+
+    def _target(self, job: CellJob) -> CrossTarget:
+        cell = job.cell
+        if cell.identifier not in self._targets:
+            toolchain = find_toolchain(cell.machine)
+            python = ensure_target_python(cell.python, cell.machine)
+            wheel = require_cpu_torch(cell.torch, python, env=job.proxy_env)
+            self._targets[cell.identifier] = CrossTarget(toolchain, python, wheel)
+        return self._targets[cell.identifier]
+
+    def input_key(self, job: CellJob) -> dict[str, Any]:
+        target = job.steps("cross target", lambda: self._target(job))
+        return {"excludes": list(CROSS_EXCLUDES), **target.key()}
+
+    def build(self, job: CellJob) -> Built:
+        cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
+        target = self._target(job)
+        torch = steps("target torch", lambda: ensure_target_torch(
+            cell.torch, target.python, env=job.proxy_env))
+        env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
+        if opts.jobs:
+            env["MAX_JOBS"] = str(opts.jobs)
+        built = steps("compile", lambda: cross_build_wheel(
+            opts.project, stage / "raw", target.python, torch, target.toolchain,
+            log_path=job.log_path, extra_env=env))  # the cell's log is the build's log
+        # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
+        (stage / "labelled").mkdir(parents=True, exist_ok=True)
+        labelled = steps("version label", lambda: add_local_version(
+            built.wheel, cell.torch_local, stage / "labelled"))
+        ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
+        repaired = steps("repair", lambda: repair_cross_wheel(
+            labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
+        job.normalize(repaired.wheel)
+
+        def verify() -> dict[str, Any]:
+            check_no_bundled_torch(repaired.wheel)
+            # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
+            return verify_wheel(repaired.wheel, target.python, torch)
+
+        report = steps("verify (qemu)", verify)
+        return Built(wheel=repaired.wheel, torch=torch.full_version,
+                     compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
+                     tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
+                     base_image=f"cross:{target.sysroot_id}",
+                     extra={"verification": report})

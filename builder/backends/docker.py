@@ -1,0 +1,145 @@
+"""The ``docker`` backend: the cell's image is built from its rendered Dockerfile (proxies as build
+arguments, content-addressed tag, so an unchanged recipe is not rebuilt), then every in-cell step
+runs in one container that is removed on every exit path. A Podman socket speaking the Docker API
+is an engine of this backend (DOCKER_HOST), not a backend of its own."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.session import build_in_cell
+from builder.config import BuildConfig
+from builder.config.support import SupportTable
+from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.errors import StepFailed
+from builder.inputkey import input_key
+from builder.plan.cells import Cell
+from builder.wheel.repair import CONTAINER_AUDITWHEEL
+
+#: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
+RUN_LABEL = f"{CONTAINER_LABEL}.run"
+#: Where the wheelhouse is mounted inside containers (the rendered recipe's PIP_FIND_LINKS).
+CONTAINER_WHEELHOUSE = "/wheelhouse"
+CCACHE_VOLUME = "ampforge-ccache"
+#: The labels ``python -m builder base-image`` gives its images (Debian inside).
+SUITE_LABEL = "org.ampforge.base.suite"
+PLAT_LABEL = "org.ampforge.base.plat"
+
+
+class BaseImageMissing(StepFailed):
+    """The cell's base image is not in the engine (nothing is ever pulled implicitly)."""
+
+
+def image_choice(ref: str, cell: Cell, host: Host) -> ImageChoice:
+    """*ref* as the cell's image: images made by ``builder base-image`` are Debian inside, their
+    family and glibc tag come from their labels (so the recipe uses apt)."""
+    family, plat = cell.image.family, cell.image.plat
+    labels = host.image_labels(ref)
+    if SUITE_LABEL in labels:
+        family, plat = "debian", labels.get(PLAT_LABEL, plat)
+    return ImageChoice(ref=ref, image_id=host.image_id(ref), family=family, plat=plat)
+
+
+def base_image_step(job: CellJob, engine: DockerEngine, make_base: str, other: str) -> str:
+    cell = job.cell
+
+    def base() -> str:
+        found = engine.image_id(cell.image.ref)
+        if found is None:
+            raise BaseImageMissing(
+                f"base image {cell.image.ref} for {cell.identifier} is not in the engine at "
+                f"{engine.base_url}; nothing is pulled implicitly. Either `docker pull "
+                f"{cell.image.ref}` (offline: `docker load -i FILE.tar`), or build a local "
+                f"manylinux-shaped image with `{make_base}` and pass --base-image local (make "
+                f"wheel BASE_IMAGE=local), or use {other}")
+        return found
+
+    return job.steps("base image", base)
+
+
+def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Built:
+    """The cell's image (reused when recipe and base image are unchanged), then the in-cell steps
+    in one container."""
+    cell, opts, log, recipe = job.cell, job.opts, job.log, job.recipe
+    assert recipe is not None, "docker cells are rendered before they are built"
+    tag = f"ampforge/cell:{cell.identifier}-{input_key({'r': recipe.digest, 'b': base_id})[:16]}"
+
+    def image() -> str:
+        found = engine.image_id(tag)
+        if found is not None:
+            log.open()
+            log.write_line(f"ampforge: image {tag} is up to date (same recipe and base image)")
+            log.close()
+            return found
+        folder = recipe.write(job.stage / "context")
+        return engine.build_image(recipe.dockerfile, tag, context=folder,
+                                  build_args=recipe.build_args, log=log,
+                                  labels={"org.ampforge.cell": cell.identifier},
+                                  network=None if opts.offline else opts.network)
+
+    job.steps("image", image)
+    env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
+    env.update(opts.epoch_env())
+    if opts.jobs:
+        env["MAX_JOBS"] = str(opts.jobs)
+    binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
+    # The compiler cache outlives the container in a named volume (the base image sets
+    # CCACHE_DIR=/ccache): a rebuild after a one-file change recompiles only that file.
+    volumes = {CCACHE_VOLUME: "/ccache"} if opts.ccache else {}
+    with engine.container(tag, env=env, binds=binds, volumes=volumes, network=not opts.offline,
+                          network_name=opts.network,
+                          labels={RUN_LABEL: job.run_id,
+                                  f"{CONTAINER_LABEL}.cell": cell.identifier,
+                                  f"{CONTAINER_LABEL}.project": opts.project.name},
+                          log=log) as session:
+        built = build_in_cell(job, session, python=cell.python_path,
+                              wheelhouse=CONTAINER_WHEELHOUSE if opts.wheelhouse else None,
+                              auditwheel=CONTAINER_AUDITWHEEL, auditwheel_env=None)
+    built.base_image = base_id
+    built.extra["image"] = tag
+    return built
+
+
+class DockerBackend:
+    name = "docker"
+
+    def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
+        if cell.machine != host.machine:
+            return Availability(False, f"docker runs {host.machine} containers here; "
+                                       f"{cell.machine} cells need emulation (backend emulated)")
+        engine = host.engine()
+        if engine is None:
+            return Availability(False, host.engine_reason())
+        if host.image_id(cell.image.ref) is None and not cell.image.ref.startswith(
+                LOCAL_PREFIX):
+            return Availability(False, f"{host.engine_reason()} lacks the base image "
+                                       f"{cell.image.ref} (nothing is pulled implicitly: "
+                                       "`docker pull` it, or build a local one with `python -m "
+                                       "builder base-image` and pass --base-image local)")
+        return Availability(True, f"{host.engine_reason()} has the base image "
+                                  f"{cell.image.ref}")
+
+    def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
+        return image_choice(cell.image.ref, cell, host)
+
+    def input_key(self, job: CellJob) -> dict[str, Any]:
+        engine = _engine(job)
+        base_id = base_image_step(job, engine, "python -m builder base-image", "--backend host")
+        assert job.recipe is not None
+        return {"recipe": job.recipe.digest, "base_image": base_id}
+
+    def build(self, job: CellJob) -> Built:
+        engine = _engine(job)
+        return build_in_container(job, engine, engine.image_id(job.cell.image.ref) or "")
+
+
+#: Tags of ``python -m builder base-image``'s images: built on demand by ``--base-image local``.
+LOCAL_PREFIX = "ampforge/base:"
+
+
+def _engine(job: CellJob) -> DockerEngine:
+    engine: Optional[DockerEngine] = job.engine
+    if engine is None:
+        raise StepFailed(f"{job.cell.identifier}: the docker backend needs a container engine")
+    return engine

@@ -1,0 +1,211 @@
+"""The resolved cell: one record per cell with every decision and its reason.
+
+One resolver (:func:`resolve`) turns settings + this host's facts into records; ``plan`` prints
+them (``--format json`` prints exactly :meth:`ResolvedCell.to_dict`), ``render``/``fetch``/
+``build``/``matrix`` execute them, and every wheel's manifest entry stores its record. Nothing
+downstream decides again: which torch (and why), which backend (and why), the base image
+actually used (ref and id), the platform tag the wheel must meet, where the cell can be built
+(this host, or a named native runner and why not here), the network, and the proxy, CA and index
+settings with their sources (passwords masked).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from builder.backends.base import Backend, Host, ImageChoice
+from builder.backends.choose import choose
+from builder.config import BaseImage, BuildConfig, Selection, Settings, values
+from builder.plan.cells import Cell, DroppedCell, expand, select
+
+#: What ``base_image`` is when the backend builds without an image (host, cross).
+THIS_HOST = "this host"
+
+
+@dataclass(frozen=True)
+class ResolvedCell:
+    cell: Cell  # with the base image actually used
+    torch_reason: str
+    backend: str
+    backend_reason: str
+    buildable: bool  # on this host
+    runner: str  # THIS_HOST, or the CI runner label of a native machine
+    runner_reason: str
+    image: ImageChoice
+    plat: str  # the platform tag the wheel must meet (never above torch's own)
+    plat_reason: str
+    network: str
+    settings: Mapping[str, Any] = field(default_factory=dict)  # proxy/CA/index, masked
+    output: str = ""
+    host_machine: str = ""
+
+    @property
+    def identifier(self) -> str:
+        return self.cell.identifier
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cell
+        return {
+            "id": c.identifier, "arch": c.arch, "machine": c.machine, "python": c.python,
+            "cp": c.cp, "torch": c.torch, "torch_reason": self.torch_reason,
+            "local_version": c.torch_local,
+            "backend": self.backend, "backend_reason": self.backend_reason,
+            "buildable_here": self.buildable, "runner": self.runner,
+            "runner_reason": self.runner_reason,
+            "base_image": self.image.ref, "base_image_id": self.image.image_id,
+            "family": c.image.family, "python_path": c.python_path,
+            "plat": self.plat, "plat_reason": self.plat_reason,
+            "docker_platform": c.docker_platform, "network": self.network,
+            **self.settings, "output": self.output,
+        }
+
+
+@dataclass(frozen=True)
+class Resolution:
+    cells: tuple[ResolvedCell, ...]
+    dropped: tuple[DroppedCell, ...] = ()
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def here(self) -> tuple[ResolvedCell, ...]:
+        return tuple(c for c in self.cells if c.buildable)
+
+    @property
+    def elsewhere(self) -> tuple[ResolvedCell, ...]:
+        return tuple(c for c in self.cells if not c.buildable)
+
+
+def default_selection(selection: Selection, host: Host) -> Selection:
+    """``make wheel`` with nothing named: this host's arch and the builder's own Python."""
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return replace(selection, arch=(host.arch,), python=(py,), origins={
+        **selection.origins, "arch": "default: this host",
+        "python": f"default: the builder's Python {py}"})
+
+
+def _with_image(cell: Cell, ref: str) -> Cell:
+    return replace(cell, image=replace(cell.image, ref=ref))
+
+
+def _override(cell: Cell, config: BuildConfig, host: Host, backend: str) -> Cell:
+    """``--base-image`` (BUILDER_BASE_IMAGE): this host's arch's image; with ``--backend
+    emulated`` also the other arch's. ``local`` is the image ``builder base-image`` makes."""
+    ref = config.base_image
+    if ref is None or (cell.machine != host.machine and backend != "emulated"):
+        return cell
+    if ref == "local":
+        from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - auditwheel data
+
+        ref = BaseImageSpec(arch=cell.machine).tag
+    return _with_image(cell, ref)
+
+
+def _settings(config: BuildConfig) -> dict[str, Any]:
+    """Proxy, CA and index settings with their sources; proxy passwords masked."""
+    red = config.proxy.redactor()
+    proxy = {key.upper(): {"value": red(value), "source": config.proxy.origins.get(key, "?")}
+             for key, value in sorted(config.proxy.values.items()) if value}
+    ca = ({"path": str(config.ca_bundle), "source": config.origins.get("ca_bundle", "?")}
+          if config.ca_bundle is not None else None)
+    offline: dict[str, Any] = {"enabled": config.offline.enabled,
+                               "source": config.origins.get("offline", "?")}
+    if config.offline.bundle is not None:
+        offline["bundle"] = str(config.offline.bundle)
+    elif config.offline.enabled:
+        offline["wheelhouse"] = str(config.offline.wheelhouse)
+    index = {"index_url": red(config.pip.index_url) if config.pip.index_url else None,
+             "extra_index_urls": [red(u) for u in config.pip.extra_index_urls]}
+    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline}
+
+
+def _network(config: BuildConfig, backend: str) -> str:
+    if config.offline.enabled:
+        return "none (offline)"
+    if backend in ("docker", "emulated"):
+        return config.network or "the engine's default bridge"
+    return "this host's network"
+
+
+def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
+            out: Path, everything: bool = False) -> Resolution:
+    """Every selected cell's record. *everything*: no selection means every cell of the matrix
+    (``--all``, ``plan``); otherwise it means this host's one default cell (``make wheel``)."""
+    config = settings.config
+    selection = settings.selection
+    if selection.empty and not everything:
+        selection = default_selection(selection, host)
+    pick_newest = selection.torch is None and selection.python is not None
+    plan = select(expand(config), selection, newest=False)
+    records = [_resolve_cell(cell, config, selection, host, backends, out)
+               for cell in plan.cells]
+    notes: list[str] = list(plan.notes)
+    if pick_newest:
+        records, picked = _newest(records, config)
+        notes += picked
+    return Resolution(cells=tuple(records), dropped=plan.dropped, notes=tuple(notes),
+                      warnings=plan.warnings)
+
+
+def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: Host,
+                  backends: Mapping[str, Backend], out: Path) -> ResolvedCell:
+    origin = config.origins.get("backend", "built-in default")
+    cell = _override(cell, config, host, config.backend)
+    choice = choose(cell, config.backend, origin, host, backends, config.support)
+    image = backends[choice.backend].base_image(cell, host, config)
+    if image.family is not None:  # docker, emulated: the image actually used
+        cell = replace(cell, image=BaseImage(ref=image.ref, family=image.family,
+                                             plat=image.plat or cell.image.plat,
+                                             python_path=cell.image.python_path))
+    runner = THIS_HOST if choice.buildable else config.runners.get(cell.machine, cell.machine)
+    runner_reason = (f"this {host.machine} host can build it" if choice.buildable else
+                     f"this {host.machine} host cannot (see backend_reason): a native "
+                     f"{cell.machine} runner, label {runner} (config runners.{cell.machine})")
+    torch_origin = selection.origins.get("torch")
+    torch_reason = (f"named ({torch_origin})" if selection.torch is not None else
+                    f"the matrix's torch axis ({config.source_name})")
+    plat = config.support.torch_plat(cell.torch, cell.machine)
+    return ResolvedCell(
+        cell=cell, torch_reason=torch_reason, backend=choice.backend,
+        backend_reason=choice.reason, buildable=choice.buildable, runner=runner,
+        runner_reason=runner_reason, image=image, plat=plat,
+        plat_reason=f"torch {cell.torch}'s own wheel is {plat} (per {config.support.file}): "
+                    "ours must install wherever it does",
+        network=_network(config, choice.backend), settings=_settings(config),
+        output=str(out), host_machine=host.machine)
+
+
+def _newest(records: Sequence[ResolvedCell],
+            config: BuildConfig) -> tuple[list[ResolvedCell], list[str]]:
+    """A Python named without a torch: per (arch, Python), the newest torch of the matrix that
+    this host can build, else the newest (which then needs a runner) -- with the reason."""
+    groups: dict[tuple[str, str], list[ResolvedCell]] = {}
+    for r in records:
+        groups.setdefault((r.cell.arch, r.cell.python), []).append(r)
+    chosen: list[ResolvedCell] = []
+    notes: list[str] = []
+    for (arch, python), group in groups.items():
+        group = sorted(group, key=lambda r: values.torch_key(r.cell.torch), reverse=True)
+        newest = group[0]
+        pick: Optional[ResolvedCell] = next((r for r in group if r.buildable), None)
+        if pick is None:
+            pick = newest
+            why = (f"no torch named: {pick.cell.torch}, the newest in the matrix with a "
+                   f"{pick.cell.cp} wheel for {pick.cell.machine}; no torch of the matrix can be "
+                   "built here for it")
+        elif pick is newest:
+            why = (f"no torch named: {pick.cell.torch}, the newest in the matrix with a "
+                   f"{pick.cell.cp} wheel for {pick.cell.machine}")
+        else:
+            skipped = ", ".join(r.cell.torch for r in group[:group.index(pick)])
+            why = (f"no torch named: {pick.cell.torch}, the newest in the matrix this host can "
+                   f"build for {pick.cell.cp} {pick.cell.machine}; newer {skipped} cannot be "
+                   f"built here ({newest.backend_reason}); name --torch {newest.cell.torch} to "
+                   f"build it on a native {pick.cell.machine} runner")
+        notes.append(f"{arch} / Python {python}: {why} -> {pick.identifier}")
+        chosen.append(replace(pick, torch_reason=why))
+    return chosen, notes  # groups keep the matrix's (arch, Python) order
