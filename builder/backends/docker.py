@@ -110,9 +110,13 @@ class DockerBackend:
                                        f"{cell.machine} cells need emulation (backend emulated)")
         engine = host.engine()
         if engine is None:
-            return Availability(False, host.engine_reason())
-        if host.image_id(cell.image.ref) is None and not cell.image.ref.startswith(
-                LOCAL_PREFIX):
+            return Availability(False, f"{host.engine_reason()}; start one (.ci/dockerd-up, or "
+                                       "point DOCKER_HOST at a Podman socket) or build without "
+                                       "containers: --backend host (make wheel BACKEND=host)")
+        if cell.image.pinned:  # --base-image: that image (local: built on first use)
+            return Availability(True, f"{host.engine_reason()}; base image {cell.image.ref} "
+                                      "(--base-image)")
+        if host.image_id(cell.image.ref) is None:
             return Availability(False, f"{host.engine_reason()} lacks the base image "
                                        f"{cell.image.ref} (nothing is pulled implicitly: "
                                        "`docker pull` it, or build a local one with `python -m "

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.docker import (
-    LOCAL_PREFIX,
     DockerBackend,
     base_image_step,
     build_in_container,
@@ -57,8 +56,10 @@ class EmulatedBackend:
             return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
                                        f"(per {support.file}): its CUDA libraries would have to "
                                        "be installed and imported under QEMU")
-        ref = cell.image.ref if cell.image.ref.startswith(LOCAL_PREFIX) else present_base(
-            cell, host)
+        if cell.image.pinned:  # --base-image: that image or none (the build step says how)
+            return Availability(True, f"{cell.arch} cells in emulated containers of "
+                                      f"{cell.image.ref} ({emulation.reason})")
+        ref = present_base(cell, host)
         if ref is None:
             return Availability(False, f"{host.engine_reason()} has no {cell.machine} base "
                                        f"image ({cell.image.ref} or `python -m builder "
@@ -68,7 +69,7 @@ class EmulatedBackend:
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
         ref = cell.image.ref
-        if cell.machine != host.machine and not ref.startswith(LOCAL_PREFIX):
+        if cell.machine != host.machine and not cell.image.pinned:
             ref = present_base(cell, host) or ref
         return image_choice(ref, cell, host)
 

@@ -80,6 +80,8 @@ class BaseImage:
     family: str  # "manylinux" (dnf/yum, update-ca-trust) | "debian" (apt, update-ca-certificates)
     plat: str  # manylinux tag the repaired wheel gets, e.g. manylinux_2_28_x86_64
     python_path: str  # with {cp} / {version} placeholders
+    #: Named by --base-image (BUILDER_BASE_IMAGE): used as given, never swapped for another.
+    pinned: bool = False
 
 
 @dataclass(frozen=True)

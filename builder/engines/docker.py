@@ -48,7 +48,7 @@ _START_HINT = (
     "  - Docker: `.ci/dockerd-up` (or `dockerd &`, or `systemctl start docker`);\n"
     "  - Podman: `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
     "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
-    "  - or build without containers: BACKEND=host."
+    "  - or build without containers: --backend host (make wheel BACKEND=host)."
 )
 
 _PODMAN_ULIMITS = [

@@ -89,7 +89,7 @@ def default_selection(selection: Selection, host: Host) -> Selection:
 
 
 def _with_image(cell: Cell, ref: str) -> Cell:
-    return replace(cell, image=replace(cell.image, ref=ref))
+    return replace(cell, image=replace(cell.image, ref=ref, pinned=True))
 
 
 def _override(cell: Cell, config: BuildConfig, host: Host, backend: str) -> Cell:
@@ -145,7 +145,7 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
                for cell in plan.cells]
     notes: list[str] = list(plan.notes)
     if pick_newest:
-        records, picked = _newest(records, config)
+        records, picked = _newest(records, plan.dropped)
         notes += picked
     return Resolution(cells=tuple(records), dropped=plan.dropped, notes=tuple(notes),
                       warnings=plan.warnings)
@@ -160,7 +160,8 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
     if image.family is not None:  # docker, emulated: the image actually used
         cell = replace(cell, image=BaseImage(ref=image.ref, family=image.family,
                                              plat=image.plat or cell.image.plat,
-                                             python_path=cell.image.python_path))
+                                             python_path=cell.image.python_path,
+                                             pinned=cell.image.pinned))
     runner = THIS_HOST if choice.buildable else config.runners.get(cell.machine, cell.machine)
     runner_reason = (f"this {host.machine} host can build it" if choice.buildable else
                      f"this {host.machine} host cannot (see backend_reason): a native "
@@ -180,7 +181,7 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
 
 
 def _newest(records: Sequence[ResolvedCell],
-            config: BuildConfig) -> tuple[list[ResolvedCell], list[str]]:
+            dropped: Sequence[DroppedCell]) -> tuple[list[ResolvedCell], list[str]]:
     """A Python named without a torch: per (arch, Python), the newest torch of the matrix that
     this host can build, else the newest (which then needs a runner) -- with the reason."""
     groups: dict[tuple[str, str], list[ResolvedCell]] = {}
@@ -206,6 +207,12 @@ def _newest(records: Sequence[ResolvedCell],
                    f"build for {pick.cell.cp} {pick.cell.machine}; newer {skipped} cannot be "
                    f"built here ({newest.backend_reason}); name --torch {newest.cell.torch} to "
                    f"build it on a native {pick.cell.machine} runner")
+        unpublished = sorted({d.torch for d in dropped if d.arch == arch and d.python == python
+                              and values.torch_key(d.torch) > values.torch_key(pick.cell.torch)},
+                             key=values.torch_key)
+        if unpublished:
+            why += (f"; newer {', '.join(unpublished)} publish no {pick.cell.cp} wheel for "
+                    f"{pick.cell.machine}")
         notes.append(f"{arch} / Python {python}: {why} -> {pick.identifier}")
         chosen.append(replace(pick, torch_reason=why))
     return chosen, notes  # groups keep the matrix's (arch, Python) order

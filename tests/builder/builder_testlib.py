@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cli import main
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 
 SUPPORT = REPO_ROOT / "configs" / "support.yaml"
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from enginelib import write_tiny_extension
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
 
@@ -26,8 +26,7 @@ class Run:
 
 
 def builder_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ARCH", "PY", "TORCH", "BACKEND", "BASE_IMAGE", "JOBS", "OFFLINE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDER_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env
@@ -42,6 +41,15 @@ def run_build(tmp: Path, *args: str, timeout: int = 1800, **env: str) -> Run:
     proc = subprocess.run(build_argv(tmp, *args), capture_output=True, text=True,
                           env=builder_env(**env), cwd=tmp, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_plan(tmp: Path, *args: str, **env: str) -> dict[str, dict]:
+    """``plan --format json`` for *args*: the resolved records by cell id."""
+    proc = subprocess.run([sys.executable, "-m", "builder", "plan", "--format", "json", *args],
+                          capture_output=True, text=True, env=builder_env(**env), cwd=tmp,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return {c["id"]: c for c in json.loads(proc.stdout)["cells"]}
 
 
 def dist_state(dist: Path) -> dict[str, bytes]:

@@ -3,6 +3,7 @@ line, the key and what was expected, and nothing written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -365,8 +366,15 @@ def test_several_errors_are_all_mentioned(tmp_path: Path) -> None:
 
 # Command line and environment: same exit code, the option or variable is named.
 CLI_CASES = [
-    ("env-py-bad", [], {"PY": "3.9.x"}, "environment PY: '3.9.x' is not a Python version"),
-    ("env-torch-bad", [], {"TORCH": "2.13"}, "environment TORCH: '2.13' is not a torch release"),
+    ("env-py-bad", [], {"BUILDER_PYTHON": "3.9.x"},
+     "environment BUILDER_PYTHON: '3.9.x' is not a Python version"),
+    ("env-torch-bad", [], {"BUILDER_TORCH": "2.13"},
+     "environment BUILDER_TORCH: '2.13' is not a torch release"),
+    ("env-backend-bad", [], {"BUILDER_BACKEND": "podman"},
+     "environment BUILDER_BACKEND: unknown backend 'podman'; expected one of auto, docker, host, "
+     "cross, emulated"),
+    ("env-base-image-bad", [], {"BUILDER_BASE_IMAGE": "bad image"},
+     "environment BUILDER_BASE_IMAGE: "),
     (
         "cli-arch-bad",
         ["--arch", "mips"],
@@ -393,12 +401,13 @@ CLI_CASES = [
         "wheel for aarch64 (it has cp310-cp314",
     ),
     ("cli-jobs-zero", ["--jobs", "0"], {}, "--jobs: expected a positive integer, got '0'"),
-    ("env-jobs-bad", [], {"JOBS": "many"}, "environment JOBS: expected a positive integer"),
+    ("env-jobs-bad", [], {"BUILDER_JOBS": "many"},
+     "environment BUILDER_JOBS: expected a positive integer"),
     (
         "env-offline-bad",
         [],
-        {"OFFLINE": "maybe"},
-        "environment OFFLINE: expected 1/0, true/false or yes/no, got 'maybe'",
+        {"BUILDER_OFFLINE": "maybe"},
+        "environment BUILDER_OFFLINE: expected 1/0, true/false or yes/no, got 'maybe'",
     ),
     (
         "env-ca-missing",
@@ -413,6 +422,16 @@ CLI_CASES = [
         "/nonexistent/m.yaml: file not found; expected a YAML configuration file",
     ),
 ]
+
+
+def test_foreign_plain_variables_do_not_steer_the_builder() -> None:
+    """A shell whose ARCH means something else (conda-forge sets ARCH=64), or that has PY,
+    TORCH, BACKEND, JOBS or OFFLINE for its own reasons: the builder reads only BUILDER_*."""
+    env = {"ARCH": "64", "PY": "python3", "TORCH": "cpu", "BACKEND": "podman", "JOBS": "many",
+           "OFFLINE": "maybe", "BASE_IMAGE": "bad image", "BUNDLE": "/nonexistent"}
+    res = run_cli("plan", "--format", "json", env=env)
+    assert res.rc == 0, res.err
+    assert len(json.loads(res.out)["cells"]) == 26
 
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])

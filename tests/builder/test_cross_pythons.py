@@ -24,8 +24,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from test_cross import TINY_CHECK, _make_tiny_project
 
+from builder.backends.cross import cross_available
 from builder.cross import (
-    cross_available,
     cross_build_wheel,
     ensure_target_python,
     ensure_target_torch,

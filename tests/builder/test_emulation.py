@@ -154,27 +154,34 @@ def test_arm64_container_runs_under_qemu(busybox_image: str) -> None:
 def test_auto_falls_back_to_emulated_only_with_an_arm64_base_image(busybox_image: str) -> None:
     """``auto`` for aarch64 cells the cross path cannot build: emulated when the engine has the
     cells' arm64 base image, not otherwise (nothing is built or pulled implicitly)."""
-    from builder.backends.emulated import emulated_fallback, local_base_tag  # noqa: PLC0415
-    from builder.config.load import CliOverrides, Selection, load_settings  # noqa: PLC0415
-    from builder.plan.cells import expand, select  # noqa: PLC0415
+    from builder.backends import registry  # noqa: PLC0415
+    from builder.backends.base import Host  # noqa: PLC0415
+    from builder.backends.emulated import local_base_tag  # noqa: PLC0415
+    from builder.config import CliOverrides, load_settings  # noqa: PLC0415
+    from builder.plan.resolve import resolve  # noqa: PLC0415
+    from builder.redact import Redactor  # noqa: PLC0415
 
-    config = load_settings(CliOverrides(), {}).config
-    cells = select(expand(config), Selection(arch=("ARM",), python=("3.12",),
-                                             torch=("2.9.1",))).cells
-    assert [c.machine for c in cells] == ["aarch64"]
+    settings = load_settings(CliOverrides(arch="ARM", python="3.12", torch="2.9.1"), {})
+    arm = settings.config.images["ARM"]
+
+    def resolved(ref: str):
+        config = replace(settings.config,
+                         images={**settings.config.images, "ARM": replace(arm, ref=ref)})
+        (cell,) = resolve(replace(settings, config=config), Host(Redactor()), registry(),
+                          out=Path("dist")).cells
+        return cell
+
     engine = docker_engine()
-    arm = config.images["ARM"]
-    if engine.image_id(local_base_tag(cells[0])) is None:  # else it would rightly be chosen
-        without = replace(config, images={
-            **config.images, "ARM": replace(arm, ref="ampforge/test-no-such-image:arm64")})
-        why, same = emulated_fallback(without, cells, engine)
-        assert why is None and same is without
-    with_image = replace(config, images={**config.images, "ARM": replace(arm,
-                                                                          ref=busybox_image)})
-    why, chosen = emulated_fallback(with_image, cells, engine)
-    assert why is not None and busybox_image in why and "qemu-aarch64" in why
-    assert chosen.images["ARM"].ref == busybox_image
-    assert chosen.images["ARM"].family == arm.family  # not a base-image build: no labels
+    if engine.image_id(local_base_tag(resolved(busybox_image).cell)) is None:
+        # (else the local arm64 image would rightly be chosen)
+        cell = resolved("ampforge/test-no-such-image:arm64")
+        assert not cell.buildable and "emulated:" in cell.backend_reason
+        assert "has no aarch64 base image" in cell.backend_reason
+    cell = resolved(busybox_image)
+    assert cell.buildable and cell.backend == "emulated"
+    assert busybox_image in cell.backend_reason and "qemu-aarch64" in cell.backend_reason
+    assert cell.cell.image.ref == busybox_image and cell.image.ref == busybox_image
+    assert cell.cell.image.family == arm.family  # not a base-image build: no labels
 
 
 # -- the emulated backend through the CLI (no compile starts) ----------------------------------
@@ -213,7 +220,8 @@ def test_emulated_backend_with_a_missing_base_image_names_the_command(tmp_path: 
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.11", "--torch", "2.9.1",
                   "--backend", "emulated", "--base-image", "ampforge/test-no-such-image:arm64")
     assert r.rc == 1, r.err
-    assert "backend: emulated -- asked for (--backend emulated)" in r.err
+    assert "backend for cp311-manylinux_aarch64-torch2.9.1: emulated -- emulated asked for " \
+           "(command line --backend)" in r.err
     assert "base image ampforge/test-no-such-image:arm64 for cp311-manylinux_aarch64-" \
            "torch2.9.1 is not in the engine" in r.err
     assert "python -m builder base-image --arch ARM" in r.err
@@ -222,8 +230,8 @@ def test_emulated_backend_with_a_missing_base_image_names_the_command(tmp_path: 
 
 
 def test_unknown_backend_and_arch_are_usage_errors(tmp_path: Path) -> None:
-    r = run_build(tmp_path, "--arch", "ARM", BACKEND="emulate")
-    assert r.rc == 2 and "BACKEND='emulate'" in r.err and "emulated" in r.err
+    r = run_build(tmp_path, "--arch", "ARM", BUILDER_BACKEND="emulate")
+    assert r.rc == 2 and "unknown backend 'emulate'" in r.err and "emulated" in r.err
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r2 = subprocess.run([sys.executable, "-m", "builder", "base-image", "--arch", "sparc"],
                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)

@@ -25,7 +25,7 @@ import pytest
 from enginelib import docker_engine, write_tiny_extension
 from pipelinelib import CELL, builder_env, manifest, run_build
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 from builder.images.base_image import build_base_image
 from builder.release.manifest import sha256_file
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pipelinelib import builder_env
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 from builder.errors import ConfigError
 from builder.offline.bundle import (
     WHEELS_DIR,

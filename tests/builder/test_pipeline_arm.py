@@ -9,6 +9,7 @@ aarch64 torch wheels (2.9.1 ~100 MB, 2.13.0 ~430 MB) and the Debian arm64 Python
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import time
@@ -16,9 +17,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from pipelinelib import dist_state, manifest, run_build, seed_dist
+from pipelinelib import dist_state, manifest, run_build, run_plan, seed_dist
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 
 ARM_CELL = "cp311-manylinux_aarch64-torch2.9.1"
 
@@ -49,7 +50,7 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     args = ("--arch", "ARM", "--python", "3.11", "--torch", "2.9.1", "--project", str(project))
     r = run_build(tmp_path, *args, "--backend", "cross")
     assert r.rc == 0, r.err[-4000:]
-    assert "backend: cross -- asked for" in r.err
+    assert f"backend for {ARM_CELL}: cross -- cross asked for (command line --backend)" in r.err
     for step in ("compile", "repair", "verify (qemu)", "publish"):
         assert f"[{ARM_CELL}] {step}" in r.err, r.err  # progress lines, one per step
     dist = tmp_path / "dist"
@@ -70,6 +71,9 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     assert entry["started_at"] <= entry["finished_at"]
     extra = entry["extra"]
     assert extra["backend"] == "cross" and extra["modules"] == ["amp._C"]
+    # The record the build executed is the one `plan` prints for the same options.
+    planned = run_plan(tmp_path, *args, "--backend", "cross", "--out", str(dist))
+    assert extra["resolved"] == planned[ARM_CELL]
     assert extra["tag"] in wheel.name and len(extra["input_key"]) == 64
     # The emulated aarch64 run: the fused kernels trained and matched the reference.
     report = extra["verification"]
@@ -87,7 +91,7 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     r = run_build(tmp_path, *args, "--backend", "auto",
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     assert r.rc == 0, r.err[-4000:]
-    assert "backend: cross -- auto: x86_64 host, aarch64 cell" in r.err
+    assert f"backend for {ARM_CELL}: cross -- auto: x86_64 host, aarch64 cell" in r.err
     assert f"[{ARM_CELL}] compile" not in r.err and "up-to-date" in r.err, r.err
     assert time.monotonic() - start < 60
     assert dist_state(dist) == before
@@ -96,22 +100,23 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
 def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     start = time.monotonic()
+    cell = "cp312-manylinux_aarch64-torch2.9.1"
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",
-                  BACKEND="cross")  # the environment variable selects it like --backend
+                  BUILDER_BACKEND="cross")  # the environment variable selects it like --backend
     assert r.rc == 1, r.err
-    assert "backend: cross -- asked for" in r.err
-    assert "the cross backend cannot build cp312-manylinux_aarch64-torch2.9.1" in r.err
-    assert "no aarch64 Python 3.12 sysroot" in r.err
-    assert "supports Python 3.9, 3.11, 3.13 (the Debian arm64 CPythons)" in r.err
+    assert f"error: {cell} cannot be built on this x86_64 host: cross asked for " \
+           "(environment BUILDER_BACKEND): no aarch64 Python 3.12 sysroot" in r.err
+    assert "(cross Pythons: 3.9, 3.11, 3.13)" in r.err
+    assert "a native aarch64 runner, label ubuntu-24.04-arm" in r.err
     assert "Traceback" not in r.err
-    # auto: this host cannot build it either way, and says what the cross path would need.
+    # auto: this host cannot build it either way, and says why each way cannot.
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     assert r.rc == 1, r.err
-    assert "backend for ARM cells: not cross -- cp312-manylinux_aarch64-torch2.9.1: no aarch64 " \
-           "Python 3.12 sysroot" in r.err
-    assert "ARM (aarch64) cells are not supported yet on this x86_64 host" in r.err
-    assert "builder/cross/provision.sh" in r.err and "Traceback" not in r.err
+    assert f"error: {cell} cannot be built on this x86_64 host: auto: not buildable" in r.err
+    assert "cross: no aarch64 Python 3.12 sysroot" in r.err
+    assert "emulated: no container engine answers" in r.err or "emulated: no aarch64" in r.err
+    assert "Traceback" not in r.err
     assert time.monotonic() - start < 30
     assert dist_state(tmp_path / "dist") == before
 
@@ -124,27 +129,26 @@ def test_cuda_only_arm_torch_fails_clearly_instead_of_verifying_against_another(
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.11", "--torch", "2.13.0",
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     assert r.rc == 1, r.err
-    assert "backend: cross -- auto:" in r.err
-    assert "torch 2.13.0 for aarch64 on the index is a CUDA build" in r.err
-    assert "cannot be verified here" in r.err and "--torch 2.9.1" in r.err
+    assert "cross: torch 2.13.0 for aarch64 is a CUDA build (per configs/support.yaml)" in r.err
+    assert "cannot be imported under qemu-aarch64" in r.err
+    assert "a native aarch64 runner" in r.err
     assert "cp311-manylinux_aarch64-torch2.13.0] compile" not in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
 
 
-def test_no_torch_named_means_the_newest_verifiable_arm_torch_on_the_cross_path() -> None:
-    """`make wheel ARCH=ARM PY=3.11`: the selection's newest torch (2.13.0) is a CUDA build for
-    aarch64, so the cross path takes the newest CPU one instead, and says why. Reads the real
-    wheels' metadata (cached after the first download)."""
-    from builder.config.load import CliOverrides, load_settings  # noqa: PLC0415
-    from builder.cross.default_torch import newest_verifiable  # noqa: PLC0415
-    from builder.plan.cells import expand  # noqa: PLC0415
-
-    matrix = expand(load_settings(CliOverrides(), {}).config).cells
-    by_id = {c.identifier: c for c in matrix}
-    chosen, note = newest_verifiable(by_id["cp311-manylinux_aarch64-torch2.13.0"], matrix)
-    assert chosen.identifier == ARM_CELL
-    assert note is not None and "torch 2.13.0 for aarch64 is a CUDA build" in note
-    assert "name --torch 2.13.0" in note
-    # A cell whose torch already is a CPU build is kept, without a note.
-    assert newest_verifiable(by_id[ARM_CELL], matrix) == (by_id[ARM_CELL], None)
+def test_no_torch_named_means_the_newest_arm_torch_this_host_can_build(tmp_path: Path) -> None:
+    """`make wheel ARCH=ARM PY=3.11`: the matrix's newest torch (2.13.0) is a CUDA build for
+    aarch64 (configs/support.yaml), so no way on this host can verify it; the resolver takes the
+    newest this host can build, says why -- and `plan` and `build` say the same."""
+    args = ("--arch", "ARM", "--python", "3.11")
+    planned = run_plan(tmp_path, *args)
+    assert list(planned) == [ARM_CELL]
+    record = planned[ARM_CELL]
+    assert record["torch"] == "2.9.1" and record["backend"] == "cross"
+    assert record["buildable_here"] is True and record["runner"] == "this host"
+    assert "newer 2.13.0 cannot be built here" in record["torch_reason"]
+    assert "name --torch 2.13.0" in record["torch_reason"]
+    dry = run_build(tmp_path, *args, "--dry-run")
+    assert dry.rc == 0, dry.err
+    assert {c["id"]: c for c in json.loads(dry.out)["cells"]} == planned

@@ -3,6 +3,7 @@ the +torchX.Y label, the input key. Each runs the real CLI in a subprocess (seco
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -33,19 +34,24 @@ def test_auto_falls_back_to_host_and_says_why(tmp_path: Path) -> None:
     assert r.rc == 2 and "is not a Python project" in r.err
     (tmp_path / "p").mkdir()
     write_tiny_extension(tmp_path / "p" / "x")
-    # ARM / 3.12: no cross sysroot for it, so auto falls back to host (and then stops on
-    # the ARM cell at once); ARM / 3.11 would choose the cross backend instead.
-    r = run_build(tmp_path, "--project", str(tmp_path / "p" / "x"), "--python", "3.12",
-                  "--arch", "ARM", DOCKER_HOST=dead)
-    assert "backend: host -- no container engine answers" in r.err
+    # The decision alone (--dry-run): this host's cell goes to the host backend, saying why.
+    r = run_build(tmp_path, "--project", str(tmp_path / "p" / "x"), "--python", "3.11",
+                  "--arch", "X86", "--dry-run", DOCKER_HOST=dead)
+    assert r.rc == 0, r.err
+    (record,) = json.loads(r.out)["cells"]
+    assert record["backend"] == "host" and record["buildable_here"] is True
+    assert record["backend_reason"].startswith("auto: local Python 3.11 at ")
+    assert f"not docker: no container engine answers at {dead}" in record["backend_reason"]
 
 
 def test_arm_cell_is_not_supported_yet_with_a_clear_message(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     r = run_build(tmp_path, "--backend", "host", "--arch", "ARM", "--python", "3.9")
     assert r.rc == 1, r.err
-    assert "ARM (aarch64) cells are not supported yet on this x86_64 host" in r.err
-    assert "cp39-manylinux_aarch64-torch" in r.err  # the selection resolved to a real cell
+    assert ("error: cp39-manylinux_aarch64-torch2.8.0 cannot be built on this x86_64 host: host "
+            "asked for (command line --backend): the host backend builds x86_64 cells only"
+            ) in r.err  # the selection resolved to a real cell
+    assert "a native aarch64 runner, label ubuntu-24.04-arm" in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
 
@@ -66,8 +72,8 @@ def test_missing_base_image_names_it_and_the_ways_out(tmp_path: Path) -> None:
 def test_bad_usage_exits_2(tmp_path: Path) -> None:
     r = run_build(tmp_path, "--backend", "host", "--wheelhouse", str(tmp_path / "nope"))
     assert r.rc == 2 and "wheelhouse" in r.err and "is not a directory" in r.err
-    r = run_build(tmp_path, BACKEND="podman")
-    assert r.rc == 2 and "BACKEND='podman'" in r.err
+    r = run_build(tmp_path, BUILDER_BACKEND="podman")
+    assert r.rc == 2 and "environment BUILDER_BACKEND: unknown backend 'podman'" in r.err
 
 
 def test_default_selection_is_one_cell_for_this_host(tmp_path: Path) -> None:

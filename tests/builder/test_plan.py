@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from builder_testlib import BASE_CONFIG, run_cli, write_config
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 from builder.plan.cells import cell_id
 
 
@@ -39,20 +39,26 @@ def test_default_plan_cells_and_dropped_reasons() -> None:
         "configs/support.yaml)"
     )
     cell = next(c for c in doc["cells"] if c["id"] == "cp311-manylinux_aarch64-torch2.13.0")
-    assert cell == {
-        "id": "cp311-manylinux_aarch64-torch2.13.0",
-        "arch": "ARM",
-        "machine": "aarch64",
-        "python": "3.11",
-        "cp": "cp311",
-        "torch": "2.13.0",
-        "base_image": "quay.io/pypa/manylinux_2_28_aarch64",
-        "family": "manylinux",
-        "plat": "manylinux_2_28_aarch64",
+    assert {k: cell[k] for k in ("arch", "machine", "python", "cp", "torch", "family",
+                                 "python_path", "docker_platform", "local_version")} == {
+        "arch": "ARM", "machine": "aarch64", "python": "3.11", "cp": "cp311",
+        "torch": "2.13.0", "family": "manylinux",
         "python_path": "/opt/python/cp311-cp311/bin/python",
-        "docker_platform": "linux/arm64",
-        "local_version": "torch2.13",
+        "docker_platform": "linux/arm64", "local_version": "torch2.13",
     }
+    # aarch64 torch 2.13.0 is a CUDA build (configs/support.yaml): no way to verify it on this
+    # x86_64 host, so the record names the native runner it needs and why.
+    assert cell["buildable_here"] is False and cell["runner"] == "ubuntu-24.04-arm"
+    assert "torch 2.13.0 for aarch64 is a CUDA build" in cell["backend_reason"]
+    # The tag the wheel must meet: never above torch's own wheel's.
+    assert cell["plat"] == "manylinux_2_28_aarch64"
+    assert "torch 2.13.0's own wheel is manylinux_2_28_aarch64" in cell["plat_reason"]
+    assert cell["torch_reason"] == "the matrix's torch axis (configs/matrix.yaml)"
+    assert cell["proxy"] == {} and cell["ca_bundle"] is None and cell["output"] == "dist"
+    # Every cell of the default matrix that cannot be built here is an ARM one, with a reason.
+    elsewhere = sorted(c["id"] for c in doc["cells"] if not c["buildable_here"])
+    assert all("aarch64" in i for i in elsewhere), elsewhere
+    assert all(c["backend_reason"] for c in doc["cells"])
 
 
 def test_table_lists_cells_then_dropped_with_reasons() -> None:
@@ -60,30 +66,39 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
     assert res.rc == 0
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
-    assert lines[header].split() == ["CELL", "ARCH", "PYTHON", "TORCH", "BASE", "IMAGE"]
-    assert "26 cells to build." in lines
+    assert lines[header].split() == ["CELL", "TORCH", "BACKEND", "BASE", "IMAGE", "TAG", "(AT",
+                                     "MOST)", "WHERE"]
+    summary = next(ln for ln in lines if "cells to build on this host;" in ln)
+    here, elsewhere = int(summary.split()[0]), int(summary.split("; ")[1].split()[0])
+    assert here + elsewhere == 26
+    assert f"not buildable on this host ({elsewhere}):" in lines
     drop = lines.index("dropped (4):")
     assert drop > header
     assert all("publishes no cp39 wheel" in ln for ln in lines[drop + 1 : drop + 5])
 
 
 def test_arm_py39_resolves_to_torch_2_8_0_and_says_so() -> None:
-    """`make wheel ARCH=ARM PY=3.9` (environment) must name one valid cell."""
-    res = run_cli("plan", "--format", "json", env={"ARCH": "ARM", "PY": "3.9"})
+    """`make wheel ARCH=ARM PY=3.9` (the builder's namespaced environment) names one cell."""
+    res = run_cli("plan", "--format", "json",
+                  env={"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.9", "ARCH": "64"})
     assert res.rc == 0, res.err
     doc = json.loads(res.out)
     assert [c["id"] for c in doc["cells"]] == ["cp39-manylinux_aarch64-torch2.8.0"]
     assert (
-        "note: ARM / Python 3.9: no torch named, chose torch 2.8.0 (the newest in the matrix with "
-        "a cp39 wheel for aarch64; newer 2.9.1, 2.13.0 publish no cp39 wheel for aarch64)"
+        "note: ARM / Python 3.9: no torch named: 2.8.0, the newest in the matrix with a cp39 "
+        "wheel for aarch64; newer 2.9.1, 2.13.0 publish no cp39 wheel for aarch64"
     ) in res.err
+    assert doc["cells"][0]["torch_reason"].startswith("no torch named: 2.8.0")
     assert {d["torch"] for d in doc["dropped"]} == {"2.9.1", "2.13.0"}
 
 
 def test_named_python_without_torch_picks_newest_per_arch() -> None:
     doc = _json("--python", "3.11,3.12")
+    # X86: the newest. ARM 3.11: the newest this host can verify (aarch64 2.13.0 is a CUDA
+    # build); ARM 3.12: nothing can be built here, so the newest, for a native runner.
     assert sorted(c["id"] for c in doc["cells"]) == sorted(
-        cell_id(a, p, "2.13.0") for a in ("X86", "ARM") for p in ("3.11", "3.12")
+        [cell_id("X86", p, "2.13.0") for p in ("3.11", "3.12")]
+        + [cell_id("ARM", "3.11", "2.9.1"), cell_id("ARM", "3.12", "2.13.0")]
     )
     assert len(doc["notes"]) == 4
 
@@ -112,13 +127,30 @@ def test_github_format_is_one_line_job_matrix() -> None:
     assert res.out.count("\n") == 1
     doc = json.loads(res.out)
     assert len(doc["include"]) == 13
-    assert doc["include"][0] == {
-        "cell": "cp39-manylinux_x86_64-torch2.8.0",
-        "arch": "X86",
-        "python": "3.9",
-        "torch": "2.8.0",
-        "machine": "x86_64",
+    first = doc["include"][0]
+    assert {k: first[k] for k in ("cell", "arch", "python", "torch", "machine", "plat")} == {
+        "cell": "cp39-manylinux_x86_64-torch2.8.0", "arch": "X86", "python": "3.9",
+        "torch": "2.8.0", "machine": "x86_64", "plat": "manylinux_2_28_x86_64",
     }
+    assert first["runs-on"] == "ubuntu-24.04" and first["backend"] in ("docker", "host")
+
+
+def test_github_matrix_matches_the_resolved_records_and_every_cell_has_a_runner() -> None:
+    """Each job of `plan --format github` carries its record's fields, and a runner that can
+    build it: this host's kind for the cells this host can build, else the cell's native one."""
+    records = {c["id"]: c for c in _json()["cells"]}
+    res = run_cli("plan", "--format", "github")
+    jobs = json.loads(res.out)["include"]
+    assert [j["cell"] for j in jobs] == list(records)
+    runners = {"x86_64": "ubuntu-24.04", "aarch64": "ubuntu-24.04-arm"}
+    for job in jobs:
+        record = records[job["cell"]]
+        for key in ("arch", "machine", "python", "torch", "backend", "plat"):
+            assert job[key] == record[key], (job, key)
+        expected = runners["x86_64"] if record["buildable_here"] else record["runner"]
+        assert job["runs-on"] == expected
+        if not record["buildable_here"]:
+            assert record["runner"] == runners[record["machine"]]
 
 
 def test_exclude_and_include(tmp_path: Path) -> None:
@@ -147,7 +179,7 @@ def test_resolution_ignores_excluded_cells(tmp_path: Path) -> None:
     )
     res = run_cli("plan", "--config", str(cfg), "--python", "3.11", "--arch", "X86")
     assert res.rc == 0
-    assert "chose torch 2.8.0" in res.err
+    assert "no torch named: 2.8.0" in res.err
     assert "cp311-manylinux_x86_64-torch2.8.0" in res.out
 
 

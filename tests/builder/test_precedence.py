@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builder_testlib import BASE_CONFIG, run_cli, write_config, write_pem
 
-from builder.config.load import REPO_ROOT, CliOverrides, load_settings
+from builder.config import REPO_ROOT, CliOverrides, load_settings
 
 
 def _settings(cfg: Path, env: dict[str, str] | None = None, **cli):
@@ -21,12 +21,12 @@ def test_jobs_every_layer(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, BASE_CONFIG + "build:\n  jobs: 3\n")
     s = _settings(cfg)
     assert (s.config.build.jobs, s.config.origins["jobs"]) == (3, f"config file {cfg}")
-    s = _settings(cfg, {"JOBS": "5"})
-    assert (s.config.build.jobs, s.config.origins["jobs"]) == (5, "environment JOBS")
-    s = _settings(cfg, {"JOBS": "5"}, jobs=7)
+    s = _settings(cfg, {"BUILDER_JOBS": "5"})
+    assert (s.config.build.jobs, s.config.origins["jobs"]) == (5, "environment BUILDER_JOBS")
+    s = _settings(cfg, {"BUILDER_JOBS": "5"}, jobs=7)
     assert (s.config.build.jobs, s.config.origins["jobs"]) == (7, "command line --jobs")
-    # empty variables (make passes JOBS=) count as unset
-    assert _settings(cfg, {"JOBS": ""}).config.build.jobs == 3
+    # empty variables (make may pass BUILDER_JOBS=) count as unset
+    assert _settings(cfg, {"BUILDER_JOBS": ""}).config.build.jobs == 3
 
 
 def test_offline_every_layer(tmp_path: Path) -> None:
@@ -34,8 +34,8 @@ def test_offline_every_layer(tmp_path: Path) -> None:
     assert _settings(bare).config.offline.enabled is False
     cfg = write_config(tmp_path, BASE_CONFIG + "offline:\n  enabled: true\n")
     assert _settings(cfg).config.offline.enabled is True
-    assert _settings(cfg, {"OFFLINE": "0"}).config.offline.enabled is False
-    s = _settings(cfg, {"OFFLINE": "0"}, offline=True)
+    assert _settings(cfg, {"BUILDER_OFFLINE": "0"}).config.offline.enabled is False
+    s = _settings(cfg, {"BUILDER_OFFLINE": "0"}, offline=True)
     assert s.config.offline.enabled is True
     assert s.config.origins["offline"] == "command line --offline"
     # the wheelhouse is relative to the file that names it
@@ -89,10 +89,12 @@ def test_ca_bundle_every_layer(tmp_path: Path) -> None:
 
 def test_selection_environment_then_command_line(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, BASE_CONFIG)
-    sel = _settings(cfg, {"ARCH": "ARM", "PY": "3.9"}).selection
+    env = {"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.9"}
+    sel = _settings(cfg, env).selection
     assert (sel.arch, sel.python, sel.torch) == (("ARM",), ("3.9",), None)
-    assert sel.origins == {"arch": "environment ARCH", "python": "environment PY"}
-    sel = _settings(cfg, {"ARCH": "ARM", "PY": "3.9"}, arch="X86").selection
+    assert sel.origins == {"arch": "environment BUILDER_ARCH",
+                           "python": "environment BUILDER_PYTHON"}
+    sel = _settings(cfg, env, arch="X86").selection
     assert sel.arch == ("X86",) and sel.origins["arch"] == "command line --arch"
     # through the CLI: environment ARM, command line X86 -> only x86_64 cells
     res = run_cli(
@@ -103,7 +105,7 @@ def test_selection_environment_then_command_line(tmp_path: Path) -> None:
         "X86",
         "--format",
         "github",
-        env={"ARCH": "ARM", "PY": "3.11"},
+        env={"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.11"},
     )
     assert res.rc == 0 and '"machine":"x86_64"' in res.out and "aarch64" not in res.out
 
@@ -125,3 +127,34 @@ def test_file_merges_over_defaults_key_by_key(tmp_path: Path) -> None:
         "libc10*.so",
         "libgomp.so.1",
     )
+
+
+def test_backend_network_and_base_image_every_layer(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, BASE_CONFIG + "build:\n  backend: host\n  network: isolated\n")
+    c = _settings(cfg).config
+    assert (c.backend, c.origins["backend"]) == ("host", f"config file {cfg}")
+    assert (c.network, c.origins["network"]) == ("isolated", f"config file {cfg}")
+    assert c.base_image is None
+    env = {"BUILDER_BACKEND": "docker", "BUILDER_NETWORK": "n2", "BUILDER_BASE_IMAGE": "img:1"}
+    c = _settings(cfg, env).config
+    assert (c.backend, c.origins["backend"]) == ("docker", "environment BUILDER_BACKEND")
+    assert (c.network, c.origins["network"]) == ("n2", "environment BUILDER_NETWORK")
+    assert (c.base_image, c.origins["base_image"]) == ("img:1", "environment BUILDER_BASE_IMAGE")
+    c = _settings(cfg, env, backend="cross", network="n3", base_image="local").config
+    assert (c.backend, c.origins["backend"]) == ("cross", "command line --backend")
+    assert (c.network, c.origins["network"]) == ("n3", "command line --network")
+    assert (c.base_image, c.origins["base_image"]) == ("local", "command line --base-image")
+    # The plain names are not the builder's: they change nothing.
+    c = _settings(cfg, {"BACKEND": "docker", "ARCH": "64", "BASE_IMAGE": "x"}).config
+    assert (c.backend, c.base_image) == ("host", None)
+
+
+def test_bundle_every_layer(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, BASE_CONFIG + "offline:\n  bundle: b1\n")
+    o = _settings(cfg).config
+    assert o.offline.bundle == tmp_path / "b1" and o.origins["bundle"] == f"config file {cfg}"
+    o = _settings(cfg, {"BUILDER_BUNDLE": str(tmp_path / "b2")}).config
+    assert o.offline.bundle == tmp_path / "b2"
+    assert o.origins["bundle"] == "environment BUILDER_BUNDLE"
+    o = _settings(cfg, {"BUILDER_BUNDLE": str(tmp_path / "b2")}, bundle=str(tmp_path / "b3")).config
+    assert o.offline.bundle == tmp_path / "b3" and o.origins["bundle"] == "command line --bundle"

@@ -26,7 +26,7 @@ from indexlib import clean_pip_env, make_wheel, pip_in
 from passlib.apache import HtpasswdFile
 
 from builder.cli import main
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 from builder.release.manifest import ManifestEntry, record_wheel
 
 USER = "releaser"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from builder_testlib import BASE_CONFIG, GOLDEN, run_cli, write_config, write_pem
 
-from builder.config.load import REPO_ROOT, BaseImage, CliOverrides, load_settings
+from builder.config import REPO_ROOT, BaseImage, CliOverrides, load_settings
 from builder.images.render import CA_CONTEXT_NAME, RenderError, render_all, render_recipe
 from builder.plan.cells import Cell, expand, select
 

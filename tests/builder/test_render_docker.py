@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from builder_testlib import SUPPORT
 
-from builder.config.load import CliOverrides, load_settings
+from builder.config import CliOverrides, load_settings
 from builder.errors import EngineUnavailable
 from builder.images.render import render_all
 from builder.plan.cells import expand, select

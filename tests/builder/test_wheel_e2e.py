@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
-from pipelinelib import CELL, dist_state, manifest, run_build, seed_dist
+from pipelinelib import CELL, dist_state, manifest, run_build, run_plan, seed_dist
 
-from builder.config.load import REPO_ROOT
+from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
 from builder.images.base_image import build_base_image
 
@@ -72,8 +72,15 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
             "--wheelhouse", str(wheelhouse), "--project", str(project))
     r = run_build(tmp_path, *args)
     assert r.rc == 0, r.err[-4000:]
-    assert "backend: docker" in r.err
+    assert f"backend for {CELL}: docker -- docker asked for (command line --backend)" in r.err
     wheel = _check_amp_wheel(tmp_path / "dist", "docker", seeded)
+    # The record the build executed is the one `plan` prints for the same options.
+    (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
+    planned = run_plan(tmp_path, *[a for a in args if a not in ("--wheelhouse", str(wheelhouse),
+                                                                "--project", str(project))],
+                       "--out", str(tmp_path / "dist"))
+    assert entry["extra"]["resolved"] == planned[CELL]
+    assert planned[CELL]["base_image"] == base.tag and planned[CELL]["base_image_id"]
     assert str(wheel) in r.out
     left = {c["Id"] for c in engine.api.containers(all=True, filters=cells)} - earlier
     assert not left, "the build left its container behind"
@@ -97,8 +104,12 @@ def test_host_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> No
     r = run_build(tmp_path, "--backend", "host", "--arch", "X86", "--python", "3.11",
                   "--wheelhouse", str(wheelhouse_cp311()))
     assert r.rc == 0, r.err[-4000:]
-    assert "backend: host -- asked for" in r.err
+    assert f"backend for {CELL}: host -- host asked for (command line --backend)" in r.err
     _check_amp_wheel(tmp_path / "dist", "host", seeded)
+    (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
+    planned = run_plan(tmp_path, "--backend", "host", "--arch", "X86", "--python", "3.11",
+                       "--out", str(tmp_path / "dist"))
+    assert entry["extra"]["resolved"] == planned[CELL]
 
 
 def test_project_option_builds_another_extension_project(tmp_path: Path) -> None:
