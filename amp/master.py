@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 from ._amp_state import maybe_log
+from ._device import collective_device
 from ._fused_unscale import unscale_pairs
 from .opt_levels import HALF_DTYPES, Properties
 from .scaler import Pair, unscale_grads
@@ -170,9 +171,8 @@ def sync_masters_once(optimizer: torch.optim.Optimizer) -> None:
     stale = any(not torch.equal(m, p.to(m.dtype)) for m, p in pairs)
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        device = pairs[0][0].device if pairs else torch.device("cpu")
-        if dist.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
+        # On the model's device when the backend takes it; else where the backend reduces.
+        device = collective_device(pairs[0][0].device if pairs else torch.device("cpu"))
         flag = torch.tensor([1.0 if stale else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         stale = bool(flag.item() > 0)

@@ -2,9 +2,11 @@
 
 Each function takes lists of tensors (one entry per model tensor) and applies one
 operation to all of them in a single call. CPU tensors go to the compiled kernels in
-``amp._C``; other devices, or a missing / mismatched extension (see ``amp._ext``), use
-the pure-torch (``torch._foreach_*``) implementation below, which computes the same
-float32 arithmetic in the same order, so both agree to rounding.
+``amp._C``; tensors on any other device (CUDA, or an out-of-tree device such as Ascend's
+``npu``: the kernels refuse them), or a missing / mismatched extension (see ``amp._ext``),
+use the pure-torch (``torch._foreach_*``) implementation below, on the tensors' own
+device, which computes the same float32 arithmetic in the same order, so both agree to
+rounding. The first call on a non-CPU device type warns once (``amp._device``).
 
 Lists must be non-empty, of equal length, element-wise equal in size, contiguous, and
 each list must share one dtype among float32, float16 and bfloat16; ``params`` must be
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor
 
 from . import _ext
+from ._device import KERNEL_DEVICE_TYPE, kernel_device_ok
 
 __all__ = ["scale", "axpby", "l2norm", "adam", "sgd", "lamb", "uses_kernels"]
 
@@ -29,11 +32,14 @@ _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def uses_kernels(tensors: TensorSeq) -> bool:
     """True when a call on these tensors runs the compiled kernels."""
-    return bool(tensors) and tensors[0].device.type == "cpu" and _ext.load() is not None
+    return (bool(tensors) and tensors[0].device.type == KERNEL_DEVICE_TYPE
+            and _ext.load() is not None)
 
 
 def _kernels(first: TensorSeq):
-    if first and first[0].device.type == "cpu":
+    # Routed by the first tensor's device: the kernels check every tensor themselves and
+    # refuse a non-CPU one, so a mixed list still fails with their message.
+    if first and kernel_device_ok(first[0].device):
         return _ext.load()
     return None
 

@@ -13,6 +13,8 @@ from typing import Optional, Union
 
 import torch
 
+from ._device import collective_device
+
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -165,9 +167,8 @@ def any_rank_overflowed(found_inf: torch.Tensor) -> bool:
     group: every rank then skips the same step and backs off to the same scale."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        device = found_inf.device
-        if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
-            device = torch.device("cuda", torch.cuda.current_device())
+        # The backend decides where the flag may live (NCCL: CUDA, HCCL: npu, gloo: CPU).
+        device = collective_device(found_inf.device)
         flag = found_inf.detach().reshape(1).to(device=device, dtype=torch.float32, copy=True)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
