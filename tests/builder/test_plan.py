@@ -61,6 +61,24 @@ def test_default_plan_cells_and_dropped_reasons() -> None:
     assert all(c["backend_reason"] for c in doc["cells"])
 
 
+def test_plan_is_what_build_executes_for_every_cell_of_the_default_matrix() -> None:
+    """`build --all --dry-run` resolves through the same code path a build runs and stops before
+    executing: its records are byte for byte the ones `plan` prints, for every cell of the
+    default matrix on this host, the ARM ones and those that need a runner included. (The e2e
+    builds check the same against the record each real build stored in its manifest entry.)"""
+    planned = run_cli("plan", "--format", "json")
+    dry = run_cli("build", "--all", "--dry-run")
+    assert planned.rc == 0 and dry.rc == 0, (planned.err, dry.err)
+    assert dry.out == planned.out
+    cells = json.loads(dry.out)["cells"]
+    assert len(cells) == 26 and any(c["id"] == "cp311-manylinux_aarch64-torch2.9.1" for c in cells)
+    # And `make wheel ARCH=ARM PY=3.11` (no torch named) resolves alike in both.
+    one = ("--arch", "ARM", "--python", "3.11")
+    planned = run_cli("plan", "--format", "json", *one)
+    dry = run_cli("build", "--dry-run", *one)
+    assert dry.out == planned.out and json.loads(dry.out)["notes"]
+
+
 def test_table_lists_cells_then_dropped_with_reasons() -> None:
     res = run_cli("plan")
     assert res.rc == 0

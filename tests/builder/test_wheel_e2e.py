@@ -126,3 +126,29 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     entry = manifest(tmp_path / "dist")["wheels"][0]
     assert entry["extra"]["modules"] == ["tinyext._C"] and entry["extra"]["project"] == (
         "tinyext-src")
+
+
+def test_matrix_builds_what_this_host_can_and_names_the_runner_for_the_rest(
+        tmp_path: Path) -> None:
+    """`make matrix` (build --all --keep-going): the cells this host can build are built; the
+    others are listed apart from failures with the runner they need, and the exit code is 0;
+    --strict makes them an error."""
+    project = write_tiny_extension(tmp_path / "tinyext-src")
+    cfg = tmp_path / "matrix.yaml"
+    cfg.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+                   "matrix:\n  arch: [X86, ARM]\n  python: ['3.11']\n  torch: ['2.13.0']\n")
+    args = ("--all", "--keep-going", "--config", str(cfg), "--backend", "host",
+            "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    r = run_build(tmp_path, *args)
+    assert r.rc == 0, r.err[-4000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert "-cp311-cp311-manylinux_" in wheel.name and wheel.name.endswith("_x86_64.whl")
+    assert "not built here (1 cell, each needs a native runner; not failures):" in r.err
+    arm = "cp311-manylinux_aarch64-torch2.13.0"
+    assert f"  {arm}  runner ubuntu-24.04-arm: host asked for (command line --backend)" in r.err
+    assert f"error: {arm}" not in r.err
+    # --strict: the same, but a cell this host cannot build is an error; nothing is rebuilt.
+    strict = run_build(tmp_path, *args, "--strict")
+    assert strict.rc == 1, strict.err[-4000:]
+    assert "up-to-date" in strict.err and ", but --strict" in strict.err
+    assert [p.name for p in (tmp_path / "dist").glob("*.whl")] == [wheel.name]
