@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn, TextIO
 
 from builder import __version__
@@ -248,8 +249,8 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
                       settings: Settings | None = None):  # -> tuple[Settings, Resolution]
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
     to stderr. *everything*: no selection means the whole matrix (else this host's cell)."""
-    from pathlib import Path  # noqa: PLC0415
-
+    # Deferred: only the commands that resolve cells need the backends and the modules of the
+    # tools behind them (index, publish and every --help must not depend on those).
     from builder.backends import registry  # noqa: PLC0415
     from builder.backends.base import Host  # noqa: PLC0415
     from builder.plan.resolve import resolve  # noqa: PLC0415

@@ -96,7 +96,9 @@ class Host:
     def engine_reason(self) -> str:
         engine = self.engine()
         if engine is None:
-            return f"no container engine answers ({self._engine_reason})"
+            reason = self._engine_reason or ""
+            return reason if reason.startswith("no container engine") else (
+                f"no container engine answers ({reason})")
         return f"engine {engine.base_url} (server {engine.server_version})"
 
     def image_id(self, ref: str) -> Optional[str]:

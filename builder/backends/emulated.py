@@ -19,7 +19,7 @@ from builder.backends.docker import (
 )
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
-from builder.engines.emulation import require_emulation
+from builder.engines.emulation import how_to_enable, require_emulation
 from builder.plan.cells import Cell
 
 
@@ -49,7 +49,9 @@ class EmulatedBackend:
                                            f"{native.reason}")
         emulation = host.emulation(cell.machine)
         if not emulation.available:
-            return Availability(False, f"no {cell.machine} emulation: {emulation.reason}")
+            return Availability(False, f"{cell.machine} emulation is unavailable on this "
+                                       f"{host.machine} host: {emulation.reason}; "
+                                       f"{how_to_enable(cell.machine)}")
         if host.engine() is None:
             return Availability(False, host.engine_reason())
         if support.is_cuda_build(cell.torch, cell.machine):
