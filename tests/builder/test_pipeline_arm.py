@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import shutil
-import time
 import zipfile
 from pathlib import Path
 
@@ -87,19 +86,16 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     # auto on this host picks cross for the ARM cell (and says why), and the unchanged inputs
     # are recognised from the manifest without compiling.
     before = dist_state(dist)
-    start = time.monotonic()
     r = run_build(tmp_path, *args, "--backend", "auto",
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {ARM_CELL}: cross -- auto: x86_64 host, aarch64 cell" in r.err
     assert f"[{ARM_CELL}] compile" not in r.err and "up-to-date" in r.err, r.err
-    assert time.monotonic() - start < 60
     assert dist_state(dist) == before
 
 
 def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
-    start = time.monotonic()
     cell = "cp312-manylinux_aarch64-torch2.9.1"
     r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",
                   BUILDER_BACKEND="cross")  # the environment variable selects it like --backend
@@ -117,7 +113,6 @@ def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path)
     assert "cross: no aarch64 Python 3.12 sysroot" in r.err
     assert "emulated: no container engine answers" in r.err or "emulated: no aarch64" in r.err
     assert "Traceback" not in r.err
-    assert time.monotonic() - start < 30
     assert dist_state(tmp_path / "dist") == before
 
 
