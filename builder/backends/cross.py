@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.pipenv import pip_env
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.cross.build import cross_build_wheel
@@ -51,18 +51,10 @@ def cross_available(machine: str, python: str) -> tuple[bool, str]:
     return True, "x86_64 host, aarch64 cell: aarch64-linux-gnu-g++ and qemu-aarch64 present"
 
 
-def download_env(config: BuildConfig, proxy_env: Mapping[str, str]) -> dict[str, str]:
+def download_env(job: CellJob) -> dict[str, str]:
     """pip's environment for the cross path's downloads (the target torch and its dependencies):
-    the build's proxies and its indexes, in the form the docker recipe gives them
-    (docker/partials/pip.j2). Without it those downloads used whatever index pip found here."""
-    env = dict(proxy_env)
-    if config.offline.enabled:  # no index then (the docker recipe sets PIP_NO_INDEX)
-        return env
-    if config.pip.index_url:
-        env["PIP_INDEX_URL"] = config.pip.index_url
-    if config.pip.extra_index_urls:
-        env["PIP_EXTRA_INDEX_URL"] = " ".join(config.pip.extra_index_urls)
-    return env
+    the build's proxies, indexes and CA bundle (builder.backends.pipenv)."""
+    return pip_env(job.config, job.proxy_env, job.opts.work / "ca")
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,7 @@ class CrossBackend:
             toolchain = find_toolchain(cell.machine)
             python = ensure_target_python(cell.python, cell.machine)
             wheel = require_cpu_torch(cell.torch, python,
-                                      env=download_env(job.config, job.proxy_env))
+                                      env=download_env(job))
             self._targets[cell.identifier] = CrossTarget(toolchain, python, wheel)
         return self._targets[cell.identifier]
 
@@ -124,7 +116,7 @@ class CrossBackend:
         cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
         target = self._target(job)
         torch = steps("target torch", lambda: ensure_target_torch(
-            cell.torch, target.python, env=download_env(job.config, job.proxy_env)))
+            cell.torch, target.python, env=download_env(job)))
         env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)

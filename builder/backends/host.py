@@ -8,6 +8,7 @@ import shutil
 from typing import Any
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.pipenv import pip_env
 from builder.backends.session import build_in_cell
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
@@ -41,8 +42,9 @@ class HostBackend:
         opts = job.opts
         python = str(find_python(job.cell.python))
         aw, aw_env = host_auditwheel()
-        # The proxies from every layer reach pip here as they do in containers.
-        env = dict(job.proxy_env)
+        # The proxies, indexes and CA bundle from every layer reach pip here as they do in
+        # containers.
+        env = pip_env(job.config, job.proxy_env, job.stage / "ca")
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         env.update(opts.epoch_env())

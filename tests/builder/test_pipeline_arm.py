@@ -137,7 +137,7 @@ def test_no_torch_named_means_the_newest_arm_torch_this_host_can_build(tmp_path:
     aarch64 (configs/support.yaml), so no way on this host can verify it; the resolver takes the
     newest this host can build, says why -- and `plan` and `build` say the same."""
     args = ("--arch", "ARM", "--python", "3.11")
-    planned = run_plan(tmp_path, *args)
+    planned = run_plan(tmp_path, *args, "--out", str(tmp_path / "dist"))  # as run_build's
     assert list(planned) == [ARM_CELL]
     record = planned[ARM_CELL]
     assert record["torch"] == "2.9.1" and record["backend"] == "cross"

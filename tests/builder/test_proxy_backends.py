@@ -189,7 +189,7 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
 DOWNLOAD = """\
 import json, os, sys
 from pathlib import Path
-from builder.backends.cross import download_env
+from builder.backends.pipenv import pip_env
 from builder.config import CliOverrides, Settings, load_settings
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import require_cpu_torch
@@ -203,7 +203,7 @@ target = TargetPython(version="3.11", arch="aarch64", sysroot=Path(cache), execu
                       ext_suffix=".cpython-311-aarch64-linux-gnu.so", lib_dirs=())
 try:
     wheel = require_cpu_torch(version, target, cache=Path(cache),
-                              env=download_env(config, config.proxy.build_args()))
+                              env=pip_env(config, config.proxy.build_args(), Path(cache)))
 except StepFailed as exc:
     print(config.proxy.redactor()(exc.message), file=sys.stderr)
     sys.exit(3)
