@@ -71,7 +71,7 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     extra = entry["extra"]
     assert extra["backend"] == "cross" and extra["modules"] == ["amp._C"]
     # The record the build executed is the one `plan` prints for the same options.
-    planned = run_plan(tmp_path, *args, "--backend", "cross", "--out", str(dist))
+    planned = run_plan(tmp_path, *args[:6], "--backend", "cross", "--out", str(dist))
     assert extra["resolved"] == planned[ARM_CELL]
     assert extra["tag"] in wheel.name and len(extra["input_key"]) == 64
     # The emulated aarch64 run: the fused kernels trained and matched the reference.
