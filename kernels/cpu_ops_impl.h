@@ -26,6 +26,10 @@ static inline float u2f(uint32_t u) {
   return f;
 }
 
+#ifndef AMP_HAVE_STREAM
+#define AMP_HAVE_STREAM 0
+#endif
+
 // IEEE half <-> float, branch-free so loops over them vectorize without F16C.
 static inline float h2f(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -99,16 +103,46 @@ static inline float* out_buffer(Ref r, int64_t off, float* tmp) {
   return r.dtype == kF32 ? static_cast<float*>(r.ptr) + off : tmp;
 }
 
-// Writes a float block into `r` (a no-op when `src` already is r's memory).
+// Copies `bytes` (a multiple of 2) from an L1-resident buffer to `d` with non-temporal
+// stores where the ISA has them (SSE2 on every x86-64; 16 bytes a store is enough, the
+// write-combining buffer assembles whole lines). The driver fences after each thread's
+// share (driver.h), so the data is visible to whoever reads it after the call.
+static inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if AMP_HAVE_STREAM
+  int64_t i = 0;
+  const int64_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (head >= bytes) {
+    std::memcpy(d, s, bytes);
+    return;
+  }
+  std::memcpy(d, s, head);
+  for (i = head; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(d, s, bytes);
+#endif
+}
+
+// Writes a float block into `r` (a no-op when `src` already is r's memory). The rounding
+// is the same with or without `r.stream`; only the kind of store differs.
 static inline void release(Ref r, int64_t off, int n, const float* src) {
   if (r.dtype == kF32) {
     float* d = static_cast<float*>(r.ptr) + off;
-    if (d != src) std::memcpy(d, src, sizeof(float) * n);
+    if (d == src) return;
+    if (r.stream) stream_copy(d, src, sizeof(float) * n);
+    else std::memcpy(d, src, sizeof(float) * n);
     return;
   }
   uint16_t* d = static_cast<uint16_t*>(r.ptr) + off;
-  if (r.dtype == kBF16) narrow_bf16(src, d, n);
-  else narrow_f16(src, d, n);
+  alignas(64) uint16_t narrowed[kBlock];
+  uint16_t* to = r.stream ? narrowed : d;  // n <= kBlock: every caller works in blocks
+  if (r.dtype == kBF16) narrow_bf16(src, to, n);
+  else narrow_f16(src, to, n);
+  if (r.stream) stream_copy(d, narrowed, sizeof(uint16_t) * n);
 }
 
 static inline uint32_t nonfinite_bits(float y) {
