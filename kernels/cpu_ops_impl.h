@@ -29,6 +29,9 @@ static inline float u2f(uint32_t u) {
 #ifndef AMP_HAVE_STREAM
 #define AMP_HAVE_STREAM 0
 #endif
+#ifndef AMP_HAVE_AVX2
+#define AMP_HAVE_AVX2 0
+#endif
 
 // IEEE half <-> float, branch-free so loops over them vectorize without F16C.
 static inline float h2f(uint16_t h) {
@@ -75,8 +78,18 @@ static inline void narrow_f16(const float* s, uint16_t* d, int n) {
 }
 
 static inline void widen_bf16(const uint16_t* s, float* d, int n) {
+  int i = 0;
+#if AMP_HAVE_AVX2
+  // One zero-extending load per 8 values: the vectoriser's own widening takes two 128-bit
+  // halves and an insert per 8 (the values are the same: a bf16 is a float's top half).
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                              reinterpret_cast<const __m128i*>(s + i))),
+                                          16));
+#endif
 #pragma omp simd
-  for (int i = 0; i < n; ++i) d[i] = u2f(static_cast<uint32_t>(s[i]) << 16);
+  for (int j = i; j < n; ++j) d[j] = u2f(static_cast<uint32_t>(s[j]) << 16);
 }
 
 static inline void narrow_bf16(const float* s, uint16_t* d, int n) {  // like c10::BFloat16

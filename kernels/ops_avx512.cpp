@@ -31,6 +31,7 @@
 #define AMP_FMA(a, b, c) __builtin_fmaf((a), (b), (c))  // as the AVX2 build
 #define AMP_HAVE_F16C 1
 #define AMP_HAVE_STREAM 1
+#define AMP_HAVE_AVX2 1
 #define AMP_ISA_NAME "avx512"
 
 namespace amp_kernels {
