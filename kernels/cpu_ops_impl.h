@@ -220,6 +220,26 @@ static inline f8 load8(const float* p) {
   return v;
 }
 
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+static inline f8 load8_bf16(const uint16_t* p) {
+#if AMP_HAVE_AVX2
+  const __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  f8 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+#else
+  u16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+  f8 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+#endif
+}
+
 static inline float hsum(f8 v) {
   float s = 0.f;
   for (int j = 0; j < 8; ++j) s += v[j];
@@ -227,13 +247,20 @@ static inline float hsum(f8 v) {
 }
 
 // Sum of squares of one block of x*s (float accumulation, as above); *finite is cleared
-// when an element itself is non-finite. Shared by k_sumsq and k_scale_sumsq.
-static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
+// when an element itself is non-finite. Shared by k_sumsq and k_scale_sumsq. kBf16: x is
+// bf16, widened in registers (the same floats as widen_bf16 makes, summed in the same
+// order, so the result is the same bits as widening the block first).
+template <bool kBf16>
+static inline float block_sumsq_t(const void* xv, int k, float s, bool* finite) {
+  const float* xf = static_cast<const float*>(xv);
+  const uint16_t* xh = static_cast<const uint16_t*>(xv);
+  auto at8 = [&](int i) { return kBf16 ? load8_bf16(xh + i) : load8(xf + i); };
+  auto at = [&](int i) { return kBf16 ? u2f(static_cast<uint32_t>(xh[i]) << 16) : xf[i]; };
   f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int i = 0;
   for (; i + 32 <= k; i += 32) {
-    const f8 x0 = load8(x + i) * s, x1 = load8(x + i + 8) * s;
-    const f8 x2 = load8(x + i + 16) * s, x3 = load8(x + i + 24) * s;
+    const f8 x0 = at8(i) * s, x1 = at8(i + 8) * s;
+    const f8 x2 = at8(i + 16) * s, x3 = at8(i + 24) * s;
     a0 += x0 * x0;
     a1 += x1 * x1;
     a2 += x2 * x2;
@@ -241,24 +268,31 @@ static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
   }
   float blk = hsum(a0 + a1 + a2 + a3);
   for (; i < k; ++i) {
-    const float v = x[i] * s;
+    const float v = at(i) * s;
     blk += v * v;
   }
   if (!std::isfinite(blk)) {  // rare: find out whether an element itself is non-finite
     uint32_t bad = 0;
-    for (int j = 0; j < k; ++j) bad |= nonfinite_bits(x[j] * s);
+    for (int j = 0; j < k; ++j) bad |= nonfinite_bits(at(j) * s);
     if (bad) *finite = false;
   }
   return blk;
+}
+
+static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
+  return block_sumsq_t<false>(x, k, s, finite);
 }
 
 static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
   alignas(64) float tx[kBlock];
   double total = 0.0;
   bool finite = true;
-  for (int64_t b = 0; b < n; b += kBlock) {
+  for (int64_t b = 0; b < n; b += kBlock) {  // same blocks, same sums, either way
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
-    total += block_sumsq(acquire(xr, off + b, k, tx), k, s, &finite);
+    if (xr.dtype == kBF16)
+      total += block_sumsq_t<true>(static_cast<const uint16_t*>(xr.ptr) + off + b, k, s, &finite);
+    else
+      total += block_sumsq(acquire(xr, off + b, k, tx), k, s, &finite);
   }
   return NormPart{total, finite};
 }

@@ -110,26 +110,6 @@ static void k_novograd(Ref g, Ref p, Ref m, Ref half, int64_t off, int64_t n,
 // by add latency, not memory), the update pass is one add per array. bf16 gradients are
 // widened in registers; fp16 ones through the usual block buffer (no benchmark case uses
 // them). p, m and v are float32 (the driver checks); v is absent for one-state optimizers.
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-static inline f8 load8_bf16(const uint16_t* p) {
-#if AMP_HAVE_AVX2
-  const __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-  f8 v;
-  std::memcpy(&v, &w, sizeof(v));
-  return v;
-#else
-  u16x8 h;
-  std::memcpy(&h, p, sizeof(h));
-  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-  f8 v;
-  std::memcpy(&v, &w, sizeof(v));
-  return v;
-#endif
-}
-
 template <bool kBf16>
 static inline double probe_read_range(const void* base, int64_t n) {
   const float* xf = static_cast<const float*>(base);
