@@ -60,11 +60,14 @@ test: setup
 lint: setup
 	$(PY_VENV) -m ruff check .
 
-# bench: the optimizer-step benchmark (amp vs torch's best sequence, with the machine's
-# memory bandwidth measured in the same run). The build benchmarks are slow (minutes)
-# and have their own targets.
+# bench: the optimizer-step benchmark (amp vs torch's best sequence and vs a limit probe with
+# the step's own memory access pattern, the machine line first). BENCH_ARGS: more options,
+# e.g. BENCH_ARGS="--json bench.json" for tracking, or "--sizes 1e6 5e7 --profile".
+# The build benchmarks are slow (minutes) and have their own targets.
+BENCH_ARGS ?=
+
 bench: setup
-	$(PY_VENV) benchmarks/optimizer_step.py
+	$(PY_VENV) benchmarks/optimizer_step.py $(BENCH_ARGS)
 
 bench-build: builder-env
 	$(PY_VENV) benchmarks/build_cell.py

@@ -7,6 +7,11 @@ one that fails to import, and returns None after ONE clear warning, so callers u
 pure-torch fallback in amp/multi_tensor.py.
 
 Set AMP_DISABLE_EXTENSION=1 to force the fallback (no warning: it was asked for).
+
+The module holds one build of its kernels per instruction set (generic, AVX2, AVX-512) and
+picks the best this CPU runs when imported; AMP_KERNEL_ISA=generic|avx2|avx512 forces one
+(tests, benchmarks), and `isa()` / `set_isa()` read and change the choice at run time. A
+forced ISA the CPU lacks falls back to the automatic choice with one warning.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["AmpExtensionWarning", "load", "available", "reset"]
+__all__ = ["AmpExtensionWarning", "load", "available", "reset", "isa", "set_isa",
+           "supported_isas"]
 
 
 class AmpExtensionWarning(UserWarning):
@@ -60,6 +66,11 @@ def _try_load(module_name: str) -> Optional[ModuleType]:
         _warn(f"{module_name} was built against torch {built_for}, but torch "
               f"{torch.__version__} is imported")
         return None
+    note = getattr(mod, "_isa_note", "")
+    if note:  # AMP_KERNEL_ISA named a build this CPU cannot run: the module chose itself
+        warnings.warn(f"amp: AMP_KERNEL_ISA={os.environ.get('AMP_KERNEL_ISA', '')!r} ignored "
+                      f"({note}); using the {mod.isa()} kernels", AmpExtensionWarning,
+                      stacklevel=3)
     return mod
 
 
@@ -75,6 +86,29 @@ def load(module_name: str = _MODULE) -> Optional[ModuleType]:
 
 def available() -> bool:
     return load() is not None
+
+
+def isa() -> Optional[str]:
+    """The instruction set of the kernels in use ('generic', 'avx2', 'avx512'), or None
+    when the fallback runs."""
+    mod = load()
+    return None if mod is None else str(mod.isa())
+
+
+def supported_isas() -> list[str]:
+    """The kernel builds this CPU can run, best last ([] when the fallback runs)."""
+    mod = load()
+    return [] if mod is None else [str(x) for x in mod.supported_isas()]
+
+
+def set_isa(name: str) -> None:
+    """Select the kernels' instruction set: 'auto', 'generic', 'avx2' or 'avx512'.
+
+    Raises ValueError for one this CPU cannot run, RuntimeError when amp._C is not in use."""
+    mod = load()
+    if mod is None:
+        raise RuntimeError("amp: the compiled kernels are not in use; there is no ISA to set")
+    mod.set_isa(name)
 
 
 def reset() -> None:

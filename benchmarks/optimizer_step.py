@@ -1,4 +1,5 @@
-"""One mixed-precision optimizer step: torch's best CPU sequence vs amp's two fused paths.
+"""One mixed-precision optimizer step: torch's best CPU sequence vs amp's two fused paths,
+each measured against a limit probe with the step's own memory access pattern.
 
 Cases (each over ~100 tensors of uneven sizes):
   (a) fp32 model: GradScaler.unscale_ + clip_grad_norm_(foreach=True) + AdamW(fused=True)
@@ -13,28 +14,40 @@ against amp's FusedAdam (clipping with max_grad_norm) on its two paths:
   deferred (opt-in, defer_unscale=True): a read-only check + norm pass, then the step unscales
       as it reads (_amp_grads_nonfinite + _amp_fused_step); gradients stay scaled in memory.
 
-The machine's memory bandwidth drifts between states, so contenders run interleaved round
-by round, and the speed-up is the median of per-round ratios. A STREAM-style triad runs in
-every round too; "BW%" is the bytes the ideal (deferred) fused step must move (norm pass +
-update pass) / time / triad bandwidth. "exact cost" is apex-exact's time over deferred's.
+The limit probe (amp._C._limit_probe) is C loops (OpenMP, the same threads, vectorised, four
+accumulators in the reduction) that move exactly the bytes of the ideal two-pass step over the
+same tensor list with trivial arithmetic: pass 1 reads the grads, pass 2 reads grads, params
+and moments and writes params and moments in place (and the bf16 copy in (b)). "% probe" is
+the probe's time over a contender's, median of per-round ratios: 100% = at the memory limit
+for that access pattern. A STREAM triad (24 bytes/element counted, write-allocate not) is
+shown for reference only.
+
+The machine's memory bandwidth drifts between states, and the dev machine is shared, so
+contenders run interleaved round by round (order rotated), and every ratio is the median of
+per-round ratios; the load average is printed with the results.
 
     python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--threads 2] [--rounds N]
+        [--cases ab] [--others] [--profile] [--json FILE|-]
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
+import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 
 from amp import _ext
 from amp._fused_unscale import unscale_pairs
-from amp.optimizers import FusedAdam
+from amp.optimizers import FusedAdagrad, FusedAdam, FusedMixedPrecisionLamb, FusedNovoGrad
 
 LR, WD, MAX_NORM, SCALE = 1e-3, 0.01, 1.0, 2.0**16
 
@@ -94,18 +107,37 @@ class Phases:
             self._t = now
 
 
+Step = Callable[[], Any]
+
+
 @dataclass
 class Case:
     name: str
-    ideal_bytes: int
-    torch_step: Callable[[], None]
-    fused_step: Callable[[], None]  # deferred
-    exact_step: Callable[[], None]  # apex-exact (amp's default)
+    size: int
+    ideal_bytes: int  # what the ideal two-pass (deferred) step must move
+    steps: dict[str, Step]  # contender -> one step; "probe" is the yardstick
     reset: Callable[[], None]  # restores the gradients unscaled in place by a previous step
     phases: Phases
+    torch_name: str = "torch"
+    # Bytes the probe moves, when its pattern is not the contender's (LAMB's third pass):
+    # "% probe" then compares bandwidths, ideal_bytes / time against the probe's.
+    probe_bytes: Optional[int] = None
+    # --profile: the probe's passes on their own, timed as phases beside the steps' phases.
+    probe_passes: dict[str, Step] = field(default_factory=dict)
 
 
-def make_case(kind: str, sizes: list[int]) -> Case:
+def _probe_step(mod: Any, grads: list[torch.Tensor], params: list[torch.Tensor],
+                states: int, half: Optional[list[torch.Tensor]], passes: int = 3) -> Step:
+    """The limit probe over its own copies of params and moments (it overwrites them);
+    `passes` 1 or 2: only the read or the update pass (--profile)."""
+    p = [x.detach().float().clone() for x in params]
+    m = [torch.zeros_like(x) for x in p]
+    v = [torch.zeros_like(x) for x in p] if states == 2 else None
+    h = None if half is None else [x.detach().clone() for x in half]
+    return lambda: mod._limit_probe(grads, p, m, v, h, passes)
+
+
+def make_case(kind: str, sizes: list[int], mod: Any) -> Case:
     gen = torch.Generator().manual_seed(1)
     model_dtype = torch.float32 if kind == "a" else torch.bfloat16
     init = [torch.randn(n, generator=gen) for n in sizes]
@@ -169,10 +201,10 @@ def make_case(kind: str, sizes: list[int]) -> Case:
         inv = 1.0 / f_scaler.scale
         found_inf = f_opt._amp_grads_nonfinite(model_groups, inv)
         f_scaler.update(found_inf)
-        ph.mark("fused: check + norm pass")
+        ph.mark("defer: check + norm pass")
         if not found_inf:
             f_opt._amp_fused_step(model_groups, inv)
-        ph.mark("fused: update pass")
+        ph.mark("defer: update pass")
 
     # --- apex-exact: amp's unscale pass writes unscaled grads, the step reads them --------
     e_masters = [x.clone() for x in init]
@@ -199,6 +231,11 @@ def make_case(kind: str, sizes: list[int]) -> Case:
                 p.grad = None
         ph.mark("exact: update pass")
 
+    # --- the limit probe: the deferred step's bytes (grads as the model holds them) ----
+    probe_args = ([p.grad for p in f_model], init, 2, None if kind == "a" else f_model)
+    probe = _probe_step(mod, *probe_args)
+    probe_passes = {f"probe: pass {k}": _probe_step(mod, *probe_args, passes=k) for k in (1, 2)}
+
     def reset() -> None:
         torch._foreach_copy_(t_model_grads, grads0)
         torch._foreach_copy_(e_model_grads, grads0)
@@ -208,11 +245,89 @@ def make_case(kind: str, sizes: list[int]) -> Case:
     gb = 4 if kind == "a" else 2
     ideal = n * (gb + gb + 12 + 12 + (2 if kind == "b" else 0))
     name = "(a) fp32" if kind == "a" else "(b) bf16+fp32 master"
-    return Case(name, ideal, torch_step, fused_step, exact_step, reset, ph)
+    steps = {"torch": torch_step, "exact": exact_step, "defer": fused_step, "probe": probe}
+    return Case(name, n, ideal, steps, reset, ph, probe_passes=probe_passes)
 
 
-def bench(case: Case, triad: Triad, rounds: int) -> dict:
-    steps = {"torch": case.torch_step, "fused": case.fused_step, "exact": case.exact_step}
+def make_other_case(opt_name: str, sizes: list[int], mod: Any) -> Case:
+    """The optimizers beyond Adam, bf16 model + fp32 masters, amp's deferred path (grads
+    scaled; a check + norm pass, then the update) -- FusedMixedPrecisionLamb standalone, as
+    it is used (its own fp32 masters, a GradScaler handed to step) -- against torch's
+    equivalent where torch has one, and the probe for the same access pattern."""
+    gen = torch.Generator().manual_seed(2)
+    init = [torch.randn(n, generator=gen) for n in sizes]
+    grads0 = [(torch.randn(n, generator=gen) * 1e-3 * SCALE).to(torch.bfloat16) for n in sizes]
+    n = sum(sizes)
+    ph = Phases()
+    steps: dict[str, Step] = {}
+    model = [x.to(torch.bfloat16) for x in init]
+    for p, g in zip(model, grads0):
+        p.grad = g.clone()
+    torch_name = "-"
+    if opt_name == "adagrad":
+        masters = [x.clone() for x in init]
+        opt: Any = FusedAdagrad(masters, lr=1e-2, weight_decay=WD)
+        states, passes_bytes = 1, 2 + 2 + 8 + 8 + 2  # g; g, p, sum read; p, sum, bf16 written
+        t_params = [x.clone().requires_grad_() for x in init]
+        t_model = [x.to(torch.bfloat16) for x in init]
+        for p in t_params:
+            p.grad = torch.empty_like(p)
+        t_opt = torch.optim.Adagrad(t_params, lr=1e-2, weight_decay=WD, fused=True)
+        t_scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+        t_scaler.scale(torch.ones(()))
+        t_grads = [p.grad for p in t_params]
+
+        def torch_step() -> None:
+            torch._foreach_copy_(t_grads, grads0)
+            t_scaler.unscale_(t_opt)
+            t_scaler.step(t_opt)
+            t_scaler.update()
+            torch._foreach_copy_(t_model, t_params)
+
+        steps["torch"] = torch_step
+        torch_name = "Adagrad(fused)"
+    elif opt_name == "novograd":
+        masters = [x.clone() for x in init]
+        opt = FusedNovoGrad(masters, lr=1e-3, weight_decay=WD)
+        states, passes_bytes = 1, 2 + 2 + 8 + 8 + 2
+    elif opt_name == "mplamb":
+        opt = FusedMixedPrecisionLamb(model, lr=1e-3, weight_decay=WD,
+                                      reduced_precision_dtype=torch.bfloat16)
+        # norm pass g; stage 1 reads g, p, m, v and writes m, v; stage 2 reads p, m, v and
+        # writes p and the bf16 copy (LAMB needs the per-tensor norms between the two).
+        states, passes_bytes = 2, 2 + (2 + 12 + 8) + (12 + 4 + 2)
+    else:
+        raise ValueError(f"unknown optimizer {opt_name!r}")
+    if opt_name == "mplamb":
+        scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+        scaler.scale(torch.ones(()))
+
+        def amp_step() -> None:
+            with warnings.catch_warnings():  # torch's notice about this very protocol
+                warnings.simplefilter("ignore", FutureWarning)
+                scaler.step(opt)  # hands itself to step(): unscaled as the kernel reads
+            scaler.update()
+    else:
+        f_scaler = MinimalScaler()
+        groups = [model]
+
+        def amp_step() -> None:
+            inv = 1.0 / f_scaler.scale
+            found_inf = opt._amp_grads_nonfinite(groups, inv)
+            f_scaler.update(found_inf)
+            if not found_inf:
+                opt._amp_fused_step(groups, inv)
+
+    steps["defer"] = amp_step
+    steps["probe"] = _probe_step(mod, [p.grad for p in model], init, states, model)
+    probe_bytes = n * (2 + 2 + 4 + 4 * states * 2 + 4 + 2)  # g; g, p, state(s) r+w, p w, bf16
+    return Case(f"{opt_name} (b) bf16", n, n * passes_bytes, steps, lambda: None, ph,
+                torch_name=torch_name,
+                probe_bytes=None if probe_bytes == n * passes_bytes else probe_bytes)
+
+
+def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
+    steps = case.steps
     names = list(steps)
     for _ in range(3):  # warm-up (state allocation, first-touch page faults)
         for who in names:
@@ -222,59 +337,173 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict:
     bws = []
     for r in range(rounds):
         bws.append(triad())
-        for who in names[r % 3:] + names[:r % 3]:  # rotate the order round by round
+        k = r % len(names)
+        for who in names[k:] + names[:k]:  # rotate the order round by round
             case.reset()
             t0 = time.perf_counter()
             steps[who]()
             times[who].append(time.perf_counter() - t0)
+        if case.phases.on:
+            for name, fn in case.probe_passes.items():
+                t0 = time.perf_counter()
+                fn()
+                case.phases.times.setdefault(name, []).append(time.perf_counter() - t0)
     if case.phases.on:
         for name, ts in case.phases.times.items():
             print(f"        {name:<36} {statistics.median(ts) * 1e3:9.2f} ms")
     bw = statistics.median(bws)
-    med = {who: statistics.median(ts) for who, ts in times.items()}
 
-    def ratio(a: str, b: str) -> float:  # median of per-round ratios a/b
+    def ratio(a: str, b: str) -> float:  # median of per-round ratios time(a) / time(b)
         return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
-    return dict(torch_ms=med["torch"] * 1e3, fused_ms=med["fused"] * 1e3,
-                exact_ms=med["exact"] * 1e3, speedup=ratio("torch", "fused"),
-                exact_speedup=ratio("torch", "exact"), exact_cost=ratio("exact", "fused"),
-                fused_bw=case.ideal_bytes / med["fused"] / bw,
-                exact_bw=case.ideal_bytes / med["exact"] / bw, triad=bw / 1e9)
+    res: dict[str, Any] = {"case": case.name, "params": case.size, "rounds": rounds,
+                           "ideal_bytes": case.ideal_bytes, "triad_gbs": bw / 1e9}
+    probe_bytes = case.probe_bytes or case.ideal_bytes
+    for who in names:
+        res[f"{who}_ms"] = statistics.median(times[who]) * 1e3
+        # The fastest round: on a loaded machine, the closest to an undisturbed step
+        # (diagnostics only; every ratio above is a median of per-round ratios).
+        res[f"{who}_min_ms"] = min(times[who]) * 1e3
+        if who != "probe":  # time ratio, scaled to bandwidths where the patterns differ
+            res[f"{who}_pct_probe"] = (100.0 * ratio("probe", who) * case.ideal_bytes
+                                       / probe_bytes)
+        if who not in ("torch", "probe") and "torch" in names:
+            res[f"{who}_speedup"] = ratio("torch", who)
+    res["probe_gbs"] = probe_bytes / statistics.median(times["probe"]) / 1e9
+    if "exact" in names and "defer" in names:
+        res["exact_cost"] = ratio("exact", "defer")
+    return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+# Issue 18's targets: (size, case) -> (min speed-up over torch, min % of the probe or None).
+TARGETS: dict[tuple[int, str], tuple[float, Optional[float]]] = {
+    (50_000_000, "a"): (1.5, 90.0),
+    (50_000_000, "b"): (2.5, 90.0),
+    (1_000_000, "a"): (3.0, None),
+    (1_000_000, "b"): (3.0, None),
+}
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"cpu": model, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "isa": _ext.isa() or "fallback (amp._C unavailable!)",
+            "isas_supported": _ext.supported_isas(), "loadavg": [round(x, 2) for x in load],
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _fmt_x(res: dict[str, Any], key: str) -> str:
+    return f"{res[key]:>7.2f}x" if key in res else f"{'-':>8}"
+
+
+def _fmt_pct(res: dict[str, Any], key: str) -> str:
+    return f"{res[key]:>6.0f}%" if key in res else f"{'-':>7}"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7, 5e7])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=0, help="0: 60 / 30 / 15 by size")
     ap.add_argument("--cases", default="ab")
+    ap.add_argument("--others", default="adagrad,novograd,mplamb",
+                    help="other optimizers, comma-separated ('' for none), at the sizes given")
     ap.add_argument("--profile", action="store_true", help="also print per-phase medians")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-': stdout)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     mod = _ext.load()
-    isa = mod.isa() if mod is not None else "fallback (amp._C unavailable!)"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, amp kernels: {isa}")
+    if mod is None:
+        print("amp._C is unavailable: nothing to measure against the probe", file=sys.stderr)
+        return 1
+    info = machine()
     triad = Triad()
+    info["triad_gbs"] = statistics.median(triad() for _ in range(5)) / 1e9
+    print(f"cpu: {info['cpu']} ({info['cpus']} CPUs); amp kernels: {info['isa']} "
+          f"(this CPU runs: {', '.join(info['isas_supported'])}); {info['threads']} threads; "
+          f"torch {info['torch']}")
+    print(f"load average at start: {' '.join(map(str, info['loadavg']))}; STREAM triad "
+          f"{info['triad_gbs']:.1f} GB/s (24 B/element counted)")
     header = (f"{'params':>7} {'case':<22} {'torch ms':>9} {'exact ms':>9} {'defer ms':>9} "
-              f"{'exact x':>8} {'defer x':>8} {'exact cost':>10} {'exact BW%':>9} "
-              f"{'defer BW%':>9} {'triad GB/s':>10}")
+              f"{'probe ms':>9} {'exact x':>8} {'defer x':>8} {'ex/defer':>8} {'exact%pr':>8} "
+              f"{'defer%pr':>8} {'torch%pr':>8} {'probe GB/s':>10} {'triad GB/s':>10}")
     print(header)
     print("-" * len(header))
+    results: list[dict[str, Any]] = []
+    verdicts: list[str] = []
     for size in args.sizes:
         total = int(size)
         rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15)
         for kind in args.cases:
-            case = make_case(kind, uneven_sizes(total))
+            case = make_case(kind, uneven_sizes(total), mod)
             case.phases.on = args.profile
             res = bench(case, triad, rounds)
+            res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+            results.append(res)
             print(f"{total / 1e6:>6g}M {case.name:<22} {res['torch_ms']:>9.2f} "
-                  f"{res['exact_ms']:>9.2f} {res['fused_ms']:>9.2f} "
-                  f"{res['exact_speedup']:>7.2f}x {res['speedup']:>7.2f}x "
-                  f"{res['exact_cost']:>9.2f}x {res['exact_bw'] * 100:>8.0f}% "
-                  f"{res['fused_bw'] * 100:>8.0f}% {res['triad']:>10.1f}", flush=True)
+                  f"{res['exact_ms']:>9.2f} {res['defer_ms']:>9.2f} {res['probe_ms']:>9.2f} "
+                  f"{_fmt_x(res, 'exact_speedup')} {_fmt_x(res, 'defer_speedup')} "
+                  f"{_fmt_x(res, 'exact_cost')} {_fmt_pct(res, 'exact_pct_probe'):>8} "
+                  f"{_fmt_pct(res, 'defer_pct_probe'):>8} "
+                  f"{_fmt_pct(res, 'torch_pct_probe'):>8} {res['probe_gbs']:>10.1f} "
+                  f"{res['triad_gbs']:>10.1f}", flush=True)
+            target = TARGETS.get((total, kind))
+            if target is not None:
+                for who in ("defer", "exact"):
+                    x, pct = res[f"{who}_speedup"], res[f"{who}_pct_probe"]
+                    ok = x >= target[0] and (target[1] is None or pct >= target[1])
+                    want = f">= {target[0]}x" + ("" if target[1] is None
+                                                 else f" and >= {target[1]:.0f}% of probe")
+                    verdicts.append(f"  {total / 1e6:g}M {case.name} {who}: {x:.2f}x, "
+                                    f"{pct:.0f}% of probe (target {want}): "
+                                    f"{'met' if ok else 'MISSED'}")
             del case
             gc.collect()
+    others = [o for o in args.others.split(",") if o]
+    if others:
+        print()
+        head2 = (f"{'params':>7} {'optimizer':<22} {'torch':<15} {'torch ms':>9} {'amp ms':>9} "
+                 f"{'probe ms':>9} {'amp x':>8} {'amp%pr':>8} {'probe GB/s':>10}")
+        print(head2)
+        print("-" * len(head2))
+        for size in args.sizes:
+            total = int(size)
+            rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000
+                                     else 15)
+            for opt_name in others:
+                case = make_other_case(opt_name, uneven_sizes(total), mod)
+                res = bench(case, triad, rounds)
+                res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+                results.append(res)
+                torch_ms = f"{res['torch_ms']:>9.2f}" if "torch_ms" in res else f"{'-':>9}"
+                print(f"{total / 1e6:>6g}M {case.name:<22} {case.torch_name:<15} {torch_ms} "
+                      f"{res['defer_ms']:>9.2f} {res['probe_ms']:>9.2f} "
+                      f"{_fmt_x(res, 'defer_speedup')} {_fmt_pct(res, 'defer_pct_probe'):>8} "
+                      f"{res['probe_gbs']:>10.1f}", flush=True)
+                del case
+                gc.collect()
+    end_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nload average at end: {end_load}")
+    if verdicts:
+        print("targets (issue 18; median of per-round ratios):")
+        print("\n".join(verdicts))
+    if args.json:
+        doc = {"machine": info, "results": results, "targets": verdicts}
+        text = json.dumps(doc, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
     return 0
 
 

@@ -102,9 +102,11 @@ void adam(const TensorList& grads, const TensorList& params, const TensorList& e
   a.adam_w_mode = adam_w_mode ? 1 : 0;
   int64_t total;
   const auto cs = make_chunks(cg.numels, &total);
+  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cm, &cv}, {&cp, &cm, &cv, &ch}));
   run_chunks(cs, total, [&](size_t, const Chunk& c) {
     const size_t t = c.tensor;
-    g_ops->adam(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), ref_or_null(ch, t), c.off, c.n, a);
+    g_ops->adam(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off, c.n,
+                a);
   });
 }
 
@@ -132,9 +134,11 @@ void sgd(const TensorList& grads, const TensorList& params,
   a.first_run = first_run;
   int64_t total;
   const auto cs = make_chunks(cg.numels, &total);
+  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cb}, {&cp, &cb, &ch}));
   run_chunks(cs, total, [&](size_t, const Chunk& c) {
     const size_t t = c.tensor;
-    g_ops->sgd(cg.ref(t), cp.ref(t), ref_or_null(cb, t), ref_or_null(ch, t), c.off, c.n, a);
+    g_ops->sgd(cg.ref(t), cp.ref(t), ref_or_null(cb, t), half_ref(ch, t, stream), c.off, c.n,
+               a);
   });
 }
 
@@ -183,9 +187,11 @@ at::Tensor lamb(const TensorList& grads, const TensorList& params, const TensorL
     const bool trust = use_nvlamb || weight_decay != 0.0;
     r[t] = static_cast<float>(trust && u != 0.0 && p != 0.0 ? lr * (p / u) : lr);
   }
+  const bool stream = stream_half(step_bytes(total, {&cp, &cm, &cv}, {&cp, &ch}));
   run_chunks(cs, total, [&](size_t, const Chunk& c) {
     const size_t t = c.tensor;
-    g_ops->lamb_stage2(cp.ref(t), cm.ref(t), cv.ref(t), ref_or_null(ch, t), c.off, c.n, a, r[t]);
+    g_ops->lamb_stage2(cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off, c.n, a,
+                       r[t]);
   });
   return ratios;
 }
@@ -208,14 +214,26 @@ using namespace amp_ops;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb, adagrad, "
             "novograd; apex's multi_tensor_* entry points)";
+  // AMP_KERNEL_ISA forces a build (tests, benchmarks); one this CPU cannot run, or a
+  // misspelt name, must not make the import fail: auto is used, and amp._ext warns with
+  // the reason kept in _isa_note.
+  std::string note;
   const char* forced = std::getenv("AMP_KERNEL_ISA");
-  set_isa(forced && *forced ? forced : "auto");
+  try {
+    set_isa(forced && *forced ? forced : "auto");
+  } catch (const std::exception& e) {
+    note = e.what();
+    set_isa("auto");
+  }
+  m.attr("_isa_note") = note;
   m.attr("__torch_version__") = AMP_TORCH_VERSION;
   m.attr("chunk_size") = kChunk;
   m.def("isa", [] { return std::string(g_ops->name); }, "ISA of the kernels in use");
   m.def("_parallel_threads_seen", &parallel_threads_seen,
         "threads at::parallel_for used (a build check: OpenMP must be on)");
-  m.def("set_isa", &set_isa, py::arg("name"), "Select kernels: 'auto', 'generic' or 'avx2'");
+  m.def("set_isa", &set_isa, py::arg("name"),
+        "Select kernels: 'auto', 'generic', 'avx2' or 'avx512'");
+  m.def("supported_isas", &supported_isas, "The kernel builds this CPU can run, best last");
   m.def("scale", &scale, py::arg("inputs"), py::arg("outputs"), py::arg("scale"),
         "outputs[i] = inputs[i] * scale; returns True if any result is non-finite");
   m.def("axpby", &axpby, py::arg("xs"), py::arg("ys"), py::arg("outputs"), py::arg("a"),

@@ -11,10 +11,14 @@ namespace amp_kernels {
 
 enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// One tensor's storage: data pointer of element 0 and its element type.
+// One tensor's storage: data pointer of element 0 and its element type. `stream` (set by
+// the driver only on the half model copy, and only when the step's arrays exceed the
+// last-level cache) writes it with non-temporal stores: the copy is write-only here, so a
+// normal store would first read every line from memory (write-allocate) only to evict it.
 struct Ref {
   void* ptr;
   int dtype;
+  int stream = 0;
 };
 
 // Sum of squares of (x * scale) over a range and whether every value was finite.
@@ -91,9 +95,15 @@ struct OpsTable {
   // `denom`: this tensor's norm / bias correction 2 + eps.
   void (*novograd)(Ref g, Ref p, Ref m, Ref half, int64_t off, int64_t n,
                    const NovoGradArgs& a, float denom);
+  // The limit probe (benchmarks/optimizer_step.py): the ideal two-pass step's memory traffic
+  // with trivial arithmetic. Pass 1 reads g (sum of squares, as the norm/non-finite pass);
+  // pass 2 reads g, p, m, v and writes p, m, v (fp32) and the half copy when given.
+  double (*probe_read)(Ref g, int64_t off, int64_t n);
+  void (*probe_update)(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n);
 };
 
 const OpsTable& ops_generic();
 const OpsTable& ops_avx2();
+const OpsTable& ops_avx512();
 
 }  // namespace amp_kernels

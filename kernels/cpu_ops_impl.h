@@ -26,6 +26,13 @@ static inline float u2f(uint32_t u) {
   return f;
 }
 
+#ifndef AMP_HAVE_STREAM
+#define AMP_HAVE_STREAM 0
+#endif
+#ifndef AMP_HAVE_AVX2
+#define AMP_HAVE_AVX2 0
+#endif
+
 // IEEE half <-> float, branch-free so loops over them vectorize without F16C.
 static inline float h2f(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -71,8 +78,18 @@ static inline void narrow_f16(const float* s, uint16_t* d, int n) {
 }
 
 static inline void widen_bf16(const uint16_t* s, float* d, int n) {
+  int i = 0;
+#if AMP_HAVE_AVX2
+  // One zero-extending load per 8 values: the vectoriser's own widening takes two 128-bit
+  // halves and an insert per 8 (the values are the same: a bf16 is a float's top half).
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                              reinterpret_cast<const __m128i*>(s + i))),
+                                          16));
+#endif
 #pragma omp simd
-  for (int i = 0; i < n; ++i) d[i] = u2f(static_cast<uint32_t>(s[i]) << 16);
+  for (int j = i; j < n; ++j) d[j] = u2f(static_cast<uint32_t>(s[j]) << 16);
 }
 
 static inline void narrow_bf16(const float* s, uint16_t* d, int n) {  // like c10::BFloat16
@@ -99,16 +116,46 @@ static inline float* out_buffer(Ref r, int64_t off, float* tmp) {
   return r.dtype == kF32 ? static_cast<float*>(r.ptr) + off : tmp;
 }
 
-// Writes a float block into `r` (a no-op when `src` already is r's memory).
+// Copies `bytes` (a multiple of 2) from an L1-resident buffer to `d` with non-temporal
+// stores where the ISA has them (SSE2 on every x86-64; 16 bytes a store is enough, the
+// write-combining buffer assembles whole lines). The driver fences after each thread's
+// share (driver.h), so the data is visible to whoever reads it after the call.
+static inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if AMP_HAVE_STREAM
+  int64_t i = 0;
+  const int64_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (head >= bytes) {
+    std::memcpy(d, s, bytes);
+    return;
+  }
+  std::memcpy(d, s, head);
+  for (i = head; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(d, s, bytes);
+#endif
+}
+
+// Writes a float block into `r` (a no-op when `src` already is r's memory). The rounding
+// is the same with or without `r.stream`; only the kind of store differs.
 static inline void release(Ref r, int64_t off, int n, const float* src) {
   if (r.dtype == kF32) {
     float* d = static_cast<float*>(r.ptr) + off;
-    if (d != src) std::memcpy(d, src, sizeof(float) * n);
+    if (d == src) return;
+    if (r.stream) stream_copy(d, src, sizeof(float) * n);
+    else std::memcpy(d, src, sizeof(float) * n);
     return;
   }
   uint16_t* d = static_cast<uint16_t*>(r.ptr) + off;
-  if (r.dtype == kBF16) narrow_bf16(src, d, n);
-  else narrow_f16(src, d, n);
+  alignas(64) uint16_t narrowed[kBlock];
+  uint16_t* to = r.stream ? narrowed : d;  // n <= kBlock: every caller works in blocks
+  if (r.dtype == kBF16) narrow_bf16(src, to, n);
+  else narrow_f16(src, to, n);
+  if (r.stream) stream_copy(d, narrowed, sizeof(uint16_t) * n);
 }
 
 static inline uint32_t nonfinite_bits(float y) {
@@ -173,6 +220,26 @@ static inline f8 load8(const float* p) {
   return v;
 }
 
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+static inline f8 load8_bf16(const uint16_t* p) {
+#if AMP_HAVE_AVX2
+  const __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  f8 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+#else
+  u16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+  f8 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+#endif
+}
+
 static inline float hsum(f8 v) {
   float s = 0.f;
   for (int j = 0; j < 8; ++j) s += v[j];
@@ -180,13 +247,20 @@ static inline float hsum(f8 v) {
 }
 
 // Sum of squares of one block of x*s (float accumulation, as above); *finite is cleared
-// when an element itself is non-finite. Shared by k_sumsq and k_scale_sumsq.
-static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
+// when an element itself is non-finite. Shared by k_sumsq and k_scale_sumsq. kBf16: x is
+// bf16, widened in registers (the same floats as widen_bf16 makes, summed in the same
+// order, so the result is the same bits as widening the block first).
+template <bool kBf16>
+static inline float block_sumsq_t(const void* xv, int k, float s, bool* finite) {
+  const float* xf = static_cast<const float*>(xv);
+  const uint16_t* xh = static_cast<const uint16_t*>(xv);
+  auto at8 = [&](int i) { return kBf16 ? load8_bf16(xh + i) : load8(xf + i); };
+  auto at = [&](int i) { return kBf16 ? u2f(static_cast<uint32_t>(xh[i]) << 16) : xf[i]; };
   f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int i = 0;
   for (; i + 32 <= k; i += 32) {
-    const f8 x0 = load8(x + i) * s, x1 = load8(x + i + 8) * s;
-    const f8 x2 = load8(x + i + 16) * s, x3 = load8(x + i + 24) * s;
+    const f8 x0 = at8(i) * s, x1 = at8(i + 8) * s;
+    const f8 x2 = at8(i + 16) * s, x3 = at8(i + 24) * s;
     a0 += x0 * x0;
     a1 += x1 * x1;
     a2 += x2 * x2;
@@ -194,24 +268,31 @@ static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
   }
   float blk = hsum(a0 + a1 + a2 + a3);
   for (; i < k; ++i) {
-    const float v = x[i] * s;
+    const float v = at(i) * s;
     blk += v * v;
   }
   if (!std::isfinite(blk)) {  // rare: find out whether an element itself is non-finite
     uint32_t bad = 0;
-    for (int j = 0; j < k; ++j) bad |= nonfinite_bits(x[j] * s);
+    for (int j = 0; j < k; ++j) bad |= nonfinite_bits(at(j) * s);
     if (bad) *finite = false;
   }
   return blk;
+}
+
+static inline float block_sumsq(const float* x, int k, float s, bool* finite) {
+  return block_sumsq_t<false>(x, k, s, finite);
 }
 
 static NormPart k_sumsq(Ref xr, int64_t off, int64_t n, float s) {
   alignas(64) float tx[kBlock];
   double total = 0.0;
   bool finite = true;
-  for (int64_t b = 0; b < n; b += kBlock) {
+  for (int64_t b = 0; b < n; b += kBlock) {  // same blocks, same sums, either way
     const int k = static_cast<int>(std::min<int64_t>(kBlock, n - b));
-    total += block_sumsq(acquire(xr, off + b, k, tx), k, s, &finite);
+    if (xr.dtype == kBF16)
+      total += block_sumsq_t<true>(static_cast<const uint16_t*>(xr.ptr) + off + b, k, s, &finite);
+    else
+      total += block_sumsq(acquire(xr, off + b, k, tx), k, s, &finite);
   }
   return NormPart{total, finite};
 }

@@ -9,9 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cpu_ops.h"
 
@@ -39,17 +43,45 @@ inline bool cpu_has_avx2() {
 #endif
 }
 
+// libgcc answers from CPUID and XCR0 together, so this is false where the OS (or a
+// hypervisor) does not save the ZMM registers, even on a CPU that has the instructions.
+inline bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 inline void set_isa(const std::string& name) {
   if (name == "generic") {
     g_ops = &amp_kernels::ops_generic();
   } else if (name == "avx2") {
     if (!cpu_has_avx2()) throw py::value_error("amp._C: this CPU lacks AVX2/FMA/F16C");
     g_ops = &amp_kernels::ops_avx2();
+  } else if (name == "avx512") {
+    if (!cpu_has_avx512())
+      throw py::value_error("amp._C: this CPU (or its OS) lacks AVX-512 F/BW/VL/DQ");
+    g_ops = &amp_kernels::ops_avx512();
   } else if (name == "auto") {
-    g_ops = cpu_has_avx2() ? &amp_kernels::ops_avx2() : &amp_kernels::ops_generic();
+    g_ops = cpu_has_avx512() ? &amp_kernels::ops_avx512()
+            : cpu_has_avx2() ? &amp_kernels::ops_avx2()
+                             : &amp_kernels::ops_generic();
   } else {
-    throw py::value_error("amp._C: unknown ISA '" + name + "' (expected auto, generic or avx2)");
+    throw py::value_error("amp._C: unknown ISA '" + name +
+                          "' (expected auto, generic, avx2 or avx512)");
   }
+}
+
+// The ISAs this CPU can run, best last (for amp._ext and the benchmark's machine line).
+inline std::vector<std::string> supported_isas() {
+  std::vector<std::string> out = {"generic"};
+  if (cpu_has_avx2()) out.push_back("avx2");
+  if (cpu_has_avx512()) out.push_back("avx512");
+  return out;
 }
 
 inline int dtype_code(const at::Tensor& t, const char* list, size_t i) {
@@ -123,6 +155,27 @@ inline Ref ref_or_null(const Checked& c, size_t i) {
   return c.ptrs.empty() ? Ref{nullptr, 0} : c.ref(i);
 }
 
+inline int64_t elem_bytes(int dtype) { return dtype == amp_kernels::kF32 ? 4 : 2; }
+
+// The half model copy's Ref for tensor i: streamed when the whole step (`step_bytes`,
+// everything it reads and writes) exceeds the last-level cache.
+inline Ref half_ref(const Checked& c, size_t i, bool stream) {
+  Ref r = ref_or_null(c, i);
+  r.stream = stream && r.ptr ? 1 : 0;
+  return r;
+}
+
+// Bytes of a step over these lists (each read, those written counted again).
+inline int64_t step_bytes(int64_t total, std::initializer_list<const Checked*> read,
+                          std::initializer_list<const Checked*> written) {
+  int64_t per = 0;
+  for (const Checked* c : read)
+    if (!c->ptrs.empty()) per += elem_bytes(c->dtype);
+  for (const Checked* c : written)
+    if (!c->ptrs.empty()) per += elem_bytes(c->dtype);
+  return per * total;
+}
+
 struct Chunk {
   int32_t tensor;
   int64_t off;
@@ -141,19 +194,71 @@ inline std::vector<Chunk> make_chunks(const std::vector<int64_t>& numels, int64_
   return cs;
 }
 
+// Makes this thread's non-temporal stores (the streamed half copy) visible before the
+// parallel region ends, as for ordinary stores.
+inline void store_fence() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_ia32_sfence();
+#endif
+}
+
 // The multi-tensor driver: f(chunk_index, chunk) for every chunk, in parallel
 // when there is enough work. Results that need reducing go into per-chunk
 // slots and are summed in chunk order, so they do not depend on thread count.
+//
+// One parallel region per call, and each thread gets ONE contiguous run of chunks holding
+// about total / threads elements. (at::parallel_for over the chunk indices splits by chunk
+// COUNT: with a model's uneven tensor sizes one thread could get most of the elements and
+// the other wait for it.) The chunk size itself only sets the granularity of that split and
+// of the reductions, which keeps it out of the results' rounding being any different from
+// before: chunks are still kChunk elements of one tensor.
 template <class F>
 inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) {
   if (total < kSerialBelow || cs.size() < 2) {
     for (size_t i = 0; i < cs.size(); ++i) f(i, cs[i]);
+    store_fence();
     return;
   }
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(cs.size()));
+  // first[t]: the first chunk of thread t (the first one that starts at or after t's share).
+  std::vector<size_t> first(nt + 1, cs.size());
+  first[0] = 0;
+  int64_t seen = 0;
+  int64_t t = 1;
+  for (size_t i = 0; i < cs.size() && t < nt; ++i) {
+    while (t < nt && seen >= total * t / nt) first[t++] = i;
+    seen += cs[i].n;
+  }
   py::gil_scoped_release no_gil;
-  at::parallel_for(0, static_cast<int64_t>(cs.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(static_cast<size_t>(i), cs[i]);
+  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w)
+      for (size_t i = first[w]; i < first[w + 1]; ++i) f(i, cs[i]);
+    store_fence();
   });
+}
+
+// Whether a step's half model copy should be written with non-temporal stores: when the
+// arrays the step streams (`bytes`) exceed the last-level cache, the copy would be evicted
+// before anything reads it again, so loading its lines first (write-allocate) is wasted.
+// Below that, ordinary stores keep the copy in cache for the forward pass that follows.
+inline int64_t last_level_cache_bytes() {
+  static const int64_t llc = [] {
+    long v = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (v <= 0) v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return v > 0 ? static_cast<int64_t>(v) : int64_t(32) << 20;  // unknown: assume 32 MiB
+  }();
+  return llc;
+}
+
+inline bool stream_half(int64_t bytes) {
+  if (const char* e = std::getenv("AMP_STREAM_HALF")) {  // benchmarks: force 0 or 1
+    if (*e == '0') return false;
+    if (*e == '1') return true;
+  }
+  return bytes > last_level_cache_bytes();
 }
 
 inline const std::vector<int> kF32Only = {amp_kernels::kF32};

@@ -14,6 +14,8 @@
 #pragma GCC target("avx2,fma,f16c")
 #define AMP_FMA(a, b, c) __builtin_fmaf((a), (b), (c))  // vec::fmadd under AVX2
 #define AMP_HAVE_F16C 1
+#define AMP_HAVE_STREAM 1
+#define AMP_HAVE_AVX2 1
 #define AMP_ISA_NAME "avx2"
 
 namespace amp_kernels {

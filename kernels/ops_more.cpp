@@ -43,9 +43,10 @@ void adagrad(const TensorList& grads, const TensorList& params, const TensorList
   a.w_mode = w_mode ? 1 : 0;
   int64_t total;
   const auto cs = make_chunks(cg.numels, &total);
+  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cs_}, {&cp, &cs_, &ch}));
   run_chunks(cs, total, [&](size_t, const Chunk& c) {
     const size_t t = c.tensor;
-    g_ops->adagrad(cg.ref(t), cp.ref(t), cs_.ref(t), ref_or_null(ch, t), c.off, c.n, a);
+    g_ops->adagrad(cg.ref(t), cp.ref(t), cs_.ref(t), half_ref(ch, t, stream), c.off, c.n, a);
   });
 }
 
@@ -110,11 +111,71 @@ void novograd(const TensorList& grads, const TensorList& params, const TensorLis
   a.weight_decay = static_cast<float>(weight_decay);
   a.grad_scale = gs;
   a.moment_mode = moment_mode;
+  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cm}, {&cp, &cm, &ch}));
   run_chunks(cs, total, [&](size_t, const Chunk& c) {
     const size_t t = c.tensor;
-    g_ops->novograd(cg.ref(t), cp.ref(t), cm.ref(t), ref_or_null(ch, t), c.off, c.n, a,
+    g_ops->novograd(cg.ref(t), cp.ref(t), cm.ref(t), half_ref(ch, t, stream), c.off, c.n, a,
                     denom[t]);
   });
+}
+
+// The limit probe (benchmarks/optimizer_step.py): the ideal two-pass step's memory traffic
+// over these very tensors, with trivial arithmetic, as a yardstick for the real kernels.
+// Unlike run_chunks it has no chunk list at all: each thread takes one contiguous share of
+// all the elements (split at 64-byte multiples, tensors cut wherever a share ends), in one
+// parallel region per pass. `passes`: 1 the read pass, 2 the update pass, 3 both in order.
+// exp_avg_sqs may be None: the one-state pattern (Adagrad's sums, NovoGrad's exp_avg).
+// Returns the read pass's sum of squares (so the compiler cannot drop it), else 0.
+double limit_probe(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
+                   const std::optional<TensorList>& exp_avg_sqs,
+                   const std::optional<TensorList>& model_params, int64_t passes) {
+  if (passes < 1 || passes > 3) throw py::value_error("amp._C._limit_probe: passes is 1, 2 or 3");
+  const Checked cg = check_list(grads, "grads", nullptr);
+  const Checked cp = check_list(params, "params", &cg, &kF32Only);
+  const Checked cm = check_list(exp_avgs, "exp_avgs", &cg, &kF32Only);
+  const Checked cv = exp_avg_sqs ? check_list(*exp_avg_sqs, "exp_avg_sqs", &cg, &kF32Only)
+                                 : Checked{};
+  const Checked ch = check_optional(model_params, "model_params", cg);
+  const size_t ntensors = cg.numels.size();
+  std::vector<int64_t> start(ntensors + 1, 0);  // first global element of each tensor
+  for (size_t t = 0; t < ntensors; ++t) start[t + 1] = start[t] + cg.numels[t];
+  const int64_t total = start[ntensors];
+  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cm, &cv}, {&cp, &cm, &cv, &ch}));
+  const int64_t nt = total < kSerialBelow ? 1 : std::max(1, at::get_num_threads());
+  std::vector<double> part(nt, 0.0);
+  // f(tensor, offset, count) over the pieces of thread w's share.
+  auto share = [&](int64_t w, auto&& f) {
+    const int64_t lo = total * w / nt / 16 * 16;
+    const int64_t hi = w + 1 == nt ? total : total * (w + 1) / nt / 16 * 16;
+    size_t t = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
+    for (int64_t pos = lo; pos < hi && t < ntensors; ++t) {
+      const int64_t end = std::min(hi, start[t + 1]);
+      if (end > pos) f(t, pos - start[t], end - pos);
+      pos = std::max(pos, end);
+    }
+  };
+  py::gil_scoped_release no_gil;
+  if (passes & 1) {
+    at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+      for (int64_t w = b; w < e; ++w)
+        share(w, [&](size_t t, int64_t off, int64_t n) {
+          part[w] += g_ops->probe_read(cg.ref(t), off, n);
+        });
+    });
+  }
+  if (passes & 2) {
+    at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+      for (int64_t w = b; w < e; ++w)
+        share(w, [&](size_t t, int64_t off, int64_t n) {
+          g_ops->probe_update(cg.ref(t), cp.ref(t), cm.ref(t), ref_or_null(cv, t),
+                              half_ref(ch, t, stream), off, n);
+        });
+      store_fence();
+    });
+  }
+  double sum = 0.0;
+  for (double x : part) sum += x;
+  return sum;
 }
 
 }  // namespace amp_ops
@@ -132,4 +193,9 @@ void amp_driver::register_more_ops(py::module& m) {
         py::arg("bias_correction"), py::arg("weight_decay"), py::arg("grad_averaging"),
         py::arg("moment_mode"), py::arg("norm_type"), py::arg("init_norms"),
         py::arg("grad_scale"));
+  m.def("_limit_probe", &amp_ops::limit_probe, py::arg("grads"), py::arg("params"),
+        py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("model_params"),
+        py::arg("passes") = 3,
+        "benchmark yardstick: the ideal step's memory traffic with trivial arithmetic "
+        "(overwrites params and moments)");
 }

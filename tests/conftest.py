@@ -38,12 +38,14 @@ def _select(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     mod.set_isa("auto")
 
 
-@pytest.fixture(params=["avx2", "generic", "fallback"])
+# Every compiled build: one the CPU cannot run (AVX-512 on most machines) is skipped, and
+# the skip says so; the dispatch itself is tested in tests/kernels/test_ext_loading.py.
+@pytest.fixture(params=["avx512", "avx2", "generic", "fallback"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield from _select(request, monkeypatch)
 
 
-@pytest.fixture(params=["avx2", "generic"])
+@pytest.fixture(params=["avx512", "avx2", "generic"])
 def compiled_backend(request: pytest.FixtureRequest,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The compiled kernels only, per ISA (for what exists only in amp._C)."""
