@@ -131,9 +131,11 @@ def _check_network(config: BuildConfig, cells: list[ResolvedCell],
         raise ConfigError(f"--network {name}: offline builds run with no network at all; "
                           "drop --network or --offline", key=key)
     others = sorted({c.backend for c in cells if c.backend not in ("docker", "emulated")})
-    if others or engine is None:
+    if others:
         raise ConfigError(f"--network {name} is for the docker backend; this build uses "
-                          f"{', '.join(others) or 'no engine'}", key=key)
+                          f"{', '.join(others)}", key=key)
+    if engine is None:  # first call: the checks above only
+        return name
     if not engine.has_network(name):
         raise ConfigError(f"--network {name}: the engine at {engine.base_url} has no "
                           f"network {name!r}; expected one from `docker network ls` (create "
@@ -215,6 +217,21 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
     backends = registry()
     here = list(resolution.here)
     elsewhere = list(resolution.elsewhere)
+    # Usage errors (exit 2) first, whatever this host can build.
+    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise ConfigError(f"{project} is not a Python project; expected a folder with "
+                          "pyproject.toml or setup.py", key="--project")
+    if any(c.backend in ("host", "cross") for c in here) and args.parallel > 1:
+        raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
+                          "share this machine's compiler and caches)", key="--parallel")
+    engine = None
+    if config.network is not None or any(c.backend in ("docker", "emulated") for c in here):
+        _check_network(config, list(resolution.cells), None)  # the checks that need no engine
+        from builder.engines.docker import DockerEngine  # noqa: PLC0415 - the docker SDK
+
+        engine = DockerEngine(redactor=ctx.output.redact)
+    network = _check_network(config, list(resolution.cells), engine)
     if elsewhere and not args.all:
         # Named explicitly: not building it is a failure, said with the runner it needs.
         for c in elsewhere:
@@ -222,22 +239,9 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
                 f"{c.backend_reason}; {c.runner_reason}")
         if not here:
             return 1
-    project = Path(args.project).resolve() if args.project else REPO_ROOT
-    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
-        raise ConfigError(f"{project} is not a Python project; expected a folder with "
-                          "pyproject.toml or setup.py", key="--project")
     epoch = resolve_source_date_epoch(project, flag=args.source_date_epoch, env=ctx.env)
-    uses_engine = any(c.backend in ("docker", "emulated") for c in here)
-    engine = None
-    if uses_engine:
-        from builder.engines.docker import DockerEngine  # noqa: PLC0415
-
-        engine = DockerEngine(redactor=ctx.output.redact)
+    if engine is not None:
         _local_base_images(here, engine, err)
-    if any(c.backend in ("host", "cross") for c in here) and args.parallel > 1:
-        raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
-                          "share this machine's compiler and caches)", key="--parallel")
-    network = _check_network(config, here, engine) if here else None
     for c in here:
         err(f"backend for {c.identifier}: {c.backend} -- {c.backend_reason}")
     # Render every docker/emulated recipe before anything runs: a bad value stops it all.
