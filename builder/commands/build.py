@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from builder.arch import ARCHES
 from builder.backends import registry
+from builder.backends.base import Host
 from builder.cli import (
     Context,
     add_config_options,
@@ -169,7 +168,7 @@ def _bundle(config: BuildConfig, wheelhouse: Optional[Path],
         raise ConfigError("--wheelhouse and a bundle both given; the bundle's wheels/ is "
                           "the wheelhouse: drop one", key="--wheelhouse")
     bundle, config = use_bundle(config, ctx.output.err)
-    arch = next(n for n, a in ARCHES.items() if a.machine == platform.machine())  # this host
+    arch = Host(ctx.output.redact).arch  # this host's, with a clear error on another machine
     ref = bundle_base_image(bundle, arch, config.base_image, config.backend,
                             ctx.output.redact, ctx.output.err)
     if ref is not None and ref != config.base_image:
