@@ -26,6 +26,7 @@ from builder.arch import ARCHES
 from builder.errors import BuilderError, ConfigError, EngineUnavailable
 from builder.pipeline_types import CellResult, StepResult
 from builder.redact import Redactor
+from builder.wheel.localversion import add_local_version
 from builder.wheel.reproducible import ENV_VAR as EPOCH_VAR
 from builder.wheel.reproducible import SourceDateEpoch, normalize_wheel
 
@@ -210,6 +211,13 @@ class CellJob:
     @property
     def cell(self) -> Cell:
         return self.resolved.cell
+
+    def label(self, wheel: Path, out_dir: Path) -> Path:
+        """The built wheel's metadata rewrite, the same for every backend: ``+torchX.Y``, the
+        torch pin and, when the resolved cell names a torch-npu release, the ``npu`` extra
+        (builder.wheel.localversion, builder.wheel.npuextra)."""
+        return add_local_version(wheel, self.cell.torch_local, out_dir,
+                                 torch_npu=self.resolved.torch_npu)
 
     def normalize(self, wheel: Path) -> None:
         """The repaired wheel in the canonical zip layout (builder.wheel.reproducible)."""

@@ -29,7 +29,6 @@ from builder.cross.toolchain import (
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
-from builder.wheel.localversion import add_local_version
 from builder.wheel.verify import check_no_bundled_torch
 
 
@@ -125,8 +124,7 @@ class CrossBackend:
             log_path=job.log_path, extra_env=env))  # the cell's log is the build's log
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        labelled = steps("version label", lambda: add_local_version(
-            built.wheel, cell.torch_local, stage / "labelled"))
+        labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
         ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
         repaired = steps("repair", lambda: repair_cross_wheel(
             labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))

@@ -13,7 +13,6 @@ from builder.backends.base import Built, CellJob
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, smoke_in_session
-from builder.wheel.localversion import add_local_version
 from builder.wheel.repair import audit_wheel, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheel.wheelcheck import check_tag_covers_own_code
@@ -34,7 +33,7 @@ def build_in_cell(
         # The label is added outside the project's build, so any project gets +torchX.Y.
         raw = session.copy_out(built.wheel, stage / "raw")
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        labelled = add_local_version(raw, cell.torch_local, stage / "labelled")
+        labelled = job.label(raw, stage / "labelled")
         return session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
 
     inside = steps("version label", label)
