@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
+from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
 from pipelinelib import CELL, dist_state, manifest, run_build, run_plan, seed_dist
 
 from builder.config import REPO_ROOT
@@ -33,12 +34,15 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
         names = zf.namelist()
     assert [n for n in names if n.startswith("amp/_C") and n.endswith(".so")], names
     assert not [n for n in names if "libtorch" in n or "libc10" in n or "libgomp" in n]
+    _check_npu_extra(wheel)
     doc = manifest(dist)
     entry = next(w for w in doc["wheels"] if w["cell"] == CELL)
     assert entry["file"] == wheel.name and entry["size"] == wheel.stat().st_size
     assert entry["torch"].startswith("2.13.0") and entry["python"] == "3.11"
     assert entry["extra"]["backend"] == backend and "amp._C" in entry["extra"]["modules"]
     assert entry["compiler"].startswith("g++")
+    assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11",
+                                                                          "x86_64")
     # The earlier cell's wheel and manifest entry are still there.
     earlier = [n for n in seeded if n.startswith("earlier-")]
     assert all((dist / n).read_bytes() == seeded[n] for n in earlier)
@@ -47,6 +51,14 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert not [p.name for p in dist.iterdir() if p.name.startswith(".") and
                 p.name != ".manifest.lock"]
     return wheel
+
+
+def _check_npu_extra(wheel: Path) -> None:
+    """The built wheel's METADATA: `pip install <wheel>[npu]` pins the torch-npu release that
+    configs/support.yaml pairs with the cell (cp311, x86_64, torch 2.13.0)."""
+    release = expected_torch_npu("2.13.0", "3.11", "x86_64")
+    assert release, "the table pairs torch 2.13.0 with a torch-npu release: the extra must show"
+    assert_npu_extra(wheel_metadata(wheel), release)
 
 
 @pytest.mark.docker
@@ -123,6 +135,7 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     assert r.rc == 0, r.err[-4000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
+    _check_npu_extra(wheel)  # any project gets the extra, as it gets the torch pin
     entry = manifest(tmp_path / "dist")["wheels"][0]
     assert entry["extra"]["modules"] == ["tinyext._C"] and entry["extra"]["project"] == (
         "tinyext-src")
