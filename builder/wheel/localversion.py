@@ -61,9 +61,12 @@ def pin_torch_requirement(metadata: str, pin: str) -> str:
         found = True
         lines[i] = f"Requires-Dist: {pin}" + (f"; {req.marker}" if req.marker else "")
     if not found:
-        at = max((i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")),
-                 default=len(lines) - 1)
-        lines.insert(at + 1, f"Requires-Dist: {pin}")
+        # After the last Requires-Dist, else after the last header line: a METADATA without a
+        # description ends in "\n", and an insertion after that empty line would land in the
+        # body, where no installer reads it.
+        deps = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")]
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        lines.insert((deps or filled or [-1])[-1] + 1, f"Requires-Dist: {pin}")
     return "\n".join(lines) + sep + body
 
 

@@ -31,7 +31,7 @@ from builder.plan.resolve import ResolvedCell, resolve
 from builder.redact import Redactor
 from builder.wheel.localversion import add_local_version
 from builder.wheel.npuextra import add_npu_extra
-from builder.wheel.wheelmeta import target_requirements
+from builder.wheel.wheelmeta import requires_dist, target_requirements
 
 # A small support table; the error cases edit it. Line numbers are relative to this text.
 TABLE = """\
@@ -252,6 +252,17 @@ def test_the_label_step_writes_the_extra_and_a_labelled_wheel_is_rewritten_only_
     # include the extra: torch-npu needs CANN and is not installed to verify a wheel.
     assert all(not r.startswith("torch-npu") for r in target_requirements(
         labelled, "x86_64", "3.11"))
+
+
+def test_a_metadata_without_description_keeps_pin_and_extra_in_its_header(
+        tmp_path: Path) -> None:
+    """setuptools writes no body for a project without a long description (the METADATA ends in
+    one newline): the torch pin and the extra must still be header fields pip reads."""
+    bare = "Metadata-Version: 2.4\nName: demo\nVersion: 1.0\n"
+    labelled = add_local_version(_wheel(tmp_path, "1.0", bare), "torch2.13", tmp_path,
+                                 torch_npu="2.13.0")
+    assert requires_dist(labelled) == ["torch==2.13.*", "torch-npu==2.13.0; extra == \"npu\""]
+    assert_npu_extra(wheel_metadata(labelled), "2.13.0")
 
 
 # ------------------------------------------------------------- every cell of the default matrix

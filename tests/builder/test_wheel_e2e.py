@@ -22,6 +22,7 @@ from pipelinelib import CELL, dist_state, manifest, run_build, run_plan, seed_di
 from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
 from builder.images.base_image import build_base_image
+from builder.wheel.wheelmeta import requires_dist
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +137,7 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
     _check_npu_extra(wheel)  # any project gets the extra, as it gets the torch pin
+    assert "torch==2.13.*" in requires_dist(wheel)  # a header field, though it has no body
     entry = manifest(tmp_path / "dist")["wheels"][0]
     assert entry["extra"]["modules"] == ["tinyext._C"] and entry["extra"]["project"] == (
         "tinyext-src")
