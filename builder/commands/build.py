@@ -108,8 +108,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cells built at once (docker backend only; default 1)")
     g.add_argument("--force", action="store_true",
                    help="rebuild cells even when dist/ has their wheel from the same inputs")
-    g.add_argument("--ccache", action="store_true",
-                   help="compile through ccache (the image or host must have it)")
+    g.add_argument("--ccache", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile through ccache: --ccache requires it, --no-ccache never uses "
+                        "it (default: used where the build environment has it; the cache lives "
+                        "in the engine's ampforge-ccache volume, or $AMPFORGE_CACHE/ccache "
+                        "for host builds)")
     g.add_argument("--source-date-epoch", metavar="N", default=None,
                    help="timestamp (seconds since 1970) for every file in the wheels, for "
                         "reproducible builds (default: env SOURCE_DATE_EPOCH, else the "
