@@ -37,6 +37,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.fetch",
     "builder.commands.index",
     "builder.commands.publish",
+    "builder.commands.doctor",
 )
 
 
@@ -277,9 +278,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
-                      settings: Settings | None = None):  # -> tuple[Settings, Resolution]
+                      settings: Settings | None = None,
+                      host=None):  # noqa: ANN001 -- Host | None; -> tuple[Settings, Resolution]
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
-    to stderr. *everything*: no selection means the whole matrix (else this host's cell)."""
+    to stderr. *everything*: no selection means the whole matrix (else this host's cell).
+    *host*: this machine's facts, when the caller probes them too (``doctor``)."""
     # Deferred: only the commands that resolve cells need the backends and the modules of the
     # tools behind them (index, publish and every --help must not depend on those).
     from builder.backends import registry  # noqa: PLC0415
@@ -287,7 +290,7 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
     from builder.plan.resolve import resolve  # noqa: PLC0415
 
     settings = settings or load_from_args(args, ctx)
-    host = Host(ctx.output.redact)
+    host = host or Host(ctx.output.redact)
     resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
                          everything=everything)
     for w in resolution.warnings:

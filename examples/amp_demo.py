@@ -311,7 +311,7 @@ def write_png(path: Path, results: list[RunResult], specs: list[ModelSpec],
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     # The numbers also travel inside the PNG (a tEXt chunk), so the picture says what it shows.
-    fig.savefig(tmp, format="png", metadata={
+    fig.savefig(tmp, format="png", metadata={"Software": None,
         "Title": "amp demo: loss, peak memory, step time",
         "Description": "; ".join(f"{r.model} {r.run}: peak {r.peak_bytes} B, "
                                  f"step {r.step_ms:.3f} ms, final loss {r.losses[-1]:.6g}"

@@ -297,6 +297,9 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
         if r.wheel is not None:
             ctx.output.out(str(r.wheel))
     ok = all(r.ok for r in results)
+    if not ok:
+        err("check this machine for these cells (engine, proxies, CA trust in a container, base "
+            "images, toolchains, disk): python -m builder doctor, with the same selection")
     if elsewhere and (args.strict or not args.all):
         return 1
     return 0 if ok else 1
