@@ -144,7 +144,7 @@ class PipelineOptions:
     offline: bool = False
     jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
     force: bool = False  # rebuild even when the manifest says up to date
-    ccache: bool = False
+    ccache: Optional[bool] = None  # None: where the environment has it; False: never
     #: The build's timestamp (builder.wheel.reproducible): in every build environment, the input
     #: key and the manifest; each published wheel is normalised with it. None: wheels as built.
     source_date_epoch: Optional[SourceDateEpoch] = None

@@ -21,13 +21,23 @@ from builder.wheel.wheelcheck import check_tag_covers_own_code
 def build_in_cell(
     job: CellJob, session: Session, *, python: str, wheelhouse: Optional[str],
     auditwheel: Sequence[str], auditwheel_env: Optional[Mapping[str, str]],
+    prepared: Optional[str] = None,
 ) -> Built:
-    """compile -> version label -> repair -> normalise -> verify, inside *session*."""
+    """compile -> version label -> repair -> normalise -> verify, inside *session*.
+
+    *prepared*: the interpreter of the cell's cached torch environment (builder.backends.
+    torchenv): the build uses it and verification layers its venv on it, so torch is not
+    installed again."""
     cell, config, opts, steps, stage = job.cell, job.config, job.opts, job.steps, job.stage
     excludes = tuple(config.build.auditwheel_exclude)
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache))
+        index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
+        prepared=prepared))
+    if built.ccache is not None:
+        job.log.open()
+        job.log.write_line(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
+        job.log.close()
 
     def label() -> str:
         # The label is added outside the project's build, so any project gets +torchX.Y.
@@ -45,17 +55,20 @@ def build_in_cell(
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url))
+        index_url=config.pip.index_url, torch_site=built.torch_site))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
-    return Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
-                  modules=checked.modules, base_image="")
+    out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
+                modules=checked.modules, base_image="")
+    if built.ccache is not None:
+        out.extra["ccache"] = {"hits": built.ccache.hits, "misses": built.ccache.misses}
+    return out
 
 
 def verify_cell_wheel(
     session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
-    wheelhouse: Optional[str], index_url: Optional[str],
+    wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
 ) -> Verification:
     """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware.
 
@@ -78,6 +91,7 @@ def verify_cell_wheel(
         except StepFailed:
             raise exc from None
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
-                               wheelhouse=wheelhouse, index_url=index_url)
+                               wheelhouse=wheelhouse, index_url=index_url,
+                               torch_site=torch_site or None)
     return Verification(wheel=wheel, tag=split_wheel_name(wheel.name)[4][0],
                         modules=tuple(modules))

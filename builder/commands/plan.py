@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.cli import (
+    Context,
+    add_config_options,
+    add_print_identifiers_option,
+    add_selection_options,
+    resolve_from_args,
+)
 from builder.commands.build import plan_document
 from builder.config import Settings
 from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
@@ -41,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (default: table)",
     )
-    p.add_argument("--out", metavar="DIR", default="dist",
+    add_print_identifiers_option(p, "selected (those that need a native runner too)")
+    p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
                    help="the output folder the records name (as `build --out`; default: dist)")
     add_selection_options(p)
     add_config_options(p)
@@ -100,6 +107,10 @@ def github_job(cell: ResolvedCell, settings: Settings) -> dict[str, object]:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     settings, resolution = resolve_from_args(args, ctx, everything=True)
+    if args.print_build_identifiers:
+        for c in resolution.cells:
+            ctx.output.out(c.identifier)
+        return 0
     if args.format == "json":
         ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution),
                                   indent=2))

@@ -133,9 +133,15 @@ def test_explicit_torch_is_kept() -> None:
 
 
 def test_selectors_are_patterns_on_identifiers() -> None:
-    doc = _json("cp31?-manylinux_aarch64-*", "*-torch2.9.1")
+    doc = _json("cp31?-manylinux_aarch64-torch2.9.1")
     assert sorted(c["id"] for c in doc["cells"]) == sorted(
         cell_id("ARM", p, "2.9.1") for p in ("3.10", "3.11", "3.12", "3.13")
+    )
+    # Several selectors: the cells matching any of them (cibuildwheel's build = "a b").
+    doc = _json("cp310-manylinux_aarch64-*", "*-torch2.9.1", "--arch", "ARM")
+    assert sorted(c["id"] for c in doc["cells"]) == sorted(
+        {cell_id("ARM", "3.10", t) for t in ("2.8.0", "2.9.1", "2.13.0")}
+        | {cell_id("ARM", p, "2.9.1") for p in ("3.10", "3.11", "3.12", "3.13")}
     )
 
 
