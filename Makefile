@@ -79,7 +79,7 @@ demo: setup
 	$(PY_VENV) examples/amp_demo.py $(DEMO_ARGS)
 
 bench-build: builder-env
-	$(PY_VENV) benchmarks/build_cell.py
+	$(PY_VENV) benchmarks/build_cell.py $(BENCH_BUILD_ARGS)
 
 bench-arm: builder-env
 	$(PY_VENV) benchmarks/build_arm.py

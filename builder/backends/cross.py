@@ -121,7 +121,8 @@ class CrossBackend:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(
             opts.project, stage / "raw", target.python, torch, target.toolchain,
-            log_path=job.log_path, extra_env=env))  # the cell's log is the build's log
+            log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
+            ccache=opts.ccache))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
@@ -140,4 +141,7 @@ class CrossBackend:
                      compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
                      tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
                      base_image=f"cross:{target.sysroot_id}",
-                     extra={"verification": report})
+                     extra={"verification": report,
+                            **({"ccache": {"hits": built.ccache.hits,
+                                           "misses": built.ccache.misses}}
+                               if built.ccache is not None else {})})

@@ -5,6 +5,7 @@ is an engine of this backend (DOCKER_HOST), not a backend of its own."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
@@ -23,6 +24,12 @@ RUN_LABEL = f"{CONTAINER_LABEL}.run"
 #: Where the wheelhouse is mounted inside containers (the rendered recipe's PIP_FIND_LINKS).
 CONTAINER_WHEELHOUSE = "/wheelhouse"
 CCACHE_VOLUME = "ampforge-ccache"
+
+
+def ccache_volume() -> str:
+    """The engine volume holding the compiler cache: ``$AMPFORGE_CCACHE_VOLUME`` when set (a
+    private cache, e.g. per CI job or for a cold benchmark), else ``ampforge-ccache``."""
+    return os.environ.get("AMPFORGE_CCACHE_VOLUME") or CCACHE_VOLUME
 #: The labels ``python -m builder base-image`` gives its images (Debian inside).
 SUITE_LABEL = "org.ampforge.base.suite"
 PLAT_LABEL = "org.ampforge.base.plat"
@@ -94,7 +101,7 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
     # change recompiles only that file (used when the image has ccache, or --ccache).
     volumes = {}
     if opts.ccache is not False:
-        volumes[CCACHE_VOLUME] = "/ccache"
+        volumes[ccache_volume()] = "/ccache"
         env["CCACHE_DIR"] = "/ccache"
     with engine.container(torch_tag, env=env, binds=binds, volumes=volumes,
                           network=not opts.offline,

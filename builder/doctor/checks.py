@@ -229,7 +229,7 @@ def emulation(scope: Scope) -> list[Check]:
 
 def cross_tools(scope: Scope) -> list[Check]:
     from builder.backends.cross import cross_available  # noqa: PLC0415
-    from builder.cross.cache import cache_root  # noqa: PLC0415
+    from builder.cache import cache_root  # noqa: PLC0415
     from builder.cross.sysroot import DEBIAN_PYTHONS  # noqa: PLC0415
     from builder.cross.toolchain import (  # noqa: PLC0415
         CrossToolchainMissing,
@@ -325,7 +325,7 @@ def disk_space(scope: Scope) -> list[Check]:
 
 
 def _cache_dir() -> Path:
-    from builder.cross.cache import cache_root  # noqa: PLC0415
+    from builder.cache import cache_root  # noqa: PLC0415
 
     return cache_root()
 

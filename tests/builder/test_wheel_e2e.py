@@ -99,6 +99,13 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     assert not left, "the build left its container behind"
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "smoke: amp._C loaded, FusedAdam loss" in log
+    # torch came from the cell's torch layer (made now or by an earlier build with the same
+    # key): the verification venv found it installed instead of installing it again.
+    layer = entry["extra"]["torch_image"]
+    assert layer.startswith(f"ampforge/torch:{CELL}-") and engine.image_id(layer)
+    assert f"torch layer {layer} is up to date" in log or (
+        f"into a new layer {layer} (" in log), log[:3000]
+    assert "Requirement already satisfied: torch==2.13.0" in log
 
     # Nothing changed: recognised as up to date from the manifest, without building.
     before = dist_state(tmp_path / "dist")
