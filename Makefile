@@ -41,7 +41,7 @@ help:
 # --- set-up (each step leaves a stamp so a second run does nothing) ------------
 $(PY_VENV):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
+	$(PIP) install --quiet --upgrade "pip>=24" "setuptools>=68" wheel ninja  # ninja: amp._C compiles its files in parallel
 
 $(VENV)/.torch-$(TORCH): | $(PY_VENV)
 	$(PIP) install "torch==$(TORCH)"
