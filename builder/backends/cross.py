@@ -31,6 +31,11 @@ from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
 from builder.wheel.localversion import add_local_version
 from builder.wheel.verify import check_no_bundled_torch
+from builder.wheel.wheelcheck import (
+    check_needs_within,
+    check_tag_covers_own_code,
+    platform_record,
+)
 
 
 def cross_available(machine: str, python: str) -> tuple[bool, str]:
@@ -127,13 +132,19 @@ class CrossBackend:
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: add_local_version(
             built.wheel, cell.torch_local, stage / "labelled"))
+        ceiling = job.resolved.plat
+        needs = steps("symbol versions", lambda: check_needs_within(
+            labelled, ceiling, job.resolved.plat_reason))
         ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
+        # auditwheel on this x86_64 host takes no explicit *_aarch64 plat (only auto): the
+        # achieved tag is checked against the cell's resolved tag in verify instead.
         repaired = steps("repair", lambda: repair_cross_wheel(
             labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
         job.normalize(repaired.wheel)
 
         def verify() -> dict[str, Any]:
             check_no_bundled_torch(repaired.wheel)
+            check_tag_covers_own_code(repaired.wheel, ceiling)
             # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
             return verify_wheel(repaired.wheel, target.python, torch)
 
@@ -142,4 +153,5 @@ class CrossBackend:
                      compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
                      tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
                      base_image=f"cross:{target.sysroot_id}",
-                     extra={"verification": report})
+                     extra={"verification": report,
+                            "platform": platform_record(repaired.tag, ceiling, needs)})

@@ -14,9 +14,9 @@ from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, smoke_in_session
 from builder.wheel.localversion import add_local_version
-from builder.wheel.repair import audit_wheel, repair_wheel, split_wheel_name
+from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
-from builder.wheel.wheelcheck import check_tag_covers_own_code
+from builder.wheel.wheelcheck import check_needs_within, check_tag_covers_own_code, platform_record
 
 
 def build_in_cell(
@@ -30,55 +30,62 @@ def build_in_cell(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache))
 
-    def label() -> str:
+    def label() -> Path:
         # The label is added outside the project's build, so any project gets +torchX.Y.
         raw = session.copy_out(built.wheel, stage / "raw")
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        labelled = add_local_version(raw, cell.torch_local, stage / "labelled")
-        return session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
+        return add_local_version(raw, cell.torch_local, stage / "labelled")
 
-    inside = steps("version label", label)
+    labelled = steps("version label", label)
+    # Before auditwheel: a wheel that needs a newer glibc than its torch fails here, with the
+    # symbols that push it up (auditwheel would only say "too-recent versioned symbols").
+    needs = steps("symbol versions", lambda: check_needs_within(
+        labelled, job.resolved.plat, job.resolved.plat_reason))
+    inside = session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
     (stage / "repaired").mkdir(parents=True, exist_ok=True)
+    # The cell's resolved tag, explicitly: auditwheel adds every older tag the symbols allow
+    # (manylinux_2_24_x86_64.manylinux_2_28_x86_64) and refuses anything newer.
     repaired = steps("repair", lambda: repair_wheel(
         session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
-        excludes=excludes))
+        excludes=excludes, plat=job.resolved.plat))
     job.normalize(repaired.wheel)
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url))
+        index_url=config.pip.index_url, ceiling=job.resolved.plat))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     return Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
-                  modules=checked.modules, base_image="")
+                 modules=checked.modules, base_image="",
+                 extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
 
 
 def verify_cell_wheel(
     session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
-    wheelhouse: Optional[str], index_url: Optional[str],
+    wheelhouse: Optional[str], index_url: Optional[str], ceiling: Optional[str] = None,
 ) -> Verification:
-    """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware.
+    """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
+    the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag).
 
     ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
     which counts the excluded libraries' own glibc needs (see builder.wheel.wheelcheck); when only
     that differs, the wheel's own ELF files decide.
     """
     check_no_bundled_torch(wheel)
+    tags = split_wheel_name(wheel.name)[4]
+    # Independent of auditwheel: what the wheel's own code needs, against each tag it claims.
+    check_tag_covers_own_code(wheel, ceiling)
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "audit"))
     audit = audit_wheel(session, inside, auditwheel=auditwheel, env=auditwheel_env)
     try:
         check_name_against_audit(wheel.name, audit, excludes)
-    except StepFailed as exc:
-        if audit.sym_tag in split_wheel_name(wheel.name)[4] or audit.unsupported_isa:
+    except StepFailed:
+        if audit.sym_tag in tags or audit.unsupported_isa:
             raise
-        check_name_against_audit(wheel.name, replace(audit, sym_tag=split_wheel_name(
-            wheel.name)[4][0]), excludes)  # everything but the symbol tag still checked
-        try:
-            check_tag_covers_own_code(wheel)
-        except StepFailed:
-            raise exc from None
+        # Only the symbol tag differs (excluded libraries counted): everything else still
+        # checked; the own-code check above is what vouches for the tags.
+        check_name_against_audit(wheel.name, replace(audit, sym_tag=tags[0]), excludes)
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
                                wheelhouse=wheelhouse, index_url=index_url)
-    return Verification(wheel=wheel, tag=split_wheel_name(wheel.name)[4][0],
-                        modules=tuple(modules))
+    return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))
