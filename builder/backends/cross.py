@@ -6,6 +6,7 @@ only place that orchestrates them into a cell."""
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from builder.cross.build import cross_build_wheel
 from builder.cross.qemu import extension_modules, verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
-from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
+from builder.cross.target_torch import TargetTorch, ensure_target_torch, require_cpu_torch
 from builder.cross.toolchain import (
     CrossToolchain,
     CrossToolchainMissing,
@@ -30,11 +31,13 @@ from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
 from builder.wheel.localversion import add_local_version
+from builder.wheel.repair import oldest_tag, split_wheel_name
 from builder.wheel.verify import check_no_bundled_torch
 from builder.wheel.wheelcheck import (
     check_needs_within,
     check_tag_covers_own_code,
     platform_record,
+    version_needs,
 )
 
 
@@ -122,6 +125,8 @@ class CrossBackend:
         target = self._target(job)
         torch = steps("target torch", lambda: ensure_target_torch(
             cell.torch, target.python, env=download_env(job)))
+        if job.reuse is not None:
+            return self._verify_shared(job, target, torch)
         env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
@@ -155,3 +160,24 @@ class CrossBackend:
                      base_image=f"cross:{target.sysroot_id}",
                      extra={"verification": report,
                             "platform": platform_record(repaired.tag, ceiling, needs)})
+
+    def _verify_shared(self, job: CellJob, target: CrossTarget, torch: TargetTorch) -> Built:
+        """Another cell's abi3 wheel, run under QEMU on this cell's Python (no compile)."""
+        assert job.reuse is not None
+        (job.stage / "shared").mkdir(parents=True, exist_ok=True)
+        wheel = job.stage / "shared" / job.reuse.name
+        shutil.copy2(job.reuse, wheel)
+        ceiling = job.resolved.plat
+
+        def verify() -> dict[str, Any]:
+            check_no_bundled_torch(wheel)
+            check_tag_covers_own_code(wheel, ceiling)
+            return verify_wheel(wheel, target.python, torch)
+
+        report = job.steps("verify (qemu)", verify)
+        tag = oldest_tag(split_wheel_name(wheel.name)[4])
+        return Built(wheel=wheel, torch=torch.full_version, compiler="(not compiled: shared)",
+                     tag=tag, modules=tuple(extension_modules(wheel)),
+                     base_image=f"cross:{target.sysroot_id}",
+                     extra={"verification": report,
+                            "platform": platform_record(tag, ceiling, version_needs(wheel))})

@@ -4,6 +4,7 @@ compile, version label, repair, normalise, verify -- the same sequence wherever 
 from __future__ import annotations
 
 import posixpath
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,12 @@ from builder.incell import build_in_session, smoke_in_session
 from builder.wheel.localversion import add_local_version
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
-from builder.wheel.wheelcheck import check_needs_within, check_tag_covers_own_code, platform_record
+from builder.wheel.wheelcheck import (
+    check_needs_within,
+    check_tag_covers_own_code,
+    platform_record,
+    version_needs,
+)
 
 
 def build_in_cell(
@@ -26,6 +32,9 @@ def build_in_cell(
     """compile -> version label -> repair -> normalise -> verify, inside *session*."""
     cell, config, opts, steps, stage = job.cell, job.config, job.opts, job.steps, job.stage
     excludes = tuple(config.build.auditwheel_exclude)
+    if job.reuse is not None:
+        return verify_shared_wheel(job, session, python=python, wheelhouse=wheelhouse,
+                                   auditwheel=auditwheel, auditwheel_env=auditwheel_env)
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache))
@@ -58,6 +67,25 @@ def build_in_cell(
     return Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
                  modules=checked.modules, base_image="",
                  extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
+
+
+def verify_shared_wheel(
+    job: CellJob, session: Session, *, python: str, wheelhouse: Optional[str],
+    auditwheel: Sequence[str], auditwheel_env: Optional[Mapping[str, str]],
+) -> Built:
+    """Another cell's abi3 wheel, verified on this cell's Python (no compile, no repair)."""
+    assert job.reuse is not None
+    (job.stage / "shared").mkdir(parents=True, exist_ok=True)
+    wheel = job.stage / "shared" / job.reuse.name
+    shutil.copy2(job.reuse, wheel)
+    checked = job.steps("verify", lambda: verify_cell_wheel(
+        session, wheel, python=python, torch=job.cell.torch, auditwheel=auditwheel,
+        auditwheel_env=auditwheel_env, excludes=tuple(job.config.build.auditwheel_exclude),
+        wheelhouse=wheelhouse, index_url=job.config.pip.index_url, ceiling=job.resolved.plat))
+    return Built(wheel=checked.wheel, torch=job.cell.torch, compiler="(not compiled: shared)",
+                 tag=checked.tag, modules=checked.modules, base_image="",
+                 extra={"platform": platform_record(checked.tag, job.resolved.plat,
+                                                    version_needs(wheel))})
 
 
 def verify_cell_wheel(

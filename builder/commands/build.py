@@ -41,7 +41,10 @@ auditwheel-repair it (torch's libraries and libgomp excluded), verify it (tag ag
 with `auditwheel show`, no torch inside, installs into a fresh venv with the cell's torch
 and passes a smoke test), then move it atomically into --out and record it in
 <out>/manifest.json. A cell whose wheel was already built from the same inputs is
-reported up-to-date and skipped (--force rebuilds).
+reported up-to-date and skipped (--force rebuilds). An abi3 (py_limited_api) wheel is built
+once per (arch, torch) and verified on the Python of every other cell it serves, each
+recorded in the manifest; a wheel that would replace another cell's file with other bytes
+fails the cell and leaves dist/ as it was.
 
 Every cell is resolved first (`python -m builder plan` prints the same records): its torch,
 backend, base image, target platform tag, network and proxy/CA/index settings, each with its

@@ -44,11 +44,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.tags import Tag
+
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell.steps import LIBM_FLOOR_HEADER, libm_floor_shim
+from builder.release.shared import tag_serves
 
 HOOK_DIR = Path(__file__).with_name("hook")
 
@@ -99,9 +102,14 @@ def host_python_for(python: TargetPython) -> str:
 
 
 def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
-    """Refuse a cross-built wheel not tagged ``cpXY-cpXY-linux_<arch>`` for the target."""
+    """Refuse a cross-built wheel not tagged ``cpXY-cpXY-linux_<arch>`` for the target (or,
+    for a ``py_limited_api`` project, ``cpNN-abi3-linux_<arch>`` with NN no newer than it)."""
     tag = python.python_tag
     expected = f"-{tag}-{tag}-linux_{python.arch}.whl"
+    abi3 = re.search(r"-(cp\d+)-abi3-linux_(\w+)\.whl$", wheel.name)
+    if abi3 is not None and abi3.group(2) == python.arch and tag_serves(
+            Tag(abi3.group(1), "abi3", f"linux_{python.arch}"), tag):
+        return
     if not wheel.name.endswith(expected):
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         raise StepFailed(
