@@ -23,14 +23,15 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test lint bench bench-build bench-arm clean distclean
+.PHONY: help setup test lint bench bench-build bench-arm demo clean distclean
 
 help:
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
+	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
 	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
-	@echo "make matrix [CONFIG= JOBS=] every cell of the build matrix"
+	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
 	@echo "make wheel OFFLINE=1 BUNDLE=DIR   build from the bundle, no network"
@@ -69,8 +70,16 @@ BENCH_ARGS ?=
 bench: setup
 	$(PY_VENV) benchmarks/optimizer_step.py $(BENCH_ARGS)
 
+# demo: apex's quick-start model and an MLP trained in fp32 and under O1/O2 (bf16 on the CPU;
+# fp16 and bf16 on CUDA/NPU): loss per step, weights, peak memory and step time per run, and a
+# PNG of it all (default build/amp_demo.png). DEMO_ARGS: e.g. "--steps 50 --out FILE --device cuda".
+DEMO_ARGS ?=
+
+demo: setup
+	$(PY_VENV) examples/amp_demo.py $(DEMO_ARGS)
+
 bench-build: builder-env
-	$(PY_VENV) benchmarks/build_cell.py
+	$(PY_VENV) benchmarks/build_cell.py $(BENCH_BUILD_ARGS)
 
 bench-arm: builder-env
 	$(PY_VENV) benchmarks/build_arm.py
@@ -128,14 +137,16 @@ dockerfiles: builder-env
 # BACKEND=auto|docker|host; BASE_IMAGE=REF|local (local: `make base-image`'s image);
 # WHEELHOUSE=DIR: pip installs torch and its dependencies only from there.
 # BUNDLE=DIR: an offline bundle from `make fetch` (verified, its base image loaded, its
-# wheels the only source; implies OFFLINE=1).
+# wheels the only source; implies OFFLINE=1). JOBS=n: compile jobs inside each cell;
+# PARALLEL=n (make matrix): cells built at once (--parallel; docker backend).
 BASE_IMAGE ?=
 WHEELHOUSE ?=
 BUNDLE ?=
 OUT ?= dist
 STRICT ?=
+PARALLEL ?=
 BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(SETTING_FLAGS) \
-	$(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) \
+	$(if $(WHEELHOUSE),--find-links $(WHEELHOUSE)) \
 	$(if $(BUNDLE),--bundle $(BUNDLE)) --out $(OUT)
 
 # `make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]` (on a connected machine): every
@@ -149,7 +160,8 @@ wheel: builder-env
 	$(BUILDER) build $(BUILD_FLAGS)
 
 matrix: builder-env
-	$(BUILDER) build --all --keep-going $(if $(STRICT),--strict) $(BUILD_FLAGS)
+	$(BUILDER) build --all --keep-going $(if $(STRICT),--strict) $(call _flag,PARALLEL,--parallel) \
+		$(BUILD_FLAGS)
 
 base-image: builder-env
 	$(BUILDER) base-image $(call _flag,ARCH,--arch)

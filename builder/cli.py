@@ -38,6 +38,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.fetch",
     "builder.commands.index",
     "builder.commands.publish",
+    "builder.commands.doctor",
     "builder.commands.clean",
 )
 
@@ -158,8 +159,35 @@ def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) ->
             nargs="*",
             metavar="SELECTOR",
             help="shell-style patterns on cell identifiers, e.g. 'cp311-*' or "
-            "'*-manylinux_aarch64-*' (a cell must match all of them)",
+            "'*-manylinux_aarch64-*'; several (as arguments or space-separated in one, "
+            "as cibuildwheel's build=\"cp39-* cp311-*\") select the cells matching any of "
+            "them; braces expand: 'cp3{11,12}-*'",
         )
+
+
+def add_print_identifiers_option(g: argparse._ArgumentGroup, what: str) -> None:
+    """cibuildwheel's ``--print-build-identifiers``: one cell identifier a line, then exit."""
+    g.add_argument("--print-build-identifiers", action="store_true",
+                   help=f"print the identifier of each cell {what}, one a line, and stop")
+
+
+class RenamedOption(argparse.Action):
+    """An option that also answers to an old name; using the old name leaves a note
+    (printed by :func:`main`) naming the new one."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str,
+                 old: Sequence[str] = (), **kwargs: object) -> None:
+        self.old = tuple(old)
+        super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        if option_string in self.old:
+            notes = [*getattr(namespace, "usage_notes", ()),
+                     f"{option_string} is now {self.option_strings[0]}; the old name "
+                     "still works for this release"]
+            namespace.usage_notes = notes
 
 
 def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
@@ -187,6 +215,8 @@ def load_from_args(args: argparse.Namespace, ctx: Context) -> Settings:
     """Resolve all layers; also teaches the output redactor the config file's proxies."""
     settings = load_settings(overrides_from_args(args), ctx.env)
     settings.config.proxy.redactor(ctx.output.redact)
+    for note in settings.config.proxy.notes:
+        ctx.output.err(f"note: {note}")
     return settings
 
 
@@ -232,6 +262,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
+    for note in getattr(args, "usage_notes", ()):
+        output.err(f"note: {note}")
     try:
         # SIGTERM/SIGHUP (kill, timeout, a CI cancel) clean up as Ctrl-C does (builder.signals).
         with terminate_as_interrupt():
@@ -250,9 +282,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
-                      settings: Settings | None = None):  # -> tuple[Settings, Resolution]
+                      settings: Settings | None = None,
+                      host=None):  # noqa: ANN001 -- Host | None; -> tuple[Settings, Resolution]
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
-    to stderr. *everything*: no selection means the whole matrix (else this host's cell)."""
+    to stderr. *everything*: no selection means the whole matrix (else this host's cell).
+    *host*: this machine's facts, when the caller probes them too (``doctor``)."""
     # Deferred: only the commands that resolve cells need the backends and the modules of the
     # tools behind them (index, publish and every --help must not depend on those).
     from builder.backends import registry  # noqa: PLC0415
@@ -260,7 +294,7 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
     from builder.plan.resolve import resolve  # noqa: PLC0415
 
     settings = settings or load_from_args(args, ctx)
-    host = Host(ctx.output.redact)
+    host = host or Host(ctx.output.redact)
     resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
                          everything=everything)
     for w in resolution.warnings:

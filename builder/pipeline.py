@@ -75,6 +75,7 @@ def build_cell(
         key_parts: dict[str, Any] = {
             "builder": __version__, "builder_sources": builder_digest(),
             "cell": cell.to_dict(), "backend": resolved.backend,
+            "torch_npu": resolved.torch_npu,  # the npu extra's pin (the wheel's METADATA)
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())

@@ -38,7 +38,9 @@ class Redactor:
 
     def add_url(self, url: str) -> None:
         """Remember the password inside a proxy URL, so it is masked in any form."""
-        m = _URL_CREDENTIALS.search(url)
+        # A proxy without a scheme (user:pw@proxy.corp:3128) is read as http:// by the
+        # builder, pip and curl: its password is a secret all the same.
+        m = _URL_CREDENTIALS.search(url if "://" in url else f"http://{url}")
         if m:
             self.add_secret(m.group("pw"))
 

@@ -26,6 +26,7 @@ from builder.arch import ARCHES
 from builder.errors import BuilderError, ConfigError, EngineUnavailable
 from builder.pipeline_types import CellResult, StepResult
 from builder.redact import Redactor
+from builder.wheel.localversion import add_local_version
 from builder.wheel.reproducible import ENV_VAR as EPOCH_VAR
 from builder.wheel.reproducible import SourceDateEpoch, normalize_wheel
 
@@ -143,7 +144,7 @@ class PipelineOptions:
     offline: bool = False
     jobs: Optional[int] = None  # compile jobs inside a cell (MAX_JOBS)
     force: bool = False  # rebuild even when the manifest says up to date
-    ccache: bool = False
+    ccache: Optional[bool] = None  # None: where the environment has it; False: never
     #: The build's timestamp (builder.wheel.reproducible): in every build environment, the input
     #: key and the manifest; each published wheel is normalised with it. None: wheels as built.
     source_date_epoch: Optional[SourceDateEpoch] = None
@@ -213,6 +214,13 @@ class CellJob:
     @property
     def cell(self) -> Cell:
         return self.resolved.cell
+
+    def label(self, wheel: Path, out_dir: Path) -> Path:
+        """The built wheel's metadata rewrite, the same for every backend: ``+torchX.Y``, the
+        torch pin and, when the resolved cell names a torch-npu release, the ``npu`` extra
+        (builder.wheel.localversion, builder.wheel.npuextra)."""
+        return add_local_version(wheel, self.cell.torch_local, out_dir,
+                                 torch_npu=self.resolved.torch_npu)
 
     def normalize(self, wheel: Path) -> None:
         """The repaired wheel in the canonical zip layout (builder.wheel.reproducible)."""

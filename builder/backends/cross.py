@@ -30,7 +30,6 @@ from builder.cross.toolchain import (
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
-from builder.wheel.localversion import add_local_version
 from builder.wheel.repair import oldest_tag, split_wheel_name
 from builder.wheel.verify import check_no_bundled_torch
 from builder.wheel.wheelcheck import (
@@ -132,11 +131,11 @@ class CrossBackend:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(
             opts.project, stage / "raw", target.python, torch, target.toolchain,
-            log_path=job.log_path, extra_env=env))  # the cell's log is the build's log
+            log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
+            ccache=opts.ccache))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        labelled = steps("version label", lambda: add_local_version(
-            built.wheel, cell.torch_local, stage / "labelled"))
+        labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
         ceiling = job.resolved.plat
         needs = steps("symbol versions", lambda: check_needs_within(
             labelled, ceiling, job.resolved.plat_reason))
@@ -159,7 +158,10 @@ class CrossBackend:
                      tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
                      base_image=f"cross:{target.sysroot_id}",
                      extra={"verification": report,
-                            "platform": platform_record(repaired.tag, ceiling, needs)})
+                            "platform": platform_record(repaired.tag, ceiling, needs),
+                            **({"ccache": {"hits": built.ccache.hits,
+                                           "misses": built.ccache.misses}}
+                               if built.ccache is not None else {})})
 
     def _verify_shared(self, job: CellJob, target: CrossTarget, torch: TargetTorch) -> Built:
         """Another cell's abi3 wheel, run under QEMU on this cell's Python (no compile)."""

@@ -5,10 +5,12 @@ is an engine of this backend (DOCKER_HOST), not a backend of its own."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.session import build_in_cell
+from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
@@ -22,6 +24,12 @@ RUN_LABEL = f"{CONTAINER_LABEL}.run"
 #: Where the wheelhouse is mounted inside containers (the rendered recipe's PIP_FIND_LINKS).
 CONTAINER_WHEELHOUSE = "/wheelhouse"
 CCACHE_VOLUME = "ampforge-ccache"
+
+
+def ccache_volume() -> str:
+    """The engine volume holding the compiler cache: ``$AMPFORGE_CCACHE_VOLUME`` when set (a
+    private cache, e.g. per CI job or for a cold benchmark), else ``ampforge-ccache``."""
+    return os.environ.get("AMPFORGE_CCACHE_VOLUME") or CCACHE_VOLUME
 #: The labels ``python -m builder base-image`` gives its images (Debian inside).
 SUITE_LABEL = "org.ampforge.base.suite"
 PLAT_LABEL = "org.ampforge.base.plat"
@@ -78,26 +86,36 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
                                   labels={"org.ampforge.cell": cell.identifier},
                                   network=None if opts.offline else opts.network)
 
-    job.steps("image", image)
+    image_id = job.steps("image", image)
+    binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
+    wheelhouse = CONTAINER_WHEELHOUSE if opts.wheelhouse else None
+    # torch (and the build requirements) once per key, as a layer on the cell image: the build
+    # and the verification venv both use it (builder.backends.torchenv).
+    torch_tag = job.steps("torch", lambda: docker_torch_image(
+        job, engine, tag, image_id, binds or None, wheelhouse))
     env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
     env.update(opts.epoch_env())
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)
-    binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
-    # The compiler cache outlives the container in a named volume (the base image sets
-    # CCACHE_DIR=/ccache): a rebuild after a one-file change recompiles only that file.
-    volumes = {CCACHE_VOLUME: "/ccache"} if opts.ccache else {}
-    with engine.container(tag, env=env, binds=binds, volumes=volumes, network=not opts.offline,
+    # The compiler cache outlives the container in a named volume: a rebuild after a one-file
+    # change recompiles only that file (used when the image has ccache, or --ccache).
+    volumes = {}
+    if opts.ccache is not False:
+        volumes[ccache_volume()] = "/ccache"
+        env["CCACHE_DIR"] = "/ccache"
+    with engine.container(torch_tag, env=env, binds=binds, volumes=volumes,
+                          network=not opts.offline,
                           network_name=opts.network,
                           labels={RUN_LABEL: job.run_id,
                                   f"{CONTAINER_LABEL}.cell": cell.identifier,
                                   f"{CONTAINER_LABEL}.project": opts.project.name},
                           log=log) as session:
-        built = build_in_cell(job, session, python=cell.python_path,
-                              wheelhouse=CONTAINER_WHEELHOUSE if opts.wheelhouse else None,
-                              auditwheel=CONTAINER_AUDITWHEEL, auditwheel_env=None)
+        built = build_in_cell(job, session, python=cell.python_path, wheelhouse=wheelhouse,
+                              auditwheel=CONTAINER_AUDITWHEEL, auditwheel_env=None,
+                              prepared=IMAGE_VENV_PYTHON)
     built.base_image = base_id
     built.extra["image"] = tag
+    built.extra["torch_image"] = torch_tag
     return built
 
 

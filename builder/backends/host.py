@@ -10,6 +10,8 @@ from typing import Any
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.pipenv import pip_env
 from builder.backends.session import build_in_cell
+from builder.backends.torchenv import host_torch_env
+from builder.cache import cache_root
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.engines.host import HostEngine, find_python
@@ -48,15 +50,17 @@ class HostBackend:
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         env.update(opts.epoch_env())
-        if opts.ccache:
-            if shutil.which("ccache") is None:
-                raise StepFailed("--ccache: ccache is not installed on this host "
-                                 "(apt-get install ccache), or build without --ccache")
-            env["CCACHE_DIR"] = str(opts.work / "ccache")  # outlives the session's temp dir
+        if opts.ccache and shutil.which("ccache") is None:
+            raise StepFailed("--ccache: ccache is not installed on this host "
+                             "(apt-get install ccache), or build without --ccache")
+        if opts.ccache is not False:
+            # Beside the other caches, shared by every work folder: outlives the session.
+            env["CCACHE_DIR"] = str(cache_root() / "ccache")
+        prepared = job.steps("torch", lambda: host_torch_env(job, python, env))
         with HostEngine().session(env=env, log=job.log, parent=job.stage) as session:
             built = build_in_cell(
                 job, session, python=python,
                 wheelhouse=str(opts.wheelhouse.resolve()) if opts.wheelhouse else None,
-                auditwheel=aw, auditwheel_env=aw_env)
+                auditwheel=aw, auditwheel_env=aw_env, prepared=prepared)
         built.base_image = f"host:{python}"
         return built

@@ -14,7 +14,6 @@ from builder.backends.base import Built, CellJob
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, smoke_in_session
-from builder.wheel.localversion import add_local_version
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheel.wheelcheck import (
@@ -28,8 +27,13 @@ from builder.wheel.wheelcheck import (
 def build_in_cell(
     job: CellJob, session: Session, *, python: str, wheelhouse: Optional[str],
     auditwheel: Sequence[str], auditwheel_env: Optional[Mapping[str, str]],
+    prepared: Optional[str] = None,
 ) -> Built:
-    """compile -> version label -> repair -> normalise -> verify, inside *session*."""
+    """compile -> version label -> repair -> normalise -> verify, inside *session*.
+
+    *prepared*: the interpreter of the cell's cached torch environment (builder.backends.
+    torchenv): the build uses it and verification layers its venv on it, so torch is not
+    installed again."""
     cell, config, opts, steps, stage = job.cell, job.config, job.opts, job.steps, job.stage
     excludes = tuple(config.build.auditwheel_exclude)
     if job.reuse is not None:
@@ -37,13 +41,18 @@ def build_in_cell(
                                    auditwheel=auditwheel, auditwheel_env=auditwheel_env)
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache))
+        index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
+        prepared=prepared))
+    if built.ccache is not None:
+        job.log.open()
+        job.log.write_line(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
+        job.log.close()
 
     def label() -> Path:
         # The label is added outside the project's build, so any project gets +torchX.Y.
         raw = session.copy_out(built.wheel, stage / "raw")
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        return add_local_version(raw, cell.torch_local, stage / "labelled")
+        return job.label(raw, stage / "labelled")
 
     labelled = steps("version label", label)
     # Before auditwheel: a wheel that needs a newer glibc than its torch fails here, with the
@@ -61,12 +70,15 @@ def build_in_cell(
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url, ceiling=job.resolved.plat))
+        index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
-    return Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
-                 modules=checked.modules, base_image="",
-                 extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
+    out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
+                modules=checked.modules, base_image="",
+                extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
+    if built.ccache is not None:
+        out.extra["ccache"] = {"hits": built.ccache.hits, "misses": built.ccache.misses}
+    return out
 
 
 def verify_shared_wheel(
@@ -91,7 +103,8 @@ def verify_shared_wheel(
 def verify_cell_wheel(
     session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
-    wheelhouse: Optional[str], index_url: Optional[str], ceiling: Optional[str] = None,
+    wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
+    ceiling: Optional[str] = None,
 ) -> Verification:
     """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
     the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag).
@@ -115,5 +128,6 @@ def verify_cell_wheel(
         # checked; the own-code check above is what vouches for the tags.
         check_name_against_audit(wheel.name, replace(audit, sym_tag=tags[0]), excludes)
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
-                               wheelhouse=wheelhouse, index_url=index_url)
+                               wheelhouse=wheelhouse, index_url=index_url,
+                               torch_site=torch_site or None)
     return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))

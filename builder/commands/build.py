@@ -14,7 +14,9 @@ from builder.backends import registry
 from builder.backends.base import Host
 from builder.cli import (
     Context,
+    RenamedOption,
     add_config_options,
+    add_print_identifiers_option,
     add_selection_options,
     load_from_args,
     resolve_from_args,
@@ -84,15 +86,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--project", metavar="PATH", default=None,
                    help="the PEP 517 project with torch C++ extensions to build "
                         "(default: this repository)")
-    g.add_argument("--out", metavar="DIR", default="dist",
-                   help="where verified wheels and manifest.json go (default: dist)")
+    g.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
+                   help="where verified wheels and manifest.json go (default: dist; "
+                        "--output-dir as in cibuildwheel)")
     g.add_argument("--work-dir", metavar="DIR", default="build/ampforge",
                    help="per-cell logs (DIR/logs/<cell>.log) and staging "
                         "(default: build/ampforge)")
-    g.add_argument("--wheelhouse", metavar="DIR", default=None,
-                   help="a folder of wheels (torch and its dependencies, setuptools, wheel): "
-                        "pip installs only from it (--no-index); default: the index, or the "
-                        "config's offline wheelhouse when offline")
+    g.add_argument("--find-links", "--wheelhouse", dest="wheelhouse", metavar="DIR",
+                   default=None, action=RenamedOption, old=("--wheelhouse",),
+                   help="a folder of input wheels (torch and its dependencies, setuptools, "
+                        "wheel): pip installs only from it (--no-index); default: the index, "
+                        "or the config's offline wheelhouse when offline. --wheelhouse is its "
+                        "old name (kept for this release; in cibuildwheel a wheelhouse is the "
+                        "output)")
     g.add_argument("--bundle", metavar="DIR", default=None,
                    help="an offline bundle from `python -m builder fetch`: verified (sha256), "
                         "its base image loaded, its wheels the only package source; implies "
@@ -105,6 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true",
                    help="with --all: a cell this host cannot build is an error (exit 1) "
                         "instead of being listed with the runner it needs")
+    add_print_identifiers_option(g, "this build would build on this host")
     g.add_argument("--dry-run", action="store_true",
                    help="print the resolved records as JSON (what `plan --format json` prints "
                         "for the same options) and build nothing")
@@ -114,8 +121,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cells built at once (docker backend only; default 1)")
     g.add_argument("--force", action="store_true",
                    help="rebuild cells even when dist/ has their wheel from the same inputs")
-    g.add_argument("--ccache", action="store_true",
-                   help="compile through ccache (the image or host must have it)")
+    g.add_argument("--ccache", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile through ccache: --ccache requires it, --no-ccache never uses "
+                        "it (default: used where the build environment has it; the cache lives "
+                        "in the engine's ampforge-ccache volume, or $AMPFORGE_CACHE/ccache "
+                        "for host builds)")
     g.add_argument("--source-date-epoch", metavar="N", default=None,
                    help="timestamp (seconds since 1970) for every file in the wheels, for "
                         "reproducible builds (default: env SOURCE_DATE_EPOCH, else the "
@@ -180,8 +190,8 @@ def _bundle(config: BuildConfig, wheelhouse: Optional[Path],
     from builder.offline.use import bundle_base_image, use_bundle  # noqa: PLC0415
 
     if wheelhouse is not None:
-        raise ConfigError("--wheelhouse and a bundle both given; the bundle's wheels/ is "
-                          "the wheelhouse: drop one", key="--wheelhouse")
+        raise ConfigError("--find-links and a bundle both given; the bundle's wheels/ is "
+                          "the folder of input wheels: drop one", key="--find-links")
     bundle, config = use_bundle(config, ctx.output.err)
     arch = Host(ctx.output.redact).arch  # this host's, with a clear error on another machine
     ref = bundle_base_image(bundle, arch, config.base_image, config.backend,
@@ -206,8 +216,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         wheelhouse = config.offline.wheelhouse
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise ConfigError(f"wheelhouse {wheelhouse} is not a directory; expected a folder of "
-                          "wheels (torch and its dependencies)", key="--wheelhouse")
+                          "wheels (torch and its dependencies)", key="--find-links")
     _, resolution = resolve_from_args(args, ctx, everything=args.all, settings=settings)
+    if args.print_build_identifiers:
+        for c in resolution.here:
+            ctx.output.out(c.identifier)
+        return 0
     if args.dry_run:
         ctx.output.out(json.dumps(plan_document(config.source_name, resolution), indent=2))
         return 0
@@ -302,6 +316,9 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
         if r.wheel is not None:
             ctx.output.out(str(r.wheel))
     ok = all(r.ok for r in results)
+    if not ok:
+        err("check this machine for these cells (engine, proxies, CA trust in a container, base "
+            "images, toolchains, disk): python -m builder doctor, with the same selection")
     if elsewhere and (args.strict or not args.all):
         return 1
     return 0 if ok else 1

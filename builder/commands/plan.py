@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.cli import (
+    Context,
+    add_config_options,
+    add_print_identifiers_option,
+    add_selection_options,
+    resolve_from_args,
+)
 from builder.commands.build import plan_document
 from builder.config import Settings
 from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
@@ -16,9 +22,12 @@ DESCRIPTION = """\
 Expand the matrix (arch x python x torch, include/exclude rules, the torch<->Python
 support table) and resolve every selected cell exactly as `build` does: which torch (and
 why), which backend (and why), the base image actually used, the platform tag the wheel
-must meet (never above torch's own), whether this host can build it or which native runner
-it needs, the network, and the proxy/CA/index settings with their sources (passwords
-masked). `build` executes these same records and stores each in its manifest entry.
+must meet (never above torch's own), the torch-npu release the wheel's `npu` extra pins
+("none": torch-npu publishes no release for that torch and Python, so the wheel has no
+`npu` extra; see configs/support.yaml), whether this host can build it or which native
+runner it needs, the network, and the proxy/CA/index settings with their sources
+(passwords masked). `build` executes these same records and stores each in its manifest
+entry.
 
 formats:
   table   human-readable (default)
@@ -38,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (default: table)",
     )
-    p.add_argument("--out", metavar="DIR", default="dist",
+    add_print_identifiers_option(p, "selected (those that need a native runner too)")
+    p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
                    help="the output folder the records name (as `build --out`; default: dist)")
     add_selection_options(p)
     add_config_options(p)
@@ -61,8 +71,9 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     )
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
     lines.append("")
-    header = ("CELL", "TORCH", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
-    rows = [header] + [(c.identifier, c.cell.torch, c.backend if c.buildable else "-",
+    header = ("CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
+    rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none",
+                        c.backend if c.buildable else "-",
                         c.image.ref if c.buildable else "-", c.plat,
                         THIS_HOST if c.buildable else f"runner {c.runner}")
                        for c in resolution.cells]
@@ -91,11 +102,15 @@ def github_job(cell: ResolvedCell, settings: Settings) -> dict[str, object]:
     runs_on = runners.get(cell.host_machine, cell.host_machine) if cell.buildable else cell.runner
     return {"cell": cell.identifier, "runs-on": runs_on, "arch": cell.cell.arch,
             "machine": cell.cell.machine, "python": cell.cell.python, "torch": cell.cell.torch,
-            "backend": cell.backend, "plat": cell.plat}
+            "backend": cell.backend, "plat": cell.plat, "torch_npu": cell.torch_npu}
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     settings, resolution = resolve_from_args(args, ctx, everything=True)
+    if args.print_build_identifiers:
+        for c in resolution.cells:
+            ctx.output.out(c.identifier)
+        return 0
     if args.format == "json":
         ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution),
                                   indent=2))

@@ -52,6 +52,7 @@ from builder.config.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
 from builder.config.support import load_support
 from builder.config.yamlfile import YamlDocument, format_path
 from builder.errors import ConfigError
+from builder.redact import redact_url_credentials
 
 # ------------------------------------------------------------------ layers
 
@@ -293,19 +294,29 @@ def load_settings(
     # proxies
     proxy_values: dict[str, str | None] = {}
     proxy_origins: dict[str, str] = {}
+    proxy_notes: dict[str, str] = {}  # per key: only the winning layer's note is said
+
+    def set_proxy(key: str, value: str | None, origin: str) -> None:
+        proxy_values[key], proxy_origins[key] = value, origin
+        proxy_notes.pop(key, None)
+        if value:
+            proxy_values[key] = _check_proxy(key, value, origin)
+            if proxy_values[key] != value:
+                proxy_notes[key] = (
+                    f"{key.upper()} ({origin}) has no scheme; taken as "
+                    f"{redact_url_credentials(proxy_values[key] or '')}, as pip and curl "
+                    "read it")
+
     for key in PROXY_KEYS:
-        proxy_values[key] = merged["proxy"][key]
-        proxy_origins[key] = origin_of("proxy", key)[0]
+        set_proxy(key, merged["proxy"][key], origin_of("proxy", key)[0])
     for key, (value, name) in proxies_from_env(env).items():
-        _check_proxy(key, value, f"environment {name}")
-        proxy_values[key], proxy_origins[key] = value, f"environment {name}"
+        set_proxy(key, value, f"environment {name}")
     for key in PROXY_KEYS:
         value = getattr(cli, key)
         if value is not None:
-            opt = "--" + key.replace("_", "-")
-            _check_proxy(key, value, opt)
-            proxy_values[key], proxy_origins[key] = value or None, f"command line {opt}"
-    proxy = ProxySettings(values=proxy_values, origins=proxy_origins)
+            set_proxy(key, value or None, "command line --" + key.replace("_", "-"))
+    proxy = ProxySettings(values=proxy_values, origins=proxy_origins,
+                          notes=tuple(proxy_notes[k] for k in PROXY_KEYS if k in proxy_notes))
 
     # CA bundle
     ca: Path | None = None
@@ -362,11 +373,10 @@ def load_settings(
     return Settings(config=config, selection=_selection(cli, env))
 
 
-def _check_proxy(key: str, value: str, origin: str) -> None:
-    if value == "":
-        return
+def _check_proxy(key: str, value: str, origin: str) -> str:
+    """The value checked; a proxy URL gets ``http://`` when it has no scheme."""
     try:
-        (values.no_proxy if key == "no_proxy" else values.proxy_url)(value)
+        return (values.no_proxy if key == "no_proxy" else values.proxy_url)(value)
     except ValueError as exc:
         # The message never repeats the value: it may carry a password.
         raise ConfigError(str(exc), key=origin) from None

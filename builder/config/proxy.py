@@ -16,6 +16,11 @@ Both spellings are passed, because tools disagree on which one they read (curl a
 read lower-case ``http_proxy`` only; Go tools read upper-case). When the environment has
 both spellings with different values, the lower-case one wins, as in Python's urllib.
 Anything printed about proxies goes through ``redactor()``.
+
+A proxy written without a scheme (``proxy.corp:3128``, ``user:pw@proxy.corp:3128``) is read
+as ``http://`` -- what pip, curl and requests do with it -- and the loader says so once
+(``ProxySettings.notes``); apt and Docker need the scheme, so the builder passes it on
+with one.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class ProxySettings:
 
     values: Mapping[str, str | None] = field(default_factory=dict, repr=False)
     origins: Mapping[str, str] = field(default_factory=dict)
+    #: what the loader changed, said once (a scheme it added), passwords masked
+    notes: tuple[str, ...] = ()
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
@@ -72,6 +79,13 @@ class ProxySettings:
 
     def __repr__(self) -> str:
         return f"ProxySettings({'; '.join(self.describe()) or 'none'})"
+
+
+def with_scheme(value: str) -> tuple[str, bool]:
+    """``(url, added)``: *value* with ``http://`` in front when it has no scheme."""
+    if "://" in value:
+        return value, False
+    return f"http://{value}", True
 
 
 def proxies_from_env(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:

@@ -2,7 +2,8 @@
 
 A cell (arch, python, torch) can only be built when torch publishes a wheel for that
 Python on that machine: the build installs it. The table is data, not code, so a new
-torch release is one YAML entry.
+torch release is one YAML entry. The same file pairs each torch with its torch-npu release
+(``torch_npu``): the release a wheel's ``npu`` extra pins (:meth:`SupportTable.npu_pin`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
+
+from packaging.version import InvalidVersion, Version
 
 from builder.config import values
 from builder.config.yamlfile import YamlDocument, format_path, load_yaml
@@ -24,6 +28,22 @@ DEFAULT_TORCH_GLIBC = "2.28"
 
 
 @dataclass(frozen=True)
+class NpuRelease:
+    """The torch-npu release paired with one torch, and the Pythons it has wheels for."""
+
+    release: str  # "2.8.0.post5"
+    wheels: Mapping[str, tuple[str, ...]]  # machine -> Python versions
+
+
+@dataclass(frozen=True)
+class NpuPin:
+    """What a cell's ``npu`` extra pins: *release* (None: no extra) and why."""
+
+    release: Optional[str]
+    reason: str
+
+
+@dataclass(frozen=True)
 class SupportTable:
     """``wheels[torch][machine]`` is the tuple of Python versions with a torch wheel;
     ``cuda_builds[machine]`` the releases whose wheel on the default index is a CUDA build
@@ -33,6 +53,24 @@ class SupportTable:
     wheels: Mapping[str, Mapping[str, tuple[str, ...]]]
     cuda_builds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     torch_glibc: Mapping[str, str] = field(default_factory=dict)
+    #: torch -> its torch-npu release (None: none requires that torch); None: no such table.
+    torch_npu: Optional[Mapping[str, Optional[NpuRelease]]] = None
+
+    def npu_pin(self, torch: str, python: str, machine: str) -> NpuPin:
+        """The torch-npu release a wheel built for (torch, python, machine) pins in its ``npu``
+        extra: the table's release for that torch when it publishes a wheel for that Python on
+        that machine (``pip install pkg[npu]`` must be installable), else none, with why."""
+        if self.torch_npu is None:
+            return NpuPin(None, f"{self.file} has no torch_npu table")
+        entry = self.torch_npu.get(torch)
+        if entry is None:
+            return NpuPin(None, f"no torch-npu release requires torch {torch} (per {self.file})")
+        cp = values.cp_tag(python)
+        if python not in entry.wheels.get(machine, ()):
+            return NpuPin(None, f"torch-npu {entry.release} (for torch {torch}) publishes no {cp} "
+                                f"wheel for {machine} (per {self.file})")
+        return NpuPin(entry.release, f"the newest final torch-npu release for torch {torch}, "
+                                     f"with a {cp} wheel for {machine} (per {self.file})")
 
     def is_cuda_build(self, torch: str, machine: str) -> bool:
         return torch in self.cuda_builds.get(machine, ())
@@ -74,7 +112,7 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     data = doc.data
     if not isinstance(data, dict) or "torch" not in data or not set(data) <= _TOP_KEYS:
         raise _fail(doc.file, doc.line(()), (), "expected a mapping with the key 'torch' "
-                    "(and optionally 'cuda_builds', 'torch_glibc')")
+                    "(and optionally 'cuda_builds', 'torch_glibc', 'torch_npu')")
     table = data["torch"]
     if not isinstance(table, dict) or not table:
         raise _fail(
@@ -111,27 +149,32 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                     mp,
                     f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}",
                 )
-            if not isinstance(pythons, list):
-                raise _fail(doc.file, doc.line(mp), mp, "expected a list of Python versions")
-            for i, py in enumerate(pythons):
-                ip = mp + (i,)
-                if not isinstance(py, str):
-                    raise _fail(
-                        doc.file,
-                        doc.line(ip),
-                        ip,
-                        f'expected a quoted Python version like "3.10", got {py!r}',
-                    )
-                try:
-                    values.python_version(py)
-                except ValueError as exc:
-                    raise _fail(doc.file, doc.line(ip), ip, str(exc)) from None
-            wheels[torch][machine] = tuple(pythons)
+            wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
-                        torch_glibc=_torch_glibc(doc))
+                        torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels))
 
 
-_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc"}
+_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu"}
+
+
+def _pythons(doc: YamlDocument, mp: tuple, pythons: object) -> tuple[str, ...]:
+    """A validated list of quoted Python versions at path *mp*."""
+    if not isinstance(pythons, list):
+        raise _fail(doc.file, doc.line(mp), mp, "expected a list of Python versions")
+    for i, py in enumerate(pythons):
+        ip = mp + (i,)
+        if not isinstance(py, str):
+            raise _fail(
+                doc.file,
+                doc.line(ip),
+                ip,
+                f'expected a quoted Python version like "3.10", got {py!r}',
+            )
+        try:
+            values.python_version(py)
+        except ValueError as exc:
+            raise _fail(doc.file, doc.line(ip), ip, str(exc)) from None
+    return tuple(pythons)
 
 
 def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, tuple[str, ...]]:
@@ -167,3 +210,61 @@ def _torch_glibc(doc: YamlDocument) -> dict[str, str]:
             raise _fail(doc.file, doc.line(kp), kp,
                         f'expected a quoted glibc version like "2.28", got {glibc!r}')
     return {str(k): v for k, v in raw.items()}
+
+
+def _npu_release(doc: YamlDocument, path: tuple, torch: str, raw: object) -> str:
+    """A torch-npu release for *torch*: its version is torch's plus an optional .postN (the
+    scheme torch-npu publishes under); pre-releases and other torches are refused."""
+    expected = f"a quoted torch-npu release for torch {torch} ({torch} or {torch}.postN)"
+    if not isinstance(raw, str):
+        raise _fail(doc.file, doc.line(path), path, f"expected {expected}, got {raw!r}")
+    try:
+        version = Version(raw)
+    except InvalidVersion:
+        raise _fail(doc.file, doc.line(path), path,
+                    f"{raw!r} is not a PEP 440 version; expected {expected}") from None
+    if version.is_prerelease or version.local is not None or version.epoch:
+        raise _fail(doc.file, doc.line(path), path,
+                    f"{raw!r} is a pre-release or carries an epoch/local label; expected "
+                    f"{expected}: the pin is the newest final release")
+    if version.base_version != torch:
+        raise _fail(doc.file, doc.line(path), path,
+                    f"torch-npu {raw} is for torch {version.base_version}, not {torch}; "
+                    f"expected {expected}")
+    return raw
+
+
+def _torch_npu(doc: YamlDocument,
+               wheels: Mapping[str, object]) -> Optional[dict[str, Optional[NpuRelease]]]:
+    if "torch_npu" not in doc.data:
+        return None
+    raw = doc.data["torch_npu"]
+    p: tuple = ("torch_npu",)
+    if not isinstance(raw, dict):
+        raise _fail(doc.file, doc.line(p), p,
+                    "expected a mapping of torch -> {release: ..., <machine>: [python, ...]} "
+                    "or null")
+    out: dict[str, Optional[NpuRelease]] = {}
+    for torch, entry in raw.items():
+        tp = p + (str(torch),)
+        if not isinstance(torch, str) or torch not in wheels:
+            raise _fail(doc.file, doc.line(tp), tp,
+                        f"torch {torch!r} is not in this table's 'torch' mapping; expected one "
+                        f"of {', '.join(wheels)}")
+        if entry is None:
+            out[torch] = None  # checked: no torch-npu release requires this torch
+            continue
+        keys = ("release", *MACHINES)
+        if not isinstance(entry, dict) or "release" not in entry or not set(entry) <= set(keys):
+            raise _fail(doc.file, doc.line(tp), tp,
+                        f"expected null or a mapping with 'release' and machines from "
+                        f"{', '.join(MACHINES)}, got {entry!r}")
+        release = _npu_release(doc, tp + ("release",), torch, entry["release"])
+        out[torch] = NpuRelease(release=release, wheels={
+            m: _pythons(doc, tp + (m,), pys) for m, pys in entry.items() if m != "release"})
+    missing = [t for t in wheels if t not in out]
+    if missing:
+        raise _fail(doc.file, doc.line(p), p,
+                    f"no entry for torch {', '.join(missing)}; expected each torch of the "
+                    "'torch' mapping with its torch-npu release, or null when none requires it")
+    return out

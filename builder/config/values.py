@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
 
+from builder.config.proxy import with_scheme
+
 PYTHON_VERSION = re.compile(r"3\.(?:[0-9]|[1-9][0-9])")
 TORCH_VERSION = re.compile(r"(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)")
 # Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
@@ -139,11 +141,14 @@ def index_url(value: str) -> str:
 
 
 def proxy_url(value: str) -> str:
-    """A proxy URL; may carry credentials (they never reach a recipe, only build args)."""
+    """A proxy URL, returned with ``http://`` in front when it has no scheme (as pip and curl
+    read ``proxy.corp:3128``); may carry credentials (they never reach a recipe, only build
+    args)."""
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValueError(
             "proxy URL contains whitespace or control characters; expected scheme://host:port"
         )
+    value, _ = with_scheme(value)
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https", "socks4", "socks4a", "socks5", "socks5h"):
         raise ValueError(

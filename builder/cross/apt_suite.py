@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cross.cache import cache_root
+from builder.cache import cache_root
 from builder.errors import StepFailed
 from builder.images.aptsources import SourceEntry, read_sources
 

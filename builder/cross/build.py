@@ -46,10 +46,12 @@ from pathlib import Path
 
 from packaging.tags import Tag
 
+from builder.cache import cache_root
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
+from builder.incell import CcacheStats, ccache_stats
 from builder.incell.steps import LIBM_FLOOR_HEADER, libm_floor_shim
 from builder.release.shared import tag_serves
 
@@ -77,6 +79,7 @@ class CrossBuildResult:
     wheel: Path  # the linux_<arch> wheel (unrepaired)
     seconds: float  # wall time of the project's build
     log: Path  # full build log
+    ccache: CcacheStats | None = None  # compiler-cache counts, when ccache was used
 
 
 def _failure_excerpt(log: Path) -> str:
@@ -174,12 +177,15 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
 def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch: TargetTorch,
                       toolchain: CrossToolchain, *, isolate: bool = True,
                       log_path: Path | None = None,
-                      extra_env: dict[str, str] | None = None) -> CrossBuildResult:
+                      extra_env: dict[str, str] | None = None,
+                      ccache: bool | None = None) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
     the checkout's in-tree build folders are never shared with another build. Raises
-    :class:`StepFailed` with the log's tail when the build fails.
+    :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
+    ccache (None: when installed; True: required), its cache under the cache root, shared with
+    the host backend's.
     """
     project = Path(project).resolve()
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
@@ -195,6 +201,17 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
         env = cross_build_env(python, torch, toolchain, scratch)
         env.update(extra_env or {})
+        stats_log = scratch / "ccache-stats.log"
+        use_ccache = ccache is not False and shutil.which("ccache") is not None
+        if ccache and not use_ccache:
+            raise StepFailed("--ccache: ccache is not installed on this host "
+                             "(apt-get install ccache), or build without --ccache")
+        if use_ccache:
+            # The compile only (LDSHARED stays the bare toolchain); paths under the scratch
+            # folder hash relative to it, so another build's scratch folder still hits.
+            env.update(CC=f"ccache {env['CC']}", CXX=f"ccache {env['CXX']}",
+                       CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(scratch),
+                       CCACHE_NOHASHDIR="1", CCACHE_STATSLOG=str(stats_log))
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
         cmd = [host, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -217,4 +234,8 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         check_wheel_tags(built, python, log)
         final = out_dir / built.name
         shutil.move(str(built), final)
-    return CrossBuildResult(wheel=final, seconds=seconds, log=log)
+        stats = None
+        if use_ccache:
+            stats = ccache_stats(stats_log.read_text(errors="replace")
+                                 if stats_log.exists() else "")
+    return CrossBuildResult(wheel=final, seconds=seconds, log=log, ccache=stats)

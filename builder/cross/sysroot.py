@@ -32,8 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.cache import cache_root, content_key, ensure_entry
 from builder.cross.apt_suite import SuiteApt, suite_apt
-from builder.cross.cache import cache_root, content_key, ensure_entry
 from builder.engines.host import find_python
 from builder.errors import StepFailed
 

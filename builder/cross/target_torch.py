@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from builder.cross.cache import cache_root, content_key, ensure_entry
+from builder.cache import cache_root, content_key, ensure_entry
 from builder.cross.sysroot import TargetPython, precompile
 from builder.errors import StepFailed
 from builder.release.manifest import sha256_file

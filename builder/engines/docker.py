@@ -266,6 +266,20 @@ class DockerEngine:
         finally:
             self._remove(cid)
 
+    def commit(self, session: DockerSession, tag: str,
+               labels: Mapping[str, str] | None = None) -> str:
+        """The container's filesystem as image *tag* (on the container's image config, plus
+        *labels*); returns its id. Whatever the container was started with (its command, its
+        environment) is not carried over: only the image's own config is."""
+        image = self.api.inspect_container(session.id)["Image"]
+        config = dict(self.api.inspect_image(image).get("Config") or {})
+        conf = {"Env": list(config.get("Env") or []), "Cmd": config.get("Cmd"),
+                "Entrypoint": config.get("Entrypoint"), "WorkingDir": config.get("WorkingDir"),
+                "Labels": {**(config.get("Labels") or {}), **(labels or {})}}
+        repo, _, name = tag.rpartition(":")
+        made = self.api.commit(session.id, repository=repo, tag=name, conf=conf)
+        return str(made["Id"])
+
     def _remove(self, cid: str) -> None:
         docker = _docker_module()
         # A second Ctrl-C while we clean up must not leave the container behind: retry once

@@ -66,6 +66,33 @@ class CellBuild:
     venv_python: str  # the build venv's interpreter inside the session
     torch: str  # the torch version actually installed (e.g. 2.13.0+cpu)
     shim: bool  # whether the single_threaded.h shim was used
+    ccache: Optional[CcacheStats] = None  # this build's compiler-cache counts (--ccache)
+    #: site-packages of a prepared torch environment (``prepared=``): verification layers its
+    #: venv on it instead of installing torch again. "" when the build installed torch itself.
+    torch_site: str = ""
+
+
+@dataclass(frozen=True)
+class CcacheStats:
+    hits: int
+    misses: int
+
+    def __str__(self) -> str:
+        return f"{self.hits} hits, {self.misses} misses"
+
+
+def ccache_stats(log: str) -> CcacheStats:
+    """Counts from a ``CCACHE_STATSLOG`` file: one statistic name a line per compilation
+    (``direct_cache_hit``, ``preprocessed_cache_hit``, ``cache_miss``; ``#`` lines name the
+    object)."""
+    hits = misses = 0
+    for line in log.splitlines():
+        word = line.strip()
+        if word.endswith("cache_hit"):
+            hits += 1
+        elif word == "cache_miss":
+            misses += 1
+    return CcacheStats(hits=hits, misses=misses)
 
 
 def build_in_session(
@@ -78,30 +105,62 @@ def build_in_session(
     index_url: Optional[str] = None,
     local_version_label: Optional[str] = None,
     shim: str = "auto",
-    ccache: bool = False,
+    ccache: Optional[bool] = False,
     extra_requirements: Sequence[str] = ("setuptools", "wheel"),
     make_venv: bool = True,
+    prepared: Optional[str] = None,
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
     *wheelhouse* is a directory inside the session (bind-mounted or copied in): when given the
     install is offline (``--no-index``). *local_version_label* defaults to ``torchX.Y``; ""
     turns the check off (for projects that do not read ``AMP_LOCAL_VERSION``).
-    ``make_venv=False`` builds with *python* itself: for images whose recipe already installed
-    torch in a cached layer (the install step then finds it satisfied in seconds); installing
-    torch into a fresh venv dominates a rebuild otherwise.
+    ``make_venv=False`` builds with *python* itself. *prepared*: the interpreter of a torch
+    environment made (and cached) beforehand (builder.backends.torchenv); nothing is installed,
+    its torch and site-packages are only read back.
     """
     work = session.workdir
     with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
         staged = stage_project(project, Path(tmp))
         project_in = session.copy_in(staged, work)
     steps = session.copy_in(STEPS_SCRIPT, work)
-    vpy = python
-    if make_venv:
-        venv_dir = posixpath.join(work, "build-venv")
-        made = parse_result(session.run([python, steps, "venv", venv_dir],
-                                        step="create build venv"))
-        vpy = str(made["python"])
+    if prepared is not None:
+        vpy = prepared
+        installed = parse_result(session.run([vpy, steps, "site"], step="prepared torch"))
+    else:
+        vpy = python
+        if make_venv:
+            venv_dir = posixpath.join(work, "build-venv")
+            made = parse_result(session.run([python, steps, "venv", venv_dir],
+                                            step="create build venv"))
+            vpy = str(made["python"])
+        installed = install_torch(session, vpy, steps, torch=torch, wheelhouse=wheelhouse,
+                                  index_url=index_url, extra_requirements=extra_requirements)
+    label = local_version(torch) if local_version_label is None else local_version_label
+    argv = [vpy, steps, "build-wheel", "--project", project_in,
+            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
+            "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
+    argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
+    built = parse_result(session.run(argv, step="build wheel"))
+    stats = None
+    if built.get("ccache"):
+        with tempfile.TemporaryDirectory(prefix="ampforge-ccache-") as tmp:
+            try:
+                got = session.copy_out(posixpath.join(work, "ccache-stats.log"), Path(tmp))
+                stats = ccache_stats(got.read_text(errors="replace"))
+            except StepFailed:  # nothing compiled (a pure-Python project): no log
+                stats = CcacheStats(hits=0, misses=0)
+    return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
+                     shim=bool(built["shim"]), ccache=stats,
+                     torch_site=str(installed.get("purelib", "")) if prepared else "")
+
+
+def install_torch(
+    session: Session, vpy: str, steps: str, *, torch: str, wheelhouse: Optional[str],
+    index_url: Optional[str], extra_requirements: Sequence[str] = ("setuptools", "wheel"),
+    env: Optional[dict[str, str]] = None,
+) -> dict[str, Any]:
+    """``pip install torch==X`` and the build requirements into *vpy*'s environment."""
     sources: list[str] = []
     if wheelhouse:
         sources += ["--wheelhouse", wheelhouse]
@@ -110,18 +169,9 @@ def build_in_session(
     extras: list[str] = []
     for req in extra_requirements:
         extras += ["--extra", req]
-    installed = parse_result(session.run(
-        [vpy, steps, "install-torch", "--torch", torch, *sources, *extras],
+    return parse_result(session.run(
+        [vpy, steps, "install-torch", "--torch", torch, *sources, *extras], env=env,
         step=f"install torch=={torch}"))
-    label = local_version(torch) if local_version_label is None else local_version_label
-    argv = [vpy, steps, "build-wheel", "--project", project_in,
-            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
-            "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
-    if ccache:
-        argv.append("--ccache")
-    built = parse_result(session.run(argv, step="build wheel"))
-    return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
-                     shim=bool(built["shim"]))
 
 
 def smoke_in_session(
@@ -132,10 +182,12 @@ def smoke_in_session(
     torch: str,
     wheelhouse: Optional[str] = None,
     index_url: Optional[str] = None,
+    torch_site: Optional[str] = None,
 ) -> list[str]:
     """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
-    *python*, and exercise it; returns the extension modules imported. Raises StepFailed with
-    the output tail when anything fails."""
+    *python* (layered on *torch_site*, a prepared torch install, when given), and exercise it;
+    returns the extension modules imported. Raises StepFailed with the output tail when
+    anything fails."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
     argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
@@ -144,4 +196,6 @@ def smoke_in_session(
         argv += ["--wheelhouse", wheelhouse]
     elif index_url:
         argv += ["--index-url", index_url]
+    if torch_site:
+        argv += ["--torch-site", torch_site]
     return list(parse_result(session.run(argv, step="smoke test"))["modules"])

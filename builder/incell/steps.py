@@ -8,10 +8,11 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
 
     python steps.py venv DEST
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
+    DEST/bin/python steps.py site
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
                                          [--no-libm-floor]
-    python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR]
+    python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -120,6 +122,18 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     _result(torch=md.version("torch"))
 
 
+def cmd_site(args: argparse.Namespace) -> None:
+    """Where this interpreter's packages live and which torch it has: a prepared (cached) torch
+    environment is checked with this instead of installing again."""
+    import importlib.metadata as md
+
+    try:
+        torch = md.version("torch")
+    except md.PackageNotFoundError:
+        _fail(f"{sys.executable} has no torch installed")
+    _result(torch=torch, purelib=sysconfig.get_paths()["purelib"])
+
+
 def _glibc_has_single_threaded() -> bool:
     inc = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
     candidates = [Path("/usr/include/sys/single_threaded.h"), Path(inc) / "sys/single_threaded.h"]
@@ -157,9 +171,18 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         flag = "-ffile-prefix-map=" + mapping
         for var in ("CFLAGS", "CXXFLAGS"):
             env[var] = (env.get(var, os.environ.get(var, "")) + " " + flag).strip()
-    if args.ccache:
+    use_ccache = args.ccache == "on" or (args.ccache == "auto" and shutil.which("ccache"))
+    if args.ccache == "on" and not shutil.which("ccache"):
+        _fail("--ccache on: ccache is not installed in this build environment")
+    if use_ccache:
         env["CC"] = "ccache gcc"
         env["CXX"] = "ccache g++"
+        # Paths under the session's directory are hashed relative to it, so a build in another
+        # temporary folder (the host backend's) still hits; the statistics of this build alone
+        # go to a log the host side counts (hits/misses per cell).
+        env["CCACHE_BASEDIR"] = str(Path(args.project).resolve().parent)
+        env["CCACHE_NOHASHDIR"] = "1"
+        env["CCACHE_STATSLOG"] = str(Path(args.out).resolve().parent / "ccache-stats.log")
     _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
           "--disable-pip-version-check", "--no-input", "-w", str(out),
           # A bare name would be looked up on the index: always pass a path.
@@ -173,7 +196,7 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         _fail(f"the wheel's version {version!r} does not carry the local version "
               f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
               "to its version")
-    _result(wheel=str(wheel), shim=use_shim, libm_floor=bool(libm_shim))
+    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
 
 
 _AMP_SMOKE = r"""
@@ -218,6 +241,13 @@ def cmd_smoke(args: argparse.Namespace) -> None:
     wheel = Path(args.wheel)
     venv.create(args.venv, with_pip=True, clear=True)
     py = str(Path(args.venv) / "bin" / "python")
+    if args.torch_site:
+        # A fresh venv layered on the cell's prepared torch (a .pth line puts its site-packages
+        # on sys.path, after the venv's own): pip sees torch==X installed and resolves the
+        # wheel's requirements against it instead of downloading torch a second time.
+        purelib = subprocess.check_output(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
+        Path(purelib.strip(), "ampforge-torch.pth").write_text(args.torch_site + "\n")
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
     mods = _extension_modules(wheel)
@@ -249,12 +279,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     sources(p)
     p.set_defaults(func=cmd_install_torch)
 
+    p = sub.add_parser("site", help="this interpreter's torch version and purelib folder")
+    p.set_defaults(func=cmd_site)
+
     p = sub.add_parser("build-wheel", help="build the project's wheel, no build isolation")
     p.add_argument("--project", required=True)
     p.add_argument("--out", required=True, help="an empty directory for the wheel")
     p.add_argument("--local-version", default="", help="e.g. torch2.13 (-> +torch2.13)")
     p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--ccache", action="store_true", help="compile through ccache")
+    p.add_argument("--ccache", choices=("auto", "on", "off"), default="off",
+                   help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
                    help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
     p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
@@ -265,6 +299,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--wheel", required=True)
     p.add_argument("--torch", required=True)
     p.add_argument("--venv", required=True)
+    p.add_argument("--torch-site", help="site-packages folder of a prepared torch install to "
+                                        "layer the venv on (instead of installing torch again)")
     sources(p)
     p.set_defaults(func=cmd_smoke)
 

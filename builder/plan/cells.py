@@ -12,20 +12,21 @@ is manylinux either way; the exact glibc tag is ``Cell.plat``). The full torch r
 used, not ``2.13``, because two patch releases may both be in a matrix.
 
 ``expand`` turns a BuildConfig into a Plan (buildable cells plus dropped ones with their
-reasons); ``select`` narrows a Plan to what a command asked for. When a selection names a
-Python but no torch, each (arch, Python) resolves to the newest torch in the matrix that
-publishes a wheel for it, and a note says which one was chosen.
+reasons); ``select`` narrows a Plan to what a command asked for (selectors: any of
+them, see :mod:`builder.plan.selectors`; --arch/--python/--torch: all of them). When a
+selection names a Python but no torch, each (arch, Python) resolves to the newest torch
+in the matrix that publishes a wheel for it, and a note says which one was chosen.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from builder.arch import ARCHES
 from builder.config import BaseImage, BuildConfig, Selection, Settings, values
 from builder.errors import ConfigError
+from builder.plan import selectors
 
 
 def cell_id(arch: str, python: str, torch: str) -> str:
@@ -226,10 +227,13 @@ def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
                     "(or add it to the config's matrix)",
                     key=selection.origins.get(axis, axis),
                 )
-    for pattern in selection.patterns:
-        if not any(fnmatch.fnmatchcase(c.identifier, pattern) for c in everything):
+    by_pattern = selectors.parse(selection.patterns)
+    for sel in by_pattern:
+        # A typo is an error even when another selector matches (cp3{11,13}-* may name a
+        # Python the matrix lacks: a selector is checked as typed, not per expansion).
+        if not any(sel.matches(c.identifier) for c in everything):
             raise ConfigError(
-                f"selector {pattern!r} matches no cell; expected a pattern on identifiers like "
+                f"selector {sel.text!r} matches no cell; expected a pattern on identifiers like "
                 f"{everything[0].identifier} (see `python -m builder plan`)",
                 key="selector",
             )
@@ -239,11 +243,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
             wanted = getattr(selection, axis)
             if wanted is not None and getattr(c, axis) not in wanted:
                 return False
-        return (
-            all(fnmatch.fnmatchcase(c.identifier, p) for p in selection.patterns)
-            if selection.patterns
-            else True
-        )
+        return selectors.matches(by_pattern, c.identifier)
 
     cells = [c for c in plan.cells if keep(c)]
     dropped = [d for d in plan.dropped if keep(d)]

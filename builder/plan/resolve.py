@@ -4,9 +4,10 @@ One resolver (:func:`resolve`) turns settings + this host's facts into records; 
 them (``--format json`` prints exactly :meth:`ResolvedCell.to_dict`), ``render``/``fetch``/
 ``build``/``matrix`` execute them, and every wheel's manifest entry stores its record. Nothing
 downstream decides again: which torch (and why), which backend (and why), the base image
-actually used (ref and id), the platform tag the wheel must meet, where the cell can be built
-(this host, or a named native runner and why not here), the network, and the proxy, CA and index
-settings with their sources (passwords masked).
+actually used (ref and id), the platform tag the wheel must meet, the torch-npu release its
+``npu`` extra pins (or none, and why), where the cell can be built (this host, or a named native
+runner and why not here), the network, and the proxy, CA and index settings with their sources
+(passwords masked).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class ResolvedCell:
     plat: str  # the platform tag the wheel must meet (never above torch's own)
     plat_reason: str
     network: str
+    torch_npu: Optional[str]  # the release the wheel's `npu` extra pins; None: no extra
+    torch_npu_reason: str
     settings: Mapping[str, Any] = field(default_factory=dict)  # proxy/CA/index, masked
     output: str = ""
     host_machine: str = ""
@@ -53,6 +56,7 @@ class ResolvedCell:
             "id": c.identifier, "arch": c.arch, "machine": c.machine, "python": c.python,
             "cp": c.cp, "torch": c.torch, "torch_reason": self.torch_reason,
             "local_version": c.torch_local,
+            "torch_npu": self.torch_npu, "torch_npu_reason": self.torch_npu_reason,
             "backend": self.backend, "backend_reason": self.backend_reason,
             "buildable_here": self.buildable, "runner": self.runner,
             "runner_reason": self.runner_reason,
@@ -170,13 +174,15 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
     torch_reason = (f"named ({torch_origin})" if selection.torch is not None else
                     f"the matrix's torch axis ({config.source_name})")
     plat = config.support.torch_plat(cell.torch, cell.machine)
+    npu = config.support.npu_pin(cell.torch, cell.python, cell.machine)
     return ResolvedCell(
         cell=cell, torch_reason=torch_reason, backend=choice.backend,
         backend_reason=choice.reason, buildable=choice.buildable, runner=runner,
         runner_reason=runner_reason, image=image, plat=plat,
         plat_reason=f"torch {cell.torch}'s own wheel is {plat} (per {config.support.file}): "
                     "ours must install wherever it does",
-        network=_network(config, choice.backend), settings=_settings(config),
+        network=_network(config, choice.backend), torch_npu=npu.release,
+        torch_npu_reason=npu.reason, settings=_settings(config),
         output=str(out), host_machine=host.machine)
 
 

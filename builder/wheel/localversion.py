@@ -12,7 +12,8 @@ against (``Requires-Dist: torch==2.13.*``): a C++ extension is tied to torch's A
 is what lets pip pick the matching ``+torchX.Y`` wheel out of an index that holds several
 (the others' requirements cannot be met next to the installed torch, so pip backtracks).
 A ``torch`` requirement the project declared is replaced (its environment marker kept); a
-project that declared none gets one.
+project that declared none gets one. When the cell's torch has a torch-npu release, the same
+rewrite adds the ``npu`` extra that pins it (builder.wheel.npuextra).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder.errors import StepFailed
+from builder.wheel.npuextra import add_npu_extra
 from builder.wheel.repair import split_wheel_name
 
 _LABEL = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
@@ -59,9 +61,12 @@ def pin_torch_requirement(metadata: str, pin: str) -> str:
         found = True
         lines[i] = f"Requires-Dist: {pin}" + (f"; {req.marker}" if req.marker else "")
     if not found:
-        at = max((i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")),
-                 default=len(lines) - 1)
-        lines.insert(at + 1, f"Requires-Dist: {pin}")
+        # After the last Requires-Dist, else after the last header line: a METADATA without a
+        # description ends in "\n", and an insertion after that empty line would land in the
+        # body, where no installer reads it.
+        deps = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")]
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        lines.insert((deps or filled or [-1])[-1] + 1, f"Requires-Dist: {pin}")
     return "\n".join(lines) + sep + body
 
 
@@ -80,16 +85,24 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def add_local_version(wheel: Path, label: str, out_dir: Path) -> Path:
+def add_local_version(wheel: Path, label: str, out_dir: Path, *,
+                      torch_npu: Optional[str] = None) -> Path:
     """Write a copy of *wheel* whose version carries ``+label`` into *out_dir*; return it.
 
-    A ``torchX.Y`` label also pins the torch requirement (:func:`pin_torch_requirement`).
-    Returns *wheel* unchanged (not copied) when its version already carries the label and its
-    metadata already has the pin.
+    A ``torchX.Y`` label also pins the torch requirement (:func:`pin_torch_requirement`);
+    *torch_npu* (a torch-npu release) adds the ``npu`` extra pinning it. Returns *wheel*
+    unchanged (not copied) when its version already carries the label and its metadata already
+    has the pin and the extra.
     """
     dist, version, py, abi, plats = split_wheel_name(wheel.name)
     new_version = with_local(version, label)
     pin = torch_pin(label)
+
+    def requirements(text: str) -> str:
+        if pin is not None:
+            text = pin_torch_requirement(text, pin)
+        return add_npu_extra(text, torch_npu) if torch_npu is not None else text
+
     old_info = f"{dist}-{version}.dist-info/"
     if new_version == version:
         with zipfile.ZipFile(wheel) as src:
@@ -98,7 +111,7 @@ def add_local_version(wheel: Path, label: str, out_dir: Path) -> Path:
             except KeyError:
                 raise StepFailed(
                     f"{wheel.name}: no {old_info}METADATA; not a valid wheel") from None
-        if pin is None or pin_torch_requirement(meta, pin) == meta:
+        if requirements(meta) == meta:
             return wheel
     new_info = f"{dist}-{new_version}.dist-info/"
     # PEP 427 keeps '+' in file names ('1.0+torch2.13'); only '-' would need escaping.
@@ -122,9 +135,7 @@ def add_local_version(wheel: Path, label: str, out_dir: Path) -> Path:
                                           count=1)
                         if n != 1:
                             raise StepFailed(f"{wheel.name}: METADATA has no Version line")
-                        if pin is not None:
-                            text = pin_torch_requirement(text, pin)
-                        data = text.encode("utf-8")
+                        data = requirements(text).encode("utf-8")
                 copy = zipfile.ZipInfo(name, date_time=info.date_time)
                 copy.external_attr = info.external_attr
                 copy.compress_type = zipfile.ZIP_DEFLATED

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
 from pipelinelib import dist_state, manifest, run_build, run_plan, seed_dist
 
 from builder.config import REPO_ROOT
@@ -61,6 +62,10 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
         names = zf.namelist()
     assert "amp/_C.cpython-311-aarch64-linux-gnu.so" in names, names
     assert not [n for n in names if "libtorch" in n or "libc10" in n or "libgomp" in n]
+    # The cross path's project labels its own version: the npu extra is still written.
+    release = expected_torch_npu("2.9.1", "3.11", "aarch64")
+    assert release, "the table pairs torch 2.9.1 with a torch-npu release: the extra must show"
+    assert_npu_extra(wheel_metadata(wheel), release)
 
     entry = next(w for w in manifest(dist)["wheels"] if w["cell"] == ARM_CELL)
     assert entry["file"] == wheel.name and entry["size"] == wheel.stat().st_size

@@ -84,8 +84,8 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
     assert res.rc == 0
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
-    assert lines[header].split() == ["CELL", "TORCH", "BACKEND", "BASE", "IMAGE", "TAG", "(AT",
-                                     "MOST)", "WHERE"]
+    assert lines[header].split() == ["CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE", "IMAGE",
+                                     "TAG", "(AT", "MOST)", "WHERE"]
     summary = next(ln for ln in lines if "cells to build on this host;" in ln)
     here, elsewhere = int(summary.split()[0]), int(summary.split("; ")[1].split()[0])
     assert here + elsewhere == 26
@@ -133,9 +133,15 @@ def test_explicit_torch_is_kept() -> None:
 
 
 def test_selectors_are_patterns_on_identifiers() -> None:
-    doc = _json("cp31?-manylinux_aarch64-*", "*-torch2.9.1")
+    doc = _json("cp31?-manylinux_aarch64-torch2.9.1")
     assert sorted(c["id"] for c in doc["cells"]) == sorted(
         cell_id("ARM", p, "2.9.1") for p in ("3.10", "3.11", "3.12", "3.13")
+    )
+    # Several selectors: the cells matching any of them (cibuildwheel's build = "a b").
+    doc = _json("cp310-manylinux_aarch64-*", "*-torch2.9.1", "--arch", "ARM")
+    assert sorted(c["id"] for c in doc["cells"]) == sorted(
+        {cell_id("ARM", "3.10", t) for t in ("2.8.0", "2.9.1", "2.13.0")}
+        | {cell_id("ARM", p, "2.9.1") for p in ("3.10", "3.11", "3.12", "3.13")}
     )
 
 
@@ -163,7 +169,7 @@ def test_github_matrix_matches_the_resolved_records_and_every_cell_has_a_runner(
     runners = {"x86_64": "ubuntu-24.04", "aarch64": "ubuntu-24.04-arm"}
     for job in jobs:
         record = records[job["cell"]]
-        for key in ("arch", "machine", "python", "torch", "backend", "plat"):
+        for key in ("arch", "machine", "python", "torch", "backend", "plat", "torch_npu"):
             assert job[key] == record[key], (job, key)
         expected = runners["x86_64"] if record["buildable_here"] else record["runner"]
         assert job["runs-on"] == expected

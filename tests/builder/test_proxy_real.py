@@ -90,7 +90,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = write_index(wheelhouse_cp311(), folder / "index")
     ca = make_ca(folder / "ca")
     project = write_tiny_extension(folder / "tinyext")
-    before = {i["Id"] for i in engine.api.images(name="ampforge/cell")}
+    before = {i["Id"] for name in ("ampforge/cell", "ampforge/torch")
+              for i in engine.api.images(name=name)}
     with pytest.MonkeyPatch.context() as mp, internal_network(engine) as net, \
             serve_index(root) as http_index, \
             serve_index(root, (ca.server_cert, ca.server_key)) as https_index, \
@@ -102,9 +103,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
 
 def _remove_own_images(engine: DockerEngine, before: set[str], urls: tuple[str, ...]) -> None:
-    """The cell images these tests made (their recipe names one of this run's index URLs);
-    the shared ampforge/cell images of other tests are left alone."""
-    for image in engine.api.images(name="ampforge/cell"):
+    """The cell images and torch layers these tests made (their environment names one of this
+    run's index URLs); the shared images of other tests are left alone."""
+    for image in [*engine.api.images(name="ampforge/torch"),
+                  *engine.api.images(name="ampforge/cell")]:  # torch layers first: children
         if image["Id"] in before:
             continue
         env = engine.api.inspect_image(image["Id"])["Config"].get("Env") or []
@@ -160,15 +162,8 @@ def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
     assert f"{masked} (environment HTTPS_PROXY)" in plan.stdout + plan.stderr
     assert SENTINEL not in plan.stdout + plan.stderr
 
-    r = setup.build(tmp_path, config)
-    _, entry = _built_wheel(tmp_path, r)
-    # The proxy saw the index requests (pip asks for the torch page through it).
-    log = setup.proxy.log_text()
-    assert f"GET http://127.0.0.1:{setup.http.port}/simple/torch/" in log, log[-3000:]
-    assert f"GET http://127.0.0.1:{setup.http.port}/simple/torch/torch-2.13.0" in log
-    assert_no_sentinel(setup, r, tmp_path, entry["extra"]["image"])
-
-    # Control: the same build without the proxy cannot reach the index and fails at pip.
+    # Control first (once the torch layer exists, a build needs no index): the same build
+    # without the proxy cannot reach the index and fails at pip.
     control = tmp_path / "control"
     control.mkdir()
     c = setup.build(control, config, proxy_env=False)
@@ -177,6 +172,17 @@ def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
     assert "No matching distribution found for torch==2.13.0" in c.err, c.err[-3000:]
     assert "TLS verification failed" not in c.err  # the hint is for certificate errors only
     assert not list((control / "dist").glob("*.whl"))
+
+    r = setup.build(tmp_path, config)
+    _, entry = _built_wheel(tmp_path, r)
+    # The proxy saw the index requests (pip asks for the torch page through it).
+    log = setup.proxy.log_text()
+    assert f"GET http://127.0.0.1:{setup.http.port}/simple/torch/" in log, log[-3000:]
+    assert f"GET http://127.0.0.1:{setup.http.port}/simple/torch/torch-2.13.0" in log
+    assert_no_sentinel(setup, r, tmp_path, entry["extra"]["image"])
+    # torch was installed through the proxy into a committed layer: not a trace of it there.
+    assert_no_sentinel(setup, r, tmp_path, entry["extra"]["torch_image"])
+
 
 
 def test_https_index_through_the_proxy_needs_the_injected_ca(setup: Setup,

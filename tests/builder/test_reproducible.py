@@ -215,8 +215,12 @@ def test_host_builds_twice_byte_identical_then_up_to_date(tmp_path: Path) -> Non
     assert first.rc == 0, first.err[-4000:]
     assert f"source date epoch: {COMMIT_TIME} (2023-11-14T22:13:20Z, the project's last git " \
            "commit)" in first.err
-    second = run_build(tmp_path / "two", *args)
+    # The second compiles for real (no compiler cache): the same bytes must come out of the
+    # compiler, not out of ccache's copy of the first build's objects.
+    second = run_build(tmp_path / "two", *args, "--no-ccache")
     assert second.rc == 0, second.err[-4000:]
+    assert "ampforge: ccache for" not in (tmp_path / "two" / "work" / "logs" /
+                                          f"{CELL}.log").read_text()
     (w1,) = (tmp_path / "one" / "dist").glob("*.whl")
     (w2,) = (tmp_path / "two" / "dist").glob("*.whl")
     assert w1.name == w2.name and w1.name.startswith("tinyext-0.0.1+torch2.13-cp311"), w1.name

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
+from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
 from pipelinelib import CELL, dist_state, manifest, run_build, run_plan, seed_dist
 
 from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
 from builder.images.base_image import build_base_image
+from builder.wheel.wheelmeta import requires_dist
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +35,7 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
         names = zf.namelist()
     assert [n for n in names if n.startswith("amp/_C") and n.endswith(".so")], names
     assert not [n for n in names if "libtorch" in n or "libc10" in n or "libgomp" in n]
+    _check_npu_extra(wheel)
     doc = manifest(dist)
     entry = next(w for w in doc["wheels"] if w["cell"] == CELL)
     assert entry["file"] == wheel.name and entry["size"] == wheel.stat().st_size
@@ -47,6 +50,8 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert platform["tag"] == entry["extra"]["tag"] == "manylinux_2_24_x86_64", wheel.name
     assert wheel.name.endswith("-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"), wheel.name
     assert platform["needs"]["GLIBC"] < "2.25" and platform["needs"]["GLIBCXX"] <= "3.4.22"
+    assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11",
+                                                                          "x86_64")
     # The earlier cell's wheel and manifest entry are still there.
     earlier = [n for n in seeded if n.startswith("earlier-")]
     assert all((dist / n).read_bytes() == seeded[n] for n in earlier)
@@ -55,6 +60,14 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert not [p.name for p in dist.iterdir() if p.name.startswith(".") and
                 p.name != ".manifest.lock"]
     return wheel
+
+
+def _check_npu_extra(wheel: Path) -> None:
+    """The built wheel's METADATA: `pip install <wheel>[npu]` pins the torch-npu release that
+    configs/support.yaml pairs with the cell (cp311, x86_64, torch 2.13.0)."""
+    release = expected_torch_npu("2.13.0", "3.11", "x86_64")
+    assert release, "the table pairs torch 2.13.0 with a torch-npu release: the extra must show"
+    assert_npu_extra(wheel_metadata(wheel), release)
 
 
 @pytest.mark.docker
@@ -94,6 +107,13 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     assert not left, "the build left its container behind"
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "smoke: amp._C loaded, FusedAdam loss" in log
+    # torch came from the cell's torch layer (made now or by an earlier build with the same
+    # key): the verification venv found it installed instead of installing it again.
+    layer = entry["extra"]["torch_image"]
+    assert layer.startswith(f"ampforge/torch:{CELL}-") and engine.image_id(layer)
+    assert f"torch layer {layer} is up to date" in log or (
+        f"into a new layer {layer} (" in log), log[:3000]
+    assert "Requirement already satisfied: torch==2.13.0" in log
 
     # Nothing changed: recognised as up to date from the manifest, without building.
     before = dist_state(tmp_path / "dist")
@@ -131,6 +151,8 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     assert r.rc == 0, r.err[-4000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
+    _check_npu_extra(wheel)  # any project gets the extra, as it gets the torch pin
+    assert "torch==2.13.*" in requires_dist(wheel)  # a header field, though it has no body
     entry = manifest(tmp_path / "dist")["wheels"][0]
     assert entry["extra"]["modules"] == ["tinyext._C"] and entry["extra"]["project"] == (
         "tinyext-src")

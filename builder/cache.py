@@ -1,4 +1,5 @@
-"""Content-keyed cache folders for the cross toolchain's heavy inputs (sysroots, torch wheels).
+"""Content-keyed cache folders for the builder's heavy inputs: the cross toolchain's sysroots and
+target torch wheels, the host backend's torch environments, the compiler cache.
 
 Everything lives under ``$AMPFORGE_CACHE`` (default ``~/.cache/ampforge``), never in the
 repository. A cache entry is a folder named after a hash of what went into it; it is filled in a
@@ -59,3 +60,30 @@ def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of *path*'s bytes, remembered per (path, size, mtime) under the cache root: a
+    wheelhouse of multi-GB torch wheels is hashed once, not on every build."""
+    st = path.stat()
+    memo = cache_root() / "digests" / content_key(
+        [str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
+    if memo.is_file():
+        return memo.read_text().strip()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    value = digest.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+    tmp.write_text(value + "\n")
+    os.replace(tmp, memo)
+    return value
+
+
+def folder_digest(folder: Path) -> str:
+    """A content hash of every file in *folder* (names and bytes, order-independent)."""
+    parts = [f"{p.relative_to(folder).as_posix()}:{file_digest(p)}"
+             for p in sorted(folder.rglob("*")) if p.is_file()]
+    return content_key(parts, length=64)

@@ -1,0 +1,178 @@
+"""torch installed once per cell and reused, keyed by content.
+
+Installing ``torch==X`` dominated a rebuild: once in the build venv and again in the
+verification venv, every build (tens of seconds from a wheelhouse, minutes from an index that
+serves the CUDA build). Here it happens once per *torch key* -- what decides the installed
+files:
+
+* where it is installed: the cell image's id (docker: recipe, base image, interpreter) or the
+  interpreter's path and version (host);
+* ``torch==X`` and the build requirements next to it;
+* the source: the wheelhouse's content (every file's sha256), or the index URLs when online;
+* the builder's install step itself (``steps.py``'s digest).
+
+The docker backend keeps the result as an image layer (``ampforge/torch:<cell>-<key>``, the cell
+image plus the install, committed); the host backend as a venv under the cache root. The build
+runs in that environment, and verification makes a fresh venv *layered on it* (``--torch-site``):
+pip finds ``torch==X`` installed and installs only the wheel. A changed input makes a new entry,
+and the log names the inputs that changed since the last entry for the same cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from builder.backends.base import CellJob
+from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
+from builder.engines.base import OutputLog
+from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.engines.host import HostEngine
+from builder.incell import STEPS_SCRIPT, install_torch, parse_result
+
+#: The build requirements installed beside torch (the in-cell ``install-torch`` default).
+BUILD_REQUIREMENTS = ("setuptools", "wheel")
+#: Label holding the key's parts (JSON) on torch layers, to say what changed on a rebuild.
+PARTS_LABEL = "org.ampforge.torch.parts"
+CELL_LABEL = "org.ampforge.torch.cell"
+#: The cell image's venv (``docker/partials/python.j2``: ``AMPFORGE_VENV``).
+IMAGE_VENV_PYTHON = "/opt/ampforge/venv/bin/python"
+
+
+def torch_key_parts(job: CellJob, where: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs of the cell's torch environment (see the module docstring)."""
+    opts, config = job.opts, job.config
+    if opts.wheelhouse is not None and opts.wheelhouse.is_dir():
+        source: dict[str, Any] = {"wheelhouse": folder_digest(opts.wheelhouse)}
+    else:
+        source = {"index_url": config.pip.index_url,
+                  "extra_index_urls": list(config.pip.extra_index_urls)}
+    return {**where, "torch": job.cell.torch, "requirements": list(BUILD_REQUIREMENTS),
+            "source": source, "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
+
+
+def changed_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def _say(log: OutputLog, line: str) -> None:
+    log.open()
+    try:
+        log.write_line(line)
+    finally:
+        log.close()
+
+
+# -- host: a cached venv ----------------------------------------------------------------------
+
+def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
+    """The cell's torch venv for *python* on this host, made on first use under the cache root
+    (``$AMPFORGE_CACHE``, default ``~/.cache/ampforge``) and reused while its key holds; returns
+    its interpreter."""
+    cell = job.cell
+    parts = torch_key_parts(job, {"python": os.path.realpath(python),
+                                  "python_version": _version_of(python)})
+    key = content_key([json.dumps(parts, sort_keys=True)])
+    root = cache_root() / "torch-envs"
+    final = root / f"py{cell.python}-torch{cell.torch}-{key}"
+    last = root / f"py{cell.python}-torch{cell.torch}.json"
+    venv_python = final / "venv" / "bin" / "python"
+    if final.is_dir():
+        _say(job.log, f"ampforge: torch {cell.torch} environment {final} is cached "
+                      f"(key {key})")
+    else:
+        previous = _read_json(last)
+        why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
+               else "first build of this cell here")
+        _say(job.log, f"ampforge: making the torch {cell.torch} environment {final} ({why})")
+
+        def fill(tmp: Path) -> None:
+            # A venv keeps working when renamed as long as it is run as ``venv/bin/python``
+            # (its prefix comes from pyvenv.cfg next to it); scripts' shebangs are never used.
+            with HostEngine().session(env=env, log=job.log, parent=job.stage) as session:
+                steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+                made = parse_result(session.run([python, steps, "venv", str(tmp / "venv")],
+                                                step="create torch venv"))
+                install_torch(session, str(made["python"]), steps, torch=cell.torch,
+                              wheelhouse=str(job.opts.wheelhouse.resolve())
+                              if job.opts.wheelhouse else None,
+                              index_url=job.config.pip.index_url)
+            (tmp / "key.json").write_text(json.dumps(parts, sort_keys=True, indent=1) + "\n")
+
+        ensure_entry(final, fill)
+        _write_json(last, parts)
+    return str(venv_python)
+
+
+def _version_of(python: str) -> str:
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return sys.version
+    import subprocess  # noqa: PLC0415 - only for another interpreter
+
+    return subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# -- docker: an image layer -------------------------------------------------------------------
+
+def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
+                       cell_image_id: str, wheelhouse_bind: Optional[Mapping[str, str]],
+                       wheelhouse: Optional[str]) -> str:
+    """The tag of the cell image plus torch (committed once per key and reused)."""
+    cell, opts = job.cell, job.opts
+    parts = torch_key_parts(job, {"cell_image": cell_image_id})
+    key = content_key([json.dumps(parts, sort_keys=True)])
+    tag = f"ampforge/torch:{cell.identifier}-{key}"
+    if engine.image_id(tag) is not None:
+        _say(job.log, f"ampforge: torch layer {tag} is up to date (key {key})")
+        return tag
+    earlier = [img for img in engine.api.images(filters={"label": f"{CELL_LABEL}="
+                                                                 f"{cell.identifier}"})]
+    previous = {}
+    if earlier:
+        newest = max(earlier, key=lambda img: int(img.get("Created", 0)))
+        previous = _loads((newest.get("Labels") or {}).get(PARTS_LABEL, ""))
+    why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
+           else "first build of this cell on this engine")
+    _say(job.log, f"ampforge: installing torch {cell.torch} into a new layer {tag} ({why})")
+    # The proxies reach pip through the exec's environment only: a container's own environment
+    # would be committed into the layer's config (and with it any proxy password).
+    pip_env = {} if opts.offline else dict(job.proxy_env)
+    pip_env["PIP_NO_CACHE_DIR"] = "1"  # the download cache would bloat the layer
+    with engine.container(cell_image, binds=wheelhouse_bind, network=not opts.offline,
+                          network_name=opts.network,
+                          labels={f"{CONTAINER_LABEL}.run": job.run_id,
+                                  f"{CONTAINER_LABEL}.cell": cell.identifier},
+                          log=job.log, workdir="/ampforge-torch") as session:
+        steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+        install_torch(session, IMAGE_VENV_PYTHON, steps, torch=cell.torch, wheelhouse=wheelhouse,
+                      index_url=job.config.pip.index_url, env=pip_env)
+        session.run(["rm", "-rf", session.workdir], cwd="/", step="clean torch layer")
+        engine.commit(session, tag, labels={CELL_LABEL: cell.identifier,
+                                            PARTS_LABEL: json.dumps(parts, sort_keys=True)})
+    return tag
+
+
+def _loads(text: str) -> dict[str, Any]:
+    try:
+        return dict(json.loads(text))
+    except ValueError:
+        return {}
+

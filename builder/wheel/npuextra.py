@@ -1,0 +1,56 @@
+"""The ``npu`` extra: ``pip install <wheel>[npu]`` brings the torch-npu release that pairs with
+the torch the wheel was built against.
+
+torch-npu (the Ascend NPU adapter) is built for exactly one torch release, so the extra pins one
+release (``Requires-Dist: torch-npu==2.13.0; extra == "npu"``); which one is decided by the
+support table (``torch_npu`` in configs/support.yaml, :meth:`SupportTable.npu_pin`) and carried
+by the resolved cell. The rewrite happens with the version label (builder.wheel.localversion),
+after the project's own build, so every backend and every ``--project`` gets the same lines.
+"""
+
+from __future__ import annotations
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from builder.errors import StepFailed
+
+NPU_EXTRA = "npu"
+TORCH_NPU = "torch-npu"
+
+
+def npu_requirement(release: str) -> str:
+    """The extra's requirement line value, e.g. ``torch-npu==2.13.0; extra == "npu"``."""
+    return f'{TORCH_NPU}=={release}; extra == "{NPU_EXTRA}"'
+
+
+def add_npu_extra(metadata: str, release: str) -> str:
+    """*metadata* (a METADATA file's text) with the ``npu`` extra pinning torch-npu *release*.
+
+    A torch-npu requirement the project declared itself gets the same pin (its marker kept):
+    a second, different torch-npu would be uninstallable next to ours. ``Provides-Extra: npu``
+    and our requirement are added once; a second rewrite changes nothing.
+    """
+    head, sep, body = metadata.partition("\n\n")
+    lines = head.split("\n")
+    for i, line in enumerate(lines):
+        if not line.startswith("Requires-Dist:"):
+            continue
+        value = line.split(":", 1)[1].strip()
+        try:
+            req = Requirement(value)
+        except InvalidRequirement as exc:
+            raise StepFailed(f"METADATA has an invalid Requires-Dist {value!r}: {exc}") from exc
+        if canonicalize_name(req.name) == TORCH_NPU:
+            lines[i] = f"Requires-Dist: {TORCH_NPU}=={release}" + (
+                f"; {req.marker}" if req.marker else "")
+    wanted = [f"Provides-Extra: {NPU_EXTRA}", f"Requires-Dist: {npu_requirement(release)}"]
+    missing = [w for w in wanted if w not in lines]
+    if missing:
+        # After the last dependency field, else after the last header line (never into the body).
+        deps = [i for i, ln in enumerate(lines) if ln.startswith(("Requires-Dist:",
+                                                                  "Provides-Extra:"))]
+        filled = [i for i, ln in enumerate(lines) if ln.strip()]
+        at = (deps or filled or [-1])[-1] + 1
+        lines[at:at] = missing
+    return "\n".join(lines) + sep + body
