@@ -107,6 +107,12 @@ def broken_project(root: Path, kind: str) -> Path:
     return project
 
 
+def busy_in_cell(log: str) -> bool:
+    """A cell's log says pip is at work in it: installing torch (no cached torch environment
+    yet) or building the wheel. The interruption tests signal then."""
+    return "Processing /wheelhouse/torch" in log or "-m pip wheel " in log
+
+
 def _as_terminal_foreground() -> None:
     # A runner that started the suite in the background (``cmd &`` without job control, as
     # some CI launchers do) passes SIGINT down as *ignored*, and Python then never raises
