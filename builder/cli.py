@@ -2,7 +2,7 @@
 
 Each subcommand is its own module under ``builder.commands`` exposing ``NAME``, ``HELP``,
 ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args, ctx) -> int``; adding a command
-(build, fetch, index, base-image, publish) means adding a module name to ``COMMANDS``.
+(build, fetch, index, base-image, publish, clean) means adding a module name to ``COMMANDS``.
 
 Everything printed goes through one Redactor seeded, before anything is parsed, with the
 proxy URLs in the environment and on the command line, so a password never reaches the
@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from builder import __version__
+from builder import __version__, signals
 from builder.config import CliOverrides, Settings, load_settings
 from builder.config.load import BACKENDS
 from builder.config.proxy import proxies_from_env
 from builder.errors import BuilderError
 from builder.redact import Redactor
+from builder.signals import terminate_as_interrupt
 
 COMMANDS: tuple[str, ...] = (
     "builder.commands.plan",
@@ -38,6 +39,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.index",
     "builder.commands.publish",
     "builder.commands.doctor",
+    "builder.commands.clean",
 )
 
 
@@ -263,13 +265,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     for note in getattr(args, "usage_notes", ()):
         output.err(f"note: {note}")
     try:
-        return int(args.handler(args, Context(output=output, env=env)))
+        # SIGTERM/SIGHUP (kill, timeout, a CI cancel) clean up as Ctrl-C does (builder.signals).
+        with terminate_as_interrupt():
+            return int(args.handler(args, Context(output=output, env=env)))
     except BuilderError as exc:
         output.err(f"error: {exc.message}")
         return exc.return_code
-    except KeyboardInterrupt:
-        output.err("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        output.err(signals.describe(exc))
+        return signals.exit_code(exc)
     except BrokenPipeError:
         # `plan | head`: the reader left; not an error of ours. Silence the final flush.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -38,6 +38,7 @@ from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult
 from builder.plan.resolve import ResolvedCell
 from builder.redact import Redactor
 from builder.release.manifest import ManifestEntry, publish_wheel, record_wheel, utc_now
+from builder.release.shared import SharedWheels
 
 __all__ = ["PipelineOptions", "build_cell", "build_cells"]
 
@@ -46,9 +47,12 @@ def build_cell(
     resolved: ResolvedCell, recipe: Optional[Recipe], config: BuildConfig,
     opts: PipelineOptions, backends: Mapping[str, Backend], engine: Optional[DockerEngine],
     redactor: Redactor, report: Callable[[str, str], None], run_id: str,
+    shared: Optional[SharedWheels] = None,
 ) -> CellResult:
     """Build one resolved cell. Step failures become a failed CellResult; Ctrl-C propagates
-    (after the container and the staging folder are removed)."""
+    (after the container and the staging folder are removed). *shared*: the run's abi3 wheels
+    (builder.release.shared): a cell one of them serves verifies it instead of building."""
+    shared = shared if shared is not None else SharedWheels([resolved.cell])
     cell = resolved.cell
     result = CellResult(cell=cell.identifier)
     start = time.monotonic()
@@ -88,20 +92,26 @@ def build_cell(
                 result.status, result.wheel = UP_TO_DATE, existing
                 result.note = (f"same inputs as its manifest entry (input key {key[:12]}); "
                                "--force rebuilds")
+                shared.add(cell, existing, cell.identifier)
                 return result
-        result.note = ("--force" if opts.force else
+        inputs = {k: input_key({k: v})[:12] for k, v in key_parts.items()}
+        reuse = shared.for_cell(cell, opts.out, inputs, from_dist=not opts.force)
+        job.reuse = reuse.wheel if reuse is not None else None
+        result.note = (f"{reuse.wheel.name} (built by {reuse.built_by}) serves it: verified on "
+                       f"Python {cell.python}, not compiled again" if reuse is not None else
+                       "--force" if opts.force else
                        rebuild_reason(opts.out, cell.identifier, key_parts))
         stage.mkdir(parents=True, exist_ok=True)
         built = backend.build(job)
 
         def publish() -> Path:
-            final = publish_wheel(built.wheel, opts.out)
+            final = publish_wheel(built.wheel, opts.out, cells=shared.group(cell))
             entry = ManifestEntry.for_wheel(
                 final, cell=cell.identifier, torch=built.torch, python=cell.python,
                 base_image=built.base_image, compiler=built.compiler,
                 builder_version=__version__, started_at=started_at, finished_at=utc_now(),
-                extra={"input_key": key, "inputs": {k: input_key({k: v})[:12]
-                                                    for k, v in key_parts.items()},
+                extra={"input_key": key, "inputs": inputs,
+                       **({"served_by": reuse.built_by} if reuse is not None else {}),
                        "backend": resolved.backend, "tag": built.tag,
                        "modules": list(built.modules), "project": opts.project.name,
                        # The decisions this wheel was built from: what `plan` printed.
@@ -119,6 +129,7 @@ def build_cell(
 
         result.wheel = job.steps("publish", publish)
         result.status = BUILT
+        shared.add(cell, result.wheel, reuse.built_by if reuse is not None else cell.identifier)
     except BuilderError as exc:
         result.status, result.error = FAILED, redactor(exc.message)
     except Exception as exc:  # noqa: BLE001 - a bug must not stop the other cells
@@ -160,10 +171,11 @@ def build_cells(
     run_id = uuid.uuid4().hex
     todo = list(cells)
     results: list[CellResult] = []
+    shared = SharedWheels([c.cell for c, _ in todo])
 
     def one(resolved: ResolvedCell, recipe: Optional[Recipe]) -> CellResult:
         return build_cell(resolved, recipe, config, opts, backends, engine, redactor, report,
-                          run_id)
+                          run_id, shared)
 
     if parallel <= 1:
         for i, (resolved, recipe) in enumerate(todo):
@@ -182,11 +194,13 @@ def build_cells(
 
     pool = ThreadPoolExecutor(max_workers=parallel)
     try:
-        futures = {pool.submit(one, c, r): c for c, r in todo}
-        for fut in as_completed(futures):
-            r = fut.result()
-            finished(r)
-            results.append(r)
+        # The first cell of each (arch, torch) first: an abi3 wheel it builds serves the rest.
+        for phase in shared.phases(todo, lambda item: item[0].cell):
+            futures = {pool.submit(one, c, r): c for c, r in phase}
+            for fut in as_completed(futures):
+                r = fut.result()
+                finished(r)
+                results.append(r)
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
         if engine is not None:

@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from builder.pipeline_types import CellResult
+from builder.wheel.repair import oldest_tag, split_wheel_name
 
 
 class Progress:
@@ -80,11 +81,13 @@ class Progress:
 def summary_table(results: Iterable[CellResult], console: Console,
                   redact: Callable[[str], str] = str) -> None:
     table = Table(title="build summary", title_justify="left")
-    for col in ("CELL", "RESULT", "TIME", "WHEEL / ERROR"):
+    for col in ("CELL", "RESULT", "TIME", "TAG", "WHEEL / ERROR"):
         table.add_column(col, overflow="fold")
     for r in results:
         what = r.wheel.name if r.wheel is not None else (r.error.splitlines() or [""])[0]
         if r.note and r.wheel is not None:
             what += f" ({r.note})"
-        table.add_row(r.cell, r.status, f"{r.seconds:.0f}s", redact(what))
+        # The tag the wheel achieved: its most compatible one (where it installs).
+        tag = oldest_tag(split_wheel_name(r.wheel.name)[4]) if r.wheel is not None else "-"
+        table.add_row(r.cell, r.status, f"{r.seconds:.0f}s", tag, redact(what))
     console.print(table)

@@ -207,6 +207,9 @@ class CellJob:
     #: The rendered Dockerfile (docker and emulated cells; rendered up front so that a bad value
     #: stops the whole build before anything runs).
     recipe: Optional[Recipe] = None
+    #: Another cell's Python-agnostic wheel (abi3) that serves this cell: verify it on this
+    #: cell's Python instead of compiling (builder.release.shared).
+    reuse: Optional[Path] = None
 
     @property
     def cell(self) -> Cell:

@@ -6,6 +6,7 @@ only place that orchestrates them into a cell."""
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from builder.cross.build import cross_build_wheel
 from builder.cross.qemu import extension_modules, verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
-from builder.cross.target_torch import ensure_target_torch, require_cpu_torch
+from builder.cross.target_torch import TargetTorch, ensure_target_torch, require_cpu_torch
 from builder.cross.toolchain import (
     CrossToolchain,
     CrossToolchainMissing,
@@ -29,7 +30,14 @@ from builder.cross.toolchain import (
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
+from builder.wheel.repair import oldest_tag, split_wheel_name
 from builder.wheel.verify import check_no_bundled_torch
+from builder.wheel.wheelcheck import (
+    check_needs_within,
+    check_tag_covers_own_code,
+    platform_record,
+    version_needs,
+)
 
 
 def cross_available(machine: str, python: str) -> tuple[bool, str]:
@@ -116,6 +124,8 @@ class CrossBackend:
         target = self._target(job)
         torch = steps("target torch", lambda: ensure_target_torch(
             cell.torch, target.python, env=download_env(job)))
+        if job.reuse is not None:
+            return self._verify_shared(job, target, torch)
         env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
@@ -126,13 +136,19 @@ class CrossBackend:
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
+        ceiling = job.resolved.plat
+        needs = steps("symbol versions", lambda: check_needs_within(
+            labelled, ceiling, job.resolved.plat_reason))
         ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
+        # auditwheel on this x86_64 host takes no explicit *_aarch64 plat (only auto): the
+        # achieved tag is checked against the cell's resolved tag in verify instead.
         repaired = steps("repair", lambda: repair_cross_wheel(
             labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
         job.normalize(repaired.wheel)
 
         def verify() -> dict[str, Any]:
             check_no_bundled_torch(repaired.wheel)
+            check_tag_covers_own_code(repaired.wheel, ceiling)
             # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
             return verify_wheel(repaired.wheel, target.python, torch)
 
@@ -142,6 +158,28 @@ class CrossBackend:
                      tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
                      base_image=f"cross:{target.sysroot_id}",
                      extra={"verification": report,
+                            "platform": platform_record(repaired.tag, ceiling, needs),
                             **({"ccache": {"hits": built.ccache.hits,
                                            "misses": built.ccache.misses}}
                                if built.ccache is not None else {})})
+
+    def _verify_shared(self, job: CellJob, target: CrossTarget, torch: TargetTorch) -> Built:
+        """Another cell's abi3 wheel, run under QEMU on this cell's Python (no compile)."""
+        assert job.reuse is not None
+        (job.stage / "shared").mkdir(parents=True, exist_ok=True)
+        wheel = job.stage / "shared" / job.reuse.name
+        shutil.copy2(job.reuse, wheel)
+        ceiling = job.resolved.plat
+
+        def verify() -> dict[str, Any]:
+            check_no_bundled_torch(wheel)
+            check_tag_covers_own_code(wheel, ceiling)
+            return verify_wheel(wheel, target.python, torch)
+
+        report = job.steps("verify (qemu)", verify)
+        tag = oldest_tag(split_wheel_name(wheel.name)[4])
+        return Built(wheel=wheel, torch=torch.full_version, compiler="(not compiled: shared)",
+                     tag=tag, modules=tuple(extension_modules(wheel)),
+                     base_image=f"cross:{target.sysroot_id}",
+                     extra={"verification": report,
+                            "platform": platform_record(tag, ceiling, version_needs(wheel))})

@@ -4,6 +4,7 @@ compile, version label, repair, normalise, verify -- the same sequence wherever 
 from __future__ import annotations
 
 import posixpath
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -13,9 +14,14 @@ from builder.backends.base import Built, CellJob
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, smoke_in_session
-from builder.wheel.repair import audit_wheel, repair_wheel, split_wheel_name
+from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
-from builder.wheel.wheelcheck import check_tag_covers_own_code
+from builder.wheel.wheelcheck import (
+    check_needs_within,
+    check_tag_covers_own_code,
+    platform_record,
+    version_needs,
+)
 
 
 def build_in_cell(
@@ -30,6 +36,9 @@ def build_in_cell(
     installed again."""
     cell, config, opts, steps, stage = job.cell, job.config, job.opts, job.steps, job.stage
     excludes = tuple(config.build.auditwheel_exclude)
+    if job.reuse is not None:
+        return verify_shared_wheel(job, session, python=python, wheelhouse=wheelhouse,
+                                   auditwheel=auditwheel, auditwheel_env=auditwheel_env)
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
@@ -39,59 +48,86 @@ def build_in_cell(
         job.log.write_line(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
         job.log.close()
 
-    def label() -> str:
+    def label() -> Path:
         # The label is added outside the project's build, so any project gets +torchX.Y.
         raw = session.copy_out(built.wheel, stage / "raw")
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
-        labelled = job.label(raw, stage / "labelled")
-        return session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
+        return job.label(raw, stage / "labelled")
 
-    inside = steps("version label", label)
+    labelled = steps("version label", label)
+    # Before auditwheel: a wheel that needs a newer glibc than its torch fails here, with the
+    # symbols that push it up (auditwheel would only say "too-recent versioned symbols").
+    needs = steps("symbol versions", lambda: check_needs_within(
+        labelled, job.resolved.plat, job.resolved.plat_reason))
+    inside = session.copy_in(labelled, posixpath.join(session.workdir, "labelled"))
     (stage / "repaired").mkdir(parents=True, exist_ok=True)
+    # The cell's resolved tag, explicitly: auditwheel adds every older tag the symbols allow
+    # (manylinux_2_24_x86_64.manylinux_2_28_x86_64) and refuses anything newer.
     repaired = steps("repair", lambda: repair_wheel(
         session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
-        excludes=excludes))
+        excludes=excludes, plat=job.resolved.plat))
     job.normalize(repaired.wheel)
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url, torch_site=built.torch_site))
+        index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
-                modules=checked.modules, base_image="")
+                modules=checked.modules, base_image="",
+                extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
     if built.ccache is not None:
         out.extra["ccache"] = {"hits": built.ccache.hits, "misses": built.ccache.misses}
     return out
+
+
+def verify_shared_wheel(
+    job: CellJob, session: Session, *, python: str, wheelhouse: Optional[str],
+    auditwheel: Sequence[str], auditwheel_env: Optional[Mapping[str, str]],
+) -> Built:
+    """Another cell's abi3 wheel, verified on this cell's Python (no compile, no repair)."""
+    assert job.reuse is not None
+    (job.stage / "shared").mkdir(parents=True, exist_ok=True)
+    wheel = job.stage / "shared" / job.reuse.name
+    shutil.copy2(job.reuse, wheel)
+    checked = job.steps("verify", lambda: verify_cell_wheel(
+        session, wheel, python=python, torch=job.cell.torch, auditwheel=auditwheel,
+        auditwheel_env=auditwheel_env, excludes=tuple(job.config.build.auditwheel_exclude),
+        wheelhouse=wheelhouse, index_url=job.config.pip.index_url, ceiling=job.resolved.plat))
+    return Built(wheel=checked.wheel, torch=job.cell.torch, compiler="(not compiled: shared)",
+                 tag=checked.tag, modules=checked.modules, base_image="",
+                 extra={"platform": platform_record(checked.tag, job.resolved.plat,
+                                                    version_needs(wheel))})
 
 
 def verify_cell_wheel(
     session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
     wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
+    ceiling: Optional[str] = None,
 ) -> Verification:
-    """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware.
+    """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
+    the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag).
 
     ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
     which counts the excluded libraries' own glibc needs (see builder.wheel.wheelcheck); when only
     that differs, the wheel's own ELF files decide.
     """
     check_no_bundled_torch(wheel)
+    tags = split_wheel_name(wheel.name)[4]
+    # Independent of auditwheel: what the wheel's own code needs, against each tag it claims.
+    check_tag_covers_own_code(wheel, ceiling)
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "audit"))
     audit = audit_wheel(session, inside, auditwheel=auditwheel, env=auditwheel_env)
     try:
         check_name_against_audit(wheel.name, audit, excludes)
-    except StepFailed as exc:
-        if audit.sym_tag in split_wheel_name(wheel.name)[4] or audit.unsupported_isa:
+    except StepFailed:
+        if audit.sym_tag in tags or audit.unsupported_isa:
             raise
-        check_name_against_audit(wheel.name, replace(audit, sym_tag=split_wheel_name(
-            wheel.name)[4][0]), excludes)  # everything but the symbol tag still checked
-        try:
-            check_tag_covers_own_code(wheel)
-        except StepFailed:
-            raise exc from None
+        # Only the symbol tag differs (excluded libraries counted): everything else still
+        # checked; the own-code check above is what vouches for the tags.
+        check_name_against_audit(wheel.name, replace(audit, sym_tag=tags[0]), excludes)
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
                                wheelhouse=wheelhouse, index_url=index_url,
                                torch_site=torch_site or None)
-    return Verification(wheel=wheel, tag=split_wheel_name(wheel.name)[4][0],
-                        modules=tuple(modules))
+    return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))

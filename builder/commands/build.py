@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from builder import signals
 from builder.backends import registry
 from builder.backends.base import Host
 from builder.cli import (
@@ -42,7 +43,10 @@ auditwheel-repair it (torch's libraries and libgomp excluded), verify it (tag ag
 with `auditwheel show`, no torch inside, installs into a fresh venv with the cell's torch
 and passes a smoke test), then move it atomically into --out and record it in
 <out>/manifest.json. A cell whose wheel was already built from the same inputs is
-reported up-to-date and skipped (--force rebuilds).
+reported up-to-date and skipped (--force rebuilds). An abi3 (py_limited_api) wheel is built
+once per (arch, torch) and verified on the Python of every other cell it serves, each
+recorded in the manifest; a wheel that would replace another cell's file with other bytes
+fails the cell and leaves dist/ as it was.
 
 Every cell is resolved first (`python -m builder plan` prints the same records): its torch,
 backend, base image, target platform tag, network and proxy/CA/index settings, each with its
@@ -66,8 +70,10 @@ whenever the cross path can build them; when it cannot, emulated if emulation wo
 engine has an arm64 base image; and says so.
 
 Exit codes: 0 all cells built or up to date, 1 a cell failed, 2 bad configuration,
-130 interrupted (no partial file is left in --out). --dry-run prints the resolved records
-(as `plan --format json` does) and builds nothing.
+130 interrupted by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP (the cell's container is removed,
+host sessions end, no partial file is left in --out; containers a killed builder left behind
+are removed by the next build, or by `python -m builder clean`). --dry-run prints the
+resolved records (as `plan --format json` does) and builds nothing.
 
 Reproducible: the same inputs give byte-identical wheels. Every file in a wheel carries
 SOURCE_DATE_EPOCH (--source-date-epoch N, else the environment's SOURCE_DATE_EPOCH, else the
@@ -169,6 +175,15 @@ def _local_base_images(cells: list[ResolvedCell], engine: DockerEngine,
         err(f"base image: {made.tag} ({'reused' if made.reused else 'built'})")
 
 
+def _remove_leftovers(engine: DockerEngine, err: Callable[[str], None]) -> None:
+    """Containers of builders that are gone (SIGKILL, power loss): removed before anything
+    else, said one by one (``python -m builder clean`` does only this)."""
+    from builder.engines.owner import leftovers, remove_leftovers  # noqa: PLC0415
+
+    for c in remove_leftovers(engine.api, leftovers(engine.api)[0]):
+        err(f"removed container {c.id[:12]} (cell {c.cell}) left behind: {c.reason}")
+
+
 def _bundle(config: BuildConfig, wheelhouse: Optional[Path],
             ctx: Context) -> tuple[Bundle, BuildConfig, Path]:
     """The configured bundle verified and its base image loaded: (bundle, config, wheelhouse)."""
@@ -244,6 +259,7 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
         from builder.engines.docker import DockerEngine  # noqa: PLC0415 - the docker SDK
 
         engine = DockerEngine(redactor=ctx.output.redact)
+        _remove_leftovers(engine, err)
     network = _check_network(config, list(resolution.cells), engine)
     if elsewhere and not args.all:
         # Named explicitly: not building it is a failure, said with the runner it needs.
@@ -280,9 +296,9 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
             results = build_cells(jobs, config, opts, backends, engine, ctx.output.redact,
                                   progress.step, progress.finish, keep_going=args.keep_going,
                                   parallel=args.parallel)
-        except KeyboardInterrupt:
-            progress.note("interrupted: containers removed, nothing partial left in "
-                          f"{opts.out}")
+        except KeyboardInterrupt as exc:
+            progress.note(f"{signals.describe(exc)}: containers removed, host sessions ended, "
+                          f"nothing partial left in {opts.out}")
             raise
     for r in results:
         if r.error:

@@ -15,8 +15,8 @@ logic); it need not be the target's Python X.Y. What makes it a cross build is t
   paths point at the target torch, not the host's;
 * ``CPPFLAGS`` puts the target's Python headers (its own pyconfig.h) first, plus a shim that keeps
   GCC 12's libstdc++ headers off ``__libc_single_threaded`` (GLIBC_2.32), which would otherwise cap
-  the manylinux tag, and a forced-included header binding libm's exp/exp2/log/log2/pow to their
-  pre-2.29 versions (see :data:`_LIBM_FLOOR_SHIM`);
+  the manylinux tag, and a forced-included header binding libm's exp/log/pow & co. to their
+  oldest versions (:func:`builder.incell.steps.libm_floor_shim`, shared with the in-cell builds);
 * ``LDFLAGS=-L<dir with libgomp.so -> torch's own OpenMP runtime>`` so ``-fopenmp`` links the
   runtime torch ships (a hash-renamed libgomp in aarch64 wheels) instead of a system libgomp.
 
@@ -44,12 +44,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.tags import Tag
+
 from builder.cache import cache_root
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell import CcacheStats, ccache_stats
+from builder.incell.steps import LIBM_FLOOR_HEADER, libm_floor_shim
+from builder.release.shared import tag_serves
 
 HOOK_DIR = Path(__file__).with_name("hook")
 
@@ -64,32 +68,6 @@ static const char ampforge_libc_single_threaded = 0;
 #define __libc_single_threaded ampforge_libc_single_threaded
 #endif
 """
-
-#: The cross toolchain's glibc (2.36) gives exp, exp2, log, log2 and pow new symbol versions
-#: (GLIBC_2.29: same results, no SVID error wrapper). One ``pow`` call then makes a wheel
-#: manylinux_2_31 (auditwheel has no 2_29/2_30 policy), above the manylinux_2_28 of the torch it
-#: runs with. Binding them to the architecture's first glibc version keeps the floor where the
-#: other symbols put it; the .symver of a function a file never calls adds nothing.
-_LIBM_FLOOR_SHIM = """\
-/* ampforge cross-build shim (builder/cross/build.py): libm functions at their {base} versions. */
-#if defined(__GNUC__) && !defined(AMPFORGE_LIBM_FLOOR_SHIM)
-#define AMPFORGE_LIBM_FLOOR_SHIM
-{directives}
-#endif
-"""
-_LIBM_29 = ("exp", "exp2", "log", "log2", "pow")
-#: The first glibc symbol version of each target architecture (its compat versions' floor).
-_GLIBC_BASE = {"aarch64": "GLIBC_2.17"}
-
-
-def libm_floor_shim(arch: str) -> str:
-    """The forced-include header text for ``arch`` (empty when its base version is unknown)."""
-    base = _GLIBC_BASE.get(arch)
-    if base is None:
-        return ""
-    directives = "\n".join(f'__asm__(".symver {f},{f}@{base}");' for f in _LIBM_29)
-    return _LIBM_FLOOR_SHIM.format(base=base, directives=directives)
-
 
 # Folders never copied into the isolated build tree.
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
@@ -127,9 +105,14 @@ def host_python_for(python: TargetPython) -> str:
 
 
 def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
-    """Refuse a cross-built wheel not tagged ``cpXY-cpXY-linux_<arch>`` for the target."""
+    """Refuse a cross-built wheel not tagged ``cpXY-cpXY-linux_<arch>`` for the target (or,
+    for a ``py_limited_api`` project, ``cpNN-abi3-linux_<arch>`` with NN no newer than it)."""
     tag = python.python_tag
     expected = f"-{tag}-{tag}-linux_{python.arch}.whl"
+    abi3 = re.search(r"-(cp\d+)-abi3-linux_(\w+)\.whl$", wheel.name)
+    if abi3 is not None and abi3.group(2) == python.arch and tag_serves(
+            Tag(abi3.group(1), "abi3", f"linux_{python.arch}"), tag):
+        return
     if not wheel.name.endswith(expected):
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         raise StepFailed(
@@ -149,8 +132,8 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
     cppflags = [f"-I{python.include_dir}", f"-I{shim_dir}"]
     libm_shim = libm_floor_shim(python.arch)
     if libm_shim:
-        (shim_dir / "ampforge_libm_floor.h").write_text(libm_shim)
-        cppflags += ["-include", str(shim_dir / "ampforge_libm_floor.h")]
+        (shim_dir / LIBM_FLOOR_HEADER).write_text(libm_shim)
+        cppflags += ["-include", str(shim_dir / LIBM_FLOOR_HEADER)]
     ldflags = []
     gomp = torch.openmp_library()
     if gomp is not None:

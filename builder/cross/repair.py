@@ -23,6 +23,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from builder.errors import StepFailed
+from builder.wheel.repair import oldest_tag
 
 #: torch's own libraries and OpenMP runtime (``libgomp.so.1`` on x86_64, hash-renamed
 #: ``libgomp-<hash>.so.1.0.0`` in aarch64 torch wheels), provided at run time by torch.
@@ -96,7 +97,7 @@ def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
                              f"{info['sym_tag']}, not the file's {plats}")
         final = out_dir / repaired.name
         os.replace(repaired, final)
-    return CrossRepair(wheel=final, tag=plats[-1], external_libs=externals)
+    return CrossRepair(wheel=final, tag=oldest_tag(plats), external_libs=externals)
 
 
 def _names_in(wheel: Path) -> list[str]:

@@ -36,12 +36,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result, iter_lines
+from builder.engines.owner import CONTAINER_LABEL, owner_labels
 from builder.errors import EngineUnavailable, StepFailed
 from builder.redact import Redactor
-
-#: Every container this module creates carries this label, so leftovers can be found:
-#: ``docker ps -a --filter label=org.ampforge.builder``.
-CONTAINER_LABEL = "org.ampforge.builder"
 
 _START_HINT = (
     "Start an engine and try again:\n"
@@ -237,7 +234,10 @@ class DockerEngine:
         network whose only way out is a proxy).
         The container is removed on every exit path: success, exception, KeyboardInterrupt.
         """
-        all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex}
+        # The owner (pid, machine, boot): a killed builder's container is found and removed
+        # by the next one (builder.engines.owner).
+        all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex,
+                      **owner_labels()}
         all_labels.update(labels or {})
         mounts = {h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()}
         mounts.update({v: {"bind": c, "mode": "rw"} for v, c in (volumes or {}).items()})

@@ -11,6 +11,7 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     DEST/bin/python steps.py site
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
+                                         [--no-libm-floor]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -42,6 +44,35 @@ _SHIM = """\
 static const char __libc_single_threaded = 0;
 #endif
 """
+
+
+# glibc 2.27 (float) and 2.29 (double) gave these libm functions new default symbol versions
+# (same results, no SVID error wrapper). One ``pow`` call built against a newer glibc then
+# needs GLIBC_2.29, i.e. manylinux_2_31 (there is no 2_29/2_30 policy): above the
+# manylinux_2_28 of the torch wheels the result runs with. Every glibc still exports the old
+# versions, so binding calls to the architecture's first symbol version keeps the wheel's floor
+# where its other symbols put it; the .symver of a function a file never calls adds nothing.
+# The cross path (builder/cross/build.py) uses the same header: this is its one definition.
+LIBM_FLOOR_FUNCTIONS: tuple[str, ...] = (
+    "exp", "exp2", "log", "log2", "pow",  # GLIBC_2.29
+    "expf", "exp2f", "logf", "log2f", "powf",  # GLIBC_2.27
+)
+#: The first glibc symbol version of each machine: the versions the functions above had before.
+GLIBC_BASE_VERSION: dict[str, str] = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
+LIBM_FLOOR_HEADER = "ampforge_libm_floor.h"
+
+
+def libm_floor_shim(machine: str) -> str:
+    """The forced-include header for *machine* (empty when its base version is unknown)."""
+    base = GLIBC_BASE_VERSION.get(machine)
+    if base is None:
+        return ""
+    directives = "\n".join(f'__asm__(".symver {f},{f}@{base}");'
+                           for f in LIBM_FLOOR_FUNCTIONS)
+    return (f"/* ampforge build shim (builder/incell/steps.py): libm functions at their {base} "
+            "versions. */\n"
+            "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
+            f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
 
 
 def _result(**fields: object) -> None:
@@ -126,6 +157,13 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         flag = "-I" + str(shim_dir)
         for var in ("CFLAGS", "CXXFLAGS"):
             env[var] = (os.environ.get(var, "") + " " + flag).strip()
+    libm_shim = libm_floor_shim(platform.machine()) if args.libm_floor else ""
+    if libm_shim:
+        header = (Path(args.out).resolve().parent / "shim" / LIBM_FLOOR_HEADER).resolve()
+        header.parent.mkdir(parents=True, exist_ok=True)
+        header.write_text(libm_shim)
+        for var in ("CFLAGS", "CXXFLAGS"):
+            env[var] = (env.get(var, os.environ.get(var, "")) + f" -include {header}").strip()
     for mapping in args.prefix_map:
         # Reproducible builds: the session's directory differs per build (the host backend's
         # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
@@ -158,7 +196,7 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         _fail(f"the wheel's version {version!r} does not carry the local version "
               f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
               "to its version")
-    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache))
+    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
 
 
 _AMP_SMOKE = r"""
@@ -251,6 +289,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--ccache", choices=("auto", "on", "off"), default="off",
                    help="compile through ccache (auto: when installed)")
+    p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
+                   help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
     p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
                    help="compile with -ffile-prefix-map=OLD=NEW (repeatable)")
     p.set_defaults(func=cmd_build_wheel)

@@ -14,7 +14,7 @@ import fcntl
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,8 +39,14 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def publish_wheel(wheel: Path, dist: Path) -> Path:
-    """Copy *wheel* into *dist* atomically; return its final path (same file name)."""
+def publish_wheel(wheel: Path, dist: Path, cells: Sequence[str] = ()) -> Path:
+    """Copy *wheel* into *dist* atomically; return its final path (same file name).
+
+    With *cells* (the cells this wheel is built for in this run), a file of the same name with
+    other bytes may only be replaced when every manifest entry for it belongs to one of them:
+    one wheel file name can serve several cells (an abi3 wheel serves every Python), and a build
+    for one must never silently replace what another's entry describes, nor a file the manifest
+    does not list. Raises StepFailed and leaves *dist* as it was."""
     dist.mkdir(parents=True, exist_ok=True)
     final = dist / wheel.name
 
@@ -48,7 +54,21 @@ def publish_wheel(wheel: Path, dist: Path) -> Path:
         with wheel.open("rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
 
-    atomic_replace(final, copy)
+    with _locked(dist):
+        if cells and final.exists() and sha256_file(final) != sha256_file(wheel):
+            owners = [str(w.get("cell")) for w in read_manifest(dist)["wheels"]
+                      if w.get("file") == wheel.name]
+            others = sorted(set(owners) - set(cells))
+            if not owners or others:
+                whose = (f"the wheel of {', '.join(others)} (manifest.json)" if others else
+                         "a file manifest.json does not list")
+                raise StepFailed(
+                    f"refusing to replace {final}: it is {whose}, with other bytes than the "
+                    f"wheel built for {', '.join(cells)}; kept as it is. One file name serving "
+                    "several cells (an abi3 or py3-none wheel): build those cells in one run "
+                    "(e.g. --python 3.11,3.12) -- the wheel is built once and verified on each "
+                    "Python -- or use another --out")
+        atomic_replace(final, copy)
     return final
 
 
@@ -101,12 +121,17 @@ def read_manifest(dist: Path) -> dict[str, Any]:
 
 
 def record_wheel(dist: Path, entry: ManifestEntry) -> Path:
-    """Add (or replace, for the same cell and file) *entry* in ``dist/manifest.json``."""
+    """Add (or replace, for the same cell) *entry* in ``dist/manifest.json``.
+
+    Other cells' entries for the same file stay when they record the same bytes (one wheel
+    serving several cells, e.g. abi3); entries recording other bytes under that name no longer
+    describe ``dist/`` and go (:func:`publish_wheel` allowed the replacement)."""
     dist.mkdir(parents=True, exist_ok=True)
     with _locked(dist):
         doc = read_manifest(dist)
         kept = [w for w in doc["wheels"]
-                if not (w.get("cell") == entry.cell or w.get("file") == entry.file)]
+                if not (w.get("cell") == entry.cell or (
+                    w.get("file") == entry.file and w.get("sha256") != entry.sha256))]
         kept.append(asdict(entry))
         kept.sort(key=lambda w: (str(w.get("cell")), str(w.get("file"))))
         doc["wheels"] = kept

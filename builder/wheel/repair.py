@@ -69,6 +69,23 @@ def split_wheel_name(name: str) -> tuple[str, str, str, str, tuple[str, ...]]:
     return dist, version, py, abi, tuple(plat.split("."))
 
 
+_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_")
+_LEGACY_GLIBC = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def oldest_tag(tags: Sequence[str]) -> str:
+    """The most compatible of a wheel's platform tags (auditwheel lists every tag the wheel
+    meets, e.g. ``manylinux_2_24_x86_64.manylinux_2_28_x86_64`` after ``--plat
+    manylinux_2_28_x86_64``): the one that says where it installs."""
+    def glibc(tag: str) -> tuple[int, int]:
+        m = _MANYLINUX.match(tag)
+        if m is not None:
+            return int(m.group(1)), int(m.group(2))
+        return _LEGACY_GLIBC.get(tag.split("_", 1)[0], (99, 99))
+
+    return min(tags, key=lambda t: (glibc(t), t))
+
+
 def is_excluded(lib: str, excludes: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(lib, pat) for pat in excludes)
 
@@ -105,7 +122,7 @@ def audit_wheel(
 @dataclass(frozen=True)
 class RepairResult:
     wheel: Path  # the repaired wheel, on the host, in a directory of the caller's choosing
-    tag: str  # its primary platform tag, e.g. manylinux_2_24_x86_64
+    tag: str  # its most compatible platform tag, e.g. manylinux_2_24_x86_64
     audit: WheelAudit  # auditwheel's view of the wheel before repair
 
 
@@ -179,7 +196,7 @@ def repair_wheel(
         os.replace(repaired, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return RepairResult(wheel=final, tag=tags[0], audit=audit)
+    return RepairResult(wheel=final, tag=oldest_tag(tags), audit=audit)
 
 
 def _grafted_files(wheel: Path, allow_graft: Sequence[str]) -> list[str]:

@@ -81,10 +81,20 @@ setup(
 )
 '''
 
+# power/expf: libm calls whose default symbol versions on this toolchain are GLIBC_2.29 and
+# GLIBC_2.27 (as the kernels' pow is): every tiny build shows the libm floor binding them to
+# the oldest versions (builder/incell/steps.py), or its tag check fails.
 TINY_CPP = """\
 #include <torch/extension.h>
+#include <cmath>
 torch::Tensor twice(const torch::Tensor& x) { return x * 2; }
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
+double power(double a, double b) { return std::pow(a, b); }
+float expf_(float a) { return std::exp(a); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("twice", &twice);
+  m.def("power", &power);
+  m.def("expf", &expf_);
+}
 """
 
 

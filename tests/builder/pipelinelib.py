@@ -77,7 +77,8 @@ def manifest(dist: Path) -> dict:
 
 def broken_project(root: Path, kind: str) -> Path:
     """tinyext with one defect: ``compile`` (a C++ error), ``repair`` (links a library outside
-    the manylinux policy), ``smoke`` (the package fails at import)."""
+    the manylinux policy), ``glibc`` (needs a newer glibc than its torch's tag allows),
+    ``smoke`` (the package fails at import)."""
     project = write_tiny_extension(root)
     if kind == "compile":
         (project / "tinyext" / "ext.cpp").write_text(
@@ -90,6 +91,14 @@ def broken_project(root: Path, kind: str) -> Path:
             'extra_link_args=["-fopenmp", "-s", "-Wl,--no-as-needed", '
             '"/usr/lib/x86_64-linux-gnu/libexpat.so.1"]')
         (project / "setup.py").write_text(setup)
+    elif kind == "glibc":
+        # close_range is GLIBC_2.34 (no older version exists): the wheel would need glibc 2.34,
+        # above the manylinux_2_28 of torch 2.13's own wheel.
+        source = project / "tinyext" / "ext.cpp"
+        source.write_text(source.read_text().replace(
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+            "#include <unistd.h>\nint closer() { return close_range(1u << 30, 1u << 30, 0); }\n"
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"closer\", &closer);"))
     elif kind == "smoke":
         (project / "tinyext" / "__init__.py").write_text(
             'raise ImportError("smoke-sentinel: this package refuses to import")\n')
@@ -98,12 +107,20 @@ def broken_project(root: Path, kind: str) -> Path:
     return project
 
 
+def busy_in_cell(log: str) -> bool:
+    """A cell's log says pip is at work in it: installing torch (no cached torch environment
+    yet) or building the wheel. The interruption tests signal then."""
+    return "Processing /wheelhouse/torch" in log or "-m pip wheel " in log
+
+
 def _as_terminal_foreground() -> None:
     # A runner that started the suite in the background (``cmd &`` without job control, as
     # some CI launchers do) passes SIGINT down as *ignored*, and Python then never raises
-    # KeyboardInterrupt: the child gets the default disposition a terminal's foreground
-    # process has, which is what the Ctrl-C tests mean to exercise.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # KeyboardInterrupt; ``nohup`` passes SIGHUP ignored. The child gets the default
+    # dispositions a terminal's foreground process has, which is what the signal tests mean
+    # to exercise.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:

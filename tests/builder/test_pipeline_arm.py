@@ -79,6 +79,10 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     planned = run_plan(tmp_path, *args[:6], "--backend", "cross", "--out", str(dist))
     assert extra["resolved"] == planned[ARM_CELL]
     assert extra["tag"] in wheel.name and len(extra["input_key"]) == 64
+    # No newer than torch's manylinux_2_28_aarch64: the libm floor and the target torch's C++
+    # standard (C++17 for 2.9: no GCC 11 string members) leave the C++11 string ABI in charge.
+    assert extra["platform"]["ceiling"] == "manylinux_2_28_aarch64"
+    assert extra["platform"]["tag"] == extra["tag"] == "manylinux_2_24_aarch64", wheel.name
     # The emulated aarch64 run: the fused kernels trained and matched the reference.
     report = extra["verification"]
     assert report["ok"] is True and report["torch"] == "2.9.1+cpu"

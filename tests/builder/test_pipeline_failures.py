@@ -58,6 +58,19 @@ def test_repair_refuses_a_library_outside_the_policy(tmp_path: Path) -> None:
     _no_leftovers(tmp_path, before)
 
 
+def test_a_wheel_needing_a_newer_glibc_than_its_torch_fails_naming_the_symbol(
+        tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    r = _host_build(tmp_path, broken_project(tmp_path / "src", "glibc"))
+    assert r.rc == 1, r.err
+    assert "step 'symbol versions'" in r.err or "symbol versions" in r.err, r.err
+    assert "needs glibc 2.34 (manylinux_2_34 at best), newer than manylinux_2_28_x86_64: " \
+           "torch 2.13.0's own wheel is manylinux_2_28_x86_64" in r.err, r.err
+    assert "close_range@GLIBC_2.34 (libc.so.6)" in r.err, r.err
+    assert "pow@" not in r.err  # the libm floor keeps pow out of it
+    _no_leftovers(tmp_path, before)
+
+
 def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     r = _host_build(tmp_path, broken_project(tmp_path / "src", "smoke"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -31,6 +32,14 @@ from builder.release.manifest import (
 )
 from builder.wheel.repair import DEFAULT_EXCLUDES, host_auditwheel, repair_wheel, split_wheel_name
 from builder.wheel.verify import check_name_against_audit, check_no_bundled_torch, verify_wheel
+from builder.wheel.wheelcheck import (
+    check_needs_within,
+    check_tag_covers_own_code,
+    glibc_floor,
+    need_summary,
+    tag_glibc,
+    version_needs,
+)
 
 TORCH_LIB = str(Path(torch.__file__).parent / "lib")
 
@@ -128,6 +137,57 @@ def test_verification_rejects_lies_and_bundled_torch(raw_wheel: Path, session: H
         dst.writestr("tinyext.libs/libc10-0123abcd.so", b"\x7fELF")
     with pytest.raises(StepFailed, match="libc10-0123abcd.so"):
         check_no_bundled_torch(fat)
+
+
+# -- tags no higher than torch's ---------------------------------------------------------------
+
+TORCH_TAG = "manylinux_2_28_x86_64"  # torch 2.13.0's own wheel (configs/support.yaml)
+
+
+def test_libm_calls_bind_to_their_oldest_glibc_versions(raw_wheel: Path) -> None:
+    """tinyext calls pow (GLIBC_2.29 by default here) and expf (GLIBC_2.27): the build's libm
+    floor binds both to x86_64's first version, so neither decides the wheel's tag."""
+    needs = version_needs(raw_wheel)
+    bound = {sym: n.name for n in needs for sym in n.symbols}
+    assert bound["pow"] == bound["expf"] == "GLIBC_2.2.5", bound
+    assert glibc_floor(needs) <= (2, 24), need_summary(needs)
+
+
+def test_repair_targets_torchs_tag_and_names_every_older_one_the_symbols_allow(
+        raw_wheel: Path, session: HostSession, tmp_path: Path) -> None:
+    out = tmp_path / "repaired"
+    out.mkdir()
+    result = _repair(session, raw_wheel, out, plat=TORCH_TAG)
+    tags = split_wheel_name(result.wheel.name)[4]
+    assert TORCH_TAG in tags and result.tag in tags
+    # The achieved tag is the oldest one; the independent check of the wheel's own ELF files
+    # arrives at the same tag as auditwheel, and nothing is above torch's.
+    assert result.tag == check_tag_covers_own_code(result.wheel, TORCH_TAG)
+    assert tag_glibc(result.tag)[0] <= (2, 24), result.wheel.name
+    # A name above torch's tag is refused, as is one below what the code needs.
+    above = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_31_x86_64")
+    above.write_bytes(result.wheel.read_bytes())
+    with pytest.raises(StepFailed, match="above manylinux_2_28_x86_64 .the tag of the torch"):
+        check_tag_covers_own_code(above, TORCH_TAG)
+    below = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_17_x86_64")
+    below.write_bytes(result.wheel.read_bytes())
+    with pytest.raises(StepFailed, match=r"claims manylinux_2_17_x86_64, but its own code needs "
+                                         r"glibc 2\.24 or newer:\n.*@GLIBCXX_3\.4\.2"):
+        check_tag_covers_own_code(below, TORCH_TAG)
+
+
+def test_a_wheel_above_its_ceiling_is_refused_naming_the_symbols(raw_wheel: Path) -> None:
+    """The message a cell fails with when its wheel would need more than its torch's tag
+    (here a ceiling of manylinux_2_17, which the C++11 string ABI the wheel uses exceeds)."""
+    with pytest.raises(StepFailed) as err:
+        check_needs_within(raw_wheel, "manylinux_2_17_x86_64", "the test's ceiling")
+    message = str(err.value)
+    assert "needs glibc 2.24 (manylinux_2_24 at best), newer than manylinux_2_17_x86_64: " \
+           "the test's ceiling" in message
+    assert re.search(r"tinyext/_C\.[^:]+\.so: \S+@GLIBCXX_3\.4\.2\d.* \(libstdc\+\+\.so\.6\)",
+                     message), message
+    assert "GLIBC_2.2.5" not in message  # only what pushes it up is named
+    assert check_needs_within(raw_wheel, TORCH_TAG, "torch's tag")  # within torch's: fine
 
 
 # -- dist/ and the manifest -----------------------------------------------------------------

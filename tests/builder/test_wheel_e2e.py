@@ -42,6 +42,14 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert entry["torch"].startswith("2.13.0") and entry["python"] == "3.11"
     assert entry["extra"]["backend"] == backend and "amp._C" in entry["extra"]["modules"]
     assert entry["compiler"].startswith("g++")
+    # Installs wherever its torch does: the achieved tag (the oldest in the name, recorded) is
+    # no newer than torch 2.13.0's manylinux_2_28; with exp/log/pow bound to their oldest glibc
+    # versions, the C++11 string ABI (GLIBCXX_3.4.21) is what sets it: manylinux_2_24.
+    platform = entry["extra"]["platform"]
+    assert platform["ceiling"] == "manylinux_2_28_x86_64" == entry["extra"]["resolved"]["plat"]
+    assert platform["tag"] == entry["extra"]["tag"] == "manylinux_2_24_x86_64", wheel.name
+    assert wheel.name.endswith("-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"), wheel.name
+    assert platform["needs"]["GLIBC"] < "2.25" and platform["needs"]["GLIBCXX"] <= "3.4.22"
     assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11",
                                                                           "x86_64")
     # The earlier cell's wheel and manifest entry are still there.

@@ -6,11 +6,17 @@ torch's headers and libraries. This hook lets the module load normally and then 
 path roots at the *target* torch (``$AMPFORGE_CROSS_TORCH_DIR``), so ``include_paths()``,
 ``library_paths()`` and everything built on them describe the aarch64 torch. No change to the
 project is needed, which is what lets ``--project PATH`` cross-build any torch extension.
+
+The C++ standard follows the target torch too: torch 2.10+ compiles extensions as C++20, 2.9 and
+older as C++17. Under C++20, libstdc++'s ``ostringstream::str() const&`` (GLIBCXX_3.4.29, GCC
+11) is what torch 2.9's inline ``c10::str`` calls, which would make the wheel need the C++
+runtime of glibc-2.34 systems, above the manylinux_2_28 of the torch it runs with.
 """
 
 import importlib.abc
 import importlib.util
 import os
+import re
 import sys
 
 _TARGET = os.environ.get("AMPFORGE_CROSS_TORCH_DIR")
@@ -26,6 +32,32 @@ def _redirect(module):
         )
     module._TORCH_PATH = _TARGET
     module.TORCH_LIB_PATH = os.path.join(_TARGET, "lib")
+    std = _target_std()
+    if std is None:
+        return
+    original = module.BuildExtension.build_extensions
+
+    def build_extensions(self):
+        # torch appends its own -std only when the extension names none: name the target's.
+        for ext in self.extensions:
+            args = ext.extra_compile_args
+            cxx = args.setdefault("cxx", []) if isinstance(args, dict) else args
+            if not any(str(a).startswith("-std=") for a in cxx):
+                cxx.append(std)
+        return original(self)
+
+    module.BuildExtension.build_extensions = build_extensions
+
+
+def _target_std():
+    """``-std=c++NN`` as the target torch's cpp_extension would add it (None: unknown)."""
+    try:
+        with open(os.path.join(_TARGET, "utils", "cpp_extension.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    m = re.search(r"cpp_flag_prefix \+ 'c\+\+(\d+)'", text)
+    return f"-std=c++{m.group(1)}" if m else None
 
 
 class _CppExtensionRedirect(importlib.abc.MetaPathFinder):
