@@ -25,12 +25,10 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from builder.errors import StepFailed
 from builder.wheel.npuextra import add_npu_extra
 from builder.wheel.repair import split_wheel_name
+from builder.wheel.requires import repin
 
 _LABEL = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
 _TORCH_LABEL = re.compile(r"^torch(\d+)\.(\d+)$")
@@ -47,19 +45,7 @@ def pin_torch_requirement(metadata: str, pin: str) -> str:
     *pin* (markers kept), or *pin* added when torch is not required at all."""
     head, sep, body = metadata.partition("\n\n")
     lines = head.split("\n")
-    found = False
-    for i, line in enumerate(lines):
-        if not line.startswith("Requires-Dist:"):
-            continue
-        value = line.split(":", 1)[1].strip()
-        try:
-            req = Requirement(value)
-        except InvalidRequirement as exc:
-            raise StepFailed(f"METADATA has an invalid Requires-Dist {value!r}: {exc}") from exc
-        if canonicalize_name(req.name) != "torch":
-            continue
-        found = True
-        lines[i] = f"Requires-Dist: {pin}" + (f"; {req.marker}" if req.marker else "")
+    found = repin(lines, "torch", pin)
     if not found:
         # After the last Requires-Dist, else after the last header line: a METADATA without a
         # description ends in "\n", and an insertion after that empty line would land in the

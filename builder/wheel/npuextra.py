@@ -10,10 +10,7 @@ after the project's own build, so every backend and every ``--project`` gets the
 
 from __future__ import annotations
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
-from builder.errors import StepFailed
+from builder.wheel.requires import repin
 
 NPU_EXTRA = "npu"
 TORCH_NPU = "torch-npu"
@@ -33,17 +30,7 @@ def add_npu_extra(metadata: str, release: str) -> str:
     """
     head, sep, body = metadata.partition("\n\n")
     lines = head.split("\n")
-    for i, line in enumerate(lines):
-        if not line.startswith("Requires-Dist:"):
-            continue
-        value = line.split(":", 1)[1].strip()
-        try:
-            req = Requirement(value)
-        except InvalidRequirement as exc:
-            raise StepFailed(f"METADATA has an invalid Requires-Dist {value!r}: {exc}") from exc
-        if canonicalize_name(req.name) == TORCH_NPU:
-            lines[i] = f"Requires-Dist: {TORCH_NPU}=={release}" + (
-                f"; {req.marker}" if req.marker else "")
+    repin(lines, TORCH_NPU, f"{TORCH_NPU}=={release}")
     wanted = [f"Provides-Extra: {NPU_EXTRA}", f"Requires-Dist: {npu_requirement(release)}"]
     missing = [w for w in wanted if w not in lines]
     if missing:
