@@ -207,10 +207,19 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             raise StepFailed("--ccache: ccache is not installed on this host "
                              "(apt-get install ccache), or build without --ccache")
         if use_ccache:
-            # The compile only (LDSHARED stays the bare toolchain); paths under the scratch
-            # folder hash relative to it, so another build's scratch folder still hits.
-            env.update(CC=f"ccache {env['CC']}", CXX=f"ccache {env['CXX']}",
-                       CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(scratch),
+            # ccache in masquerade: links named like the cross compilers, so CC/CXX stay one
+            # word (torch's ninja path takes CXX as a single token and CC's words after the
+            # first as flags: "ccache gcc" breaks it); ccache finds the real compiler of that
+            # name further down PATH. The compile only: LDSHARED stays the bare toolchain.
+            # Paths under the scratch folder hash relative to it, so other builds still hit.
+            masq = scratch / "ccache-bin"
+            masq.mkdir()
+            for var in ("CC", "CXX"):
+                real = Path(env[var])
+                (masq / real.name).symlink_to(shutil.which("ccache") or "ccache")
+                env[var] = str(masq / real.name)
+                env["PATH"] = os.pathsep.join([str(real.parent), env.get("PATH", "")])
+            env.update(CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(scratch),
                        CCACHE_NOHASHDIR="1", CCACHE_STATSLOG=str(stats_log))
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
