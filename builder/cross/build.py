@@ -206,6 +206,8 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         if ccache and not use_ccache:
             raise StepFailed("--ccache: ccache is not installed on this host "
                              "(apt-get install ccache), or build without --ccache")
+        if ccache is False:  # torch's cpp_extension would put ccache in front by itself
+            env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
         if use_ccache:
             # ccache in masquerade: links named like the cross compilers, so CC/CXX stay one
             # word (torch's ninja path takes CXX as a single token and CC's words after the

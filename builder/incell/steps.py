@@ -174,6 +174,11 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     use_ccache = args.ccache == "on" or (args.ccache == "auto" and shutil.which("ccache"))
     if args.ccache == "on" and not shutil.which("ccache"):
         _fail("--ccache on: ccache is not installed in this build environment")
+    if args.ccache == "off":
+        # Off means off: torch's cpp_extension puts ccache in front of the compiler by itself
+        # whenever one is on PATH (TORCH_NO_COMPILER_WRAPPER turns that off; CCACHE_DISABLE
+        # makes any ccache that still runs call the compiler directly).
+        env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
     if use_ccache:
         env["CC"] = "ccache gcc"
         env["CXX"] = "ccache g++"
