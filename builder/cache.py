@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable
 
+from builder.atomicfile import atomic_write
+
 
 def cache_root(override: Path | None = None) -> Path:
     """The cache folder: ``override``, else ``$AMPFORGE_CACHE``, else ``~/.cache/ampforge``."""
@@ -76,9 +78,7 @@ def file_digest(path: Path) -> str:
             digest.update(block)
     value = digest.hexdigest()
     memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-    tmp.write_text(value + "\n")
-    os.replace(tmp, memo)
+    atomic_write(memo, (value + "\n").encode())
     return value
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +159,7 @@ class CrossBackend:
                      base_image=f"cross:{target.sysroot_id}",
                      extra={"verification": report,
                             "platform": platform_record(repaired.tag, ceiling, needs),
-                            **({"ccache": {"hits": built.ccache.hits,
-                                           "misses": built.ccache.misses}}
+                            **({"ccache": asdict(built.ccache)}
                                if built.ccache is not None else {})})
 
     def _verify_shared(self, job: CellJob, target: CrossTarget, torch: TargetTorch) -> Built:

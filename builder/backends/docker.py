@@ -30,6 +30,8 @@ def ccache_volume() -> str:
     """The engine volume holding the compiler cache: ``$AMPFORGE_CCACHE_VOLUME`` when set (a
     private cache, e.g. per CI job or for a cold benchmark), else ``ampforge-ccache``."""
     return os.environ.get("AMPFORGE_CCACHE_VOLUME") or CCACHE_VOLUME
+
+
 #: The labels ``python -m builder base-image`` gives its images (Debian inside).
 SUITE_LABEL = "org.ampforge.base.suite"
 PLAT_LABEL = "org.ampforge.base.plat"
@@ -76,9 +78,7 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
     def image() -> str:
         found = engine.image_id(tag)
         if found is not None:
-            log.open()
-            log.write_line(f"ampforge: image {tag} is up to date (same recipe and base image)")
-            log.close()
+            log.note(f"ampforge: image {tag} is up to date (same recipe and base image)")
             return found
         folder = recipe.write(job.stage / "context")
         return engine.build_image(recipe.dockerfile, tag, context=folder,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional
 
@@ -44,9 +44,7 @@ def build_in_cell(
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
         prepared=prepared))
     if built.ccache is not None:
-        job.log.open()
-        job.log.write_line(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
-        job.log.close()
+        job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 
     def label() -> Path:
         # The label is added outside the project's build, so any project gets +torchX.Y.
@@ -77,7 +75,7 @@ def build_in_cell(
                 modules=checked.modules, base_image="",
                 extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
     if built.ccache is not None:
-        out.extra["ccache"] = {"hits": built.ccache.hits, "misses": built.ccache.misses}
+        out.extra["ccache"] = asdict(built.ccache)
     return out
 
 

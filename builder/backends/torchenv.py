@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from builder.atomicfile import atomic_write
 from builder.backends.base import CellJob
 from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
-from builder.engines.base import OutputLog
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.incell import STEPS_SCRIPT, install_torch, parse_result
@@ -59,14 +60,6 @@ def changed_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
 
-def _say(log: OutputLog, line: str) -> None:
-    log.open()
-    try:
-        log.write_line(line)
-    finally:
-        log.close()
-
-
 # -- host: a cached venv ----------------------------------------------------------------------
 
 def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
@@ -82,13 +75,13 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     last = root / f"py{cell.python}-torch{cell.torch}.json"
     venv_python = final / "venv" / "bin" / "python"
     if final.is_dir():
-        _say(job.log, f"ampforge: torch {cell.torch} environment {final} is cached "
+        job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
                       f"(key {key})")
     else:
         previous = _read_json(last)
         why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
                else "first build of this cell here")
-        _say(job.log, f"ampforge: making the torch {cell.torch} environment {final} ({why})")
+        job.log.note(f"ampforge: making the torch {cell.torch} environment {final} ({why})")
 
         def fill(tmp: Path) -> None:
             # A venv keeps working when renamed as long as it is run as ``venv/bin/python``
@@ -111,23 +104,19 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
 def _version_of(python: str) -> str:
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return sys.version
-    import subprocess  # noqa: PLC0415 - only for another interpreter
-
     return subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True,
                           text=True, check=False).stdout.strip()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
+        return _loads(path.read_text())
+    except OSError:
         return {}
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(data, sort_keys=True, indent=1) + "\n").encode())
 
 
 # -- docker: an image layer -------------------------------------------------------------------
@@ -141,7 +130,7 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
     key = content_key([json.dumps(parts, sort_keys=True)])
     tag = f"ampforge/torch:{cell.identifier}-{key}"
     if engine.image_id(tag) is not None:
-        _say(job.log, f"ampforge: torch layer {tag} is up to date (key {key})")
+        job.log.note(f"ampforge: torch layer {tag} is up to date (key {key})")
         return tag
     earlier = [img for img in engine.api.images(filters={"label": f"{CELL_LABEL}="
                                                                  f"{cell.identifier}"})]
@@ -151,7 +140,7 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
         previous = _loads((newest.get("Labels") or {}).get(PARTS_LABEL, ""))
     why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
            else "first build of this cell on this engine")
-    _say(job.log, f"ampforge: installing torch {cell.torch} into a new layer {tag} ({why})")
+    job.log.note(f"ampforge: installing torch {cell.torch} into a new layer {tag} ({why})")
     # The proxies reach pip through the exec's environment only: a container's own environment
     # would be committed into the layer's config (and with it any proxy password).
     pip_env = {} if opts.offline else dict(job.proxy_env)

@@ -89,6 +89,14 @@ class OutputLog:
             self._fh.close()
             self._fh = None
 
+    def note(self, line: str) -> None:
+        """One line of the builder's own into the log, outside any running step."""
+        self.open()
+        try:
+            self.write_line(line)
+        finally:
+            self.close()
+
     def write_line(self, line: str) -> str:
         clean = self.redactor(line.rstrip("\r\n"))
         if self._fh is not None:
