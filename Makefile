@@ -26,6 +26,7 @@ KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*
 .PHONY: help setup test lint bench bench-build bench-arm demo clean distclean
 
 help:
+	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
@@ -39,18 +40,54 @@ help:
 	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
 
 # --- set-up (each step leaves a stamp so a second run does nothing) ------------
+# Two environments in one .venv, one stamp each:
+#  * the builder's ($(BUILDER_STAMP)): builder/requirements.lock and nothing else -- no torch,
+#    no compile. Every builder target (plan, dockerfiles, wheel, matrix, fetch, index, ...)
+#    needs only this. With OFFLINE=1 BUNDLE=DIR it comes from the bundle's builder wheels
+#    (pip --no-index): a fresh checkout plus the bundle is enough on an air-gapped machine.
+#  * the development one (`make setup`: tests, lint, bench, demo): the builder's, plus torch
+#    and the project editable with its dev extra (compiling amp._C), kept to the lock's pins.
+BUILDER_LOCK := builder/requirements.lock
+BUILDER_STAMP := $(VENV)/.builder-$(firstword $(shell sha256sum $(BUILDER_LOCK)))
+
+# A bare venv (the interpreter's own pip; nothing downloaded).
 $(PY_VENV):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip>=24" "setuptools>=68" wheel ninja  # ninja: amp._C compiles its files in parallel
 
-$(VENV)/.torch-$(TORCH): | $(PY_VENV)
+# The lock, from pip's configured index -- or, offline with a bundle, from the bundle alone
+# (a bundle without the builder's wheels is refused, exit 2, naming what is missing).
+$(BUILDER_STAMP): $(BUILDER_LOCK) | $(PY_VENV)
+	$(PYTHON) -m builder.lockfile install --python $(PY_VENV) $(BUILDER_ENV_SOURCE)
+	rm -f $(VENV)/.builder-* && touch $@
+
+.PHONY: builder-env builder-lock
+builder-env: $(BUILDER_STAMP)
+
+# builder-lock: re-pin the builder's environment from pyproject.toml's `builder` extra (the one
+# place its dependencies are declared) in a throwaway venv with the newest pip.
+builder-lock:
+	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
+	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
+	$(PYTHON) -m builder.lockfile requirements > build/lock-venv/requirements.in
+	build/lock-venv/bin/python -m pip install --quiet -r build/lock-venv/requirements.in
+	{ sed -n '/^#/p' $(BUILDER_LOCK); build/lock-venv/bin/python -m pip freeze --all \
+		| grep -v -e '^setuptools==' -e '^wheel=='; } > $(BUILDER_LOCK).new
+	mv $(BUILDER_LOCK).new $(BUILDER_LOCK) && rm -rf build/lock-venv
+
+# The development tools on top (a newer pip is part of the lock already).
+$(VENV)/.devtools: | $(BUILDER_STAMP)
+	$(PIP) install --quiet --upgrade "setuptools>=68" wheel ninja  # ninja: amp._C compiles its files in parallel
+	touch $@
+
+$(VENV)/.torch-$(TORCH): | $(VENV)/.devtools
 	$(PIP) install "torch==$(TORCH)"
 	rm -f $(VENV)/.torch-* && touch $@
 
 # Dependencies and the project itself (editable, compiling amp._C against the
-# venv's torch: hence --no-build-isolation).
-$(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH)
-	$(PIP) install --no-build-isolation -e ".[dev]"
+# venv's torch: hence --no-build-isolation); the builder's dependencies stay at the lock's pins.
+$(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH) \
+		$(BUILDER_STAMP)
+	$(PIP) install --no-build-isolation -c $(BUILDER_LOCK) -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -106,7 +143,7 @@ _given = $(filter command line override,$(origin $(1)))
 _flag = $(if $(and $(call _given,$(1)),$(strip $($(1)))),$(2) $($(1)))
 SELECT_FLAGS = $(call _flag,ARCH,--arch) $(call _flag,PY,--python) $(call _flag,TORCH,--torch)
 _OFFLINE = $(if $(call _given,OFFLINE),$(OFFLINE))
-SETTING_FLAGS = $(call _flag,JOBS,--jobs) $(if $(filter 1 yes true on,$(_OFFLINE)),--offline) \
+SETTING_FLAGS = $(call _flag,JOBS,--jobs) $(if $(_OFFLINE_ON),--offline) \
 	$(if $(filter 0 no false off,$(_OFFLINE)),--no-offline) $(call _flag,BACKEND,--backend) \
 	$(call _flag,BASE_IMAGE,--base-image) $(call _flag,NETWORK,--network)
 DOCKERFILES_OUT ?= build/dockerfiles
@@ -114,15 +151,11 @@ PLAN_FORMAT ?= table
 
 .PHONY: plan dockerfiles
 
-# The builder targets use TORCH for the *cell* (the wheel's torch), not for .venv:
-# they only make sure .venv exists, keeping whatever torch it already has
-# (the default one on a fresh machine), so `make wheel TORCH=2.9.1` never
-# reinstalls the development environment's torch.
-VENV_TORCH := $(or $(patsubst $(VENV)/.torch-%,%,$(firstword $(wildcard $(VENV)/.torch-*))),2.13.0)
-
-.PHONY: builder-env
-builder-env:
-	@$(MAKE) --no-print-directory setup TORCH=$(VENV_TORCH)
+# Where `builder-env` installs the lock from: the bundle's builder wheels when building offline
+# from a bundle (for `make fetch`, BUNDLE is the folder being filled, not a source), no index
+# when offline without one (pip's find-links only), else pip's configured index.
+_OFFLINE_ON = $(filter 1 yes true on,$(_OFFLINE))
+BUILDER_ENV_SOURCE = $(if $(_OFFLINE_ON),$(if $(BUNDLE),--bundle $(BUNDLE),--offline))
 
 plan: builder-env
 	$(BUILDER) plan $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(SETTING_FLAGS) --format $(PLAN_FORMAT)

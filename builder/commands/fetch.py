@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import platform
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.lockfile import LOCK_FILE
+
+BUILDER_LOCK_NAME = f"builder/{LOCK_FILE.name}"
 
 NAME = "fetch"
 HELP = "gather every wheel and base image the selected cells need into an offline bundle"
@@ -19,7 +24,10 @@ cell's Python and platform everything its build and smoke test install -- torch=
 torch> and its dependencies, setuptools and wheel, the project's build-system requires and
 dependencies -- into DIR/wheels; `docker save` the cells' base images into DIR/images; and
 write DIR/bundle.json (every file's sha256 and size, the cells it serves, image refs and
-ids). Copy DIR to the air-gapped machine and build there with
+ids); and `pip download` the builder's own pinned environment (builder/requirements.lock)
+for the Python running fetch into DIR/builder-wheels, so that the other machine sets the
+builder up from the bundle too (`make` does, with OFFLINE=1 BUNDLE=DIR). Copy DIR to the
+air-gapped machine and build there with
 `python -m builder build --offline --bundle DIR` (make wheel OFFLINE=1 BUNDLE=DIR).
 
 pip's own configuration applies (index, find-links, proxy and CA from pip.conf and the
@@ -79,7 +87,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder import __version__  # noqa: PLC0415
     from builder.config import REPO_ROOT  # noqa: PLC0415
     from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
+    from builder.offline.builderwheels import fetch_builder_wheels  # noqa: PLC0415
     from builder.offline.bundle import (  # noqa: PLC0415
+        BUILDER_WHEELS_DIR,
         IMAGES_DIR,
         WHEELS_DIR,
         Bundle,
@@ -167,6 +177,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                  f"did not provide it; see {log_file})")
             for w in res.chosen.values():
                 needed.setdefault(f"{WHEELS_DIR}/{w.path.name}", set()).add(cell.identifier)
+        # The builder's own pinned environment, for the machine that has only the bundle.
+        err(f"fetch: the builder's environment: pip download -r {BUILDER_LOCK_NAME} for "
+            f"Python {platform.python_version()} ({sysconfig.get_platform()})")
+        builder_env = fetch_builder_wheels(root, env, args.find_links, args.pip_arg, log,
+                                           ctx.output.redact)
 
     images: list[BundleImage] = []
     image_files: dict[str, set[str]] = {}
@@ -201,16 +216,21 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         f = describe_file(root, rel, sorted(needed.get(rel, ())))
         reused += old.get(rel) == f.sha256
         files.append(f)
+    for w in builder_env["wheels"]:
+        f = describe_file(root, w["file"], ())
+        reused += old.get(w["file"]) == f.sha256
+        files.append(f)
     for rel, ids in sorted(image_files.items()):
         files.append(describe_file(root, rel, sorted(ids)))
     bundle = Bundle(
         root=root, files=files, images=images,
         cells=[BundleCell(c.identifier, c.arch, c.python, c.machine, c.plat, c.torch,
                           c.image.ref) for c in cells],
-        builder_version=__version__, created=utc_now())
+        builder_version=__version__, created=utc_now(), builder=builder_env)
     path = write_bundle(bundle)
     size = sum(f.size for f in files) / 1e6
-    err(f"fetch: {len(cells)} cell(s), {len(files) - len(images)} wheels ({reused} reused), "
+    err(f"fetch: {len(cells)} cell(s), {len(files) - len(images)} wheels ({reused} reused; "
+        f"{len(builder_env['wheels'])} in {BUILDER_WHEELS_DIR}/ for the builder), "
         f"{len(images)} image(s); {size:.0f} MB in {root}; {time.monotonic() - start:.1f}s")
     ctx.output.out(str(path))
     return 0

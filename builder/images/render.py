@@ -21,14 +21,21 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from builder.atomicfile import atomic_write
 from builder.config import REPO_ROOT, BuildConfig, display_path
 from builder.errors import BuilderError
 from builder.plan.cells import Cell
+
+if TYPE_CHECKING:  # imported when a recipe is rendered (builder.deps)
+    import jinja2
+
+
+def _jinja2():  # noqa: ANN202 -- the jinja2 module
+    from builder.deps import require  # noqa: PLC0415
+
+    return require("jinja2", "Jinja2", "rendering the cells' Dockerfiles")
 
 TEMPLATE_DIR = REPO_ROOT / "docker"
 CA_CONTEXT_NAME = "ampforge-ca.pem"
@@ -71,6 +78,7 @@ def _comment(value: Any) -> str:
 
 
 def make_environment(template_dir: Path = TEMPLATE_DIR) -> jinja2.Environment:
+    jinja2 = _jinja2()
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         undefined=jinja2.StrictUndefined,
@@ -133,6 +141,7 @@ def render_recipe(
     template_dir: Path = TEMPLATE_DIR,
     env: jinja2.Environment | None = None,
 ) -> Recipe:
+    jinja2 = _jinja2()
     env = env or make_environment(template_dir)
     name = template_for(cell)
     context_files: dict[str, Path] = {}

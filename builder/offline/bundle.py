@@ -6,6 +6,10 @@ Layout (made by ``python -m builder fetch --bundle DIR``, read by ``build --bund
                           it serves, the base images' refs and ids
     DIR/wheels/*.whl      torch, its dependencies and the build tools, for every cell
     DIR/images/*.tar      base images (``docker save``)
+    DIR/builder-wheels/*.whl  the builder's own pinned environment (builder/requirements.lock)
+                          for the builder's Python and platform: the air-gapped machine sets
+                          the builder up from them (``python -m builder.lockfile install
+                          --bundle DIR``, no index)
 
 ``bundle.json`` is written last, atomically, and removed *before* a re-fetch changes anything:
 a bundle whose fetch was interrupted has no ``bundle.json`` at all (and is refused), never one
@@ -31,6 +35,7 @@ from builder.release.manifest import sha256_file
 BUNDLE_FILE = "bundle.json"
 WHEELS_DIR = "wheels"
 IMAGES_DIR = "images"
+BUILDER_WHEELS_DIR = "builder-wheels"
 FORMAT = 1
 
 
@@ -70,10 +75,17 @@ class Bundle:
     cells: list[BundleCell] = field(default_factory=list)
     builder_version: str = ""
     created: str = ""
+    #: {"python", "platform", "lock_sha256", "wheels": [{"name", "version", "file"}]}: the
+    #: builder's own environment (None in a bundle made before it was carried).
+    builder: Optional[dict[str, Any]] = None
 
     @property
     def wheels(self) -> Path:
         return self.root / WHEELS_DIR
+
+    @property
+    def builder_wheels(self) -> Path:
+        return self.root / BUILDER_WHEELS_DIR
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +93,7 @@ class Bundle:
             "cells": [asdict(c) for c in self.cells],
             "images": [asdict(i) for i in self.images],
             "files": [asdict(f) for f in self.files],
+            **({"builder": self.builder} if self.builder is not None else {}),
         }
 
     def image_for(self, arch: str) -> Optional[BundleImage]:
@@ -119,6 +132,7 @@ def read_bundle(root: Path) -> Bundle:
             cells=[BundleCell(**c) for c in doc["cells"]],
             builder_version=str(doc.get("builder_version", "")),
             created=str(doc.get("created", "")),
+            builder=dict(doc["builder"]) if doc.get("builder") is not None else None,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is not a valid bundle description ({exc}); fetch the bundle "
@@ -137,9 +151,9 @@ def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) 
         elif sha256_file(path) != f.sha256:
             bad.append(f"{path} does not match its sha256 in bundle.json (corrupted or altered)")
     listed = {f.path for f in bundle.files}
-    if bundle.wheels.is_dir():
-        for extra in sorted(bundle.wheels.glob("*.whl")):
-            if f"{WHEELS_DIR}/{extra.name}" not in listed:
+    for folder in (bundle.wheels, bundle.builder_wheels):
+        for extra in sorted(folder.glob("*.whl")) if folder.is_dir() else ():
+            if f"{folder.name}/{extra.name}" not in listed:
                 bad.append(f"{extra} is not listed in bundle.json (pip would install it "
                            "unverified); remove it or fetch again")
     if bad:
@@ -162,6 +176,7 @@ def begin_fetch(root: Path) -> dict[str, str]:
         path.unlink()
     (root / WHEELS_DIR).mkdir(parents=True, exist_ok=True)
     (root / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    (root / BUILDER_WHEELS_DIR).mkdir(parents=True, exist_ok=True)
     return old
 
 

@@ -22,9 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
-
+from builder.deps import require
 from builder.errors import StepFailed
 from builder.wheel.repair import split_wheel_name
 
@@ -76,7 +74,12 @@ class VersionNeed:
 
 
 def _elf_needs(member: str, data: bytes) -> list[VersionNeed]:
-    elf = ELFFile(io.BytesIO(data))
+    elffile = require("elftools.elf.elffile", "pyelftools", "reading a wheel's symbol versions")
+    gnuversions = require("elftools.elf.gnuversions", "pyelftools",
+                          "reading a wheel's symbol versions")
+    GNUVerNeedSection, GNUVerSymSection = (  # noqa: N806  (the library's class names)
+        gnuversions.GNUVerNeedSection, gnuversions.GNUVerSymSection)
+    elf = elffile.ELFFile(io.BytesIO(data))
     verneed = next((s for s in elf.iter_sections() if isinstance(s, GNUVerNeedSection)), None)
     if verneed is None:
         return []
