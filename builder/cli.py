@@ -223,9 +223,15 @@ def load_from_args(args: argparse.Namespace, ctx: Context) -> Settings:
 # ------------------------------------------------------------------ entry point
 
 
+def _prog_name() -> str:
+    """``ampforge-build`` when run as the installed console script, else ``python -m builder``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script if script.startswith("ampforge-build") else "python -m builder"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m builder",
+        prog=_prog_name(),
         description="Build manylinux wheels of ampforge for every cell (arch x Python x torch) "
         "of a YAML matrix. Exit codes: 0 success, 1 a step failed, 2 bad configuration or usage.",
     )

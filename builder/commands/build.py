@@ -21,7 +21,7 @@ from builder.cli import (
     load_from_args,
     resolve_from_args,
 )
-from builder.config import REPO_ROOT, BuildConfig
+from builder.config import BuildConfig, default_project
 from builder.errors import ConfigError
 from builder.images.render import render_recipe
 from builder.offline.bundle import Bundle
@@ -246,7 +246,7 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
     here = list(resolution.here)
     elsewhere = list(resolution.elsewhere)
     # Usage errors (exit 2) first, whatever this host can build.
-    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    project = Path(args.project).resolve() if args.project else default_project()
     if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "config offline.bundle)")
     g.add_argument("--project", metavar="PATH", default=None,
                    help="the project to be built (its pyproject.toml requirements are "
-                        "fetched too; default: this repository)")
+                        "fetched too; default: this repository, or the current directory "
+                        "for an installed builder)")
     g.add_argument("--find-links", metavar="DIR", action="append", default=[],
                    help="extra folder or URL for pip to look in (repeatable)")
     g.add_argument("--pip-arg", metavar="ARG", action="append", default=[],
@@ -85,7 +86,7 @@ def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str,
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder import __version__  # noqa: PLC0415
-    from builder.config import REPO_ROOT  # noqa: PLC0415
+    from builder.config import default_project  # noqa: PLC0415
     from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
     from builder.offline.builderwheels import fetch_builder_wheels  # noqa: PLC0415
     from builder.offline.bundle import (  # noqa: PLC0415
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if root is None:
         raise ConfigError("no bundle folder given; expected --bundle DIR (env BUILDER_BUNDLE, "
                           "config offline.bundle)", key="--bundle")
-    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    project = Path(args.project).resolve() if args.project else default_project()
     if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")

@@ -25,12 +25,13 @@ from builder.config.model import (
     PublishOptions,
     Selection,
     Settings,
+    default_project,
     display_path,
 )
 
 __all__ = [
     "DEFAULT_CONFIG", "DEFAULTS_FILE", "REPO_ROOT", "BaseImage", "BuildConfig", "BuildOptions",
-    "CliOverrides", "MatrixRule", "MatrixSpec", "OfflineOptions", "PipOptions",
+    "CliOverrides", "default_project", "MatrixRule", "MatrixSpec", "OfflineOptions", "PipOptions",
     "PublishOptions", "Selection", "Settings", "display_path", "load_config_file",
     "load_settings", "parse_config_text",
 ]

@@ -14,9 +14,21 @@ from pathlib import Path
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+#: Installed from the ampforge-builder wheel (builder-dist/), the package carries its own copy of
+#: the repository's configs/ and docker/ here; a checkout has no such folder.
+INSTALLED_DATA = _PACKAGE_DIR / "_data"
+INSTALLED = INSTALLED_DATA.is_dir()
+#: Where configs/ and docker/ are: the repository (a checkout), or the wheel's copy of them.
+REPO_ROOT = INSTALLED_DATA if INSTALLED else _PACKAGE_DIR.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "matrix.yaml"
 DEFAULTS_FILE = Path(__file__).resolve().with_name("defaults.yaml")
+
+
+def default_project() -> Path:
+    """The project built when ``--project`` is not given: this repository when the builder runs
+    from its checkout; the current directory when it is an installed tool (``ampforge-build``)."""
+    return Path.cwd().resolve() if INSTALLED else REPO_ROOT
 
 
 def display_path(path: Path) -> str:
