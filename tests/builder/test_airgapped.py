@@ -51,7 +51,8 @@ from builder.images.base_image import build_base_image
 from builder.inputkey import input_key
 from builder.release.manifest import sha256_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+# The module fixture (fetch + the two online builds) runs inside the first test's time limit.
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(3600)]
 
 SELECT = ["ARCH=X86", "PY=3.11"]
 
