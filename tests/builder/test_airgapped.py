@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from enginelib import docker_engine, in_ci, write_tiny_extension
+from enginelib import docker_engine, in_ci, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, builder_env, manifest, run_build
 
 from builder import lockfile
@@ -115,9 +115,13 @@ class Walkthrough:
     def online_wheel(self, backend: str) -> Path:
         out = self.root / f"online-{backend}"
         out.mkdir()
+        # The containers reach no index here without a CA for the intercepting proxy: the
+        # docker build installs torch from the test wheelhouse (pip with --find-links, online
+        # mode); the host build uses pip's own configuration, as a user's would.
+        source = ["--wheelhouse", str(wheelhouse_cp311())] if backend == "docker" else []
         r = run_build(out, "--backend", backend, "--arch", "X86", "--python", "3.11",
                       "--torch", "2.13.0", "--base-image", self.ref,
-                      "--project", str(self.source))
+                      "--project", str(self.source), *source)
         assert r.rc == 0, r.err[-4000:]
         (wheel,) = (out / "dist").glob("*.whl")
         self.remember_image(out / "dist")
