@@ -27,6 +27,7 @@ KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
+	@echo "make builder-lock           re-pin builder/requirements.lock from pyproject.toml's builder extra"
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"

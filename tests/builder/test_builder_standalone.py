@@ -227,3 +227,38 @@ def test_setup_is_the_builder_env_plus_torch_and_the_project(tmp_path: Path) -> 
     editable = next(i for i, ln in enumerate(lines) if "-e \".[dev]\"" in ln)
     assert first < torch < editable
     assert "-c builder/requirements.lock" in lines[editable]
+
+
+def test_every_module_the_builder_imports_is_declared() -> None:
+    """Each third-party top-level module imported anywhere in builder/ (also inside functions,
+    and through builder.deps.require) belongs to a distribution of pyproject.toml's builder
+    extra."""
+    import ast  # noqa: PLC0415
+    import importlib.metadata as md  # noqa: PLC0415
+
+    declared = {lockfile._canonical(Requirement(r).name)
+                for r in lockfile.project_requirements(REPO_ROOT / "pyproject.toml")}
+    owners = md.packages_distributions()
+    seen: dict[str, str] = {}
+    for path in sorted((REPO_ROOT / "builder").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and node.level == 0 else [])
+            # builder.deps.require("rich.table", ...): an import by name, where it is used.
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "require" and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                names.append(node.args[0].value)
+            for name in names:
+                seen.setdefault(name.split(".")[0], str(path.relative_to(REPO_ROOT)))
+    third_party = {m: where for m, where in seen.items()
+                   if m not in sys.stdlib_module_names and m != "builder"}
+    # builder/incell/ and builder/cross/hook/ run inside the cell (torch, amp, the project's
+    # own modules there), and the string-built verification scripts never reach this set.
+    undeclared = {m: where for m, where in third_party.items()
+                  if not {lockfile._canonical(d) for d in owners.get(m, [])} & declared}
+    assert set(undeclared) <= {"torch", "amp"}, undeclared
+    for module in ("yaml", "jinja2", "elftools", "rich", "docker", "jsonschema", "packaging"):
+        assert module in third_party, module
