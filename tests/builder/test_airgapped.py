@@ -119,10 +119,15 @@ class Walkthrough:
         # docker build installs torch from the test wheelhouse (pip with --find-links, online
         # mode); the host build uses pip's own configuration, as a user's would.
         source = ["--wheelhouse", str(wheelhouse_cp311())] if backend == "docker" else []
-        r = run_build(out, "--backend", backend, "--arch", "X86", "--python", "3.11",
-                      "--torch", "2.13.0", "--base-image", self.ref,
-                      "--project", str(self.source), *source)
-        assert r.rc == 0, r.err[-4000:]
+        # The builder of the same commit, run from the clone (cwd, not PYTHONPATH: the host
+        # backend's smoke test must import amp from the wheel, never from a source tree).
+        env = {k: v for k, v in builder_env().items() if k != "PYTHONPATH"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "builder", "build", "--out", str(out / "dist"),
+             "--work-dir", str(out / "work"), "--backend", backend, "--arch", "X86",
+             "--python", "3.11", "--torch", "2.13.0", "--base-image", self.ref, *source],
+            cwd=self.source, env=env, capture_output=True, text=True, timeout=3000)
+        assert proc.returncode == 0, proc.stderr[-4000:]
         (wheel,) = (out / "dist").glob("*.whl")
         self.remember_image(out / "dist")
         return wheel
