@@ -55,9 +55,10 @@ BUILDER_STAMP := $(VENV)/.builder-$(firstword $(shell sha256sum $(BUILDER_LOCK))
 $(PY_VENV):
 	$(PYTHON) -m venv $(VENV)
 
-# The lock, from pip's configured index -- or, offline with a bundle, from the bundle alone
-# (a bundle without the builder's wheels is refused, exit 2, naming what is missing).
-$(BUILDER_STAMP): $(BUILDER_LOCK) | $(PY_VENV)
+# The lock (the stamp is named after its sha256), from pip's configured index -- or, offline
+# with a bundle, from the bundle alone (a bundle without the builder's wheels is refused,
+# exit 2, naming what is missing).
+$(BUILDER_STAMP): | $(PY_VENV)
 	$(PYTHON) -m builder.lockfile install --python $(PY_VENV) $(BUILDER_ENV_SOURCE)
 	rm -f $(VENV)/.builder-* && touch $@
 
