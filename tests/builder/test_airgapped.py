@@ -89,8 +89,12 @@ def in_netns(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
         cwd=cwd, env=airgapped_env(**env), capture_output=True, text=True, timeout=3000)
 
 
-def fresh_clone(dest: Path) -> Path:
-    subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(dest)], check=True,
+def fresh_clone(dest: Path, commit: str = "HEAD") -> Path:
+    """``git clone`` of this repository at *commit*: every side of the walkthrough builds the
+    same commit (its time is the wheels' SOURCE_DATE_EPOCH), whatever is committed meanwhile."""
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(REPO_ROOT), str(dest)],
+                   check=True, timeout=300)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True,
                    timeout=300)
     assert not (dest / ".venv").exists()
     return dest
@@ -101,6 +105,8 @@ class Walkthrough:
         self.root, self.ref, self.image_id = root, ref, image_id
         self.bundle = root / "bundle"
         self.source = fresh_clone(root / "source")  # the commit both sides build
+        self.commit = subprocess.run(["git", "-C", str(self.source), "rev-parse", "HEAD"],
+                                     capture_output=True, text=True, check=True).stdout.strip()
         self.online: dict[str, Path] = {}
         self.cell_images: list[str] = []
 
@@ -199,7 +205,7 @@ def test_bundle_without_the_builders_wheels_fails_at_set_up(walk: Walkthrough) -
     for sub in ("wheels", "images"):
         (bad / sub).symlink_to(walk.bundle / sub)
     (bad / "bundle.json").write_text(json.dumps(doc))
-    clone = fresh_clone(walk.root / "clone-bad")
+    clone = fresh_clone(walk.root / "clone-bad", walk.commit)
     r = in_netns(f"make wheel OFFLINE=1 BUNDLE={bad} {' '.join(SELECT)}", cwd=clone)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"offline bundle {bad} holds no wheels for the builder's own environment" in r.stderr
@@ -213,7 +219,7 @@ def test_bundle_without_the_builders_wheels_fails_at_set_up(walk: Walkthrough) -
 
 @pytest.mark.parametrize("backend", ["docker", "host"])
 def test_fresh_clone_builds_offline_from_the_bundle(walk: Walkthrough, backend: str) -> None:
-    clone = fresh_clone(walk.root / f"clone-{backend}")
+    clone = fresh_clone(walk.root / f"clone-{backend}", walk.commit)
     steps = f"make wheel OFFLINE=1 BUNDLE={walk.bundle} {' '.join(SELECT)}"
     if backend == "host":
         steps += " BACKEND=host"
