@@ -258,7 +258,8 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["index", str(empty), "--out", str(tmp_path / "o")], env={}) == 2
-    assert "no *.whl files" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no *.whl files" in err and f"`make wheel OUT={empty}`" in err, err
     broken = tmp_path / "broken"
     make_wheel(broken, "fine", "1.0")
     (broken / "junk-1.0-py3-none-any.whl").write_bytes(b"not a zip")
