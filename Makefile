@@ -11,6 +11,10 @@ VENV ?= .venv
 PY_VENV := $(VENV)/bin/python
 PIP := $(PY_VENV) -m pip
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): builds spend much of their time waiting (pip, the engine, QEMU),
+# so a second stream fills the waits; tests/conftest.py keeps engine tests in one stream.
+# TEST_WORKERS=0 runs everything in one process (e.g. to debug with pdb).
+TEST_WORKERS ?= 2
 
 # Builder front door variables (see README): left empty so the builder's own
 # precedence (defaults < config < environment < command line) decides.
@@ -29,6 +33,7 @@ help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
 	@echo "make builder-lock           re-pin builder/requirements.lock from pyproject.toml's builder extra"
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
+	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
@@ -95,7 +100,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV
 setup: $(VENV)/.installed
 
 test: setup
-	$(PY_VENV) -m pytest $(PYTEST_ARGS)
+	$(PY_VENV) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(PY_VENV) -m ruff check .
