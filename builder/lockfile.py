@@ -94,10 +94,11 @@ class MissingBuilderWheels(Exception):
     """A bundle that cannot set up the builder (exit 2)."""
 
 
-def bundle_wheels(bundle_root: Path, pins: dict[str, str]) -> Path:
+def bundle_wheels(bundle_root: Path, pins: dict[str, str],
+                  python_version: Optional[str] = None) -> Path:
     """The bundle's folder of builder wheels, verified: bundle.json lists a builder section for
-    this lock and every file in it is present with its sha256. Raises MissingBuilderWheels
-    naming what is missing."""
+    this lock (and for *python_version*'s major.minor, when given) and every file in it is
+    present with its sha256. Raises MissingBuilderWheels naming what is missing."""
     from builder.errors import ConfigError  # noqa: PLC0415  (stdlib-only modules)
     from builder.offline.bundle import read_bundle, verify_bundle  # noqa: PLC0415
 
@@ -112,6 +113,13 @@ def bundle_wheels(bundle_root: Path, pins: dict[str, str]) -> Path:
             f"(bundle.json has no 'builder' section); it cannot set up the builder without a "
             f"network: missing {', '.join(f'{n}=={v}' for n, v in sorted(pins.items()))}. "
             "Fetch the bundle again with this checkout (`make fetch BUNDLE=DIR`)")
+    made_for = ".".join(str(section.get("python", "")).split(".")[:2])
+    if python_version is not None and made_for != ".".join(python_version.split(".")[:2]):
+        raise MissingBuilderWheels(
+            f"offline bundle {bundle_root} holds the builder's wheels for Python {made_for} "
+            f"({section.get('platform', '?')}), but the builder's environment here is Python "
+            f"{python_version}; fetch the bundle with that Python (make fetch PYTHON=...), or "
+            f"set up with Python {made_for} (make PYTHON=python{made_for})")
     listed = {_canonical(str(w["name"])): str(w["version"]) for w in section["wheels"]}
     missing = [f"{n}=={v}" for n, v in sorted(pins.items()) if listed.get(n) != v]
     if missing:
@@ -127,12 +135,23 @@ def bundle_wheels(bundle_root: Path, pins: dict[str, str]) -> Path:
     return bundle.builder_wheels
 
 
+def _python_version(python: str) -> Optional[str]:
+    """*python*'s version, or None when it cannot say (pip will fail on it, naming it)."""
+    try:
+        out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, check=False, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip() or None
+
+
 def install_argv(python: str, bundle: Optional[Path], offline: bool,
                  pins: dict[str, str]) -> list[str]:
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
             "--quiet", "-r", str(LOCK_FILE)]
     if bundle is not None:
-        return [*argv, "--no-index", "--find-links", str(bundle_wheels(bundle, pins))]
+        return [*argv, "--no-index", "--find-links",
+                str(bundle_wheels(bundle, pins, _python_version(python)))]
     return [*argv, "--no-index"] if offline else argv
 
 

@@ -182,10 +182,19 @@ def test_tampered_or_unlisted_builder_wheel_is_refused(tmp_path: Path) -> None:
         verify_bundle(read_bundle(tmp_path / "C"))
 
 
+def test_bundle_for_another_python_is_named(tmp_path: Path) -> None:
+    builder_bundle(tmp_path / "B", lockfile.read_pins())  # made for 3.11
+    with pytest.raises(lockfile.MissingBuilderWheels,
+                       match=r"builder's wheels for Python 3.11 \(linux-x86_64\), but the "
+                             r"builder's environment here is Python 3.12.1"):
+        lockfile.bundle_wheels(tmp_path / "B", lockfile.read_pins(), "3.12.1")
+    assert lockfile.bundle_wheels(tmp_path / "B", lockfile.read_pins(), "3.11.9").is_dir()
+
+
 def test_complete_bundle_installs_with_no_index_from_its_builder_wheels(tmp_path: Path) -> None:
     bundle = builder_bundle(tmp_path / "B", lockfile.read_pins())
-    argv = lockfile.install_argv("PY", tmp_path / "B", False, lockfile.read_pins())
-    assert argv[:4] == ["PY", "-m", "pip", "install"]
+    argv = lockfile.install_argv(sys.executable, tmp_path / "B", False, lockfile.read_pins())
+    assert argv[:4] == [sys.executable, "-m", "pip", "install"]
     assert argv[-3:] == ["--no-index", "--find-links", str(bundle.builder_wheels)]
     assert ["-r", str(lockfile.LOCK_FILE)] == argv[argv.index("-r"):argv.index("-r") + 2]
     assert read_bundle(tmp_path / "B").builder["lock_sha256"] == lockfile.digest()
