@@ -27,6 +27,11 @@ RESULT_PREFIX = "AMPFORGE_RESULT "
 #: the docker backend's own workdir, so there the mapping changes nothing, and host builds in
 #: different temporary folders compile to the same bytes.
 BUILD_PATH_ALIAS = "/ampforge"
+#: The name the cell's torch environment (its site-packages: torch's headers, whose paths
+#: torch's assertion macros put into the compiled code) has inside compiled files. The host
+#: backend's torch environment lives in a cache folder named after its inputs -- another one
+#: for a wheelhouse, a bundle or an index -- and must not make the same cell's wheel differ.
+TORCH_SITE_ALIAS = "/ampforge-site-packages"
 
 #: Never copied into a build: environments, build outputs, caches, compiled modules.
 PROJECT_IGNORE: tuple[str, ...] = (
@@ -140,6 +145,8 @@ def build_in_session(
     argv = [vpy, steps, "build-wheel", "--project", project_in,
             "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
             "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
+    if installed.get("purelib"):
+        argv += ["--prefix-map", f"{installed['purelib']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
     built = parse_result(session.run(argv, step="build wheel"))
     stats = None

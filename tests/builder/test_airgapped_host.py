@@ -39,7 +39,10 @@ from pipelinelib import CELL, AmpBuild, manifest
 from builder import lockfile
 from builder.config import REPO_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+# One xdist stream with the host_amp_build fixture (tests/conftest.py's FIXTURE_GROUPS): the
+# module's bundle is then fetched once, by the worker that also has the online host build.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
+              pytest.mark.xdist_group("host-amp-build")]
 
 
 @pytest.fixture(scope="module")
