@@ -89,19 +89,18 @@ def engine(scope: Scope) -> Check:
 
 
 def daemon_proxy(scope: Scope) -> list[Check]:
-    from builder.engines.daemon_proxy import compare, daemon_proxy, fix_text  # noqa: PLC0415
+    from builder.engines.daemon_proxy import diagnose  # noqa: PLC0415
 
     if scope.engine is None:
         return [Check("engine proxy", WARN, "no engine to ask (see engine)")]
-    found = daemon_proxy(scope.engine.api.info(), scope.engine.is_podman)
-    same, described = compare(found, scope.config.proxy)
-    if same:
-        return [Check("engine proxy", OK, f"the engine and the build agree ({described})")]
+    found = diagnose(scope.engine.info(), scope.config.proxy, scope.engine.is_podman)
+    if found.same:
+        return [Check("engine proxy", OK, f"the engine and the build agree ({found.described})")]
     # Builds pass the proxies to every container themselves; what the engine fetches on its own
     # (docker pull) uses its proxy.
-    return [Check("engine proxy", WARN, f"the engine's proxy differs from yours ({described}): "
-                  "builds get yours as build arguments, but a pull goes the engine's way",
-                  fix_text(scope.config.proxy, found))]
+    return [Check("engine proxy", WARN, f"the engine's proxy differs from yours "
+                  f"({found.described}): builds get yours as build arguments, but a pull goes "
+                  "the engine's way", found.fix)]
 
 
 # ------------------------------------------------------------------ CA trust in a container

@@ -124,7 +124,8 @@ def _settings(config: BuildConfig) -> dict[str, Any]:
         offline["wheelhouse"] = str(config.offline.wheelhouse)
     index = {"index_url": red(config.pip.index_url) if config.pip.index_url else None,
              "extra_index_urls": [red(u) for u in config.pip.extra_index_urls]}
-    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline}
+    pull = {"policy": config.pull, "source": config.origins.get("pull", "?")}
+    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline, "pull": pull}
 
 
 def _network(config: BuildConfig, backend: str) -> str:
