@@ -301,8 +301,9 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
 
     settings = settings or load_from_args(args, ctx)
     host = host or Host(ctx.output.redact)
+    project = getattr(args, "project", None)
     resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
-                         everything=everything)
+                         everything=everything, project=Path(project) if project else None)
     for w in resolution.warnings:
         ctx.output.err(f"warning: {w}")
     for n in resolution.notes:

@@ -252,7 +252,8 @@ def _pull(args: argparse.Namespace, ctx: Context, settings: Settings, resolution
     if not pull_base_images(resolution.here, engine, settings.config.proxy, ctx.output.err):
         return resolution
     return resolve(settings, Host(ctx.output.redact, lambda: engine), registry(),
-                   out=Path(args.out), everything=args.all)
+                   out=Path(args.out), everything=args.all,
+                   project=Path(args.project) if args.project else None)
 
 
 def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
