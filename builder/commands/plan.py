@@ -23,10 +23,11 @@ Expand the matrix (arch x python x torch, include/exclude rules, the torch<->Pyt
 support table, the project's requires-python and torch bound from its pyproject.toml:
 no cell the project cannot be installed on is listed) and resolve every selected cell
 exactly as `build` does: which torch (and why), which backend (and why), the base
-image actually used, the platform tag the wheel must meet (never above torch's own), the torch-npu release the wheel's `npu` extra pins
-("none": torch-npu publishes no release for that torch and Python, so the wheel has no
-`npu` extra; see configs/support.yaml), whether this host can build it or which native
-runner it needs, the network, and the proxy/CA/index settings with their sources
+image actually used, the platform tag the wheel must meet (never above torch's own), the
+torch-npu release the wheel's `npu` extra pins ("none": torch-npu publishes no release for
+that torch and Python, so the wheel has no `npu` extra; see configs/support.yaml),
+whether this host can build it or which native runner it needs, the network, the base
+image pull policy, and the proxy/CA/index settings with their sources
 (passwords masked). `build` executes these same records and stores each in its manifest
 entry.
 
@@ -75,6 +76,7 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
         f"offline: {'yes' if cfg.offline.enabled else 'no'} ({cfg.origins.get('offline')})"
     )
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
+    lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
     rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none",

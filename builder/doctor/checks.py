@@ -187,8 +187,20 @@ def base_images(scope: Scope) -> list[Check]:
         local = BaseImageSpec(arch=machine).tag
         have = {r: scope.host.image_id(r) for r in dict.fromkeys((ref, local))}
         containers = [c for c in mine if c.backend in ("docker", "emulated") and c.buildable]
+        # Pulled by the build (builder.backends.docker.pull_base_images): a WARN, since the
+        # registry must answer the engine (see engine proxy).
+        pulled = (machine == scope.host.machine and any(
+            c.cell.image.pull != "never" and not c.cell.image.ref.startswith("ampforge/base:")
+            for c in containers))
         if have[ref]:
             checks.append(Check(name, OK, f"{ref} present ({have[ref][:19]})"))
+        elif pulled:
+            checks.append(Check(name, WARN, f"{ref} absent; the build pulls it first: --pull "
+                                f"{mine[0].cell.image.pull} (the registry must answer the "
+                                "engine, see engine proxy)",
+                                "nothing, if the engine reaches the registry; else docker load "
+                                "-i FILE.tar, or --base-image local"
+                                + (f" (present: {local})" if have.get(local) else "")))
         elif have.get(local):
             checks.append(Check(name, OK if not containers else WARN,
                                 f"{ref} absent; the local one {local} is present",

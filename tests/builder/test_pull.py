@@ -8,6 +8,7 @@ over plain HTTP (its default insecure registries include 127.0.0.0/8).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +233,21 @@ def test_never_pulls_nothing_and_says_how(pushed, tmp_path: Path) -> None:
                 "--torch", "2.13.0", "--format", "json")
     assert r.rc == 0, r.err
     assert '"backend": "host"' in r.out and "a docker build pulls it first" in r.out
+
+
+@pytest.mark.docker
+def test_doctor_says_the_build_pulls_a_missing_base_image(tmp_path: Path) -> None:
+    docker_engine()
+    ref = f"127.0.0.1:{free_port('127.0.0.1')}/ampforge/base:absent"
+    cfg = write_config(tmp_path, BASE_CONFIG + f"images:\n  X86:\n    base: {ref}\n")
+    sel = ("--config", str(cfg), "--arch", "X86", "--python", "3.11", "--torch", "2.13.0",
+           "--backend", "docker", "--format", "json")
+    checks = {c["name"]: c for c in json.loads(run_cli("doctor", *sel).out)["checks"]}
+    line = checks["base image X86"]
+    assert line["status"] == "WARN" and "the build pulls it first: --pull missing" in line["detail"]
+    checks = {c["name"]: c
+              for c in json.loads(run_cli("doctor", *sel, "--pull", "never").out)["checks"]}
+    # never: no docker cell can be built here (see plan), and nothing is said to be pulled
+    assert "pulls it" not in checks["base image X86"]["detail"]
+    cell = checks["cell cp311-manylinux_x86_64-torch2.13.0"]
+    assert cell["status"] == "FAIL" and "--pull never" in cell["detail"]
