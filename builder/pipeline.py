@@ -82,6 +82,8 @@ def build_cell(
             if opts.wheelhouse and opts.wheelhouse.is_dir() else None,
             "source_date_epoch": opts.source_date_epoch.value
             if opts.source_date_epoch is not None else None,
+            # Another test must run again: a wheel is only as verified as its test.
+            "test": opts.test.key(),
         }
         key_parts.update(backend.input_key(job))
         key = input_key(key_parts)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from builder.arch import ARCHES
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.errors import BuilderError, ConfigError, EngineUnavailable
 from builder.pipeline_types import CellResult, StepResult
 from builder.redact import Redactor
@@ -151,6 +152,9 @@ class PipelineOptions:
     #: Docker network the cell's image build and container join (``--network``; None: the
     #: engine's default bridge). Not an input of the wheel: it only decides the way out.
     network: Optional[str] = None
+    #: The project's own tests, run in every cell's verification environment
+    #: (builder.config.projecttest: test-requires, test-command).
+    test: ProjectTest = NO_TEST
 
     def epoch_env(self) -> dict[str, str]:
         epoch = self.source_date_epoch

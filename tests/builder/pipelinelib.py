@@ -3,11 +3,14 @@ tiny extension projects that are broken in one specific way each."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,3 +130,27 @@ def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=cwd, env=builder_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=_as_terminal_foreground)
+
+
+def probe_wheel(folder: Path) -> Path:
+    """A pure-Python wheel ``ampforge_probe`` (importable: ``VALUE``), built by hand: a
+    test-requires that is in no wheelhouse, reached by a direct file URL."""
+    name = "ampforge_probe-1.0-py3-none-any.whl"
+    files = {
+        "ampforge_probe/__init__.py": b"VALUE = 'probe-4711'\n",
+        "ampforge_probe-1.0.dist-info/METADATA":
+            b"Metadata-Version: 2.1\nName: ampforge-probe\nVersion: 1.0\n",
+        "ampforge_probe-1.0.dist-info/WHEEL":
+            b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append("ampforge_probe-1.0.dist-info/RECORD,,")
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / name, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+        zf.writestr("ampforge_probe-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return folder / name

@@ -79,6 +79,21 @@ def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
     _no_leftovers(tmp_path, before)
 
 
+def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    project = write_tiny_extension(tmp_path / "src")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
+                  "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
+                  "python -c 'import tinyext._C; print(\"test-sentinel-out\")' && exit 3")
+    assert r.rc == 1, r.err
+    assert "test-command failed with exit code 3" in r.err, r.err
+    # The tail of its output is in the error; all of it in the cell's log.
+    assert "test-sentinel-out" in r.err and "Traceback" not in r.err
+    log = tmp_path / "work" / "logs" / f"{CELL}.log"
+    assert f"full log: {log}" in r.err and "test-sentinel-out" in log.read_text()
+    _no_leftovers(tmp_path, before)
+
+
 @pytest.mark.docker
 def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path: Path) -> None:
     engine = docker_engine()
