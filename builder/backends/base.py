@@ -214,10 +214,20 @@ class CellJob:
     #: Another cell's Python-agnostic wheel (abi3) that serves this cell: verify it on this
     #: cell's Python instead of compiling (builder.release.shared).
     reuse: Optional[Path] = None
+    #: Where a warning reaches the person running the build (the progress display); None:
+    #: the cell's log only.
+    say: Optional[Callable[[str], None]] = None
 
     @property
     def cell(self) -> Cell:
         return self.resolved.cell
+
+    def warn(self, text: str) -> None:
+        """A warning for the cell's log and, at once, the terminal (it may precede a long
+        step, e.g. a large download)."""
+        self.log.note(f"warning: {text}")
+        if self.say is not None:
+            self.say(f"warning: {self.cell.identifier}: {text}")
 
     def label(self, wheel: Path, out_dir: Path) -> Path:
         """The built wheel's metadata rewrite, the same for every backend: ``+torchX.Y``, the

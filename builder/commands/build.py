@@ -318,7 +318,7 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
         try:
             results = build_cells(jobs, config, opts, backends, engine, ctx.output.redact,
                                   progress.step, progress.finish, keep_going=args.keep_going,
-                                  parallel=args.parallel)
+                                  parallel=args.parallel, say=progress.note)
         except KeyboardInterrupt as exc:
             progress.note(f"{signals.describe(exc)}: containers removed, host sessions ended, "
                           f"nothing partial left in {opts.out}")

@@ -8,6 +8,8 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
 
     python steps.py venv DEST
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
+    DEST/bin/python steps.py download-size --torch 2.13.0 --report FILE [--pip ZIP]
+                                           [--index-url URL]
     DEST/bin/python steps.py site
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
@@ -121,6 +123,57 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     import importlib.metadata as md
 
     _result(torch=md.version("torch"))
+
+
+def _remote_size(url: str) -> Optional[int]:
+    """The size of the file at *url*: a ``file:`` URL's file, else the index's
+    ``Content-Length`` for a HEAD request (proxies from the environment); None if unknown."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        try:
+            return os.path.getsize(urllib.request.url2pathname(parts.path))
+        except OSError:
+            return None
+    if parts.scheme not in ("http", "https"):
+        return None
+    try:
+        request = urllib.request.Request(url.split("#")[0], method="HEAD")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            length = response.headers.get("Content-Length")
+    except (OSError, ValueError):
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
+def cmd_download_size(args: argparse.Namespace) -> None:
+    """What ``install-torch`` would download, without downloading it: pip resolves with
+    ``--dry-run --report`` (an index that serves PEP 658 metadata is never asked for the
+    wheels themselves), then each file's size comes from the index (names and sizes only are
+    printed: a URL may carry credentials)."""
+    reqs = ["torch==" + args.torch] + list(args.extra)
+    report = Path(args.report)
+    pip = [f"{args.pip}/pip"] if args.pip else ["-m", "pip"]
+    # An index without PEP 658 metadata: read each wheel's metadata with range requests rather
+    # than downloading the wheel (the builder's own pip, --pip, knows the feature).
+    lazy = ["--use-feature=fast-deps"] if args.pip else []
+    argv = [sys.executable, *pip, "install", *lazy, "--dry-run", "--ignore-installed",
+            "--quiet", "--disable-pip-version-check", "--no-input", "--report", str(report),
+            *_pip_source_args(args), *reqs]
+    print("+ " + " ".join(argv), flush=True)
+    code = subprocess.call(argv)
+    if code != 0 or not report.is_file():
+        _result(sized=False, reason=f"pip's dry run exited with code {code}")
+        return
+    items = []
+    for entry in json.loads(report.read_text()).get("install", []):
+        meta = entry.get("metadata", {})
+        url = (entry.get("download_info") or {}).get("url", "")
+        items.append({"name": meta.get("name", "?"), "version": meta.get("version", "?"),
+                      "size": _remote_size(url)})
+    _result(sized=True, items=items)
 
 
 def cmd_site(args: argparse.Namespace) -> None:
@@ -282,6 +335,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="more build requirements (default: setuptools, wheel)")
     sources(p)
     p.set_defaults(func=cmd_install_torch)
+
+    p = sub.add_parser("download-size", help="what install-torch would download (no install)")
+    p.add_argument("--torch", required=True)
+    p.add_argument("--extra", action="append", default=["setuptools", "wheel"])
+    p.add_argument("--report", required=True, help="where pip writes its JSON report")
+    p.add_argument("--pip", help="a zip of pip to run instead of this environment's pip")
+    sources(p)
+    p.set_defaults(func=cmd_download_size)
 
     p = sub.add_parser("site", help="this interpreter's torch version and purelib folder")
     p.set_defaults(func=cmd_site)

@@ -84,7 +84,7 @@ def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path
     project = write_tiny_extension(tmp_path / "src")
     r = run_build(tmp_path, "--backend", "host", "--project", str(project),
                   "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
-                  "python -c 'import tinyext._C; print(\"test-sentinel-out\")' && exit 3")
+                  "python -c 'import torch, tinyext._C; print(\"test-sentinel-out\")' && exit 3")
     assert r.rc == 1, r.err
     assert "test-command failed with exit code 3" in r.err, r.err
     # The tail of its output is in the error; all of it in the cell's log.

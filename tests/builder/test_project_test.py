@@ -154,6 +154,7 @@ def test_bad_pyproject_value_exits_2_naming_the_file_and_key(tmp_path: Path) -> 
 CHECK = '''\
 import os, sys
 from pathlib import Path
+import torch  # loads libc10 & co. for the extension
 import ampforge_probe, tinyext, tinyext._C
 project, package = Path(sys.argv[1]), Path(sys.argv[2])
 assert project == package and (project / "setup.py").is_file(), (project, package)
@@ -190,7 +191,7 @@ def test_the_projects_test_command_runs_in_the_verification_venv(tmp_path: Path)
     # A changed test-command is another input: the cell is verified again, not up to date.
     again = run_build(tmp_path, "--backend", "host", "--project", str(project),
                       "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
-                      "python -c 'import tinyext._C; print(\"second-test-sentinel\")'")
+                      "python -c 'import torch, tinyext._C; print(\"second-test-sentinel\")'")
     assert again.rc == 0, again.err[-4000:]
     assert "inputs changed since the last build: test" in again.err, again.err
     assert "second-test-sentinel" in (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
