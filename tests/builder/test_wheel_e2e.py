@@ -106,7 +106,9 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     left = {c["Id"] for c in engine.api.containers(all=True, filters=cells)} - earlier
     assert not left, "the build left its container behind"
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
-    assert "smoke: amp._C loaded, FusedAdam loss" in log
+    # amp's test-command (pyproject.toml [tool.cibuildwheel]) ran in the verification venv.
+    assert "+ test-command: python -m amp.selftest" in log
+    assert "amp selftest: ok -- amp " in log
     # torch came from the cell's torch layer (made now or by an earlier build with the same
     # key): the verification venv found it installed instead of installing it again.
     layer = entry["extra"]["torch_image"]
