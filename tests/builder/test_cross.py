@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from pipelinelib import probe_wheel
+from indexlib import make_wheel
 
 from builder.config.projecttest import ProjectTest
 from builder.cross import (
@@ -284,14 +284,14 @@ def test_test_command_runs_on_the_emulated_target(target_python, tmp_path):
     project.mkdir()
     (project / "check.py").write_text(
         "import platform, sys, ampforge_probe\n"
-        "print('cross-test', platform.machine(), ampforge_probe.VALUE, sys.argv[1])\n")
-    probe = probe_wheel(tmp_path / "probe")
+        "print('cross-test', platform.machine(), ampforge_probe.VERSION, sys.argv[1])\n")
+    probe = make_wheel(tmp_path / "probe", "ampforge-probe", "4711")
     test = ProjectTest(requires=(f"ampforge-probe @ {probe.as_uri()}",),
                        command="python {project}/check.py {package}")
     logged: list[str] = []
     report = run_test_under_qemu(test, target_python, [], tmp_path / "scratch", project=project,
                                  log=logged.extend)
-    assert report["tail"][-1] == f"cross-test aarch64 probe-4711 {project}", report
+    assert report["tail"][-1] == f"cross-test aarch64 4711 {project}", report
     assert logged[0] == (f"+ test-command (qemu-aarch64): python {project}/check.py {project}")
     failing = ProjectTest(command="python -c 'print(\"cross-fail-sentinel\")' && exit 4")
     with pytest.raises(StepFailed) as info:

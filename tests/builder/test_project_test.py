@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from enginelib import wheelhouse_cp311, write_tiny_extension
-from pipelinelib import CELL, builder_env, manifest, probe_wheel, run_build
+from indexlib import make_wheel
+from pipelinelib import CELL, builder_env, manifest, run_build
 
 from builder.config import load_settings
 from builder.config.projecttest import (
@@ -161,13 +162,14 @@ assert project == package and (project / "setup.py").is_file(), (project, packag
 # The installed wheel, never the project's sources, and not run from the project.
 assert project.resolve() not in Path(tinyext.__file__).resolve().parents, tinyext.__file__
 assert Path.cwd().resolve() != project.resolve() and not os.listdir("."), os.getcwd()
-print("project-test-sentinel", ampforge_probe.VALUE, tinyext._C.__name__, project)
+print("project-test-sentinel", ampforge_probe.VERSION, tinyext._C.__name__, project)
 '''
 
 
 @pytest.mark.slow
 def test_the_projects_test_command_runs_in_the_verification_venv(tmp_path: Path) -> None:
-    probe = probe_wheel(tmp_path / "probe")
+    # A test-requires that is in no wheelhouse, reached by a direct file URL.
+    probe = make_wheel(tmp_path / "probe", "ampforge-probe", "4711")
     project = _project(tmp_path / "proj", f"""\
         test-requires = ["ampforge-probe @ {probe.as_uri()}"]
         test-command = "python {{project}}/checks/run.py {{project}} {{package}}"
@@ -183,7 +185,7 @@ def test_the_projects_test_command_runs_in_the_verification_venv(tmp_path: Path)
     # Run, with both placeholders naming the project's copy in the session (not the source).
     (line,) = [x for x in log.splitlines() if x.startswith("project-test-sentinel ")]
     _, value, module, copy = line.split()
-    assert (value, module) == ("probe-4711", "tinyext._C")
+    assert (value, module) == ("4711", "tinyext._C")
     assert Path(copy).name == "project" and Path(copy) != project
     assert f"+ test-command: python {copy}/checks/run.py {copy} {copy}" in log
     (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
