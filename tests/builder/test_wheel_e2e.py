@@ -118,6 +118,9 @@ def test_host_backend_builds_a_verified_wheel_of_this_repo(host_amp_build: AmpBu
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {CELL}: host -- host asked for (command line --backend)" in r.err
     _check_amp_wheel(built.dist, "host", built.seeded)
+    # amp's test-command (pyproject.toml [tool.cibuildwheel]) ran in the verification venv.
+    assert "+ test-command: python -m amp.selftest" in built.log
+    assert "amp selftest: ok -- amp " in built.log
     (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
     planned = run_plan(built.root, "--backend", "host", "--arch", "X86", "--python", "3.11",
                        "--out", str(built.dist))
