@@ -6,6 +6,7 @@ import argparse
 import json
 
 from builder.cli import (
+    EVERY_CELL,
     Context,
     add_config_options,
     add_print_identifiers_option,
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the project to plan for, as `build --project` (default: this "
                         "repository): cells outside its requires-python or torch bound are "
                         "dropped")
-    add_selection_options(p)
+    add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
 

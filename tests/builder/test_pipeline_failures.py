@@ -7,7 +7,6 @@ Uses small broken extension projects (``--project``) so each failure is reached 
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,12 @@ from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import (
     CELL,
     broken_project,
-    build_argv,
     dist_state,
     run_build,
-    run_subprocess,
     seed_dist,
+    start_blocked_docker_build,
 )
 
-from builder.engines.docker import CONTAINER_LABEL
 from builder.images.base_image import build_base_image
 
 pytestmark = pytest.mark.slow
@@ -79,32 +76,30 @@ def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
     _no_leftovers(tmp_path, before)
 
 
+def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    project = write_tiny_extension(tmp_path / "src")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
+                  "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
+                  "python -c 'import torch, tinyext._C; print(\"test-sentinel-out\")' && exit 3")
+    assert r.rc == 1, r.err
+    assert "test-command failed with exit code 3" in r.err, r.err
+    # The tail of its output is in the error; all of it in the cell's log.
+    assert "test-sentinel-out" in r.err and "Traceback" not in r.err
+    log = tmp_path / "work" / "logs" / f"{CELL}.log"
+    assert f"full log: {log}" in r.err and "test-sentinel-out" in log.read_text()
+    _no_leftovers(tmp_path, before)
+
+
 @pytest.mark.docker
 def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path: Path) -> None:
     engine = docker_engine()
     base = build_base_image(engine)
     before = seed_dist(tmp_path / "dist")
-    project = write_tiny_extension(tmp_path / "ctrl-c-tinyext")
     # The project's build blocks inside the container until interrupted: the interrupt lands
-    # mid-build whatever is cached (the torch layer and the compiler cache make the other steps
-    # quick, so "while pip installs torch" is no longer a moment every run has).
-    setup_py = project / "setup.py"
-    setup_py.write_text("import time\ntime.sleep(900)\n" + setup_py.read_text())
-    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base.tag,
-                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
-    proc = run_subprocess(argv, tmp_path)
-    log = tmp_path / "work" / "logs" / f"{CELL}.log"
-    seen: set[str] = set()
+    # mid-build whatever is cached.
+    proc, seen = start_blocked_docker_build(engine, tmp_path, "ctrl-c-tinyext", base.tag)
     try:
-        deadline = time.monotonic() + 900
-        # Interrupt once the project's build runs inside its container.
-        while time.monotonic() < deadline and proc.poll() is None:
-            mine = {"label": f"{CONTAINER_LABEL}.project=ctrl-c-tinyext"}
-            seen |= {c["Id"] for c in engine.api.containers(all=True, filters=mine)}
-            if seen and log.exists() and "pip wheel --no-build-isolation" in log.read_text():
-                break
-            time.sleep(0.5)
-        assert seen and proc.poll() is None, "the build never reached its container"
         # The build is blocked in the container now (a condition, not a delay).
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=120)
