@@ -174,6 +174,7 @@ def ca_trust(scope: Scope) -> list[Check]:
 
 
 def base_images(scope: Scope) -> list[Check]:
+    from builder.backends.docker import LOCAL_PREFIX  # noqa: PLC0415
     from builder.images.base_image import BaseImageSpec  # noqa: PLC0415
 
     checks = []
@@ -190,7 +191,7 @@ def base_images(scope: Scope) -> list[Check]:
         # Pulled by the build (builder.backends.docker.pull_base_images): a WARN, since the
         # registry must answer the engine (see engine proxy).
         pulled = (machine == scope.host.machine and any(
-            c.cell.image.pull != "never" and not c.cell.image.ref.startswith("ampforge/base:")
+            c.cell.image.pull != "never" and not c.cell.image.ref.startswith(LOCAL_PREFIX)
             for c in containers))
         if have[ref]:
             checks.append(Check(name, OK, f"{ref} present ({have[ref][:19]})"))
