@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 from builder.atomicfile import atomic_write
 from builder.backends.base import CellJob
+from builder.backends.downloadsize import announce_large_download
 from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
@@ -90,6 +91,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                 steps = session.copy_in(STEPS_SCRIPT, session.workdir)
                 made = parse_result(session.run([python, steps, "venv", str(tmp / "venv")],
                                                 step="create torch venv"))
+                announce_large_download(job, session, str(made["python"]), steps,
+                                        requirements=BUILD_REQUIREMENTS)
                 install_torch(session, str(made["python"]), steps, torch=cell.torch,
                               wheelhouse=str(job.opts.wheelhouse.resolve())
                               if job.opts.wheelhouse else None,
@@ -151,6 +154,8 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
                                   f"{CONTAINER_LABEL}.cell": cell.identifier},
                           log=job.log, workdir="/ampforge-torch") as session:
         steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+        announce_large_download(job, session, IMAGE_VENV_PYTHON, steps,
+                                requirements=BUILD_REQUIREMENTS, env=pip_env)
         install_torch(session, IMAGE_VENV_PYTHON, steps, torch=cell.torch, wheelhouse=wheelhouse,
                       index_url=job.config.pip.index_url, env=pip_env)
         session.run(["rm", "-rf", session.workdir], cwd="/", step="clean torch layer")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
 
@@ -94,6 +95,10 @@ class BaseImage:
     python_path: str  # with {cp} / {version} placeholders
     #: Named by --base-image (BUILDER_BASE_IMAGE): used as given, never swapped for another.
     pinned: bool = False
+    #: When the engine pulls it (config build.pull < BUILDER_PULL < --pull; never when
+    #: offline): missing | always | never. Carried by the image so that the backends' answer
+    #: (can this cell be built, after a pull?) needs nothing but the cell.
+    pull: str = "missing"
 
 
 @dataclass(frozen=True)
@@ -142,11 +147,17 @@ class BuildConfig:
     backend: str = "auto"
     #: Docker network for docker builds (config build.network < BUILDER_NETWORK < --network)
     network: str | None = None
+    #: Base image pulls: missing | always | never (config build.pull < BUILDER_PULL < --pull;
+    #: offline: never)
+    pull: str = "missing"
     #: Replaces this host's arch's base image (BUILDER_BASE_IMAGE < --base-image); "local":
     #: the image of ``python -m builder base-image``. Not a file key: images.<ARCH>.base is.
     base_image: str | None = None
     #: CI runner label per machine, for cells this host cannot build (config runners)
     runners: Mapping[str, str] = field(default_factory=dict)
+    #: The config file's test-requires/test-command (the project's pyproject.toml below it and
+    #: the command line above it are merged by the build command: builder.config.projecttest)
+    test: ProjectTest = NO_TEST
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ class CliOverrides:
     backend: str | None = None
     base_image: str | None = None
     network: str | None = None
+    pull: str | None = None
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
                 "backend": {"enum": ["auto", "docker", "host", "cross", "emulated"]},
                 "network": _NULLABLE_STRING,
+                "pull": {"enum": ["missing", "always", "never"]},
             },
         },
         "runners": {
@@ -109,6 +110,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         "ca_bundle": _NULLABLE_STRING,
+        # cibuildwheel's keys and spelling (builder.config.projecttest checks the values).
+        "test-requires": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                    {"type": "array", "items": {"type": "string"}}]},
+        "test-command": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                   {"type": "array", "items": {"type": "string"}}]},
         "publish": {
             "type": "object",
             "additionalProperties": False,
