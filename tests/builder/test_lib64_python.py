@@ -1,0 +1,160 @@
+"""Issue 13, parts 4 and 1: a RHEL-family ``lib64`` interpreter, and an older x86_64 userland.
+
+Both tests use one CPython 3.11 built ``--with-platlibdir=lib64`` from Debian's python3.11
+source package inside a bullseye container (glibc 2.31), with torch 2.13.0 (CPU) installed into
+the interpreter itself: ``<prefix>/lib64/python3.11/site-packages/torch`` (tests/builder/
+cpythonlib.py). Cold, that is the bullseye image (debootstrap) plus the CPython build plus the
+torch install; the interpreter and the image are cached by content, so a second run of either
+test, or the second test of a run, finds them.
+
+* The host backend builds and verifies a wheel with that interpreter: its torch environment
+  borrows the interpreter's torch, the extension links ``libtorch.so`` from torch's own folder
+  (``lib64/...``), and verification layers its venv on that folder -- before, the builder
+  passed the venv's *purelib* (``lib/...``) on, where no torch is, and torch was installed
+  again.
+* An x86_64 wheel from the docker backend installs and runs on bullseye's glibc 2.31, with
+  torch 2.13.0 (a ``manylinux_2_28`` wheel) in that userland too.
+
+Measured costs on 2 shared cores: see the README's issue-13 rows / the report (cold: image
+~4 min, CPython ~6 min, torch ~1 min; warm: seconds for the cache lookups, then the builds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cpythonlib import Lib64Python, lib64_python_with_torch
+from enginelib import TORCH, docker_engine, wheelhouse_cp311, write_tiny_extension
+from pipelinelib import CELL, manifest, run_build
+
+from builder.wheel.wheelcheck import glibc_floor, version_needs
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(3600)]
+
+LAYOUT = r"""
+import json, sys, sysconfig
+import torch
+from torch.utils import cpp_extension
+print("LAYOUT " + json.dumps({
+    "platlibdir": sys.platlibdir,
+    "platlib": sysconfig.get_paths()["platlib"],
+    "purelib": sysconfig.get_paths()["purelib"],
+    "torch": torch.__version__,
+    "torch_file": torch.__file__,
+    "library_paths": cpp_extension.library_paths(),
+    "sum": float(torch.ones(3).sum()),
+}))
+"""
+
+CHECK = r"""
+import json, os, platform
+import torch
+import tinyext._C as ext
+x = torch.arange(5.0)
+print("CHECK " + json.dumps({
+    "libc": platform.libc_ver()[1],
+    "confstr": os.confstr("CS_GNU_LIBC_VERSION"),
+    "torch": torch.__version__,
+    "torch_file": torch.__file__,
+    "ext_file": ext.__file__,
+    "twice": ext.twice(x).tolist(),
+    "power": ext.power(2.0, 10.5),
+    "expf": ext.expf(1.0),
+}))
+"""
+
+
+def _interpreter() -> Lib64Python:
+    return lib64_python_with_torch(docker_engine(), wheelhouse_cp311(), TORCH)
+
+
+def _json_line(out: str, tag: str) -> dict:
+    line = next(x for x in out.splitlines() if x.startswith(tag + " "))
+    return json.loads(line[len(tag) + 1:])
+
+
+def test_host_backend_builds_and_verifies_with_a_lib64_interpreter(tmp_path: Path) -> None:
+    py = _interpreter()
+    # The layout is real: binary wheels go to lib64, pure ones to lib, torch is in lib64 and
+    # cpp_extension links from there.
+    run = subprocess.run([str(py.python), "-c", LAYOUT], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    layout = _json_line(run.stdout, "LAYOUT")
+    assert layout["platlibdir"] == "lib64"
+    assert Path(layout["platlib"]) == py.site
+    assert Path(layout["purelib"]) == py.prefix / "lib" / "python3.11" / "site-packages"
+    assert layout["torch"] == f"{TORCH}+cpu" and layout["sum"] == 3.0
+    assert Path(layout["torch_file"]).parent == py.site / "torch"
+    assert [Path(p) for p in layout["library_paths"]] == [py.site / "torch" / "lib"]
+    assert not (Path(layout["purelib"]) / "torch").exists()
+
+    project = write_tiny_extension(tmp_path / "tinyext")
+    path = f"{py.prefix / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--wheelhouse",
+                  str(wheelhouse_cp311()), PATH=path, AMPFORGE_CACHE=str(tmp_path / "cache"))
+    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
+    assert r.rc == 0, r.err[-4000:] + log[-4000:]
+    site = str(py.site)
+    # The torch environment borrows the interpreter's torch...
+    assert (f"{py.python} has torch {TORCH}+cpu in {site} (platlibdir lib64): the torch "
+            "environment uses it") in log
+    assert f"Requirement already satisfied: torch=={TORCH} in {site}" in log
+    # ...the extension links libtorch from torch's own folder...
+    assert f"-L{site}/torch/lib" in log and "-ltorch" in log
+    # ...and verification finds it there too: the smoke venv installs the wheel and nothing
+    # else (with the venv's lib/ folder passed on, pip installed torch a second time).
+    installed = [line.split(": ", 1)[1].split(", ") for line in log.splitlines()
+                 if line.startswith("Installing collected packages: ")]
+    assert installed and installed[-1] == ["tinyext"], installed
+    assert log.count(f"Requirement already satisfied: torch=={TORCH} in {site}") >= 2
+    assert "smoke: imported ['tinyext._C']" in log
+    (entry,) = manifest(tmp_path / "dist")["wheels"]
+    assert entry["cell"] == CELL and entry["file"].startswith("tinyext-0.0.1+torch2.13-cp311-")
+
+
+def test_a_docker_built_x86_64_wheel_runs_on_bullseye_glibc_2_31(tmp_path: Path) -> None:
+    """The x86_64 wheel of the docker backend (built on bookworm, glibc 2.36) installs and
+    runs in a userland older than its build's: bullseye, glibc 2.31, with the lib64 CPython
+    above and torch 2.13.0 -- whose own wheel, manylinux_2_28, allows glibc 2.31 too."""
+    engine = docker_engine()
+    py = _interpreter()
+    house = wheelhouse_cp311()
+    project = write_tiny_extension(tmp_path / "tinyext")
+    r = run_build(tmp_path, "--backend", "docker", "--project", str(project), "--wheelhouse",
+                  str(house))
+    assert r.rc == 0, r.err[-4000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    tag = wheel.name.rsplit("-", 1)[1].removesuffix(".whl")
+    floor = tuple(int(x) for x in tag.split("_")[1:3])
+    assert tag.startswith("manylinux_") and floor <= (2, 31), tag
+    # Its own ELF needs (GLIBC_/GLIBCXX_/CXXABI_), read independently of auditwheel.
+    assert glibc_floor(version_needs(wheel)) <= floor, version_needs(wheel)
+
+    entry = str(py.prefix.parent)
+    script = (f"set -e; {py.python} -m venv --system-site-packages /v; "
+              "/v/bin/python -m pip install --disable-pip-version-check --no-input "
+              f"--no-index --find-links /house /dist/{wheel.name}; "
+              # Every symbol bound at load time, not when first called: a missing one fails
+              # here, not in some later call.
+              "cd / && LD_BIND_NOW=1 /v/bin/python /check.py")
+    (tmp_path / "check.py").write_text(CHECK)
+    with engine.container(py.image, network=False,
+                          binds={entry: entry, str(house): "/house",
+                                 str(tmp_path / "dist"): "/dist",
+                                 str(tmp_path / "check.py"): "/check.py"},
+                          labels={"org.ampforge.test": "bullseye-run"}) as box:
+        result = box.run(["bash", "-c", script], step="install and run on bullseye")
+    out = "\n".join(result.tail)
+    assert f"Requirement already satisfied: torch=={TORCH} in {py.site}" in out, out
+    check = _json_line(out, "CHECK")
+    assert check["libc"] == "2.31" and check["confstr"] == "glibc 2.31", check
+    assert check["torch"] == f"{TORCH}+cpu"
+    assert check["torch_file"].startswith(str(py.site))
+    assert check["ext_file"].startswith("/v/lib/python3.11/site-packages/tinyext/")
+    assert check["twice"] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert check["power"] == pytest.approx(2.0 ** 10.5, rel=1e-15)
+    assert check["expf"] == pytest.approx(2.718281828, rel=1e-6)
