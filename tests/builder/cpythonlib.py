@@ -45,7 +45,7 @@ from builder.cross.apt_suite import source_apt
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine
 from builder.errors import StepFailed
-from builder.images.base_image import DEFAULT_PACKAGES, BaseImageSpec, build_base_image
+from builder.images.base_image import DEFAULT_PACKAGES, BaseImageSpec, rootfs_image
 
 VERSION = "3.11"
 SOURCE_PACKAGE = f"python{VERSION}"
@@ -60,7 +60,9 @@ CONFIGURE_FLAGS: tuple[str, ...] = (
     # Static libffi (Debian's PIC archive), its symbols kept out of _ctypes' exports.
     "LIBFFI_LIBS=-l:libffi_pic.a -Wl,--exclude-libs,libffi_pic.a",
 )
-#: The bullseye userland the interpreter is compiled in (and the wheels are run in).
+#: The bullseye userland the interpreter is compiled in (and the wheels are run in): a plain
+#: debootstrapped root filesystem (the manylinux-shaped base image needs an auditwheel that
+#: runs on bullseye's Python 3.9, and the pinned one no longer does).
 BULLSEYE = BaseImageSpec(suite="bullseye", packages=DEFAULT_PACKAGES + (
     "zlib1g-dev", "libffi-dev", "libbz2-dev", "liblzma-dev"))
 
@@ -111,9 +113,16 @@ def _source_tarball(log: OutputLog) -> Path:
 
     def fill(tmp: Path) -> None:
         log.note(f"cpython: apt-get source --download-only {SOURCE_PACKAGE}")
-        subprocess.run(["apt-get", *apt.options, "-qq", "source", "--download-only",
-                        SOURCE_PACKAGE], cwd=tmp, check=True, capture_output=True)
-        got = hashlib.sha256((tmp / name).read_bytes()).hexdigest()
+        run = subprocess.run(["apt-get", *apt.options, "-qq", "source", "--download-only",
+                              SOURCE_PACKAGE], cwd=tmp, capture_output=True, text=True)
+        # Only the .orig tarball is used. A mirror may serve the upstream tarball but not a
+        # security update's .dsc/.debian.tar (seen: a 404 from the -security pool), and apt
+        # then exits non-zero with the tarball downloaded: the digest decides.
+        orig = tmp / name
+        if not orig.is_file():
+            raise StepFailed(f"apt-get source {SOURCE_PACKAGE}: no {name} (exit "
+                             f"{run.returncode}):\n{run.stderr[-1500:]}")
+        got = hashlib.sha256(orig.read_bytes()).hexdigest()
         if got != digest:
             raise StepFailed(f"{name}: sha256 {got}, the archive's index says {digest}")
         for other in tmp.iterdir():
@@ -142,7 +151,7 @@ echo "cpython timings: configure $((t1 - t0)) s, make $((t2 - t1)) s, install $(
 def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Python:
     """The interpreter (no torch), built on first use and then found in the cache."""
     log = log or OutputLog()
-    base = build_base_image(engine, BULLSEYE)
+    image = rootfs_image(engine, BULLSEYE)
     tarball = _source_tarball(log)
     digest = tarball.parent.name
     key = content_key([json.dumps({"source": digest, "configure": CONFIGURE_FLAGS,
@@ -155,7 +164,7 @@ def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Pyt
         # with DESTDIR in the container and copied out into the temporary entry.
         prefix = str(final / "python")
         start = time.monotonic()
-        with engine.container(base.tag, binds={str(tarball.parent): "/src"}, network=False,
+        with engine.container(image, binds={str(tarball.parent): "/src"}, network=False,
                               labels={"org.ampforge.test": "cpython-lib64"}, log=log) as box:
             box.run(["bash", "-c", _build_script(f"/src/{tarball.name}", prefix)],
                     step="build CPython")
@@ -164,7 +173,7 @@ def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Pyt
 
     with _locked(_lock_for(final)):
         entry = ensure_entry(final, fill)
-    return Lib64Python(entry / "python", base.tag)
+    return Lib64Python(entry / "python", image)
 
 
 def lib64_python_with_torch(engine: DockerEngine, wheelhouse: Path, torch: str,
