@@ -12,8 +12,8 @@ oldest userland reachable here), so the same interpreter runs both there -- the 
 check of x86_64 wheels -- and on any newer host, where it is the interpreter of a host-backend
 build. It links only libraries with the same soname on bullseye and later Debian releases
 (zlib, bz2, lzma) plus libffi, linked statically into ``_ctypes`` (bullseye's ``libffi.so.7``
-is ``libffi.so.8`` later); no OpenSSL (pip reads a local wheelhouse here, and ``hashlib`` falls
-back to its built-in digests).
+is ``libffi.so.8`` later; the build checks); no OpenSSL (pip reads a local wheelhouse here,
+and ``hashlib`` falls back to its built-in digests).
 
 Cache (``builder.cache``, under ``$AMPFORGE_CACHE``), content-keyed:
 
@@ -50,15 +50,13 @@ from builder.images.base_image import DEFAULT_PACKAGES, BaseImageSpec, rootfs_im
 VERSION = "3.11"
 SOURCE_PACKAGE = f"python{VERSION}"
 #: Bump when the build below changes what it installs.
-RECIPE = 1
+RECIPE = 2
 #: The layout under test, and a build as cheap as it gets: no PGO/LTO, no debug info, no test
 #: suite. The interpreter only runs pip and imports torch; -O1 is plenty for that.
 CONFIGURE_FLAGS: tuple[str, ...] = (
     "--with-platlibdir=lib64",
     "--disable-test-modules",
     "OPT=-DNDEBUG -fwrapv -O1 -g0",
-    # Static libffi (Debian's PIC archive), its symbols kept out of _ctypes' exports.
-    "LIBFFI_LIBS=-l:libffi_pic.a -Wl,--exclude-libs,libffi_pic.a",
 )
 #: The bullseye userland the interpreter is compiled in (and the wheels are run in): a plain
 #: debootstrapped root filesystem (the manylinux-shaped base image needs an auditwheel that
@@ -137,6 +135,9 @@ def _build_script(tarball: str, prefix: str) -> str:
     configure = " ".join(f"'{flag}'" for flag in CONFIGURE_FLAGS)
     return f"""set -eu
 t0=$(date +%s)
+# 3.11's setup.py links _ctypes with the first of -lffi / -lffi_pic it finds: with only
+# Debian's PIC archive left (in this throwaway container), libffi is linked statically.
+rm -f /usr/lib/x86_64-linux-gnu/libffi.so /usr/lib/x86_64-linux-gnu/libffi.a
 mkdir -p /build && cd /build && tar xzf '{tarball}' && cd Python-*
 ./configure -q --prefix='{prefix}' {configure}
 t1=$(date +%s)
@@ -145,6 +146,12 @@ t2=$(date +%s)
 make -s install DESTDIR=/stage >/dev/null
 t3=$(date +%s)
 echo "cpython timings: configure $((t1 - t0)) s, make $((t2 - t1)) s, install $((t3 - t2)) s"
+cd /stage'{prefix}'
+if ldd lib64/python{VERSION}/lib-dynload/_ctypes*.so | grep libffi; then
+    echo "_ctypes links a shared libffi: it would not load where that soname differs" >&2
+    exit 1
+fi
+PYTHONHOME=/stage'{prefix}' bin/python{VERSION} -c 'import ctypes, zlib, bz2, lzma, venv, ensurepip'
 """
 
 
