@@ -11,6 +11,10 @@ VENV ?= .venv
 PY_VENV := $(VENV)/bin/python
 PIP := $(PY_VENV) -m pip
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): builds spend much of their time waiting (pip, the engine, QEMU),
+# so a second stream fills the waits; tests/conftest.py keeps engine tests in one stream.
+# TEST_WORKERS=0 runs everything in one process (e.g. to debug with pdb).
+TEST_WORKERS ?= 2
 
 # Builder front door variables (see README): left empty so the builder's own
 # precedence (defaults < config < environment < command line) decides.
@@ -27,6 +31,7 @@ KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*
 
 help:
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
+	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
@@ -56,7 +61,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV
 setup: $(VENV)/.installed
 
 test: setup
-	$(PY_VENV) -m pytest $(PYTEST_ARGS)
+	$(PY_VENV) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(PY_VENV) -m ruff check .

@@ -136,8 +136,15 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True) -> None:
-    g = p.add_argument_group("selection (default: every buildable cell)")
+#: What each command selects when no arch, Python, torch or selector is named.
+EVERY_CELL = "default: every cell of the matrix"
+HOST_CELL = ("default: this host's one cell -- its arch and the builder's Python, with the "
+             "newest torch it can build; --all for every cell")
+
+
+def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
+                          default: str) -> None:
+    g = p.add_argument_group(f"selection ({default})")
     g.add_argument(
         "--arch",
         metavar="A",

@@ -50,3 +50,61 @@ def compiled_backend(request: pytest.FixtureRequest,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The compiled kernels only, per ISA (for what exists only in amp._C)."""
     yield from _select(request, monkeypatch)
+
+
+# ------------------------------------------------------------------ parallel runs (xdist)
+#
+# `make test` runs two pytest-xdist workers with `--dist loadgroup`. Most of the suite's wall
+# time is builds, and much of a build waits (pip unpacking torch, the engine committing a
+# layer, QEMU, a proxy): a second stream fills those waits. Two rules keep the streams apart:
+#
+# * every test that drives the container engine runs in one stream ("docker"), in order: they
+#   assert on the engine's state (no container left behind, images they made) and would see
+#   each other's containers if run side by side;
+# * any other test under tests/builder or tests/npu stays with its module, so module-scoped
+#   fixtures (a built raw wheel, a proxy lab, the NPU test device) are made once, not once
+#   per worker.
+#
+# Everything else (amp's and the kernels' unit tests) is spread freely. A test's group is
+# exported as AMPFORGE_TEST_GROUP so that tests/builder/enginelib.docker_engine() can refuse
+# to hand the engine to a test outside the docker stream (a new module that uses the engine
+# must be listed here, or carry the `docker` marker).
+
+DOCKER_MODULES = frozenset({
+    "test_base_image.py", "test_doctor.py", "test_emulation.py", "test_engines.py",
+    "test_fetch_e2e.py", "test_pipeline_front.py",
+    "test_proxy_real.py", "test_render_docker.py", "test_repair.py", "test_signals.py",
+})
+DOCKER_GROUP = "docker"
+# Session fixtures (tests/builder/conftest.py) whose users must share a worker, or the build
+# behind the fixture would run once per worker.
+FIXTURE_GROUPS = {"docker_amp_build": DOCKER_GROUP, "host_amp_build": "host-amp-build"}
+GROUPED_FOLDERS = ("builder", "npu")
+
+
+def stream_of(item: pytest.Item) -> str | None:
+    """The xdist group of *item*: "docker", its shared fixture's, its module's path, or None
+    (spread freely)."""
+    path = item.path
+    if item.get_closest_marker("docker") or path.name in DOCKER_MODULES:
+        return DOCKER_GROUP  # first: the engine rule is about correctness, the rest about time
+    for fixture in getattr(item, "fixturenames", ()):
+        if fixture in FIXTURE_GROUPS:
+            return FIXTURE_GROUPS[fixture]
+    if path.parent.name in GROUPED_FOLDERS or path.parent.parent.name in GROUPED_FOLDERS:
+        return f"module:{path.parent.name}/{path.name}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = stream_of(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test, module-scoped ones too
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    mark = item.get_closest_marker("xdist_group")
+    os.environ["AMPFORGE_TEST_GROUP"] = str(mark.args[0]) if mark else ""

@@ -13,6 +13,7 @@ from builder import signals
 from builder.backends import registry
 from builder.backends.base import Host
 from builder.cli import (
+    HOST_CELL,
     Context,
     RenamedOption,
     add_config_options,
@@ -130,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timestamp (seconds since 1970) for every file in the wheels, for "
                         "reproducible builds (default: env SOURCE_DATE_EPOCH, else the "
                         "project's last git commit, else its newest file)")
-    add_selection_options(p)
+    add_selection_options(p, default=HOST_CELL)
     add_config_options(p)
 
 

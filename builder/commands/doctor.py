@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.cli import (
+    HOST_CELL,
+    Context,
+    add_config_options,
+    add_selection_options,
+    resolve_from_args,
+)
 from builder.doctor.report import document, exit_code, table
 
 NAME = "doctor"
@@ -45,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where builds write logs and staging (as `build --work-dir`)")
     p.add_argument("--probe-timeout", type=float, default=1.0, metavar="S",
                    help="seconds the TLS probe waits for the index (default 1)")
-    add_selection_options(p)
+    add_selection_options(p, default=HOST_CELL)
     add_config_options(p)
 
 

@@ -9,7 +9,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.cli import (
+    HOST_CELL,
+    Context,
+    add_config_options,
+    add_selection_options,
+    resolve_from_args,
+)
 
 NAME = "fetch"
 HELP = "gather every wheel and base image the selected cells need into an offline bundle"
@@ -48,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-images", action="store_true",
                    help="wheels only (no container engine needed; for --backend host builds)")
     g.add_argument("--all", action="store_true", help="every cell of the matrix")
-    add_selection_options(p)
+    add_selection_options(p, default=HOST_CELL)
     add_config_options(p)
 
 

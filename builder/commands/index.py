@@ -7,6 +7,7 @@ from pathlib import Path
 
 from builder.cli import Context
 from builder.release.distfiles import dist_wheels
+from builder.release.per_torch import write_per_torch_indexes
 from builder.release.simple_index import write_simple_index
 
 NAME = "index"
@@ -15,7 +16,8 @@ DESCRIPTION = """\
 Check the wheels in DIST against DIST/manifest.json (when present: every wheel must be
 listed with the same sha256), then write a static PEP 503 index to OUT/simple/: one page
 per project (normalized name) with one link per wheel, each carrying #sha256= (pip checks
-it) and data-requires-python, plus each wheel's METADATA (PEP 658). The wheels are copied
+it) and data-requires-python (and, with --metadata, each wheel's METADATA: PEP 658). The
+wheels are copied
 (--link: hard-linked) next to their page. The index replaces OUT/simple/ atomically and
 is the same, byte for byte, for the same wheels.
 
@@ -37,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "build/index")
     p.add_argument("--link", action="store_true",
                    help="hard-link the wheels into the index instead of copying them")
+    p.add_argument("--per-torch", action="store_true",
+                   help="one index per torch series, OUT/torch2.13/simple/ ... (as PyG does): "
+                   "safe with --extra-index-url next to the index your torch comes from, "
+                   "which a single index holding several series is not; prints one URL a line")
     p.add_argument("--metadata", action="store_true",
                    help="also serve each wheel's METADATA (PEP 658) so new pips resolve without "
                    "downloading; pip 23.0 (Python 3.11's ensurepip) mishandles it, so off by "
@@ -47,9 +53,19 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     found = dist_wheels(Path(args.dist))
     for note in found.notes:
         ctx.output.err(f"note: {note}")
+    check = "sha256 checked against manifest.json" if found.checked else "no manifest"
+    if args.per_torch:
+        results = write_per_torch_indexes(found.wheels, Path(args.out), link=args.link,
+                                          metadata=args.metadata)
+        for series, result in results.items():
+            ctx.output.err(f"{series}: {len(result.files)} wheel(s) into {result.simple}")
+            ctx.output.out(result.url)
+        ctx.output.err(f"indexed {len(found.wheels)} wheel(s) from {found.dist} ({check}) "
+                       f"into {len(results)} per-torch indexes; install with "
+                       "--extra-index-url <the URL of your torch's series>")
+        return 0
     result = write_simple_index(found.wheels, Path(args.out), link=args.link,
                                 metadata=args.metadata)
-    check = "sha256 checked against manifest.json" if found.checked else "no manifest"
     for project, files in result.projects.items():
         ctx.output.err(f"{project}: {len(files)} file(s)")
         for w in files:

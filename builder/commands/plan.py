@@ -6,6 +6,7 @@ import argparse
 import json
 
 from builder.cli import (
+    EVERY_CELL,
     Context,
     add_config_options,
     add_print_identifiers_option,
@@ -50,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_print_identifiers_option(p, "selected (those that need a native runner too)")
     p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
                    help="the output folder the records name (as `build --out`; default: dist)")
-    add_selection_options(p)
+    add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.cli import Context, add_config_options, add_selection_options, resolve_from_args
+from builder.cli import (
+    EVERY_CELL,
+    Context,
+    add_config_options,
+    add_selection_options,
+    resolve_from_args,
+)
 from builder.images.render import render_all, write_recipes
 
 NAME = "render"
@@ -32,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the Dockerfiles to stdout instead of writing them",
     )
-    add_selection_options(p)
+    add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
 

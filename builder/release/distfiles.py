@@ -40,7 +40,7 @@ def dist_wheels(dist: Path) -> DistWheels:
                           if p.suffix == ".whl" and p.is_file() and not p.name.startswith(".")))
     if not wheels:
         raise ConfigError(f"{dist}: no *.whl files in it; nothing to release "
-                          "(build some with `make wheel OUT={dist}`)")
+                          f"(build some with `make wheel OUT={dist}`)")
     sha = {w.name: sha256_file(w) for w in wheels}
     if not (dist / MANIFEST_NAME).exists():
         return DistWheels(dist, wheels, sha, checked=False, notes=(

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from enginelib import filled_once
+
 from builder.wheel.wheelmeta import target_requirements
 
 ARM_TORCH = "2.9.1"
@@ -27,11 +29,11 @@ def wheelhouse_cp311_aarch64(torch: str = ARM_TORCH) -> Path:
     """A folder with torch==*torch* for cp311 manylinux aarch64, its dependencies, setuptools
     and wheel. Filled by pip on first use (pip's own configuration -- find-links, proxy, CA --
     decides where the files come from); a stamp marks it complete."""
-    dest = CACHE / f"wheelhouse-cp311-aarch64-torch{torch}"
-    stamp = dest / ".complete"
-    if stamp.exists():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
+    return filled_once(CACHE / f"wheelhouse-cp311-aarch64-torch{torch}",
+                       lambda dest: _fill_aarch64(dest, torch))
+
+
+def _fill_aarch64(dest: Path, torch: str) -> None:
     # pip evaluates environment markers against *this* host even with --platform, so a plain
     # `pip download torch` for aarch64 also asks for torch's x86_64-only CUDA packages. Fetch
     # torch alone, evaluate its requirements for an aarch64 Linux cp311, then fetch those.
@@ -41,8 +43,6 @@ def wheelhouse_cp311_aarch64(torch: str = ARM_TORCH) -> Path:
     wheels = list(dest.glob("torch-*.whl"))
     if not wheels or not all(w.name.endswith("_aarch64.whl") for w in wheels):
         raise RuntimeError(f"expected an aarch64 torch wheel in {dest}, got {wheels}")
-    stamp.touch()
-    return dest
 
 
 def _pip_download(dest: Path, requirements: list[str], *, deps: bool) -> None:

@@ -12,10 +12,12 @@ this folder on sys.path).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,12 @@ def in_ci() -> bool:
 
 
 def docker_engine() -> DockerEngine:
+    group = os.environ.get("AMPFORGE_TEST_GROUP")
+    if group is not None and group != "docker":
+        # tests/conftest.py runs engine tests in one stream; one outside it would race them.
+        pytest.fail("this test uses the container engine but is not in the 'docker' test "
+                    "group: add its module to DOCKER_MODULES in tests/conftest.py or mark "
+                    "the test @pytest.mark.docker")
     try:
         return DockerEngine()
     except EngineUnavailable as exc:
@@ -44,11 +52,25 @@ def wheelhouse_cp311() -> Path:
     """A directory holding torch==TORCH (CPU) for cp311 and its dependencies, plus the build
     requirements (setuptools, wheel). Filled by pip on first use; pip's own configuration
     (find-links, proxy, CA) decides where the files come from."""
-    dest = CACHE / f"wheelhouse-cp311-torch{TORCH}"
+    return filled_once(CACHE / f"wheelhouse-cp311-torch{TORCH}", _download_wheelhouse)
+
+
+def filled_once(dest: Path, fill: Callable[[Path], None]) -> Path:
+    """*dest*, filled by ``fill(dest)`` unless a stamp says an earlier fill completed.
+    Parallel test workers: one fills, the others wait on a lock and find the stamp."""
     stamp = dest / ".complete"
     if stamp.exists():
         return dest
     dest.mkdir(parents=True, exist_ok=True)
+    with open(dest.with_name(dest.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            fill(dest)
+            stamp.touch()
+    return dest
+
+
+def _download_wheelhouse(dest: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
          "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
@@ -60,8 +82,6 @@ def wheelhouse_cp311() -> Path:
     torch_wheels = list(dest.glob("torch-*.whl"))
     big = [w for w in torch_wheels if w.stat().st_size > 1_000_000_000]
     assert torch_wheels and not big, f"expected a CPU torch wheel in {dest}, got {torch_wheels}"
-    stamp.touch()
-    return dest
 
 
 TINY_SETUP = '''\

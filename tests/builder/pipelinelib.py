@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from enginelib import write_tiny_extension
+import pytest
+from enginelib import wheelhouse_cp311, write_tiny_extension
 
 from builder.config import REPO_ROOT
+from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
 
@@ -23,6 +28,43 @@ class Run:
     rc: int
     out: str
     err: str
+
+
+@dataclass(frozen=True)
+class AmpBuild:
+    """One finished `build` of this repository's wheel (cell CELL)."""
+
+    root: Path  # the folder the builder ran in: dist/ and work/ are under it
+    args: tuple[str, ...]  # the build's command line after `build`
+    run: Run
+    seeded: dict[str, bytes]  # what dist/ held before (earlier cells' wheels and manifest)
+
+    @property
+    def dist(self) -> Path:
+        return self.root / "dist"
+
+    @property
+    def wheel(self) -> Path:
+        (wheel,) = self.dist.glob("ampforge-*.whl")
+        return wheel
+
+    @property
+    def log(self) -> str:
+        return (self.root / "work" / "logs" / f"{CELL}.log").read_text()
+
+
+def snapshot_of_this_repo(dest: Path) -> Path:
+    """A copy of the sources the wheel is built from: an up-to-date check against it must not
+    see edits made to the checkout while the session runs."""
+    dest.mkdir(parents=True)
+    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md"):
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
 
 
 def builder_env(**extra: str) -> dict[str, str]:
@@ -107,10 +149,33 @@ def broken_project(root: Path, kind: str) -> Path:
     return project
 
 
-def busy_in_cell(log: str) -> bool:
-    """A cell's log says pip is at work in it: installing torch (no cached torch environment
-    yet) or building the wheel. The interruption tests signal then."""
-    return "Processing /wheelhouse/torch" in log or "-m pip wheel " in log
+#: What a cell's log shows once pip runs the project's build (builder/incell/steps.py).
+BUILD_STARTED = "-m pip wheel --no-build-isolation"
+
+
+def blocking_project(root: Path) -> Path:
+    """The tiny extension, whose build sleeps as soon as pip runs its setup.py: a signal sent
+    then lands mid-build whatever the caches made quick (with a cached torch environment and
+    compiler cache, the other steps take a second or two -- too short a window to aim at)."""
+    project = write_tiny_extension(root)
+    setup_py = project / "setup.py"
+    setup_py.write_text("import time\ntime.sleep(900)\n" + setup_py.read_text())
+    return project
+
+
+def wait_until_building(proc: subprocess.Popen, log: Path,
+                        also: Callable[[], bool] = lambda: True, timeout: float = 900) -> None:
+    """Return once *log* shows the project's build running (and *also* holds): the moment the
+    interruption tests signal. Fails the test (killing *proc*) if the build ends or never gets
+    there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and BUILD_STARTED in log.read_text() and also():
+            return
+        time.sleep(0.5)
+    if proc.poll() is None:
+        proc.kill()
+    pytest.fail(f"the build never reached its project's build: {proc.communicate()[1][-3000:]}")
 
 
 def _as_terminal_foreground() -> None:
@@ -127,3 +192,22 @@ def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=cwd, env=builder_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=_as_terminal_foreground)
+
+
+def start_blocked_docker_build(engine: DockerEngine, tmp_path: Path, name: str,
+                        base: str) -> tuple[subprocess.Popen, set[str]]:
+    """A docker build of a tiny project, returned once the project's build blocks in its
+    container."""
+    project = blocking_project(tmp_path / name)
+    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base,
+                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    proc = run_subprocess(argv, tmp_path)
+    seen: set[str] = set()
+
+    def in_container() -> bool:
+        mine = {"label": f"{CONTAINER_LABEL}.project={name}"}
+        seen.update(c["Id"] for c in engine.api.containers(all=True, filters=mine))
+        return bool(seen)
+
+    wait_until_building(proc, tmp_path / "work" / "logs" / f"{CELL}.log", in_container)
+    return proc, seen

@@ -258,7 +258,8 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["index", str(empty), "--out", str(tmp_path / "o")], env={}) == 2
-    assert "no *.whl files" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no *.whl files" in err and f"`make wheel OUT={empty}`" in err, err
     broken = tmp_path / "broken"
     make_wheel(broken, "fine", "1.0")
     (broken / "junk-1.0-py3-none-any.whl").write_bytes(b"not a zip")
@@ -275,3 +276,60 @@ def test_a_wheel_whose_metadata_disagrees_with_its_name_is_refused(tmp_path: Pat
                        "realname 1.0"):
         write_simple_index([renamed], tmp_path / "out")
     assert not (tmp_path / "out" / "simple").exists()
+
+
+# ------------------------------------------------------------------ one index per torch
+
+
+def test_per_torch_indexes_keep_the_users_torch_with_extra_index_url(tmp_path: Path) -> None:
+    """The README's old advice, reproduced with real pip and real indexes: the user's torch
+    index (here serving torch 2.9.1 and 2.13.0, tiny stand-ins) plus ours with
+    ``--extra-index-url``. One index holding both series makes pip take the ``+torch2.13`` wheel
+    and replace the installed torch 2.9.1; the ``torch2.9`` page of ``index --per-torch`` offers
+    only what fits the torch that is there."""
+    users = tmp_path / "users-torch"
+    for version in ("2.9.1", "2.13.0"):
+        make_wheel(users / "wheels", "torch", version)
+    users_url = write_simple_index(users / "wheels", users / "index").url
+    dist = tmp_path / "dist"
+    base = make_wheel(tmp_path / "base", "tpkg", "0.1")
+    dist.mkdir()
+    for label in ("torch2.9", "torch2.13"):
+        add_local_version(base, label, dist)
+    make_wheel(dist, "tpkg-data", "1.0")  # no torch pin: listed on every page
+
+    def fresh_with_torch_2_9(name: str) -> Path:
+        venv = fresh_venv(tmp_path / name)
+        r = pip_in(venv, "install", "--index-url", users_url, "torch==2.9.1")
+        assert r.returncode == 0, r.stderr
+        return venv
+
+    # Control: one index with both series, added as an extra index.
+    single = write_simple_index(dist, tmp_path / "single").url
+    venv = fresh_with_torch_2_9("venv-single")
+    r = pip_in(venv, "install", "--index-url", users_url, "--extra-index-url", single, "tpkg")
+    assert r.returncode == 0, r.stderr
+    assert installed_version(venv, "tpkg") == "0.1+torch2.13"
+    assert installed_version(venv, "torch") == "2.13.0"  # the user's torch was replaced
+
+    # One index per series: stdout is one URL a line, the series' page has only its wheels.
+    out = tmp_path / "per-torch"
+    assert main(["index", str(dist), "--out", str(out), "--per-torch"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["torch2.13", "torch2.9"]
+    page = (out / "torch2.9" / "simple" / "tpkg" / "index.html").read_text()
+    assert "tpkg-0.1+torch2.9-" in page and "torch2.13" not in page
+    assert (out / "torch2.13" / "simple" / "tpkg-data" / "index.html").is_file()
+    venv = fresh_with_torch_2_9("venv-per-torch")
+    r = pip_in(venv, "install", "--index-url", users_url, "--extra-index-url",
+               (out / "torch2.9" / "simple").resolve().as_uri() + "/", "tpkg")
+    assert r.returncode == 0, r.stderr
+    assert installed_version(venv, "tpkg") == "0.1+torch2.9"
+    assert installed_version(venv, "torch") == "2.9.1"  # untouched
+
+
+def test_per_torch_needs_pinned_wheels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_wheel(tmp_path / "dist", "plain", "1.0")
+    assert main(["index", str(tmp_path / "dist"), "--out", str(tmp_path / "o"),
+                 "--per-torch"]) == 2
+    assert "no wheel pins a torch series" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())

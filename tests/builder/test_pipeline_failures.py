@@ -7,22 +7,19 @@ Uses small broken extension projects (``--project``) so each failure is reached 
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
+from enginelib import docker_engine, wheelhouse_cp311
 from pipelinelib import (
     CELL,
     broken_project,
-    build_argv,
     dist_state,
     run_build,
-    run_subprocess,
     seed_dist,
+    start_blocked_docker_build,
 )
 
-from builder.engines.docker import CONTAINER_LABEL
 from builder.images.base_image import build_base_image
 
 pytestmark = pytest.mark.slow
@@ -84,27 +81,10 @@ def test_ctrl_c_mid_build_removes_the_container_and_leaves_dist_intact(tmp_path:
     engine = docker_engine()
     base = build_base_image(engine)
     before = seed_dist(tmp_path / "dist")
-    project = write_tiny_extension(tmp_path / "ctrl-c-tinyext")
     # The project's build blocks inside the container until interrupted: the interrupt lands
-    # mid-build whatever is cached (the torch layer and the compiler cache make the other steps
-    # quick, so "while pip installs torch" is no longer a moment every run has).
-    setup_py = project / "setup.py"
-    setup_py.write_text("import time\ntime.sleep(900)\n" + setup_py.read_text())
-    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base.tag,
-                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
-    proc = run_subprocess(argv, tmp_path)
-    log = tmp_path / "work" / "logs" / f"{CELL}.log"
-    seen: set[str] = set()
+    # mid-build whatever is cached.
+    proc, seen = start_blocked_docker_build(engine, tmp_path, "ctrl-c-tinyext", base.tag)
     try:
-        deadline = time.monotonic() + 900
-        # Interrupt once the project's build runs inside its container.
-        while time.monotonic() < deadline and proc.poll() is None:
-            mine = {"label": f"{CONTAINER_LABEL}.project=ctrl-c-tinyext"}
-            seen |= {c["Id"] for c in engine.api.containers(all=True, filters=mine)}
-            if seen and log.exists() and "pip wheel --no-build-isolation" in log.read_text():
-                break
-            time.sleep(0.5)
-        assert seen and proc.poll() is None, "the build never reached its container"
         # The build is blocked in the container now (a condition, not a delay).
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=120)

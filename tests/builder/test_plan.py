@@ -237,6 +237,23 @@ def test_python_m_builder_and_help_document_every_option() -> None:
     assert "plan" in top and "render" in top and "Exit codes" in top
 
 
+def test_help_says_what_each_command_selects_by_default() -> None:
+    """build/fetch/doctor with nothing named select this host's one cell (``make wheel``);
+    plan/render list the whole matrix. Each --help says its own default, and plan agrees."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "PY", "TORCH")}
+
+    def helptext(command: str) -> str:
+        return " ".join(subprocess.run(
+            [sys.executable, "-m", "builder", command, "--help"], cwd=REPO_ROOT, env=env,
+            capture_output=True, text=True, check=True).stdout.split())
+
+    for command in ("build", "fetch", "doctor"):
+        assert "selection (default: this host's one cell" in helptext(command), command
+        assert "every buildable cell" not in helptext(command)
+    for command in ("plan", "render"):
+        assert "selection (default: every cell of the matrix)" in helptext(command), command
+
+
 def test_no_command_is_a_usage_error() -> None:
     assert run_cli().rc == 2
 

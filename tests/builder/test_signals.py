@@ -15,23 +15,24 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
+from enginelib import docker_engine, wheelhouse_cp311
 from pipelinelib import (
     CELL,
+    blocking_project,
     build_argv,
     builder_env,
-    busy_in_cell,
     dist_state,
     run_build,
     run_subprocess,
     seed_dist,
+    start_blocked_docker_build,
+    wait_until_building,
 )
 
-from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.engines.docker import CONTAINER_LABEL
 from builder.engines.owner import (
     BOOT_LABEL,
     HOST_LABEL,
@@ -93,28 +94,6 @@ def _no_leftovers(tmp_path: Path, before: dict[str, bytes]) -> None:
     assert not list((tmp_path / "work" / "stage").glob("*")), "staging folder left behind"
 
 
-def _start_docker_build(engine: DockerEngine, tmp_path: Path, name: str,
-                        base: str) -> tuple[subprocess.Popen, set[str]]:
-    """A docker build of a tiny project, returned once pip works in its container."""
-    project = write_tiny_extension(tmp_path / name)
-    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base,
-                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
-    proc = run_subprocess(argv, tmp_path)
-    log = tmp_path / "work" / "logs" / f"{CELL}.log"
-    seen: set[str] = set()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        mine = {"label": f"{CONTAINER_LABEL}.project={name}"}
-        seen |= {c["Id"] for c in engine.api.containers(all=True, filters=mine)}
-        if seen and log.exists() and busy_in_cell(log.read_text()):
-            break
-        time.sleep(0.5)
-    if not seen or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f"the build never reached its container: {proc.communicate()[1][-3000:]}")
-    return proc, seen
-
-
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -124,7 +103,7 @@ def test_signal_mid_build_removes_the_container_and_leaves_dist_intact(
     base = build_base_image(engine)
     before = seed_dist(tmp_path / "dist")
     name = f"{sig.name.lower()}-tinyext"
-    proc, seen = _start_docker_build(engine, tmp_path, name, base.tag)
+    proc, seen = start_blocked_docker_build(engine, tmp_path, name, base.tag)
     try:
         # At once: pip is at work in the container now (a condition, not a delay).
         proc.send_signal(sig)
@@ -160,19 +139,14 @@ def test_sigterm_mid_host_build_ends_the_host_session(tmp_path: Path) -> None:
     """The host backend's pip (its own process group) is killed with the builder; its session
     folder is removed."""
     before = seed_dist(tmp_path / "dist")
-    project = write_tiny_extension(tmp_path / "term-host-tinyext")
+    project = blocking_project(tmp_path / "term-host-tinyext")
     argv = build_argv(tmp_path, "--backend", "host", "--project", str(project),
                       "--wheelhouse", str(wheelhouse_cp311()))
     proc = run_subprocess(argv, tmp_path)
-    log = tmp_path / "work" / "logs" / f"{CELL}.log"
     stage = tmp_path / "work" / "stage"
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            if log.exists() and busy_in_cell(log.read_text()) and _processes_under(stage):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None and _processes_under(stage), "never reached the torch install"
+        wait_until_building(proc, tmp_path / "work" / "logs" / f"{CELL}.log",
+                            lambda: bool(_processes_under(stage)))
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -193,7 +167,7 @@ def test_a_killed_builders_container_is_removed_by_clean_and_by_the_next_build(
     machine, or without owner labels are never touched."""
     engine = docker_engine()
     base = build_base_image(engine)
-    proc, seen = _start_docker_build(engine, tmp_path, "kill-tinyext", base.tag)
+    proc, seen = start_blocked_docker_build(engine, tmp_path, "kill-tinyext", base.tag)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     (killed,) = seen

@@ -9,7 +9,6 @@ missing engine fails the test.
 
 from __future__ import annotations
 
-import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -17,11 +16,10 @@ from pathlib import Path
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
-from pipelinelib import CELL, dist_state, manifest, run_build, run_plan, seed_dist
+from pipelinelib import CELL, AmpBuild, dist_state, manifest, run_build, run_plan
 
 from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
-from builder.images.base_image import build_base_image
 from builder.wheel.wheelmeta import requires_dist
 
 pytestmark = pytest.mark.slow
@@ -71,41 +69,26 @@ def _check_npu_extra(wheel: Path) -> None:
 
 
 @pytest.mark.docker
-def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> None:
+def test_docker_backend_builds_a_verified_wheel_of_this_repo(docker_amp_build: AmpBuild) -> None:
     engine = docker_engine()
-    base = build_base_image(engine)
-    wheelhouse = wheelhouse_cp311()
-    seeded = seed_dist(tmp_path / "dist")
-    cells = {"label": f"{CONTAINER_LABEL}.cell"}
-    earlier = {c["Id"] for c in engine.api.containers(all=True, filters=cells)}
-    # A snapshot of this repository's sources: the up-to-date check below must not see other
-    # people's edits to the shared checkout between the two builds.
-    project = tmp_path / "ampforge"
-    project.mkdir()
-    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md"):
-        src = REPO_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__",
-                                                                              "*.so"))
-        else:
-            shutil.copy2(src, project / name)
-    args = ("--backend", "docker", "--base-image", base.tag, "--arch", "X86", "--python", "3.11",
-            "--wheelhouse", str(wheelhouse), "--project", str(project))
-    r = run_build(tmp_path, *args)
+    built, args = docker_amp_build, docker_amp_build.args
+    r = built.run
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {CELL}: docker -- docker asked for (command line --backend)" in r.err
-    wheel = _check_amp_wheel(tmp_path / "dist", "docker", seeded)
+    wheel = _check_amp_wheel(built.dist, "docker", built.seeded)
     # The record the build executed is the one `plan` prints for the same options.
-    (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
-    planned = run_plan(tmp_path, *[a for a in args if a not in ("--wheelhouse", str(wheelhouse),
-                                                                "--project", str(project))],
-                       "--out", str(tmp_path / "dist"))
+    (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
+    drop = {"--wheelhouse", args[args.index("--wheelhouse") + 1],
+            "--project", args[args.index("--project") + 1]}
+    planned = run_plan(built.root, *[a for a in args if a not in drop], "--out", str(built.dist))
     assert entry["extra"]["resolved"] == planned[CELL]
-    assert planned[CELL]["base_image"] == base.tag and planned[CELL]["base_image_id"]
+    base = args[args.index("--base-image") + 1]
+    assert planned[CELL]["base_image"] == base and planned[CELL]["base_image_id"]
     assert str(wheel) in r.out
-    left = {c["Id"] for c in engine.api.containers(all=True, filters=cells)} - earlier
-    assert not left, "the build left its container behind"
-    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
+    # The build's container is gone (every cell container carries the label and its project).
+    mine = {"label": f"{CONTAINER_LABEL}.project=ampforge"}
+    assert not engine.api.containers(all=True, filters=mine), "the build left its container"
+    log = built.log
     assert "smoke: amp._C loaded, FusedAdam loss" in log
     # torch came from the cell's torch layer (made now or by an earlier build with the same
     # key): the verification venv found it installed instead of installing it again.
@@ -116,27 +99,26 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> 
     assert "Requirement already satisfied: torch==2.13.0" in log
 
     # Nothing changed: recognised as up to date from the manifest, without building.
-    before = dist_state(tmp_path / "dist")
+    before = dist_state(built.dist)
     start = time.monotonic()
-    again = run_build(tmp_path, *args)
+    again = run_build(built.root, *args)
     took = time.monotonic() - start
     assert again.rc == 0, again.err
     assert f"[{CELL}] up-to-date (" in again.err, again.err
     assert "] compile (" not in again.err and "] image (" not in again.err
-    assert dist_state(tmp_path / "dist") == before
+    assert dist_state(built.dist) == before
     print(f"up-to-date check took {took:.1f}s")  # the benchmark reports it; no timed assert
 
 
-def test_host_backend_builds_a_verified_wheel_of_this_repo(tmp_path: Path) -> None:
-    seeded = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                  "--wheelhouse", str(wheelhouse_cp311()))
+def test_host_backend_builds_a_verified_wheel_of_this_repo(host_amp_build: AmpBuild) -> None:
+    built = host_amp_build
+    r = built.run
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {CELL}: host -- host asked for (command line --backend)" in r.err
-    _check_amp_wheel(tmp_path / "dist", "host", seeded)
-    (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
-    planned = run_plan(tmp_path, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                       "--out", str(tmp_path / "dist"))
+    _check_amp_wheel(built.dist, "host", built.seeded)
+    (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
+    planned = run_plan(built.root, "--backend", "host", "--arch", "X86", "--python", "3.11",
+                       "--out", str(built.dist))
     assert entry["extra"]["resolved"] == planned[CELL]
 
 

@@ -14,6 +14,7 @@ of a race discards its folder (its own copy is already loaded: the same code).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -129,11 +130,23 @@ def build_and_load(
         return lib, False, 0.0
     try:
         cache_root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
+        lock = open(cache_root / f".{key}.lock", "w")  # noqa: SIM115 (held until the end)
     except OSError:
         if fallback_root is None:
             raise
         return build_and_load(fallback_root, None)
+    with lock:
+        # Parallel test workers start together: one compiles, the others wait and load it.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lib = _library(final)
+        if lib is not None:
+            torch.ops.load_library(str(lib))
+            return lib, False, 0.0
+        return _build_into(cache_root, key, final)
+
+
+def _build_into(cache_root: Path, key: str, final: Path) -> tuple[Path, bool, float]:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
     try:
         start = time.monotonic()
         _compile_and_load(tmp)

@@ -1,0 +1,67 @@
+"""One index per torch series (``index --per-torch``), as PyG publishes its wheels.
+
+A single index holding wheels for several torch series is safe with ``--index-url``: pip only
+sees our wheels and backtracks to the one whose ``torch==X.Y.*`` pin the installed torch meets.
+Added with ``--extra-index-url`` next to an index that serves torch, it is not: pip takes the
+newest wheel (``+torch2.13``) and *upgrades* the user's torch to satisfy its pin. With one index
+per series (``OUT/torch2.13/simple/``, ``OUT/torch2.9/simple/``) the user names the series of the
+torch they have, and nothing on that page can ask for another torch.
+
+The series of a wheel is its METADATA's ``Requires-Dist: torch==X.Y.*`` (the pin the builder
+writes, :mod:`builder.wheel.localversion`). A wheel with no torch pin serves every series, so it
+is listed on every page; when no wheel is pinned there is nothing to split (a usage error).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from builder.errors import ConfigError
+from builder.release.simple_index import IndexResult, collect_wheels, write_simple_index
+from builder.wheel.wheelmeta import requires_dist
+
+_SERIES = re.compile(r"^==(\d+)\.(\d+)\.\*$")
+
+
+def torch_series(wheel: Path) -> str | None:
+    """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
+    for line in requires_dist(wheel):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() == "torch" and req.marker is None:
+            m = _SERIES.match(str(req.specifier))
+            if m:
+                return f"torch{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
+    """Series -> the wheels its page lists (its own, plus every wheel with no pin)."""
+    pinned: dict[str, list[Path]] = {}
+    unpinned: list[Path] = []
+    for wheel in wheels:
+        series = torch_series(wheel)
+        (pinned.setdefault(series, []) if series else unpinned).append(wheel)
+    if not pinned:
+        raise ConfigError("--per-torch: no wheel pins a torch series (Requires-Dist: "
+                          "torch==X.Y.*, as this builder's wheels do); write one index instead")
+    return {s: sorted([*pinned[s], *unpinned]) for s in sorted(pinned, key=_series_key)}
+
+
+def _series_key(series: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in series[len("torch"):].split("."))
+
+
+def write_per_torch_indexes(wheels: Iterable[Path] | Path, out: Path, *, link: bool = False,
+                            metadata: bool = False) -> Mapping[str, IndexResult]:
+    """``out/<series>/simple/`` for each torch series among *wheels*; each written (and
+    swapped in) as :func:`write_simple_index` does."""
+    groups = split_by_torch(collect_wheels(wheels))
+    return {series: write_simple_index(group, Path(out) / series, link=link, metadata=metadata)
+            for series, group in groups.items()}
