@@ -16,8 +16,11 @@ test, or the second test of a run, finds them.
   its own) passes the builder's verification step on bullseye's glibc 2.31, with torch 2.13.0
   (a ``manylinux_2_28`` wheel) in that userland too.
 
-Measured costs on 2 shared cores: see the README's issue-13 rows / the report (cold: image
-~4 min, CPython ~6 min, torch ~1 min; warm: seconds for the cache lookups, then the builds).
+Measured on 2 cores shared with other builds (load 7-11): cold, the bullseye root filesystem
+(debootstrap + import) about 5.5 min, the CPython build 6.5-8 min (configure 100-120 s, make
+210-290 s, install 40-70 s), torch into the copy 20 s; warm, the three cache lookups 0.7 s.
+Then the host-backend test about 4 min (its own cache folder: a fresh torch venv, a cold
+compile) and the bullseye run about 2 min, plus the session's docker amp build it shares.
 """
 
 from __future__ import annotations
