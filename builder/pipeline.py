@@ -47,7 +47,7 @@ def build_cell(
     resolved: ResolvedCell, recipe: Optional[Recipe], config: BuildConfig,
     opts: PipelineOptions, backends: Mapping[str, Backend], engine: Optional[DockerEngine],
     redactor: Redactor, report: Callable[[str, str], None], run_id: str,
-    shared: Optional[SharedWheels] = None,
+    shared: Optional[SharedWheels] = None, say: Optional[Callable[[str], None]] = None,
 ) -> CellResult:
     """Build one resolved cell. Step failures become a failed CellResult; Ctrl-C propagates
     (after the container and the staging folder are removed). *shared*: the run's abi3 wheels
@@ -66,7 +66,8 @@ def build_cell(
     backend = backends[resolved.backend]
     job = CellJob(resolved=resolved, config=config, opts=opts, log=log, log_path=log_path,
                   steps=Steps(result, report), stage=stage, run_id=run_id, engine=engine,
-                  proxy_env={} if opts.offline else config.proxy.build_args(), recipe=recipe)
+                  proxy_env={} if opts.offline else config.proxy.build_args(), recipe=recipe,
+                  say=say)
     try:
         if not resolved.buildable:
             raise StepFailed(f"{cell.identifier} cannot be built on this "
@@ -82,6 +83,8 @@ def build_cell(
             if opts.wheelhouse and opts.wheelhouse.is_dir() else None,
             "source_date_epoch": opts.source_date_epoch.value
             if opts.source_date_epoch is not None else None,
+            # Another test must run again: a wheel is only as verified as its test.
+            "test": opts.test.key(),
         }
         key_parts.update(backend.input_key(job))
         key = input_key(key_parts)
@@ -166,8 +169,10 @@ def build_cells(
     opts: PipelineOptions, backends: Mapping[str, Backend], engine: Optional[DockerEngine],
     redactor: Redactor, report: Callable[[str, str], None],
     finished: Callable[[CellResult], None], keep_going: bool = False, parallel: int = 1,
+    say: Optional[Callable[[str], None]] = None,
 ) -> list[CellResult]:
-    """Build every cell; stop at the first failure unless *keep_going*."""
+    """Build every cell; stop at the first failure unless *keep_going*. *say*: a line for the
+    person running the build, at once (a cell's warnings)."""
     run_id = uuid.uuid4().hex
     todo = list(cells)
     results: list[CellResult] = []
@@ -175,7 +180,7 @@ def build_cells(
 
     def one(resolved: ResolvedCell, recipe: Optional[Recipe]) -> CellResult:
         return build_cell(resolved, recipe, config, opts, backends, engine, redactor, report,
-                          run_id, shared)
+                          run_id, shared, say)
 
     if parallel <= 1:
         for i, (resolved, recipe) in enumerate(todo):

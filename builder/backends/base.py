@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from builder.arch import ARCHES
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.errors import BuilderError, ConfigError, EngineUnavailable
 from builder.pipeline_types import CellResult, StepResult
 from builder.redact import Redactor
@@ -151,6 +152,9 @@ class PipelineOptions:
     #: Docker network the cell's image build and container join (``--network``; None: the
     #: engine's default bridge). Not an input of the wheel: it only decides the way out.
     network: Optional[str] = None
+    #: The project's own tests, run in every cell's verification environment
+    #: (builder.config.projecttest: test-requires, test-command).
+    test: ProjectTest = NO_TEST
 
     def epoch_env(self) -> dict[str, str]:
         epoch = self.source_date_epoch
@@ -210,10 +214,20 @@ class CellJob:
     #: Another cell's Python-agnostic wheel (abi3) that serves this cell: verify it on this
     #: cell's Python instead of compiling (builder.release.shared).
     reuse: Optional[Path] = None
+    #: Where a warning reaches the person running the build (the progress display); None:
+    #: the cell's log only.
+    say: Optional[Callable[[str], None]] = None
 
     @property
     def cell(self) -> Cell:
         return self.resolved.cell
+
+    def warn(self, text: str) -> None:
+        """A warning for the cell's log and, at once, the terminal (it may precede a long
+        step, e.g. a large download)."""
+        self.log.note(f"warning: {text}")
+        if self.say is not None:
+            self.say(f"warning: {self.cell.identifier}: {text}")
 
     def label(self, wheel: Path, out_dir: Path) -> Path:
         """The built wheel's metadata rewrite, the same for every backend: ``+torchX.Y``, the

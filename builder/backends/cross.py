@@ -8,6 +8,7 @@ from __future__ import annotations
 import platform
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,24 @@ class CrossTarget:
                 "host_python": sys.version}
 
 
+def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTorch
+                ) -> dict[str, Any]:
+    """The wheel's modules and the project's test-command on the target, under QEMU; the
+    test's whole output goes to the cell's log."""
+
+    def log(lines: Sequence[str]) -> None:
+        job.log.open()
+        try:
+            for line in lines:
+                job.log.write_line(line)
+        finally:
+            job.log.close()
+
+    opts = job.opts
+    return verify_wheel(wheel, target.python, torch, test=opts.test, project=opts.project,
+                        pip_env=download_env(job), wheelhouse=opts.wheelhouse, log=log)
+
+
 class CrossBackend:
     name = "cross"
 
@@ -150,7 +169,7 @@ class CrossBackend:
             check_no_bundled_torch(repaired.wheel)
             check_tag_covers_own_code(repaired.wheel, ceiling)
             # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
-            return verify_wheel(repaired.wheel, target.python, torch)
+            return qemu_verify(job, repaired.wheel, target, torch)
 
         report = steps("verify (qemu)", verify)
         return Built(wheel=repaired.wheel, torch=torch.full_version,
@@ -173,7 +192,7 @@ class CrossBackend:
         def verify() -> dict[str, Any]:
             check_no_bundled_torch(wheel)
             check_tag_covers_own_code(wheel, ceiling)
-            return verify_wheel(wheel, target.python, torch)
+            return qemu_verify(job, wheel, target, torch)
 
         report = job.steps("verify (qemu)", verify)
         tag = oldest_tag(split_wheel_name(wheel.name)[4])

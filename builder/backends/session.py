@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Optional
 
 from builder.backends.base import Built, CellJob
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import Session
 from builder.errors import StepFailed
-from builder.incell import build_in_session, smoke_in_session
+from builder.incell import build_in_session, copy_project_in, smoke_in_session
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheel.wheelcheck import (
@@ -68,7 +69,8 @@ def build_in_cell(
     checked = steps("verify", lambda: verify_cell_wheel(
         session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
-        index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat))
+        index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat,
+        test=opts.test, project=built.project))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
@@ -88,10 +90,13 @@ def verify_shared_wheel(
     (job.stage / "shared").mkdir(parents=True, exist_ok=True)
     wheel = job.stage / "shared" / job.reuse.name
     shutil.copy2(job.reuse, wheel)
+    # Nothing is compiled here, so the project is copied in only for its test-command.
+    project = copy_project_in(session, job.opts.project) if job.opts.test.enabled else ""
     checked = job.steps("verify", lambda: verify_cell_wheel(
         session, wheel, python=python, torch=job.cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=tuple(job.config.build.auditwheel_exclude),
-        wheelhouse=wheelhouse, index_url=job.config.pip.index_url, ceiling=job.resolved.plat))
+        wheelhouse=wheelhouse, index_url=job.config.pip.index_url, ceiling=job.resolved.plat,
+        test=job.opts.test, project=project))
     return Built(wheel=checked.wheel, torch=job.cell.torch, compiler="(not compiled: shared)",
                  tag=checked.tag, modules=checked.modules, base_image="",
                  extra={"platform": platform_record(checked.tag, job.resolved.plat,
@@ -102,10 +107,11 @@ def verify_cell_wheel(
     session: Session, wheel: Path, *, python: str, torch: str, auditwheel: Sequence[str],
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
     wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
-    ceiling: Optional[str] = None,
+    ceiling: Optional[str] = None, test: ProjectTest = NO_TEST, project: str = "",
 ) -> Verification:
     """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
-    the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag).
+    the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag),
+    and the project's own *test* (builder.config.projecttest) in the verification venv.
 
     ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
     which counts the excluded libraries' own glibc needs (see builder.wheel.wheelcheck); when only
@@ -127,5 +133,5 @@ def verify_cell_wheel(
         check_name_against_audit(wheel.name, replace(audit, sym_tag=tags[0]), excludes)
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
                                wheelhouse=wheelhouse, index_url=index_url,
-                               torch_site=torch_site or None)
+                               torch_site=torch_site or None, test=test, project=project)
     return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))

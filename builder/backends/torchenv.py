@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 from builder.atomicfile import atomic_write
 from builder.backends.base import CellJob
+from builder.backends.downloadsize import announce_large_download
 from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
@@ -106,6 +107,9 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                 borrow = ["--system-site-packages"] if own is not None else []
                 made = parse_result(session.run([python, steps, "venv", str(tmp / "venv"),
                                                  *borrow], step="create torch venv"))
+                if own is None:  # a borrowed torch downloads nothing
+                    announce_large_download(job, session, str(made["python"]), steps,
+                                            requirements=BUILD_REQUIREMENTS)
                 install_torch(session, str(made["python"]), steps, torch=cell.torch,
                               wheelhouse=str(job.opts.wheelhouse.resolve())
                               if job.opts.wheelhouse else None,
@@ -183,6 +187,8 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
                                   f"{CONTAINER_LABEL}.cell": cell.identifier},
                           log=job.log, workdir="/ampforge-torch") as session:
         steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+        announce_large_download(job, session, IMAGE_VENV_PYTHON, steps,
+                                requirements=BUILD_REQUIREMENTS, env=pip_env)
         install_torch(session, IMAGE_VENV_PYTHON, steps, torch=cell.torch, wheelhouse=wheelhouse,
                       index_url=job.config.pip.index_url, env=pip_env)
         session.run(["rm", "-rf", session.workdir], cwd="/", step="clean torch layer")

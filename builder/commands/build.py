@@ -23,6 +23,7 @@ from builder.cli import (
     resolve_from_args,
 )
 from builder.config import REPO_ROOT, BuildConfig
+from builder.config.projecttest import ProjectTest, resolve_project_test
 from builder.errors import ConfigError
 from builder.images.render import render_recipe
 from builder.offline.bundle import Bundle
@@ -127,6 +128,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it (default: used where the build environment has it; the cache lives "
                         "in the engine's ampforge-ccache volume, or $AMPFORGE_CACHE/ccache "
                         "for host builds)")
+    g.add_argument("--test-requires", metavar="REQS", default=None,
+                   help="space-separated requirements installed next to the wheel before "
+                        "--test-command runs, as cibuildwheel's (config test-requires; the "
+                        "project's pyproject.toml [tool.cibuildwheel] test-requires)")
+    g.add_argument("--test-command", metavar="CMD", default=None,
+                   help="shell command run in every cell's verification environment after "
+                        "the wheel is installed (an empty temporary folder; `python` is that "
+                        "environment's, under QEMU for cross cells); {project} and {package} "
+                        "name the project's copy there; a non-zero exit fails the cell "
+                        "(config test-command; the project's pyproject.toml "
+                        "[tool.cibuildwheel] test-command)")
     g.add_argument("--source-date-epoch", metavar="N", default=None,
                    help="timestamp (seconds since 1970) for every file in the wheels, for "
                         "reproducible builds (default: env SOURCE_DATE_EPOCH, else the "
@@ -218,6 +230,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise ConfigError(f"wheelhouse {wheelhouse} is not a directory; expected a folder of "
                           "wheels (torch and its dependencies)", key="--find-links")
+    project = _project(args)
+    test = resolve_project_test(project, config.test, args.test_requires, args.test_command)
     _, resolution = resolve_from_args(args, ctx, everything=args.all, settings=settings)
     if args.print_build_identifiers:
         for c in resolution.here:
@@ -226,7 +240,15 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run:
         ctx.output.out(json.dumps(plan_document(config.source_name, resolution), indent=2))
         return 0
-    return _execute(args, ctx, config, resolution, wheelhouse, bundle)
+    return _execute(args, ctx, config, resolution, wheelhouse, bundle, project, test)
+
+
+def _project(args: argparse.Namespace) -> Path:
+    project = Path(args.project).resolve() if args.project else REPO_ROOT
+    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
+        raise ConfigError(f"{project} is not a Python project; expected a folder with "
+                          "pyproject.toml or setup.py", key="--project")
+    return project
 
 
 def plan_document(source: str, resolution: Resolution) -> dict:
@@ -241,16 +263,13 @@ def plan_document(source: str, resolution: Resolution) -> dict:
 
 
 def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
-             resolution: Resolution, wheelhouse: Optional[Path], bundle: Optional[Bundle]) -> int:
+             resolution: Resolution, wheelhouse: Optional[Path], bundle: Optional[Bundle],
+             project: Path, test: ProjectTest) -> int:
     err = ctx.output.err
     backends = registry()
     here = list(resolution.here)
     elsewhere = list(resolution.elsewhere)
     # Usage errors (exit 2) first, whatever this host can build.
-    project = Path(args.project).resolve() if args.project else REPO_ROOT
-    if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
-        raise ConfigError(f"{project} is not a Python project; expected a folder with "
-                          "pyproject.toml or setup.py", key="--project")
     if any(c.backend in ("host", "cross") for c in here) and args.parallel > 1:
         raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
                           "share this machine's compiler and caches)", key="--parallel")
@@ -282,7 +301,7 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
                            wheelhouse=wheelhouse.resolve() if wheelhouse else None,
                            offline=config.offline.enabled,
                            jobs=config.build.jobs, force=args.force, ccache=args.ccache,
-                           network=network, source_date_epoch=epoch)
+                           network=network, source_date_epoch=epoch, test=test)
     if opts.offline and opts.wheelhouse is not None:
         from builder.offline.use import preflight  # noqa: PLC0415
 
@@ -292,11 +311,15 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
                   f"wheelhouse {opts.wheelhouse}", project, err)
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     err(f"source date epoch: {epoch.describe()}")
+    err(f"test-command: {test.describe()}")
+    if test.requires and not test.enabled:
+        err(f"note: test-requires ({test.requires_origin}) without a test-command: "
+            "nothing would use them, so they are not installed")
     with Progress(sys.stderr, redact=ctx.output.redact) as progress:
         try:
             results = build_cells(jobs, config, opts, backends, engine, ctx.output.redact,
                                   progress.step, progress.finish, keep_going=args.keep_going,
-                                  parallel=args.parallel)
+                                  parallel=args.parallel, say=progress.note)
         except KeyboardInterrupt as exc:
             progress.note(f"{signals.describe(exc)}: containers removed, host sessions ended, "
                           f"nothing partial left in {opts.out}")

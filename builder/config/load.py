@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.arch import arch_name
-from builder.config import values
+from builder.config import projecttest, values
 from builder.config.checks import _AXIS_WORDS, _as_tuple, _merge, load_config_file
 from builder.config.model import (
     DEFAULT_CONFIG,
@@ -350,6 +350,11 @@ def load_settings(
             raise ConfigError(str(exc), key=origins["base_image"]) from None
     origins["runners"] = origin_of("runners")[0]
 
+    # a project's own tests (the file's layer; builder.config.projecttest has the others)
+    test = projecttest.layer(
+        merged, origin=file_origin, file=doc.file,
+        lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)})
+
     config = BuildConfig(
         source=Path(os.path.abspath(config_path)),
         source_name=doc.file,
@@ -367,6 +372,7 @@ def load_settings(
         network=network,
         base_image=base_image,
         runners=dict(merged["runners"]),
+        test=test,
     )
     if merged["publish"]["repository_url"] is not None:
         origins["publish.repository_url"] = origin_of("publish", "repository_url")[0]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
 
@@ -135,6 +136,9 @@ class BuildConfig:
     base_image: str | None = None
     #: CI runner label per machine, for cells this host cannot build (config runners)
     runners: Mapping[str, str] = field(default_factory=dict)
+    #: The config file's test-requires/test-command (the project's pyproject.toml below it and
+    #: the command line above it are merged by the build command: builder.config.projecttest)
+    test: ProjectTest = NO_TEST
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         "ca_bundle": _NULLABLE_STRING,
+        # cibuildwheel's keys and spelling (builder.config.projecttest checks the values).
+        "test-requires": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                    {"type": "array", "items": {"type": "string"}}]},
+        "test-command": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                   {"type": "array", "items": {"type": "string"}}]},
         "publish": {
             "type": "object",
             "additionalProperties": False,

@@ -12,6 +12,7 @@ their checks in one process.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -19,9 +20,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 from packaging.utils import parse_wheel_filename
 
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import find_qemu
@@ -100,70 +103,6 @@ def run_wheel_under_qemu(wheel: Path, python: TargetPython, torch: TargetTorch, 
     return result
 
 
-#: The quick-start check for this project's wheel: amp._C must load on the target, a few steps
-#: of the quick-start loop with FusedAdam must train, and the compiled kernels must agree with
-#: amp's pure-torch reference path on the same steps. Prints one "AMP-VERIFY {json}" line.
-AMP_VERIFY_SCRIPT = r"""
-import json, os, time
-t0 = time.time()
-import torch
-t_torch = time.time() - t0
-import amp
-import amp.optimizers
-from amp import _ext
-if not _ext.available():
-    raise SystemExit("amp._C is in the wheel but unusable with torch " + torch.__version__)
-import amp._C  # noqa: F401  (explicit: the module itself must import)
-
-def run(steps=5):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    opt = amp.optimizers.FusedAdam(model.parameters(), lr=1e-2, weight_decay=0.01)
-    model, opt = amp.initialize(model, opt, opt_level="O1", verbosity=0)
-    x = torch.randn(64, 16)
-    y = x[:, :1] * 2.0 + 0.5
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x).float(), y)
-        with amp.scale_loss(loss, opt) as scaled:
-            scaled.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses, [p.detach().clone() for p in model.parameters()]
-
-t1 = time.time()
-losses, fused = run()
-os.environ["AMP_DISABLE_EXTENSION"] = "1"
-_ext.reset()
-import warnings
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    ref_losses, ref = run()
-diff = max(float((a - b).abs().max()) for a, b in zip(fused, ref))
-ok = all(l == l for l in losses) and losses[-1] < losses[0] and diff < 1e-5
-print("AMP-VERIFY " + json.dumps({"torch": torch.__version__, "losses": losses,
-      "max_abs_diff_vs_reference": diff, "import_torch_s": t_torch,
-      "steps_s": time.time() - t1, "ok": ok}))
-raise SystemExit(0 if ok else 1)
-"""
-
-
-def verify_amp_wheel(wheel: Path, python: TargetPython, torch: TargetTorch,
-                     timeout: float = 900) -> dict:
-    """Run :data:`AMP_VERIFY_SCRIPT` for ``wheel`` under QEMU; return its report dict."""
-    import json
-
-    result = run_wheel_under_qemu(wheel, python, torch, AMP_VERIFY_SCRIPT, timeout=timeout)
-    for line in result.stdout.splitlines():
-        if line.startswith("AMP-VERIFY "):
-            report = json.loads(line[len("AMP-VERIFY "):])
-            report["qemu_wall_s"] = result.seconds
-            return report
-    raise StepFailed(f"verification of {wheel.name}: no report line in output:\n"
-                     f"{result.stdout[-1500:]}")
-
-
 def extension_modules(wheel: Path) -> list[str]:
     """Dotted names of the compiled modules in ``wheel`` (grafted libraries excluded)."""
     import zipfile
@@ -176,21 +115,110 @@ def extension_modules(wheel: Path) -> list[str]:
     return sorted(set(names))
 
 
-def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch,
-                 timeout: float = 900) -> dict:
-    """Verify any cross-built torch-extension wheel on the emulated target.
-
-    This project's wheel (it has ``amp._C``) gets :data:`AMP_VERIFY_SCRIPT`; any other project
-    (``--project PATH``) gets an import of torch and every compiled module it ships.
-    """
+def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
+                 timeout: float = 900, test: ProjectTest = NO_TEST,
+                 project: Optional[Path] = None, pip_env: Optional[dict[str, str]] = None,
+                 wheelhouse: Optional[Path] = None,
+                 log: Optional[Callable[[Sequence[str]], None]] = None) -> dict:
+    """Verify any cross-built torch-extension wheel on the emulated target: torch and every
+    compiled module it ships import, then the project's *test* runs (test-requires installed
+    for the target by this host's pip, with *pip_env* and only from *wheelhouse* when given;
+    test-command through ``sh -c`` with ``python`` the target interpreter under QEMU and
+    ``{project}``/``{package}`` naming *project*). *log* receives the test's whole output.
+    Raises StepFailed with the output's tail when anything fails."""
     import json
 
     modules = extension_modules(wheel)
-    if "amp._C" in modules:
-        return verify_amp_wheel(wheel, python, torch, timeout)
     script = ("import json, torch\n" + "".join(f"import {m}\n" for m in modules)
-              + f"print('IMPORT-VERIFY ' + json.dumps({{'modules': {modules!r}, 'ok': True}}))\n")
-    result = run_wheel_under_qemu(wheel, python, torch, script, timeout=timeout)
-    report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
-    report["qemu_wall_s"] = result.seconds
+              + f"print('IMPORT-VERIFY ' + json.dumps({{'modules': {modules!r}, 'ok': True, "
+                "'torch': torch.__version__}))\n")
+    with tempfile.TemporaryDirectory(prefix="ampforge-qemu-") as tmp:
+        site = install_for_target(wheel, Path(tmp) / "site", python)
+        result = run_target_python(python, ["-c", script], pythonpath=[site, torch.site],
+                                   cwd=Path(tmp), timeout=timeout)
+        if result.returncode != 0:
+            raise StepFailed(
+                f"verification of {wheel.name} under qemu-{python.arch} failed (exit "
+                f"{result.returncode}):\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}")
+        report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
+        report["qemu_wall_s"] = result.seconds
+        if test.enabled:
+            assert project is not None, "a test-command needs the project's folder"
+            report["test"] = run_test_under_qemu(
+                test, python, [site, torch.site], Path(tmp), project=project,
+                pip_env=pip_env, wheelhouse=wheelhouse, timeout=timeout, log=log)
     return report
+
+
+def _target_python_wrapper(python: TargetPython, bindir: Path) -> None:
+    """``python``, ``python3`` and ``python3.X`` in *bindir*: the target interpreter under
+    QEMU, so a test-command's ``python -m pytest`` runs on the target CPU."""
+    qemu = find_qemu(python.arch)
+    bindir.mkdir(parents=True, exist_ok=True)
+    body = (f"#!/bin/sh\nexec {shlex.quote(str(qemu))} -L {shlex.quote(str(python.sysroot))} "
+            f"{shlex.quote(str(python.executable))} \"$@\"\n")
+    for name in ("python", "python3", f"python{python.version}"):
+        (bindir / name).write_text(body)
+        (bindir / name).chmod(0o755)
+
+
+def install_test_requires(reqs: Sequence[str], dest: Path, python: TargetPython, *,
+                          pip_env: Optional[dict[str, str]] = None,
+                          wheelhouse: Optional[Path] = None) -> Path:
+    """*reqs* and their dependencies, as binary wheels for the target, into *dest* (this
+    host's pip: the target interpreter may have none)."""
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+           "--no-input", "--no-compile", "--target", str(dest), "--only-binary=:all:",
+           "--python-version", python.version, "--implementation", "cp",
+           "--abi", python.python_tag, "--abi", "abi3", "--abi", "none"]
+    for minor in range(17, 40):  # every manylinux tag a Debian arm64 userland may run
+        cmd += ["--platform", f"manylinux_2_{minor}_{python.arch}"]
+    cmd += ["--platform", f"manylinux2014_{python.arch}"]
+    if wheelhouse is not None:
+        cmd += ["--no-index", "--find-links", str(wheelhouse)]
+    run = subprocess.run([*cmd, *reqs], capture_output=True, text=True,
+                         env={**os.environ, **(pip_env or {})})
+    if run.returncode != 0:
+        raise StepFailed(f"installing the test-requires {' '.join(reqs)} for "
+                         f"{python.python_tag} {python.arch} failed:\n{run.stderr[-2000:]}")
+    return dest
+
+
+def run_test_under_qemu(test: ProjectTest, python: TargetPython, pythonpath: Sequence[Path],
+                        scratch: Path, *, project: Path,
+                        pip_env: Optional[dict[str, str]] = None,
+                        wheelhouse: Optional[Path] = None, timeout: float = 900,
+                        log: Optional[Callable[[Sequence[str]], None]] = None) -> dict:
+    """The project's test-command on the target (see :func:`verify_wheel`)."""
+    path = list(pythonpath)
+    if test.requires:
+        path.insert(0, install_test_requires(test.requires, scratch / "test-requires", python,
+                                             pip_env=pip_env, wheelhouse=wheelhouse))
+    bindir = scratch / "bin"
+    _target_python_wrapper(python, bindir)
+    cwd = scratch / "test-cwd"
+    cwd.mkdir(parents=True)
+    command = test.command_for(str(project))
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+           "PYTHONPATH": os.pathsep.join(str(p) for p in path), "PYTHONNOUSERSITE": "1",
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env.pop("VIRTUAL_ENV", None)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(["sh", "-c", command], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise StepFailed(f"test-command under qemu-{python.arch} did not finish in "
+                         f"{timeout:.0f} s: {command}") from exc
+    seconds = time.monotonic() - start
+    lines = proc.stdout.splitlines()
+    if log is not None:
+        log([f"+ test-command (qemu-{python.arch}): {command}", *lines,
+             f"+ test-command exit {proc.returncode} after {seconds:.1f}s"])
+    if proc.returncode != 0:
+        tail = "\n".join("    " + line for line in lines[-25:])
+        raise StepFailed(f"test-command failed under qemu-{python.arch} with exit code "
+                         f"{proc.returncode}: {command}\n  last lines:\n{tail}")
+    return {"command": command, "exit": 0, "seconds": round(seconds, 1),
+            "tail": lines[-5:]}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import RunResult, Session
 from builder.errors import StepFailed
 
@@ -74,6 +75,8 @@ class CellBuild:
     #: torch): verification layers its venv on them instead of installing torch again. ""
     #: when the build installed torch itself.
     torch_site: str = ""
+    #: The project's copy inside the session (what ``{project}`` names in a test-command).
+    project: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,7 @@ def build_in_session(
     its torch and site-packages are only read back.
     """
     work = session.workdir
-    with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
-        staged = stage_project(project, Path(tmp))
-        project_in = session.copy_in(staged, work)
+    project_in = copy_project_in(session, project)
     steps = session.copy_in(STEPS_SCRIPT, work)
     if prepared is not None:
         vpy = prepared
@@ -156,7 +157,15 @@ def build_in_session(
                 stats = CcacheStats(hits=0, misses=0)
     return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
                      shim=bool(built["shim"]), ccache=stats,
-                     torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "")
+                     torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "",
+                     project=project_in)
+
+
+def copy_project_in(session: Session, project: Path) -> str:
+    """A clean copy of *project* in the session's work folder; its path there."""
+    with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
+        staged = stage_project(project, Path(tmp))
+        return session.copy_in(staged, session.workdir)
 
 
 def install_torch(
@@ -187,11 +196,14 @@ def smoke_in_session(
     wheelhouse: Optional[str] = None,
     index_url: Optional[str] = None,
     torch_site: Optional[str] = None,
+    test: ProjectTest = NO_TEST,
+    project: str = "",
 ) -> list[str]:
     """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
-    *python* (layered on *torch_site*, a prepared torch install, when given), and exercise it;
-    returns the extension modules imported. Raises StepFailed with the output tail when
-    anything fails."""
+    *python* (layered on *torch_site*, a prepared torch install, when given), import its
+    modules and run the project's *test* (its placeholders naming *project*, the project's
+    copy inside the session); returns the extension modules imported. Raises StepFailed with
+    the output tail when anything fails (the full output is in the cell's log)."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
     argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
@@ -202,4 +214,11 @@ def smoke_in_session(
         argv += ["--index-url", index_url]
     if torch_site:
         argv += ["--torch-site", torch_site]
-    return list(parse_result(session.run(argv, step="smoke test"))["modules"])
+    step = "smoke test"
+    if test.enabled:
+        assert project, "a test-command needs the project's copy in the session"
+        argv += ["--test-command", test.command_for(project)]
+        for req in test.requires:
+            argv += ["--test-requires", req]
+        step = "smoke test + test-command"
+    return list(parse_result(session.run(argv, step=step))["modules"])

@@ -8,11 +8,14 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
 
     python steps.py venv DEST [--system-site-packages]
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
+    DEST/bin/python steps.py download-size --torch 2.13.0 --report FILE [--pip ZIP]
+                                           [--index-url URL]
     DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
                                          [--no-libm-floor]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
+                          [--test-command CMD [--test-requires REQ ...]]
 """
 
 from __future__ import annotations
@@ -121,6 +124,57 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
           "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
     _result(torch=md.version("torch"))
+
+
+def _remote_size(url: str) -> Optional[int]:
+    """The size of the file at *url*: a ``file:`` URL's file, else the index's
+    ``Content-Length`` for a HEAD request (proxies from the environment); None if unknown."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        try:
+            return os.path.getsize(urllib.request.url2pathname(parts.path))
+        except OSError:
+            return None
+    if parts.scheme not in ("http", "https"):
+        return None
+    try:
+        request = urllib.request.Request(url.split("#")[0], method="HEAD")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            length = response.headers.get("Content-Length")
+    except (OSError, ValueError):
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
+def cmd_download_size(args: argparse.Namespace) -> None:
+    """What ``install-torch`` would download, without downloading it: pip resolves with
+    ``--dry-run --report`` (an index that serves PEP 658 metadata is never asked for the
+    wheels themselves), then each file's size comes from the index (names and sizes only are
+    printed: a URL may carry credentials)."""
+    reqs = ["torch==" + args.torch] + list(args.extra)
+    report = Path(args.report)
+    pip = [f"{args.pip}/pip"] if args.pip else ["-m", "pip"]
+    # An index without PEP 658 metadata: read each wheel's metadata with range requests rather
+    # than downloading the wheel (the builder's own pip, --pip, knows the feature).
+    lazy = ["--use-feature=fast-deps"] if args.pip else []
+    argv = [sys.executable, *pip, "install", *lazy, "--dry-run", "--ignore-installed",
+            "--quiet", "--disable-pip-version-check", "--no-input", "--report", str(report),
+            *_pip_source_args(args), *reqs]
+    print("+ " + " ".join(argv), flush=True)
+    code = subprocess.call(argv)
+    if code != 0 or not report.is_file():
+        _result(sized=False, reason=f"pip's dry run exited with code {code}")
+        return
+    items = []
+    for entry in json.loads(report.read_text()).get("install", []):
+        meta = entry.get("metadata", {})
+        url = (entry.get("download_info") or {}).get("url", "")
+        items.append({"name": meta.get("name", "?"), "version": meta.get("version", "?"),
+                      "size": _remote_size(url)})
+    _result(sized=True, items=items)
 
 
 def _folder_of(dist: md.Distribution) -> str:
@@ -244,34 +298,6 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
 
 
-_AMP_SMOKE = r"""
-import warnings
-import torch
-import amp
-from amp import _ext
-if not _ext.available():
-    raise SystemExit("amp._C is in the wheel but cannot be used with torch " + torch.__version__)
-import amp.optimizers
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-optimizer = amp.optimizers.FusedAdam(model.parameters(), lr=1e-2)
-model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
-x = torch.randn(256, 32)
-y = x[:, :1] * 2.0 + 0.5
-losses = []
-for _ in range(30):
-    optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x).float(), y)
-    with amp.scale_loss(loss, optimizer) as scaled:
-        scaled.backward()
-    optimizer.step()
-    losses.append(float(loss.detach()))
-if not all(l == l for l in losses) or not losses[-1] < losses[0] * 0.5:
-    raise SystemExit("quick-start loop did not train: losses %r" % losses[::5])
-print("smoke: amp._C loaded, FusedAdam loss %.4f -> %.4f" % (losses[0], losses[-1]))
-"""
-
-
 def _extension_modules(wheel: Path) -> list[str]:
     mods = []
     with zipfile.ZipFile(wheel) as zf:
@@ -301,9 +327,35 @@ def cmd_smoke(args: argparse.Namespace) -> None:
     code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
     code += f"print('smoke: imported', {mods!r})\n"
     _run([py, "-c", code], cwd=args.venv)
-    if "amp._C" in mods:
-        _run([py, "-c", _AMP_SMOKE], cwd=args.venv)
-    _result(modules=mods)
+    tested = None
+    if args.test_command:
+        tested = _project_test(args, py)
+    _result(modules=mods, test_seconds=tested)
+
+
+def _project_test(args: argparse.Namespace, py: str) -> float:
+    """cibuildwheel's test step: test-requires into the verification venv, then test-command
+    through ``sh -c`` from an empty folder, the venv's bin first on PATH (the host side
+    expanded the placeholders). Returns the command's seconds; a non-zero exit fails."""
+    if args.test_requires:
+        _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+              "--no-compile", *_pip_source_args(args), *args.test_requires])
+    cwd = Path(args.venv).resolve().parent / "test-cwd"
+    shutil.rmtree(cwd, ignore_errors=True)
+    cwd.mkdir(parents=True)
+    bindir = str(Path(py).parent)
+    env = dict(os.environ)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(Path(args.venv).resolve())
+    env.pop("PYTHONHOME", None)
+    print("+ test-command: " + args.test_command, flush=True)
+    start = time.monotonic()
+    code = subprocess.call(["sh", "-c", args.test_command], env=env, cwd=str(cwd))
+    seconds = time.monotonic() - start
+    print(f"+ test-command exit {code} after {seconds:.1f}s", flush=True)
+    if code != 0:
+        _fail(f"test-command failed with exit code {code}: {args.test_command}")
+    return round(seconds, 1)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -326,6 +378,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="more build requirements (default: setuptools, wheel)")
     sources(p)
     p.set_defaults(func=cmd_install_torch)
+
+    p = sub.add_parser("download-size", help="what install-torch would download (no install)")
+    p.add_argument("--torch", required=True)
+    p.add_argument("--extra", action="append", default=["setuptools", "wheel"])
+    p.add_argument("--report", required=True, help="where pip writes its JSON report")
+    p.add_argument("--pip", help="a zip of pip to run instead of this environment's pip")
+    sources(p)
+    p.set_defaults(func=cmd_download_size)
 
     p = sub.add_parser("site", help="this interpreter's torch version and the folder it is in")
     p.add_argument("--optional", action="store_true",
@@ -352,6 +412,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--torch-site", help="the folders of a prepared torch install and its "
                                         "requirements (os.pathsep-separated) to layer the venv "
                                         "on (instead of installing torch again)")
+    p.add_argument("--test-command", default="",
+                   help="the project's test command (placeholders already expanded), run by "
+                        "sh -c in an empty folder with the venv first on PATH")
+    p.add_argument("--test-requires", action="append", default=[],
+                   help="a requirement installed before --test-command (repeatable)")
     sources(p)
     p.set_defaults(func=cmd_smoke)
 

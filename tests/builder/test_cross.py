@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
+from indexlib import make_wheel
 
+from builder.config.projecttest import ProjectTest
 from builder.cross import (
     CrossToolchainMissing,
     cross_build_wheel,
@@ -34,6 +36,7 @@ from builder.cross import (
     run_wheel_under_qemu,
     show_wheel,
 )
+from builder.cross.qemu import run_test_under_qemu
 from builder.errors import StepFailed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -271,6 +274,30 @@ def test_repaired_wheel_runs_on_emulated_aarch64(tiny_repaired, target_python, t
     assert report["omp_threads"] == report["torch_threads"] == 2
     # One OpenMP runtime in the process, torch's.
     assert len(report["gomps"]) == 1 and "torch.libs/libgomp-" in report["gomps"][0], report
+
+
+def test_test_command_runs_on_the_emulated_target(target_python, tmp_path):
+    """The cross cells' test-command: ``python`` is the aarch64 interpreter under QEMU, the
+    test-requires are installed for the target, placeholders name the project; a failure
+    shows the output's tail. (No torch import here: verify_wheel does that part.)"""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "check.py").write_text(
+        "import platform, sys, ampforge_probe\n"
+        "print('cross-test', platform.machine(), ampforge_probe.VERSION, sys.argv[1])\n")
+    probe = make_wheel(tmp_path / "probe", "ampforge-probe", "4711")
+    test = ProjectTest(requires=(f"ampforge-probe @ {probe.as_uri()}",),
+                       command="python {project}/check.py {package}")
+    logged: list[str] = []
+    report = run_test_under_qemu(test, target_python, [], tmp_path / "scratch", project=project,
+                                 log=logged.extend)
+    assert report["tail"][-1] == f"cross-test aarch64 4711 {project}", report
+    assert logged[0] == (f"+ test-command (qemu-aarch64): python {project}/check.py {project}")
+    failing = ProjectTest(command="python -c 'print(\"cross-fail-sentinel\")' && exit 4")
+    with pytest.raises(StepFailed) as info:
+        run_test_under_qemu(failing, target_python, [], tmp_path / "scratch2", project=project)
+    assert "test-command failed under qemu-aarch64 with exit code 4" in info.value.message
+    assert "cross-fail-sentinel" in info.value.message
 
 
 def test_broken_source_reports_compiler_error_and_log(tmp_path, target_python, target_torch,

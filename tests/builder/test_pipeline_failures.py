@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from enginelib import docker_engine, wheelhouse_cp311
+from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import (
     CELL,
     broken_project,
@@ -73,6 +73,21 @@ def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
     r = _host_build(tmp_path, broken_project(tmp_path / "src", "smoke"))
     assert r.rc == 1, r.err
     assert "smoke test" in r.err and "smoke-sentinel" in r.err
+    _no_leftovers(tmp_path, before)
+
+
+def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path) -> None:
+    before = seed_dist(tmp_path / "dist")
+    project = write_tiny_extension(tmp_path / "src")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
+                  "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
+                  "python -c 'import torch, tinyext._C; print(\"test-sentinel-out\")' && exit 3")
+    assert r.rc == 1, r.err
+    assert "test-command failed with exit code 3" in r.err, r.err
+    # The tail of its output is in the error; all of it in the cell's log.
+    assert "test-sentinel-out" in r.err and "Traceback" not in r.err
+    log = tmp_path / "work" / "logs" / f"{CELL}.log"
+    assert f"full log: {log}" in r.err and "test-sentinel-out" in log.read_text()
     _no_leftovers(tmp_path, before)
 
 

@@ -89,7 +89,9 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(docker_amp_build: A
     mine = {"label": f"{CONTAINER_LABEL}.project=ampforge"}
     assert not engine.api.containers(all=True, filters=mine), "the build left its container"
     log = built.log
-    assert "smoke: amp._C loaded, FusedAdam loss" in log
+    # amp's test-command (pyproject.toml [tool.cibuildwheel]) ran in the verification venv.
+    assert "+ test-command: python -m amp.selftest" in log
+    assert "amp selftest: ok -- amp " in log
     # torch came from the cell's torch layer (made now or by an earlier build with the same
     # key): the verification venv found it installed instead of installing it again.
     layer = entry["extra"]["torch_image"]
@@ -116,6 +118,9 @@ def test_host_backend_builds_a_verified_wheel_of_this_repo(host_amp_build: AmpBu
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {CELL}: host -- host asked for (command line --backend)" in r.err
     _check_amp_wheel(built.dist, "host", built.seeded)
+    # amp's test-command (pyproject.toml [tool.cibuildwheel]) ran in the verification venv.
+    assert "+ test-command: python -m amp.selftest" in built.log
+    assert "amp selftest: ok -- amp " in built.log
     (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
     planned = run_plan(built.root, "--backend", "host", "--arch", "X86", "--python", "3.11",
                        "--out", str(built.dist))

@@ -1,0 +1,101 @@
+"""The README's command blocks are true: each ```bash block says, in an HTML comment on the line
+before it, which tests run its commands (``<!-- checked-by: path::test ... -->``) or why none can
+on a machine like CI's (``<!-- not-run: reason -->``). This test holds the README to that: a block
+without the comment, or naming a test that does not exist, fails; and every ``make`` command in a
+block names a real target of the Makefile (``make -n``, which runs nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+MARK = re.compile(r"^<!-- (checked-by|not-run): (.+?) -->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    mark: str | None  # "checked-by" / "not-run"
+    detail: str
+    commands: tuple[str, ...]  # the block's lines without comments, continuation-joined
+
+
+def readme_blocks() -> list[Block]:
+    lines = README.read_text().splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "```bash":
+            i += 1
+            continue
+        above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        m = MARK.match(above)
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and lines[j].strip() != "```":
+            body.append(lines[j])
+            j += 1
+        blocks.append(Block(i + 1, m.group(1) if m else None, m.group(2) if m else "",
+                            tuple(_commands(body))))
+        i = j + 1
+    return blocks
+
+
+def _commands(body: list[str]) -> list[str]:
+    out: list[str] = []
+    for raw in body:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        out.append(re.split(r"\s+#\s", line, maxsplit=1)[0].strip())
+    return out
+
+
+BLOCKS = readme_blocks()
+
+
+def _test_exists(ref: str) -> bool:
+    path, _, name = ref.partition("::")
+    file = ROOT / path
+    if not file.is_file() or not name:
+        return False
+    tree = ast.parse(file.read_text())
+    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in ast.walk(tree))
+
+
+def test_the_readme_has_command_blocks() -> None:
+    assert len(BLOCKS) >= 10
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"README:{b.line}" for b in BLOCKS])
+def test_each_block_says_which_tests_run_it(block: Block) -> None:
+    assert block.mark, (f"README.md:{block.line}: a ```bash block without '<!-- checked-by: "
+                        "tests/...::test_... -->' or '<!-- not-run: reason -->' on the line "
+                        "before it")
+    if block.mark == "not-run":
+        assert len(block.detail.split()) >= 3, f"README.md:{block.line}: say why it cannot run"
+        return
+    refs = block.detail.split()
+    missing = [r for r in refs if not _test_exists(r)]
+    assert refs and not missing, f"README.md:{block.line}: no such test: {missing}"
+
+
+MAKE_LINES = [(b.line, c) for b in BLOCKS for c in b.commands if c.startswith("make ")]
+
+
+@pytest.mark.parametrize(("line", "command"), MAKE_LINES,
+                         ids=[f"README:{line}:{c.split()[1]}" for line, c in MAKE_LINES])
+def test_make_commands_name_real_targets(line: int, command: str) -> None:
+    argv = [a for a in shlex.split(command.replace("…", "x")) if not a.startswith("[")]
+    r = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert "No rule to make target" not in r.stderr, f"README.md:{line}: {command}: {r.stderr}"
