@@ -99,12 +99,13 @@ distclean: clean
 # --- builder: plan and render (builder/commands/) ------------------------------
 # The front-door variables become flags (the command line, the top layer of the builder's
 # precedence): ARCH -> --arch, PY -> --python, TORCH -> --torch, JOBS -> --jobs, OFFLINE=1 ->
-# --offline, BACKEND, BASE_IMAGE, BUNDLE, NETWORK likewise. The builder itself reads only
+# --offline, BACKEND, BASE_IMAGE, BUNDLE, NETWORK, PULL likewise. The builder itself reads only
 # namespaced variables (BUILDER_ARCH, ...), so a shell's own ARCH (conda-forge sets ARCH=64)
 # never steers it unless given to make.
 BUILDER := $(PY_VENV) -m builder
 BUILDER_CONFIG_ARG := $(if $(CONFIG),--config $(CONFIG))
 NETWORK ?=
+PULL ?=
 # Only a variable given on make's command line is passed (`origin`): make also imports the
 # shell's environment as variables, and a shell's ARCH=64 must not become --arch 64.
 _given = $(filter command line override,$(origin $(1)))
@@ -113,7 +114,7 @@ SELECT_FLAGS = $(call _flag,ARCH,--arch) $(call _flag,PY,--python) $(call _flag,
 _OFFLINE = $(if $(call _given,OFFLINE),$(OFFLINE))
 SETTING_FLAGS = $(call _flag,JOBS,--jobs) $(if $(filter 1 yes true on,$(_OFFLINE)),--offline) \
 	$(if $(filter 0 no false off,$(_OFFLINE)),--no-offline) $(call _flag,BACKEND,--backend) \
-	$(call _flag,BASE_IMAGE,--base-image) $(call _flag,NETWORK,--network)
+	$(call _flag,BASE_IMAGE,--base-image) $(call _flag,NETWORK,--network) $(call _flag,PULL,--pull)
 DOCKERFILES_OUT ?= build/dockerfiles
 PLAN_FORMAT ?= table
 

@@ -24,7 +24,7 @@ from typing import NoReturn, TextIO
 
 from builder import __version__, signals
 from builder.config import CliOverrides, Settings, load_settings
-from builder.config.load import BACKENDS
+from builder.config.load import BACKENDS, PULL_POLICIES
 from builder.config.proxy import proxies_from_env
 from builder.errors import BuilderError
 from builder.redact import Redactor
@@ -114,6 +114,11 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         help="Docker network the cell's image build and container join, e.g. an --internal "
         "network whose only way out is the proxy (docker backend; env BUILDER_NETWORK; "
         "config build.network; default: the engine's bridge)",
+    )
+    g.add_argument(
+        "--pull", choices=PULL_POLICIES, default=None,
+        help="base images: missing (default) pulls those the engine lacks, always pulls each "
+        "build, never pulls; --offline means never (env BUILDER_PULL; config build.pull)",
     )
     g.add_argument(
         "--ca-bundle",
@@ -215,6 +220,7 @@ def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
         backend=args.backend,
         base_image=args.base_image,
         network=args.network,
+        pull=args.pull,
     )
 
 
@@ -302,8 +308,9 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
 
     settings = settings or load_from_args(args, ctx)
     host = host or Host(ctx.output.redact)
+    project = getattr(args, "project", None)
     resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
-                         everything=everything)
+                         everything=everything, project=Path(project) if project else None)
     for w in resolution.warnings:
         ctx.output.err(f"warning: {w}")
     for n in resolution.notes:

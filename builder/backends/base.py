@@ -48,6 +48,9 @@ T = TypeVar("T")
 class Availability:
     ok: bool
     reason: str
+    #: ok only once the engine has pulled the base image (``--pull missing``): ``auto`` takes
+    #: such a backend only when no other can build the cell as things stand.
+    pull: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 ``auto`` tries, in order, for this host's own cells: docker (an engine answers and has the base
 image), then host (a local interpreter of the cell's Python); for another arch's cells: cross
 (x86_64 host, aarch64 cell, a Debian arm64 CPython to verify against, a CPU torch), then emulated
-(binfmt_misc + an arm64 base image in the engine). The first that can build the cell wins; when
-none can, the cell needs a native runner, and the reason lists why each one could not.
+(binfmt_misc + an arm64 base image in the engine). The first that can build the cell wins; one
+that could only after pulling its base image (docker, ``--pull missing``) wins only when no
+other can -- a host that reaches no registry keeps building as it did. When none can, the cell
+needs a native runner, and the reason lists why each one could not.
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ def choose(cell: Cell, requested: str, origin: str, host: Host,
         return Choice(requested, got.ok, f"{requested} asked for ({origin}): {got.reason}")
     order = NATIVE_ORDER if cell.machine == host.machine else FOREIGN_ORDER
     why_not: list[str] = []
+    after_pull: tuple[str, str] | None = None
     for name in order:
         got = backends[name].availability(cell, host, support)
-        if got.ok:
+        if got.ok and not got.pull:
             earlier = f" (not {'; not '.join(why_not)})" if why_not else ""
             return Choice(name, True, f"auto: {got.reason}{earlier}")
+        if got.ok and after_pull is None:
+            after_pull = (name, got.reason)
         why_not.append(f"{name}: {got.reason}")
+    if after_pull is not None:
+        name, reason = after_pull
+        others = [w for w in why_not if not w.startswith(f"{name}: ")]
+        return Choice(name, True, f"auto: {reason}" + (f" (not {'; not '.join(others)})"
+                                                       if others else ""))
     # On a native runner the cell is built the usual way: docker, else host.
     return Choice(NATIVE_ORDER[0], False, "auto: not buildable on this "
                   f"{host.machine} host ({'; '.join(why_not)})")

@@ -6,18 +6,24 @@ is an engine of this backend (DOCKER_HOST), not a backend of its own."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
 from builder.config import BuildConfig
+from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.engines.pull import needs_pull, pull_image
 from builder.errors import StepFailed
 from builder.inputkey import input_key
 from builder.plan.cells import Cell
 from builder.wheel.repair import CONTAINER_AUDITWHEEL
+
+if TYPE_CHECKING:
+    from builder.plan.resolve import ResolvedCell
 
 #: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
 RUN_LABEL = f"{CONTAINER_LABEL}.run"
@@ -38,7 +44,7 @@ PLAT_LABEL = "org.ampforge.base.plat"
 
 
 class BaseImageMissing(StepFailed):
-    """The cell's base image is not in the engine (nothing is ever pulled implicitly)."""
+    """The cell's base image is not in the engine and the pull policy is ``never``."""
 
 
 def image_choice(ref: str, cell: Cell, host: Host) -> ImageChoice:
@@ -59,10 +65,11 @@ def base_image_step(job: CellJob, engine: DockerEngine, make_base: str, other: s
         if found is None:
             raise BaseImageMissing(
                 f"base image {cell.image.ref} for {cell.identifier} is not in the engine at "
-                f"{engine.base_url}; nothing is pulled implicitly. Either `docker pull "
-                f"{cell.image.ref}` (offline: `docker load -i FILE.tar`), or build a local "
-                f"manylinux-shaped image with `{make_base}` and pass --base-image local (make "
-                f"wheel BASE_IMAGE=local), or use {other}")
+                f"{engine.base_url} and the pull policy is {cell.image.pull} (--offline means "
+                f"never). Either --pull missing, or `docker pull {cell.image.ref}` (offline: "
+                f"`docker load -i FILE.tar`), or build a local manylinux-shaped image with "
+                f"`{make_base}` and pass --base-image local (make wheel BASE_IMAGE=local), or "
+                f"use {other}")
         return found
 
     return job.steps("base image", base)
@@ -131,16 +138,24 @@ class DockerBackend:
             return Availability(False, f"{host.engine_reason()}; start one (.ci/dockerd-up, or "
                                        "point DOCKER_HOST at a Podman socket) or build without "
                                        "containers: --backend host (make wheel BACKEND=host)")
+        ref, pull = cell.image.ref, cell.image.pull
+        present = host.image_id(ref) is not None
         if cell.image.pinned:  # --base-image: that image (local: built on first use)
-            return Availability(True, f"{host.engine_reason()}; base image {cell.image.ref} "
-                                      "(--base-image)")
-        if host.image_id(cell.image.ref) is None:
-            return Availability(False, f"{host.engine_reason()} lacks the base image "
-                                       f"{cell.image.ref} (nothing is pulled implicitly: "
-                                       "`docker pull` it, or build a local one with `python -m "
-                                       "builder base-image` and pass --base-image local)")
-        return Availability(True, f"{host.engine_reason()} has the base image "
-                                  f"{cell.image.ref}")
+            how = "" if present or ref.startswith(LOCAL_PREFIX) or pull == "never" else (
+                f", pulled first: --pull {pull}")
+            return Availability(True, f"{host.engine_reason()}; base image {ref} "
+                                      f"(--base-image{how})")
+        if not present and pull == "never":
+            return Availability(False, f"{host.engine_reason()} lacks the base image {ref} "
+                                       "and nothing is pulled (--pull never, or offline): "
+                                       "`docker pull` or `docker load` it, or build a local one "
+                                       "with `python -m builder base-image` and pass "
+                                       "--base-image local")
+        if not present:
+            return Availability(True, f"{host.engine_reason()} lacks the base image {ref}; a "
+                                      f"docker build pulls it first (--pull {pull})", pull=True)
+        again = " (pulled again first: --pull always)" if pull == "always" else ""
+        return Availability(True, f"{host.engine_reason()} has the base image {ref}{again}")
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
         return image_choice(cell.image.ref, cell, host)
@@ -158,6 +173,25 @@ class DockerBackend:
 
 #: Tags of ``python -m builder base-image``'s images: built on demand by ``--base-image local``.
 LOCAL_PREFIX = "ampforge/base:"
+
+
+def pull_base_images(cells: Sequence[ResolvedCell], engine: DockerEngine, proxy: ProxySettings,
+                     say: Callable[[str], None]) -> list[str]:
+    """Pull the base images the cells' pull policy asks for (each image once), before any
+    cell is built; return the refs pulled. :class:`~builder.engines.pull.PullFailed` (exit 1)
+    says why one could not be, with the fix. Only images this host runs natively are pulled:
+    the emulated backend's foreign-arch images come from ``base-image --arch`` or a bundle."""
+    pulled: list[str] = []
+    for c in cells:
+        ref, policy = c.image.ref, c.cell.image.pull
+        if (c.backend not in ("docker", "emulated") or c.cell.machine != c.host_machine
+                or ref.startswith(LOCAL_PREFIX) or ref in pulled):
+            continue
+        if needs_pull(policy, engine.image_id(ref) is not None):
+            say(f"base image: pulling {ref} (--pull {policy})")
+            pull_image(engine, ref, proxy, say)
+            pulled.append(ref)
+    return pulled
 
 
 def _engine(job: CellJob) -> DockerEngine:

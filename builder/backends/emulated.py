@@ -46,7 +46,7 @@ class EmulatedBackend:
         if cell.machine == host.machine:
             native = DockerBackend().availability(cell, host, support)
             return Availability(native.ok, f"this host's cell runs natively in the engine; "
-                                           f"{native.reason}")
+                                           f"{native.reason}", pull=native.pull)
         emulation = host.emulation(cell.machine)
         if not emulation.available:
             return Availability(False, f"{cell.machine} emulation is unavailable on this "

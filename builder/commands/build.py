@@ -22,7 +22,8 @@ from builder.cli import (
     load_from_args,
     resolve_from_args,
 )
-from builder.config import REPO_ROOT, BuildConfig
+from builder.config import REPO_ROOT, BuildConfig, Settings
+from builder.config.load import never_pull
 from builder.config.projecttest import ProjectTest, resolve_project_test
 from builder.errors import ConfigError
 from builder.images.render import render_recipe
@@ -206,6 +207,7 @@ def _bundle(config: BuildConfig, wheelhouse: Optional[Path],
         raise ConfigError("--find-links and a bundle both given; the bundle's wheels/ is "
                           "the folder of input wheels: drop one", key="--find-links")
     bundle, config = use_bundle(config, ctx.output.err)
+    config = never_pull(config, "the bundle (offline)")
     arch = Host(ctx.output.redact).arch  # this host's, with a clear error on another machine
     ref = bundle_base_image(bundle, arch, config.base_image, config.backend,
                             ctx.output.redact, ctx.output.err)
@@ -240,7 +242,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run:
         ctx.output.out(json.dumps(plan_document(config.source_name, resolution), indent=2))
         return 0
-    return _execute(args, ctx, config, resolution, wheelhouse, bundle, project, test)
+    return _execute(args, ctx, settings, resolution, wheelhouse, bundle, project, test)
 
 
 def _project(args: argparse.Namespace) -> Path:
@@ -262,10 +264,26 @@ def plan_document(source: str, resolution: Resolution) -> dict:
     }
 
 
-def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
+def _pull(args: argparse.Namespace, ctx: Context, settings: Settings, resolution: Resolution,
+          engine: DockerEngine) -> Resolution:
+    """Pull the base images the pull policy asks for, before anything is built; then resolve
+    again, so the records name the image actually pulled (its id, and its labels: an image of
+    ``builder base-image`` pushed to a registry is Debian inside)."""
+    from builder.backends.docker import pull_base_images  # noqa: PLC0415 - the docker SDK
+    from builder.plan.resolve import resolve  # noqa: PLC0415
+
+    if not pull_base_images(resolution.here, engine, settings.config.proxy, ctx.output.err):
+        return resolution
+    return resolve(settings, Host(ctx.output.redact, lambda: engine), registry(),
+                   out=Path(args.out), everything=args.all,
+                   project=Path(args.project) if args.project else None)
+
+
+def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
              resolution: Resolution, wheelhouse: Optional[Path], bundle: Optional[Bundle],
              project: Path, test: ProjectTest) -> int:
     err = ctx.output.err
+    config = settings.config
     backends = registry()
     here = list(resolution.here)
     elsewhere = list(resolution.elsewhere)
@@ -280,6 +298,8 @@ def _execute(args: argparse.Namespace, ctx: Context, config: BuildConfig,
 
         engine = DockerEngine(redactor=ctx.output.redact)
         _remove_leftovers(engine, err)
+        resolution = _pull(args, ctx, settings, resolution, engine)
+        here, elsewhere = list(resolution.here), list(resolution.elsewhere)
     network = _check_network(config, list(resolution.cells), engine)
     if elsewhere and not args.all:
         # Named explicitly: not building it is a failure, said with the runner it needs.

@@ -21,12 +21,14 @@ NAME = "plan"
 HELP = "show the resolved cells (torch, backend, base image, tag, where) and every dropped cell"
 DESCRIPTION = """\
 Expand the matrix (arch x python x torch, include/exclude rules, the torch<->Python
-support table) and resolve every selected cell exactly as `build` does: which torch (and
-why), which backend (and why), the base image actually used, the platform tag the wheel
-must meet (never above torch's own), the torch-npu release the wheel's `npu` extra pins
-("none": torch-npu publishes no release for that torch and Python, so the wheel has no
-`npu` extra; see configs/support.yaml), whether this host can build it or which native
-runner it needs, the network, and the proxy/CA/index settings with their sources
+support table, the project's requires-python and torch bound from its pyproject.toml:
+no cell the project cannot be installed on is listed) and resolve every selected cell
+exactly as `build` does: which torch (and why), which backend (and why), the base
+image actually used, the platform tag the wheel must meet (never above torch's own), the
+torch-npu release the wheel's `npu` extra pins ("none": torch-npu publishes no release for
+that torch and Python, so the wheel has no `npu` extra; see configs/support.yaml),
+whether this host can build it or which native runner it needs, the network, the base
+image pull policy, and the proxy/CA/index settings with their sources
 (passwords masked). `build` executes these same records and stores each in its manifest
 entry.
 
@@ -51,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_print_identifiers_option(p, "selected (those that need a native runner too)")
     p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
                    help="the output folder the records name (as `build --out`; default: dist)")
+    p.add_argument("--project", metavar="PATH", default=None,
+                   help="the project to plan for, as `build --project` (default: this "
+                        "repository): cells outside its requires-python or torch bound are "
+                        "dropped")
     add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
@@ -71,6 +77,7 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
         f"offline: {'yes' if cfg.offline.enabled else 'no'} ({cfg.origins.get('offline')})"
     )
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
+    lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
     rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none",

@@ -7,13 +7,14 @@ Precedence, lowest to highest (each layer overrides the ones before it):
 3. the environment -- the builder's own variables are namespaced (``BUILDER_ARCH``,
    ``BUILDER_PYTHON``, ``BUILDER_TORCH``, ``BUILDER_JOBS``, ``BUILDER_OFFLINE``,
    ``BUILDER_BUNDLE``, ``BUILDER_BACKEND``, ``BUILDER_BASE_IMAGE``, ``BUILDER_NETWORK``,
-   ``BUILDER_CA_BUNDLE``: see :data:`ENV`), so a shell whose ``ARCH`` means something else
-   (conda-forge sets ``ARCH=64``) does not steer a build; the standard proxy variables
-   ``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, ``ALL_PROXY`` in either case (lower case
-   wins when both are set); empty variables count as unset;
+   ``BUILDER_PULL``, ``BUILDER_CA_BUNDLE``: see :data:`ENV`), so a shell whose ``ARCH`` means
+   something else (conda-forge sets ``ARCH=64``) does not steer a build; the standard proxy
+   variables ``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, ``ALL_PROXY`` in either case
+   (lower case wins when both are set); empty variables count as unset;
 4. the command line -- ``--arch``, ``--python``, ``--torch``, ``--jobs``,
    ``--offline/--no-offline``, ``--bundle``, ``--backend``, ``--base-image``, ``--network``,
-   ``--ca-bundle``, ``--http-proxy`` ... (``make wheel ARCH=ARM PY=3.9`` passes these flags).
+   ``--pull``, ``--ca-bundle``, ``--http-proxy`` ... (``make wheel ARCH=ARM PY=3.9`` passes
+   these flags).
 
 Mappings merge key by key between layers 1 and 2; lists replace. The file is checked
 against ``builder.config.schema`` (structure) and then value by value (``builder.config.values``);
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +131,11 @@ ENV: dict[str, str] = {
     "arch": "BUILDER_ARCH", "python": "BUILDER_PYTHON", "torch": "BUILDER_TORCH",
     "jobs": "BUILDER_JOBS", "offline": "BUILDER_OFFLINE", "bundle": "BUILDER_BUNDLE",
     "backend": "BUILDER_BACKEND", "base_image": "BUILDER_BASE_IMAGE",
-    "network": "BUILDER_NETWORK", "ca_bundle": "BUILDER_CA_BUNDLE",
+    "network": "BUILDER_NETWORK", "ca_bundle": "BUILDER_CA_BUNDLE", "pull": "BUILDER_PULL",
 }
 BACKENDS = ("auto", "docker", "host", "cross", "emulated")
+#: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
+PULL_POLICIES = ("missing", "always", "never")
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
@@ -158,6 +162,13 @@ def _parse_backend(raw: str, origin: str) -> str:
     if raw not in BACKENDS:
         raise ConfigError(f"unknown backend {raw!r}; expected one of {', '.join(BACKENDS)}",
                           key=origin)
+    return raw
+
+
+def _parse_pull(raw: str, origin: str) -> str:
+    if raw not in PULL_POLICIES:
+        raise ConfigError(f"unknown pull policy {raw!r}; expected one of "
+                          f"{', '.join(PULL_POLICIES)}", key=origin)
     return raw
 
 
@@ -341,6 +352,11 @@ def load_settings(
     network, origins["network"] = _layered(
         "network", merged["build"]["network"], origin_of("build", "network")[0], env,
         cli.network)
+    # A bundle implies offline too; that is decided where the bundle is opened, and the
+    # build applies never_pull() there.
+    pull, origins["pull"] = _layered("pull", merged["build"]["pull"],
+                                     origin_of("build", "pull")[0], env, cli.pull, _parse_pull)
+    images = {arch: replace(image, pull=pull) for arch, image in images.items()}
     base_image, origins["base_image"] = _layered(
         "base_image", None, "config file images.<ARCH>.base", env, cli.base_image)
     if base_image is not None and base_image != "local":
@@ -370,13 +386,30 @@ def load_settings(
         publish=PublishOptions(repository_url=merged["publish"]["repository_url"]),
         backend=backend,
         network=network,
+        pull=pull,
         base_image=base_image,
         runners=dict(merged["runners"]),
         test=test,
     )
     if merged["publish"]["repository_url"] is not None:
         origins["publish.repository_url"] = origin_of("publish", "repository_url")[0]
+    if offline.enabled:
+        config = never_pull(config, origins["offline"])
     return Settings(config=config, selection=_selection(cli, env))
+
+
+def never_pull(config: BuildConfig, origin: str) -> BuildConfig:
+    """*config* with pulls off, for an offline build (*origin*: what made it offline). ``always``
+    asked for in this run (command line, environment) contradicts it (exit 2); a config file's
+    policy, or the default, yields."""
+    asked = config.origins.get("pull", "").startswith(("command line", "environment"))
+    if config.pull == "always" and asked:
+        raise ConfigError(f"pull always ({config.origins['pull']}) and {origin} contradict "
+                          "each other: an offline build reaches no registry; drop one",
+                          key=config.origins["pull"])
+    images = {arch: replace(image, pull="never") for arch, image in config.images.items()}
+    return replace(config, pull="never", images=images,
+                   origins={**config.origins, "pull": f"{origin} (offline: nothing is pulled)"})
 
 
 def _check_proxy(key: str, value: str, origin: str) -> str:

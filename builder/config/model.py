@@ -83,6 +83,10 @@ class BaseImage:
     python_path: str  # with {cp} / {version} placeholders
     #: Named by --base-image (BUILDER_BASE_IMAGE): used as given, never swapped for another.
     pinned: bool = False
+    #: When the engine pulls it (config build.pull < BUILDER_PULL < --pull; never when
+    #: offline): missing | always | never. Carried by the image so that the backends' answer
+    #: (can this cell be built, after a pull?) needs nothing but the cell.
+    pull: str = "missing"
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,9 @@ class BuildConfig:
     backend: str = "auto"
     #: Docker network for docker builds (config build.network < BUILDER_NETWORK < --network)
     network: str | None = None
+    #: Base image pulls: missing | always | never (config build.pull < BUILDER_PULL < --pull;
+    #: offline: never)
+    pull: str = "missing"
     #: Replaces this host's arch's base image (BUILDER_BASE_IMAGE < --base-image); "local":
     #: the image of ``python -m builder base-image``. Not a file key: images.<ARCH>.base is.
     base_image: str | None = None
@@ -178,6 +185,7 @@ class CliOverrides:
     backend: str | None = None
     base_image: str | None = None
     network: str | None = None
+    pull: str | None = None
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
                 "backend": {"enum": ["auto", "docker", "host", "cross", "emulated"]},
                 "network": _NULLABLE_STRING,
+                "pull": {"enum": ["missing", "always", "never"]},
             },
         },
         "runners": {

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -55,6 +55,26 @@ class SupportTable:
     torch_glibc: Mapping[str, str] = field(default_factory=dict)
     #: torch -> its torch-npu release (None: none requires that torch); None: no such table.
     torch_npu: Optional[Mapping[str, Optional[NpuRelease]]] = None
+    #: Why an older Python ("3.8") or torch line ("2.1": every 2.1.x) is not supported: end of
+    #: life, a missing API, a failed measurement. The bounds themselves are the project's.
+    unsupported: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def why_unsupported(self, axis: str, value: str) -> Optional[str]:
+        """The recorded reason for Python *value* ("3.8") or torch *value* ("2.1.0"), if any."""
+        table = self.unsupported.get(axis, {})
+        if axis == "torch":
+            value = ".".join(value.split(".")[:2])
+        return table.get(value)
+
+    def oldest(self, allowed: Callable[[str, str], bool]) -> Optional[tuple[str, str, str]]:
+        """``(python, torch, machine)``: the oldest torch of the table with a wheel for a Python
+        that *allowed(python, torch)* accepts, with its oldest such Python (x86_64 first)."""
+        for torch in sorted(self.wheels, key=values.torch_key):
+            for machine in MACHINES:
+                for python in sorted(self.pythons(torch, machine), key=values.python_key):
+                    if allowed(python, torch):
+                        return python, torch, machine
+        return None
 
     def npu_pin(self, torch: str, python: str, machine: str) -> NpuPin:
         """The torch-npu release a wheel built for (torch, python, machine) pins in its ``npu``
@@ -151,10 +171,32 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                 )
             wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
-                        torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels))
+                        torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels),
+                        unsupported=_unsupported(doc))
 
 
-_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu"}
+_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported"}
+
+
+def _unsupported(doc: YamlDocument) -> dict[str, dict[str, str]]:
+    raw = doc.data.get("unsupported") or {}
+    p: tuple = ("unsupported",)
+    if not isinstance(raw, dict) or not set(raw) <= {"python", "torch"}:
+        raise _fail(doc.file, doc.line(p), p, "expected a mapping with 'python' and/or 'torch'")
+    out: dict[str, dict[str, str]] = {}
+    for axis, table in raw.items():
+        ap = p + (axis,)
+        if not isinstance(table, dict):
+            raise _fail(doc.file, doc.line(ap), ap, "expected a mapping of version -> reason")
+        for version, reason in table.items():
+            vp = ap + (str(version),)
+            shape = re.fullmatch(r"[0-9]+\.[0-9]+", version) if isinstance(version, str) else None
+            if shape is None or not isinstance(reason, str) or not reason.strip():
+                raise _fail(doc.file, doc.line(vp), vp,
+                            f'expected a quoted major.minor like "3.8" or "2.1" and a reason, '
+                            f"got {version!r}: {reason!r}")
+        out[axis] = {str(k): str(v).strip() for k, v in table.items()}
+    return out
 
 
 def _pythons(doc: YamlDocument, mp: tuple, pythons: object) -> tuple[str, ...]:

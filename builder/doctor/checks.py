@@ -89,19 +89,18 @@ def engine(scope: Scope) -> Check:
 
 
 def daemon_proxy(scope: Scope) -> list[Check]:
-    from builder.engines.daemon_proxy import compare, daemon_proxy, fix_text  # noqa: PLC0415
+    from builder.engines.daemon_proxy import diagnose  # noqa: PLC0415
 
     if scope.engine is None:
         return [Check("engine proxy", WARN, "no engine to ask (see engine)")]
-    found = daemon_proxy(scope.engine.api.info(), scope.engine.is_podman)
-    same, described = compare(found, scope.config.proxy)
-    if same:
-        return [Check("engine proxy", OK, f"the engine and the build agree ({described})")]
+    found = diagnose(scope.engine.info(), scope.config.proxy, scope.engine.is_podman)
+    if found.same:
+        return [Check("engine proxy", OK, f"the engine and the build agree ({found.described})")]
     # Builds pass the proxies to every container themselves; what the engine fetches on its own
     # (docker pull) uses its proxy.
-    return [Check("engine proxy", WARN, f"the engine's proxy differs from yours ({described}): "
-                  "builds get yours as build arguments, but a pull goes the engine's way",
-                  fix_text(scope.config.proxy, found))]
+    return [Check("engine proxy", WARN, f"the engine's proxy differs from yours "
+                  f"({found.described}): builds get yours as build arguments, but a pull goes "
+                  "the engine's way", found.fix)]
 
 
 # ------------------------------------------------------------------ CA trust in a container
@@ -175,6 +174,7 @@ def ca_trust(scope: Scope) -> list[Check]:
 
 
 def base_images(scope: Scope) -> list[Check]:
+    from builder.backends.docker import LOCAL_PREFIX  # noqa: PLC0415
     from builder.images.base_image import BaseImageSpec  # noqa: PLC0415
 
     checks = []
@@ -188,8 +188,20 @@ def base_images(scope: Scope) -> list[Check]:
         local = BaseImageSpec(arch=machine).tag
         have = {r: scope.host.image_id(r) for r in dict.fromkeys((ref, local))}
         containers = [c for c in mine if c.backend in ("docker", "emulated") and c.buildable]
+        # Pulled by the build (builder.backends.docker.pull_base_images): a WARN, since the
+        # registry must answer the engine (see engine proxy).
+        pulled = (machine == scope.host.machine and any(
+            c.cell.image.pull != "never" and not c.cell.image.ref.startswith(LOCAL_PREFIX)
+            for c in containers))
         if have[ref]:
             checks.append(Check(name, OK, f"{ref} present ({have[ref][:19]})"))
+        elif pulled:
+            checks.append(Check(name, WARN, f"{ref} absent; the build pulls it first: --pull "
+                                f"{mine[0].cell.image.pull} (the registry must answer the "
+                                "engine, see engine proxy)",
+                                "nothing, if the engine reaches the registry; else docker load "
+                                "-i FILE.tar, or --base-image local"
+                                + (f" (present: {local})" if have.get(local) else "")))
         elif have.get(local):
             checks.append(Check(name, OK if not containers else WARN,
                                 f"{ref} absent; the local one {local} is present",

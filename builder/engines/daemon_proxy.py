@@ -82,6 +82,22 @@ def _show(url: Optional[str]) -> str:
     return redact_url_credentials(url) if url else "none"
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """The engine's proxy against the user's: what ``doctor`` shows and a failed pull says."""
+
+    same: bool
+    described: str  # both sides, masked
+    fix: str  # empty when they agree
+
+
+def diagnose(info: dict[str, Any], user: ProxySettings, podman: bool = False) -> Diagnosis:
+    """From the engine's ``/info``: do its proxies match *user*'s, and if not, the fix."""
+    found = daemon_proxy(info, podman)
+    same, described = compare(found, user)
+    return Diagnosis(same, described, "" if same else fix_text(user, found))
+
+
 def fix_text(user: ProxySettings, daemon: DaemonProxy) -> str:
     """The lines that give the engine the user's proxies (passwords masked: put yours where
     ``***`` stands)."""

@@ -17,8 +17,9 @@ Quirks seen with Debian's podman 4.3 on Debian 12 hosts:
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
 
-Nothing is ever pulled implicitly (air-gapped hosts reach no registry); base images are built
-locally (:mod:`builder.images.base_image`) or loaded from a tarball.
+Base images are pulled only as the build's pull policy says (``--pull``, decided in
+:mod:`builder.engines.pull`); air-gapped hosts build theirs locally
+(:mod:`builder.images.base_image`) or load them from a tarball.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result,
 from builder.engines.owner import CONTAINER_LABEL, owner_labels
 from builder.errors import EngineUnavailable, StepFailed
 from builder.redact import Redactor
+
+
+class PullError(StepFailed):
+    """The engine could not pull an image; the message is the engine's (redacted)."""
 
 _START_HINT = (
     "Start an engine and try again:\n"
@@ -110,6 +115,26 @@ class DockerEngine:
             return None
         except docker.errors.NotFound:
             return None
+
+    def pull(self, ref: str) -> Iterator[dict[str, Any]]:
+        """``docker pull ref``: the engine's progress events as they come (dicts with
+        ``status``, ``id``, ``progressDetail``). A failure raises :class:`PullError` with the
+        engine's own message, whether the request is refused at once (unreachable registry,
+        unknown tag) or the stream reports it midway."""
+        docker = _docker_module()
+        try:
+            # use_config_proxy does not apply: the daemon pulls with its own environment.
+            for event in self.api.pull(ref, stream=True, decode=True):
+                if "error" in event:
+                    detail = event.get("errorDetail") or {}
+                    raise PullError(self.redactor(str(detail.get("message") or event["error"])))
+                yield event
+        except docker.errors.APIError as exc:
+            raise PullError(self.redactor(str(exc.explanation or exc))) from exc
+
+    def info(self) -> dict[str, Any]:
+        """The engine's ``/info`` (``docker info``): proxies, rootless, storage ..."""
+        return dict(self.api.info())
 
     def has_network(self, name: str) -> bool:
         """Whether the engine has a network called *name* (``docker network ls``)."""

@@ -27,6 +27,7 @@ from builder.arch import ARCHES
 from builder.config import BaseImage, BuildConfig, Selection, Settings, values
 from builder.errors import ConfigError
 from builder.plan import selectors
+from builder.plan.project import ProjectBounds
 
 
 def cell_id(arch: str, python: str, torch: str) -> str:
@@ -129,8 +130,10 @@ def _order(arch: str, python: str, torch: str, arches: tuple[str, ...]) -> tuple
     return (a, values.python_key(python), values.torch_key(torch))
 
 
-def expand(config: BuildConfig) -> Plan:
-    """All cells of the matrix: buildable ones and dropped ones with reasons."""
+def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
+    """All cells of the matrix: buildable ones and dropped ones with reasons. *bounds*: the
+    project's requires-python and torch bound; a cell outside them is dropped (it could not
+    install the project), before the support table is asked."""
     m = config.matrix
     sup = config.support
     cells: dict[str, Cell] = {}
@@ -146,10 +149,13 @@ def expand(config: BuildConfig) -> Plan:
                 for r in m.exclude:
                     if r.matches(arch, python, torch):
                         matched_rules.add(r.index)
+                refused = bounds.why_not(python, torch) if bounds is not None else None
                 if rule is not None:
                     dropped[cid] = DroppedCell(
                         arch, python, torch, f"excluded by {rule.describe()}"
                     )
+                elif refused is not None:
+                    dropped[cid] = DroppedCell(arch, python, torch, refused)
                 elif not sup.supports(torch, python, machine):
                     dropped[cid] = DroppedCell(
                         arch, python, torch, sup.why_not(torch, python, machine)
@@ -163,6 +169,12 @@ def expand(config: BuildConfig) -> Plan:
     for r in m.include:
         arch, python, torch = r.arch[0], r.python[0], r.torch[0]  # type: ignore[index]
         machine = ARCHES[arch].machine
+        refused = bounds.why_not(python, torch) if bounds is not None else None
+        if refused is not None:
+            raise ConfigError(
+                f"includes {cell_id(arch, python, torch)}, which cannot install the project: "
+                f"{refused}; expected a cell inside the project's bounds",
+                file=r.file, line=r.line, key=r.key)
         if not sup.supports(torch, python, machine):
             raise ConfigError(
                 f"includes {cell_id(arch, python, torch)}, which cannot be built: "
@@ -201,11 +213,46 @@ def _describe_selection(sel: Selection) -> str:
     return ", ".join(parts)
 
 
-def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
+def oldest_supported(config: BuildConfig, bounds: ProjectBounds | None) -> str:
+    """The oldest (Python, torch) the project supports, per the support table and its bounds."""
+    found = config.support.oldest(
+        lambda py, t: bounds is None or bounds.why_not(py, t) is None)
+    if found is None:
+        return "none: no torch of the support table is inside the project's bounds"
+    python, torch, machine = found
+    arch = next(a for a, spec in ARCHES.items() if spec.machine == machine)
+    return f"Python {python} with torch {torch} ({cell_id(arch, python, torch)})"
+
+
+def unsupported(axis: str, value: str, config: BuildConfig,
+                bounds: ProjectBounds | None) -> str | None:
+    """Why Python or torch *value* is not supported (the project's bound, the support table's
+    recorded reason), with the oldest supported combination; None when nothing refuses it."""
+    refused = None
+    if bounds is not None:
+        ok = bounds.python_ok(value) if axis == "python" else bounds.torch_ok(value)
+        if not ok:
+            refused = (f"{bounds.name} requires-python {bounds.requires_python}" if axis ==
+                       "python" else f"{bounds.name} needs torch{bounds.torch}") + (
+                f" ({bounds.file})")
+    recorded = config.support.why_unsupported(axis, value)
+    if refused is None and recorded is None:
+        return None
+    why = "; ".join(w for w in (refused, recorded and f"{recorded} (per {config.support.file})")
+                    if w)
+    name = "Python" if axis == "python" else "torch"
+    return (f"{name} {value} is not supported: {why}. The oldest supported combination is "
+            f"{oldest_supported(config, bounds)}")
+
+
+def select(plan: Plan, selection: Selection, newest: bool = True,
+           config: BuildConfig | None = None, bounds: ProjectBounds | None = None) -> Plan:
     """Narrow *plan* to *selection*; ConfigError (exit 2) when it selects nothing buildable.
 
     *newest*: a Python named without a torch keeps only the newest torch per (arch, Python);
-    False keeps every candidate (the resolver then picks among them with this host in mind)."""
+    False keeps every candidate (the resolver then picks among them with this host in mind).
+    *config*, *bounds*: what says why an unsupported Python or torch is (its end of life, a
+    missing API) and names the oldest supported combination."""
     if selection.empty:
         return plan
     everything = [*plan.cells, *plan.dropped]
@@ -221,6 +268,10 @@ def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
             else (values.torch_key if axis == "torch" else str),
         )
         for w in wanted:
+            why = (unsupported(axis, w, config, bounds) if config is not None and axis in
+                   ("python", "torch") else None)
+            if why is not None and not any(getattr(c, axis) == w for c in plan.cells):
+                raise ConfigError(why, key=selection.origins.get(axis, axis))
             if w not in have:
                 raise ConfigError(
                     f"{axis} {w} is not in the matrix; expected one of {', '.join(have)} "
@@ -250,9 +301,11 @@ def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
     if not cells:
         if dropped:
             reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in dropped)
+            oldest = (f". The oldest supported combination is {oldest_supported(config, bounds)}"
+                      if config is not None else "")
             raise ConfigError(
                 f"the selection ({_describe_selection(selection)}) has no buildable cell: "
-                f"{reasons}",
+                f"{reasons}{oldest}",
                 key="selection",
             )
         raise ConfigError(
@@ -296,6 +349,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True) -> Plan:
     )
 
 
-def plan_for(settings: Settings) -> Plan:
+def plan_for(settings: Settings, bounds: ProjectBounds | None = None) -> Plan:
     """The cells a command acts on: the expanded matrix narrowed to the selection."""
-    return select(expand(settings.config), settings.selection)
+    return select(expand(settings.config, bounds), settings.selection, config=settings.config,
+                  bounds=bounds)

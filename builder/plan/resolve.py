@@ -20,8 +20,9 @@ from typing import Any, Optional
 
 from builder.backends.base import Backend, Host, ImageChoice
 from builder.backends.choose import choose
-from builder.config import BaseImage, BuildConfig, Selection, Settings, values
+from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
 from builder.plan.cells import Cell, DroppedCell, expand, select
+from builder.plan.project import read_bounds
 
 #: What ``base_image`` is when the backend builds without an image (host, cross).
 THIS_HOST = "this host"
@@ -124,7 +125,8 @@ def _settings(config: BuildConfig) -> dict[str, Any]:
         offline["wheelhouse"] = str(config.offline.wheelhouse)
     index = {"index_url": red(config.pip.index_url) if config.pip.index_url else None,
              "extra_index_urls": [red(u) for u in config.pip.extra_index_urls]}
-    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline}
+    pull = {"policy": config.pull, "source": config.origins.get("pull", "?")}
+    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline, "pull": pull}
 
 
 def _network(config: BuildConfig, backend: str) -> str:
@@ -136,15 +138,18 @@ def _network(config: BuildConfig, backend: str) -> str:
 
 
 def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
-            out: Path, everything: bool = False) -> Resolution:
+            out: Path, everything: bool = False, project: Optional[Path] = None) -> Resolution:
     """Every selected cell's record. *everything*: no selection means every cell of the matrix
-    (``--all``, ``plan``); otherwise it means this host's one default cell (``make wheel``)."""
+    (``--all``, ``plan``); otherwise it means this host's one default cell (``make wheel``).
+    *project*: the project built (default: this repository); cells it cannot be installed on
+    (its requires-python, its torch bound) are dropped with the reason."""
     config = settings.config
     selection = settings.selection
     if selection.empty and not everything:
         selection = default_selection(selection, host)
     pick_newest = selection.torch is None and selection.python is not None
-    plan = select(expand(config), selection, newest=False)
+    bounds = read_bounds(project or REPO_ROOT)
+    plan = select(expand(config, bounds), selection, newest=False, config=config, bounds=bounds)
     records = [_resolve_cell(cell, config, selection, host, backends, out)
                for cell in plan.cells]
     notes: list[str] = list(plan.notes)

@@ -383,9 +383,17 @@ CLI_CASES = [
     ),
     (
         "cli-python-absent",
+        ["--python", "3.14"],
+        {},
+        "command line --python: python 3.14 is not in the matrix; expected one of 3.9, 3.10, 3.11",
+    ),
+    (
+        # Outside the project's requires-python: why, and the oldest supported combination.
+        "cli-python-unsupported",
         ["--python", "3.7"],
         {},
-        "command line --python: python 3.7 is not in the matrix; expected one of 3.9, 3.10, 3.11",
+        "command line --python: Python 3.7 is not supported: ampforge requires-python >=3.9 "
+        "(pyproject.toml); end of life since 2023-06-27",
     ),
     (
         "selector-nothing",

@@ -130,19 +130,22 @@ def build_and_load(
         return lib, False, 0.0
     try:
         cache_root.mkdir(parents=True, exist_ok=True)
-        lock = open(cache_root / f".{key}.lock", "w")  # noqa: SIM115 (held until the end)
+        # The cache folder itself is the lock (no lock file is left in it): parallel test
+        # workers start together; one compiles, the others wait and load its build.
+        lock = os.open(cache_root, os.O_RDONLY)
     except OSError:
         if fallback_root is None:
             raise
         return build_and_load(fallback_root, None)
-    with lock:
-        # Parallel test workers start together: one compiles, the others wait and load it.
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lib = _library(final)
         if lib is not None:
             torch.ops.load_library(str(lib))
             return lib, False, 0.0
         return _build_into(cache_root, key, final)
+    finally:
+        os.close(lock)  # releases the lock
 
 
 def _build_into(cache_root: Path, key: str, final: Path) -> tuple[Path, bool, float]:
