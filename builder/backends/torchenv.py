@@ -11,6 +11,13 @@ files:
 * the source: the wheelhouse's content (every file's sha256), or the index URLs when online;
 * the builder's install step itself (``steps.py``'s digest).
 
+When the host backend's interpreter already has the cell's torch installed (a system Python of
+openEuler or RHEL with torch and torch-npu, a developer's pyenv), the venv is made with that
+interpreter's site packages visible and pip finds torch there instead of installing it again;
+that torch's version and folder are part of the key. Its folder is what torch's own metadata
+says -- ``lib64/python3.X/site-packages`` on RHEL-family interpreters -- never a guessed
+``lib/``, and it is what verification layers its venv on.
+
 The docker backend keeps the result as an image layer (``ampforge/torch:<cell>-<key>``, the cell
 image plus the install, committed); the host backend as a venv under the cache root. The build
 runs in that environment, and verification makes a fresh venv *layered on it* (``--torch-site``):
@@ -68,8 +75,16 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     (``$AMPFORGE_CACHE``, default ``~/.cache/ampforge``) and reused while its key holds; returns
     its interpreter."""
     cell = job.cell
-    parts = torch_key_parts(job, {"python": os.path.realpath(python),
-                                  "python_version": _version_of(python)})
+    where: dict[str, Any] = {"python": os.path.realpath(python),
+                             "python_version": _version_of(python)}
+    own = _own_torch(job, python, env)
+    if own is not None:
+        # The interpreter has the cell's torch already (an openEuler/RHEL system Python with
+        # torch and torch-npu installed, or a developer's pyenv): the venv borrows it instead
+        # of installing another copy, and pip finds it where it is -- lib64/... on
+        # RHEL-family layouts -- through the interpreter's own site-packages.
+        where["interpreter_torch"] = own
+    parts = torch_key_parts(job, where)
     key = content_key([json.dumps(parts, sort_keys=True)])
     root = cache_root() / "torch-envs"
     final = root / f"py{cell.python}-torch{cell.torch}-{key}"
@@ -89,10 +104,12 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
             # (its prefix comes from pyvenv.cfg next to it); scripts' shebangs are never used.
             with HostEngine().session(env=env, log=job.log, parent=job.stage) as session:
                 steps = session.copy_in(STEPS_SCRIPT, session.workdir)
-                made = parse_result(session.run([python, steps, "venv", str(tmp / "venv")],
-                                                step="create torch venv"))
-                announce_large_download(job, session, str(made["python"]), steps,
-                                        requirements=BUILD_REQUIREMENTS)
+                borrow = ["--system-site-packages"] if own is not None else []
+                made = parse_result(session.run([python, steps, "venv", str(tmp / "venv"),
+                                                 *borrow], step="create torch venv"))
+                if own is None:  # a borrowed torch downloads nothing
+                    announce_large_download(job, session, str(made["python"]), steps,
+                                            requirements=BUILD_REQUIREMENTS)
                 install_torch(session, str(made["python"]), steps, torch=cell.torch,
                               wheelhouse=str(job.opts.wheelhouse.resolve())
                               if job.opts.wheelhouse else None,
@@ -102,6 +119,22 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
         ensure_entry(final, fill)
         _write_json(last, parts)
     return str(venv_python)
+
+
+def _own_torch(job: CellJob, python: str, env: Mapping[str, str]) -> Optional[dict[str, str]]:
+    """The torch installed in *python* itself when it is the cell's (``2.13.0`` or a local
+    build of it such as ``2.13.0+cpu``): its version and folder, as torch's metadata says;
+    else None."""
+    with HostEngine().session(env=env, log=job.log, parent=job.stage) as session:
+        steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+        found = parse_result(session.run([python, steps, "site", "--optional"],
+                                         step="interpreter's torch"))
+    version = str(found.get("torch", ""))
+    if version.split("+")[0] != job.cell.torch:
+        return None
+    job.log.note(f"ampforge: {python} has torch {version} in {found['site']} "
+                 f"(platlibdir {found['platlibdir']}): the torch environment uses it")
+    return {"version": version, "site": str(found["site"])}
 
 
 def _version_of(python: str) -> str:

@@ -52,11 +52,12 @@ def host_sources() -> list[SourceEntry]:
 
 
 def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
-                   arch: str) -> str:
+                   arch: str, kind: str = "deb") -> str:
     """A deb822 sources text for ``suite`` built from the host's ``host_suite`` entries.
 
     ``bookworm`` -> ``suite``, ``bookworm-updates`` -> ``suite-updates`` and so on; entries of
-    other suites (third-party repositories) are left out. Raises :class:`StepFailed` when the host
+    other suites (third-party repositories) are left out. ``kind="deb-src"`` makes source
+    entries (``apt-get source``; no architecture). Raises :class:`StepFailed` when the host
     has no entry for its own suite to derive from.
     """
     stanzas = []
@@ -65,9 +66,11 @@ def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
                   if s == host_suite or s.startswith(host_suite + "-")]
         if not suites:
             continue
-        lines = ["Types: deb", "URIs: " + " ".join(entry.uris), "Suites: " + " ".join(suites),
-                 "Components: " + " ".join(entry.components or ("main",)),
-                 f"Architectures: {arch}"]
+        lines = [f"Types: {kind}", "URIs: " + " ".join(entry.uris),
+                 "Suites: " + " ".join(suites),
+                 "Components: " + " ".join(entry.components or ("main",))]
+        if kind == "deb":
+            lines.append(f"Architectures: {arch}")
         if entry.signed_by:
             lines.append("Signed-By: " + entry.signed_by)
         stanzas.append("\n".join(lines) + "\n")
@@ -106,13 +109,36 @@ def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> Sui
     distro, codename = host_codename()
     if suite == codename:
         return SuiteApt(suite)
-    if distro != "debian" or not codename:
-        raise StepFailed(
-            f"target Python: Debian {suite}'s {arch} packages are derived from the host's "
-            f"Debian apt sources, but this host is {distro or 'unknown'} "
-            f"{codename or '(no VERSION_CODENAME in /etc/os-release)'}")
+    _require_debian(distro, codename, f"target Python: Debian {suite}'s {arch} packages")
     root = cache_root(cache) / "apt" / f"{suite}-{arch}"
     sources = derive_sources(host_sources(), codename, suite, arch)
+    return SuiteApt(suite, _private_apt(root, sources, "*_Packages*",
+                                         f"target Python: Debian {suite} ({arch})"))
+
+
+def source_apt(suite: str | None = None, cache: Path | None = None) -> SuiteApt:
+    """apt access to ``suite``'s *source* packages (``apt-get source``; default: the host's own
+    suite) through a private configuration whose ``deb-src`` entries are derived from the host's
+    ``deb`` entries: the host's sources are never edited, and its mirror is the one used."""
+    distro, codename = host_codename()
+    _require_debian(distro, codename, "Debian source packages")
+    suite = suite or codename
+    root = cache_root(cache) / "apt" / f"{suite}-source"
+    sources = derive_sources(host_sources(), codename, suite, "", kind="deb-src")
+    return SuiteApt(suite, _private_apt(root, sources, "*_Sources*", f"Debian {suite} sources"))
+
+
+def _require_debian(distro: str, codename: str, what: str) -> None:
+    if distro != "debian" or not codename:
+        raise StepFailed(
+            f"{what} are derived from the host's Debian apt sources, but this host is "
+            f"{distro or 'unknown'} {codename or '(no VERSION_CODENAME in /etc/os-release)'}")
+
+
+def _private_apt(root: Path, sources: str, lists_glob: str, what: str) -> tuple[str, ...]:
+    """The ``-o`` options of the private apt configuration in *root* listing *sources*; its
+    index is refreshed when missing, changed or older than :data:`INDEX_MAX_AGE_S` (a failed
+    refresh keeps an older index)."""
     for folder in ("etc/sources.list.d", "etc/preferences.d", "state/lists/partial",
                    "cache/archives/partial"):
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -123,25 +149,24 @@ def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> Sui
     if changed:
         listing.write_text(sources)
     options = _apt_options(root)
-    lists = [p for p in (root / "state" / "lists").glob("*_Packages*")]
+    lists = [p for p in (root / "state" / "lists").glob(lists_glob)]
     stamp = root / "state" / "updated"
     stale = (not lists or changed or not stamp.exists()
              or time.time() - stamp.stat().st_mtime > INDEX_MAX_AGE_S)
     if stale:
         # apt drops to _apt for downloads; let it write its partial folder.
         if shutil.which("apt-get") is None:
-            raise StepFailed("target Python: needs a Debian host (apt-get) to read "
-                             f"Debian {suite}'s packages")
+            raise StepFailed(f"{what}: needs a Debian host (apt-get)")
         if os.geteuid() == 0:
             (root / "state" / "lists" / "partial").chmod(0o777)
             (root / "cache" / "archives" / "partial").chmod(0o777)
         run = subprocess.run(["apt-get", *options, "-q", "update"], capture_output=True,
                              text=True)
         failed = run.returncode != 0 or "\nE: " in "\n" + run.stderr
-        lists = [p for p in (root / "state" / "lists").glob("*_Packages*")]
+        lists = [p for p in (root / "state" / "lists").glob(lists_glob)]
         if failed and not lists:
-            raise StepFailed(f"target Python: `apt-get update` of Debian {suite} ({arch}) "
-                             f"failed and no earlier index is cached:\n{run.stderr[-1500:]}")
+            raise StepFailed(f"{what}: `apt-get update` failed and no earlier index is "
+                             f"cached:\n{run.stderr[-1500:]}")
         if not failed:
             stamp.touch()
-    return SuiteApt(suite, options)
+    return options

@@ -238,21 +238,9 @@ def build_base_image(
     mirror = mirror or host_debian_mirror(spec.suite)
 
     tmp = Path(tempfile.mkdtemp(prefix="ampforge-base-", dir=work_root))
-    rootfs_tag = key[:32]
-    rootfs_ref = f"{ROOTFS_REPOSITORY}:{rootfs_tag}"
+    rootfs_ref = _rootfs_ref(spec)
     try:
-        # A rootfs imported by an earlier, interrupted run is reused: debootstrap is the
-        # slow part. Its labels carry what the chroot query found.
-        existing_rootfs = None if force else engine.image_id(rootfs_ref)
-        if existing_rootfs is not None:
-            labels = engine.api.inspect_image(existing_rootfs).get("Config", {}).get(
-                "Labels") or {}
-            pyver = labels.get(_LABEL + ".pyver", "")
-            glibc = tuple(int(x) for x in labels.get(_LABEL + ".glibc", "0.0").split("."))
-            pytag = "cp" + pyver.replace(".", "")
-        if existing_rootfs is None or not pyver:
-            pyver, pytag, glibc = _debootstrap_and_import(engine, spec, mirror, tmp, rootfs_ref,
-                                                          log, say)
+        pyver, pytag, glibc = _rootfs(engine, spec, mirror, tmp, force, log, say)
         context = tmp / "context"
         wheels = context / "tools-wheels"
         wheels.mkdir(parents=True)
@@ -275,6 +263,58 @@ def build_base_image(
     except Exception:  # noqa: BLE001 - cosmetic; the parent layer stays referenced anyway
         pass
     return BaseImage(spec.tag, image_id, False, pytag, plat, time.monotonic() - start)
+
+
+def rootfs_image(
+    engine: DockerEngine,
+    spec: BaseImageSpec,
+    *,
+    mirror: str | None = None,
+    work_root: Path | None = None,
+    log: OutputLog | None = None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> str:
+    """The debootstrapped root filesystem of *spec* as an image, without the manylinux shaping
+    (``ampforge/rootfs:<key>``; made once, then found): a userland to compile or run things in
+    -- e.g. an older glibc -- on a suite whose Python the pinned auditwheel no longer supports
+    (bullseye's 3.9). Returns its tag."""
+    log = log or OutputLog(redactor=engine.redactor)
+    ref = _rootfs_ref(spec)
+    if engine.image_id(ref) is None:
+        if os.geteuid() != 0:
+            raise StepFailed("building a root filesystem image needs root (debootstrap, chroot)")
+        require_emulation(_machine(spec.debian_arch))
+        if shutil.which("debootstrap") is None:
+            raise StepFailed("debootstrap is not installed: apt-get install debootstrap")
+        tmp = Path(tempfile.mkdtemp(prefix="ampforge-rootfs-", dir=work_root))
+        try:
+            _rootfs(engine, spec, mirror or host_debian_mirror(spec.suite), tmp, False, log,
+                    progress or (lambda _msg: None))
+        finally:
+            _remove_tree(tmp)
+    return ref
+
+
+def _rootfs_ref(spec: BaseImageSpec) -> str:
+    return f"{ROOTFS_REPOSITORY}:{spec.key()[:32]}"
+
+
+def _rootfs(
+    engine: DockerEngine, spec: BaseImageSpec, mirror: str, tmp: Path, force: bool,
+    log: OutputLog, say: Callable[[str], None],
+) -> tuple[str, str, tuple[int, ...]]:
+    """(python version, python tag, glibc) of *spec*'s rootfs image, imported first unless an
+    earlier (possibly interrupted) run left it: debootstrap is the slow part. Its labels carry
+    what the chroot query found."""
+    ref = _rootfs_ref(spec)
+    existing = None if force else engine.image_id(ref)
+    if existing is not None:
+        labels = engine.api.inspect_image(existing).get("Config", {}).get("Labels") or {}
+        pyver = labels.get(_LABEL + ".pyver", "")
+        if pyver:
+            glibc = tuple(int(x) for x in labels.get(_LABEL + ".glibc", "0.0").split("."))
+            return pyver, "cp" + pyver.replace(".", ""), glibc
+    return _debootstrap_and_import(engine, spec, mirror, tmp, ref, log, say)
 
 
 def _debootstrap_and_import(

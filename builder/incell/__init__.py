@@ -9,6 +9,7 @@ copy the project and the step script in, make a venv from the cell's interpreter
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import shutil
 import tempfile
@@ -73,8 +74,11 @@ class CellBuild:
     torch: str  # the torch version actually installed (e.g. 2.13.0+cpu)
     shim: bool  # whether the single_threaded.h shim was used
     ccache: Optional[CcacheStats] = None  # this build's compiler-cache counts (--ccache)
-    #: site-packages of a prepared torch environment (``prepared=``): verification layers its
-    #: venv on it instead of installing torch again. "" when the build installed torch itself.
+    #: The folders holding a prepared torch environment's torch and its requirements
+    #: (``prepared=``; os.pathsep-separated, as their metadata locates them: ``lib64/...`` and
+    #: ``lib/...`` on RHEL-family interpreters, the interpreter's own when the venv borrows its
+    #: torch): verification layers its venv on them instead of installing torch again. ""
+    #: when the build installed torch itself.
     torch_site: str = ""
     #: The project's copy inside the session (what ``{project}`` names in a test-command).
     project: str = ""
@@ -160,7 +164,7 @@ def build_in_session(
                 stats = CcacheStats(hits=0, misses=0)
     return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
                      shim=bool(built["shim"]), ccache=stats,
-                     torch_site=str(installed.get("purelib", "")) if prepared else "",
+                     torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "",
                      project=project_in)
 
 

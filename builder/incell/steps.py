@@ -6,11 +6,11 @@ file runs in both backends, which is what makes the host and docker paths build 
 
 Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host side parses)::
 
-    python steps.py venv DEST
+    python steps.py venv DEST [--system-site-packages]
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
     DEST/bin/python steps.py download-size --torch 2.13.0 --report FILE [--pip ZIP]
                                            [--index-url URL]
-    DEST/bin/python steps.py site
+    DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
                                          [--no-libm-floor]
@@ -21,9 +21,11 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -109,7 +111,8 @@ def _pip_source_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_venv(args: argparse.Namespace) -> None:
-    venv.create(args.dest, with_pip=True, clear=True)
+    venv.create(args.dest, with_pip=True, clear=True,
+                system_site_packages=args.system_site_packages)
     exe = Path(args.dest) / "bin" / "python"
     _result(python=str(exe), version="{}.{}".format(*sys.version_info[:2]))
 
@@ -120,8 +123,6 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     # compile of a kernel file, for files that are compiled lazily on import anyway.
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
           "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
-    import importlib.metadata as md
-
     _result(torch=md.version("torch"))
 
 
@@ -176,16 +177,55 @@ def cmd_download_size(args: argparse.Namespace) -> None:
     _result(sized=True, items=items)
 
 
-def cmd_site(args: argparse.Namespace) -> None:
-    """Where this interpreter's packages live and which torch it has: a prepared (cached) torch
-    environment is checked with this instead of installing again."""
-    import importlib.metadata as md
+def _folder_of(dist: md.Distribution) -> str:
+    return str(Path(str(dist.locate_file(""))).resolve())
 
+
+def _torch_folders(torch: md.Distribution) -> list[str]:
+    """torch's folder, then those of everything it requires (transitively), each once: in a
+    lib64 layout torch is in ``lib64/...`` and its pure-Python requirements in ``lib/...``."""
+    folders: list[str] = []
+    seen: set[str] = set()
+    todo = [torch]
+    while todo:
+        dist = todo.pop(0)
+        name = re.sub(r"[-_.]+", "-", str(dist.metadata["Name"] or "")).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        if _folder_of(dist) not in folders:
+            folders.append(_folder_of(dist))
+        for req in dist.requires or ():
+            if "extra" in req.partition(";")[2]:
+                continue  # an optional feature's requirement
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+            if m is None:
+                continue
+            try:
+                todo.append(md.distribution(m.group(1)))
+            except md.PackageNotFoundError:
+                pass  # excluded by its marker on this interpreter
+    return folders
+
+
+def cmd_site(args: argparse.Namespace) -> None:
+    """Which torch this interpreter has and the folders it and its requirements are installed
+    in: a prepared (cached) torch environment is checked with this instead of installing again,
+    and verification layers its venv on those folders.
+
+    The folders are where the distributions' own metadata is, never a guessed ``purelib``: a
+    binary wheel goes to *platlib*, which is ``lib64/...`` on RHEL-family interpreters
+    (``sys.platlibdir``) while pure-Python requirements go to ``lib/...``, and a venv with
+    system site packages has torch outside the venv."""
     try:
-        torch = md.version("torch")
+        dist = md.distribution("torch")
     except md.PackageNotFoundError:
+        if args.optional:
+            _result(torch="", site="", sites=[], platlibdir=sys.platlibdir)
+            return
         _fail(f"{sys.executable} has no torch installed")
-    _result(torch=torch, purelib=sysconfig.get_paths()["purelib"])
+    folders = _torch_folders(dist)
+    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=sys.platlibdir)
 
 
 def _glibc_has_single_threaded() -> bool:
@@ -278,7 +318,8 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         # wheel's requirements against it instead of downloading torch a second time.
         purelib = subprocess.check_output(
             [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
-        Path(purelib.strip(), "ampforge-torch.pth").write_text(args.torch_site + "\n")
+        lines = "".join(folder + "\n" for folder in args.torch_site.split(os.pathsep) if folder)
+        Path(purelib.strip(), "ampforge-torch.pth").write_text(lines)
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
     mods = _extension_modules(wheel)
@@ -323,6 +364,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     p = sub.add_parser("venv", help="create a venv with pip for this interpreter")
     p.add_argument("dest")
+    p.add_argument("--system-site-packages", action="store_true",
+                   help="the venv sees this interpreter's own packages (its torch)")
     p.set_defaults(func=cmd_venv)
 
     def sources(q: argparse.ArgumentParser) -> None:
@@ -344,7 +387,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     sources(p)
     p.set_defaults(func=cmd_download_size)
 
-    p = sub.add_parser("site", help="this interpreter's torch version and purelib folder")
+    p = sub.add_parser("site", help="this interpreter's torch version and the folder it is in")
+    p.add_argument("--optional", action="store_true",
+                   help="no torch is not an error (torch is then reported as '')")
     p.set_defaults(func=cmd_site)
 
     p = sub.add_parser("build-wheel", help="build the project's wheel, no build isolation")
@@ -364,8 +409,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--wheel", required=True)
     p.add_argument("--torch", required=True)
     p.add_argument("--venv", required=True)
-    p.add_argument("--torch-site", help="site-packages folder of a prepared torch install to "
-                                        "layer the venv on (instead of installing torch again)")
+    p.add_argument("--torch-site", help="the folders of a prepared torch install and its "
+                                        "requirements (os.pathsep-separated) to layer the venv "
+                                        "on (instead of installing torch again)")
     p.add_argument("--test-command", default="",
                    help="the project's test command (placeholders already expanded), run by "
                         "sh -c in an empty folder with the venv first on PATH")
