@@ -150,8 +150,8 @@ def build_in_session(
     argv = [vpy, steps, "build-wheel", "--project", project_in,
             "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
             "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
-    if installed.get("purelib"):
-        argv += ["--prefix-map", f"{installed['purelib']}={TORCH_SITE_ALIAS}"]
+    if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
+        argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
     built = parse_result(session.run(argv, step="build wheel"))
     stats = None
