@@ -73,8 +73,9 @@ def compiled_backend(request: pytest.FixtureRequest,
 DOCKER_MODULES = frozenset({
     "test_base_image.py", "test_doctor.py", "test_emulation.py", "test_engines.py",
     "test_pipeline_front.py",
-    "test_proxy_real.py", "test_render_docker.py", "test_repair.py", "test_signals.py",
-})
+    "test_proxy_real.py", "test_render_docker.py",
+})  # modules whose engine tests all carry the marker need not be listed (their other tests
+#     then run in either stream): test_repair.py, test_signals.py, test_pull.py, ...
 DOCKER_GROUP = "docker"
 # Session fixtures (tests/builder/conftest.py) whose users must share a worker, or the build
 # behind the fixture would run once per worker.
