@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from pipelinelib import builder_env
 
 from builder.config import REPO_ROOT
@@ -152,7 +153,12 @@ def test_project_requirements_join_the_cells(tmp_path: Path):
     assert cell_requirements("2.13.0") == ["torch==2.13.0", "setuptools", "wheel"]
     reqs = cell_requirements("2.13.0", REPO_ROOT)
     assert reqs[:3] == ["torch==2.13.0", "setuptools", "wheel"]
-    assert "setuptools>=68" in reqs and "torch>=2.1" in reqs
+    # The project's own build requirements and dependencies follow (pyproject.toml, the one
+    # place they live), torch's bound among them.
+    doc = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    declared = [*doc["build-system"]["requires"], *doc["project"]["dependencies"]]
+    assert [r for r in declared if r.startswith("torch>=")], declared
+    assert set(declared) <= set(reqs), (declared, reqs)
 
 
 # ------------------------------------------------------------------ bundle verification
