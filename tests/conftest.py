@@ -97,12 +97,12 @@ def stream_of(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = stream_of(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # As each item is collected: xdist reads the marks in its pytest_collection_modifyitems,
+    # which (registered by the worker) runs before any conftest's version of that hook.
+    group = stream_of(item)
+    if group is not None and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture of the test, module-scoped ones too
