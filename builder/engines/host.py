@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result
@@ -30,12 +30,14 @@ def run_host(
     check: bool = True,
     step: str = "",
     tail_lines: int = TAIL_LINES,
+    unset: Iterable[str] = (),
 ) -> RunResult:
     """Run *argv* here, streaming its merged stdout/stderr line by line through *log*.
 
-    *env* is added to (not substituted for) this process's environment.
+    *env* is added to (not substituted for) this process's environment, less the names in
+    *unset* that *env* does not set itself.
     """
-    full_env = dict(os.environ)
+    full_env = {k: v for k, v in os.environ.items() if k not in set(unset)}
     full_env.update(env or {})
     log.open()
     try:
@@ -111,6 +113,10 @@ def find_python(version: str) -> Path:
     )
 
 
+#: The builder's own environment variables that a cell's steps must not inherit.
+CALLER_ONLY = ("PYTHONPATH", "PYTHONHOME")
+
+
 class HostSession:
     """Same interface as a container session, backed by a temporary directory here."""
 
@@ -132,8 +138,10 @@ class HostSession:
     ) -> RunResult:
         merged = dict(self.base_env)
         merged.update(env or {})
+        # The caller's PYTHONPATH/PYTHONHOME would reach the cell's interpreters: verification
+        # would import the package from the caller's checkout instead of the installed wheel.
         return run_host(argv, self.log, env=merged, cwd=cwd or self.workdir, check=check,
-                        step=step, tail_lines=tail_lines)
+                        step=step, tail_lines=tail_lines, unset=CALLER_ONLY)
 
     def copy_in(self, src: Path, dest_dir: str) -> str:
         if not src.exists():

@@ -194,6 +194,22 @@ def test_host_session_runs_streams_and_cleans_up(tmp_path: Path) -> None:
     assert not workdir.exists()
 
 
+def test_host_session_steps_do_not_inherit_the_callers_pythonpath(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder run from a checkout (PYTHONPATH=<checkout>) must not hand that path to the
+    cell's interpreters: verification would import the checkout's package, not the wheel's. A
+    step that sets PYTHONPATH itself (the cross build does) keeps its own."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "checkout"))
+    monkeypatch.setenv("PYTHONHOME", str(tmp_path / "home"))
+    lines: list[str] = []
+    log = OutputLog(sink=lines.append)
+    probe = 'echo "path=${PYTHONPATH-unset} home=${PYTHONHOME-unset}"'
+    with HostEngine().session(log=log, parent=tmp_path) as session:
+        session.run(["sh", "-c", probe], step="probe")
+        session.run(["sh", "-c", probe], env={"PYTHONPATH": "/own"}, step="own")
+    assert "path=unset home=unset" in lines and "path=/own home=unset" in lines, lines
+
+
 def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pyenv puts shims for every version on PATH; one for an unselected version fails."""
     import sys
