@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -61,14 +62,15 @@ def compiled_backend(request: pytest.FixtureRequest,
 # * every test that drives the container engine runs in one stream ("docker"), in order: they
 #   assert on the engine's state (no container left behind, images they made) and would see
 #   each other's containers if run side by side;
-# * any other test under tests/builder or tests/npu stays with its module, so module-scoped
-#   fixtures (a built raw wheel, a proxy lab, the NPU test device) are made once, not once
-#   per worker.
+# * every other test stays with its module, so module-scoped fixtures (a built raw wheel, a
+#   proxy lab, the NPU test device) are made once, not once per worker.
 #
-# Everything else (amp's and the kernels' unit tests) is spread freely. A test's group is
-# exported as AMPFORGE_TEST_GROUP so that tests/builder/enginelib.docker_engine() can refuse
-# to hand the engine to a test outside the docker stream (a new module that uses the engine
-# must be listed here, or carry the `docker` marker).
+# The docker stream is the longest single unit, so it is collected first (the worker that takes
+# it starts with it), then the light modules, then the other builder modules, which the workers
+# then take one at a time as they free up. A test's group is exported as AMPFORGE_TEST_GROUP so
+# that tests/builder/enginelib.docker_engine() can refuse to hand the engine to a test outside
+# the docker stream (a new module that uses the engine must be listed here, or carry the
+# `docker` marker).
 
 DOCKER_MODULES = frozenset({
     "test_base_image.py", "test_doctor.py", "test_emulation.py", "test_engines.py",
@@ -80,29 +82,36 @@ DOCKER_GROUP = "docker"
 # Session fixtures (tests/builder/conftest.py) whose users must share a worker, or the build
 # behind the fixture would run once per worker.
 FIXTURE_GROUPS = {"docker_amp_build": DOCKER_GROUP, "host_amp_build": "host-amp-build"}
-GROUPED_FOLDERS = ("builder", "npu")
+TESTS_ROOT = Path(__file__).resolve().parent
 
 
-def stream_of(item: pytest.Item) -> str | None:
-    """The xdist group of *item*: "docker", its shared fixture's, its module's path, or None
-    (spread freely)."""
+def stream_of(item: pytest.Item) -> str:
+    """The xdist group of *item*: "docker", its shared fixture's, or its module's path."""
     path = item.path
     if item.get_closest_marker("docker") or path.name in DOCKER_MODULES:
         return DOCKER_GROUP  # first: the engine rule is about correctness, the rest about time
     for fixture in getattr(item, "fixturenames", ()):
         if fixture in FIXTURE_GROUPS:
             return FIXTURE_GROUPS[fixture]
-    if path.parent.name in GROUPED_FOLDERS or path.parent.parent.name in GROUPED_FOLDERS:
-        return f"module:{path.parent.name}/{path.name}"
-    return None
+    return f"module:{path.relative_to(TESTS_ROOT)}"
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     # As each item is collected: xdist reads the marks in its pytest_collection_modifyitems,
     # which (registered by the worker) runs before any conftest's version of that hook.
-    group = stream_of(item)
-    if group is not None and item.get_closest_marker("xdist_group") is None:
-        item.add_marker(pytest.mark.xdist_group(group))
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(stream_of(item)))
+
+
+def _order(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    if mark and mark.args[0] == DOCKER_GROUP:
+        return 0
+    return 2 if (TESTS_ROOT / "builder") in item.path.parents else 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_order)  # stable: each module keeps its own order
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture of the test, module-scoped ones too
