@@ -298,6 +298,8 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
 
         engine = DockerEngine(redactor=ctx.output.redact)
         _remove_leftovers(engine, err)
+        # A network the engine lacks is a usage error (exit 2): said before any pull.
+        _check_network(config, list(resolution.cells), engine)
         resolution = _pull(args, ctx, settings, resolution, engine)
         here, elsewhere = list(resolution.here), list(resolution.elsewhere)
     network = _check_network(config, list(resolution.cells), engine)

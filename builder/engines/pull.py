@@ -129,7 +129,8 @@ def explain(engine: DockerEngine, ref: str, message: str, proxy: ProxySettings) 
     kind = failure_kind(message)
     head = f"could not pull base image {ref}: {message}"
     local = ("or build a base image here instead: python -m builder base-image, then "
-             "--base-image local (make wheel BASE_IMAGE=local)")
+             "--base-image local (make wheel BASE_IMAGE=local); or build without a container "
+             "on this machine: --backend host (make wheel BACKEND=host)")
     if kind == "not found":
         return (f"{head}\n  the registry answered: it has no such image or tag (or does not "
                 "show it to you). Expected an image:tag the registry lists -- check the "

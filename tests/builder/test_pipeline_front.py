@@ -80,10 +80,16 @@ def test_default_selection_is_one_cell_for_this_host(tmp_path: Path) -> None:
     """`make wheel` with nothing named: this host's arch, the builder's Python, newest torch."""
     r = run_build(tmp_path, "--backend", "host", "--project", str(tmp_path))
     assert r.rc == 2 and "is not a Python project" in r.err  # stops before any build
+    project = write_tiny_extension(tmp_path / "tinyext")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--dry-run")
+    assert r.rc == 0, r.err
     notes = [line for line in r.err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].endswith(f"-> {CELL}"), r.err
-    r = run_build(tmp_path, "--backend", "host", "--project", str(tmp_path), "--all")
-    assert r.rc == 2 and not [line for line in r.err.splitlines() if line.startswith("note:")]
+    assert [c["id"] for c in json.loads(r.out)["cells"]] == [CELL]
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--all",
+                  "--dry-run")
+    assert r.rc == 0 and not [line for line in r.err.splitlines() if line.startswith("note:")]
+    assert len(json.loads(r.out)["cells"]) > 1
 
 
 # -- the +torchX.Y label ----------------------------------------------------------------------
