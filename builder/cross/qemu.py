@@ -92,9 +92,15 @@ def run_wheel_under_qemu(wheel: Path, python: TargetPython, torch: TargetTorch, 
     """
     with tempfile.TemporaryDirectory(prefix="ampforge-qemu-") as tmp:
         site = install_for_target(wheel, Path(tmp) / "site", python)
-        # Run from an empty folder so the wheel, never a source tree, is imported.
-        result = run_target_python(python, ["-c", script], pythonpath=[site, torch.site],
-                                   cwd=Path(tmp), timeout=timeout)
+        return _run_checked(wheel, python, [site, torch.site], script, Path(tmp), timeout)
+
+
+def _run_checked(wheel: Path, python: TargetPython, pythonpath: list[Path], script: str,
+                 cwd: Path, timeout: float) -> QemuRun:
+    """*script* on the target with the installed *wheel* on *pythonpath*, run from *cwd* (an
+    empty folder, so the wheel, never a source tree, is imported); StepFailed on non-zero."""
+    result = run_target_python(python, ["-c", script], pythonpath=pythonpath, cwd=cwd,
+                               timeout=timeout)
     if result.returncode != 0:
         raise StepFailed(
             f"verification of {wheel.name} under qemu-{python.arch} failed (exit "
@@ -134,12 +140,7 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
                 "'torch': torch.__version__}))\n")
     with tempfile.TemporaryDirectory(prefix="ampforge-qemu-") as tmp:
         site = install_for_target(wheel, Path(tmp) / "site", python)
-        result = run_target_python(python, ["-c", script], pythonpath=[site, torch.site],
-                                   cwd=Path(tmp), timeout=timeout)
-        if result.returncode != 0:
-            raise StepFailed(
-                f"verification of {wheel.name} under qemu-{python.arch} failed (exit "
-                f"{result.returncode}):\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}")
+        result = _run_checked(wheel, python, [site, torch.site], script, Path(tmp), timeout)
         report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
         report["qemu_wall_s"] = result.seconds
         if test.enabled:

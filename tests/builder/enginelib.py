@@ -19,6 +19,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -31,6 +32,14 @@ CACHE = Path(os.environ.get("AMPFORGE_CACHE", Path.home() / ".cache" / "ampforge
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(problem: str, ci_provides: str) -> NoReturn:
+    """A prerequisite is missing: under CI a failure (*ci_provides* says how .ci/run provides
+    it), elsewhere a skip that says CI would fail."""
+    if in_ci():
+        pytest.fail(f"CI=true but {problem} ({ci_provides})")
+    pytest.skip(f"{problem}; CI would fail")
 
 
 def docker_engine() -> DockerEngine:

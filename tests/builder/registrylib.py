@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-from enginelib import in_ci
-from proxylib import free_port
+from enginelib import missing
+from proxylib import free_port, stop
 
 from builder.engines.docker import DockerEngine
 
@@ -32,10 +31,8 @@ def registry_binary() -> str:
     found = shutil.which("docker-registry") or shutil.which(
         "docker-registry", path="/usr/bin:/usr/sbin")
     if found is None:
-        if in_ci():
-            pytest.fail("CI=true but docker-registry is not installed (.ci/run installs it)")
-        pytest.skip("docker-registry is not installed here (apt-get install docker-registry); "
-                    "CI would fail")
+        missing("docker-registry is not installed (apt-get install docker-registry)",
+                ".ci/run installs it")
     return found
 
 
@@ -71,12 +68,7 @@ def local_registry(folder: Path) -> Iterator[Registry]:
         _wait_answering(f"http://127.0.0.1:{port}/v2/", proc, log)
         yield Registry(f"127.0.0.1:{port}", log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         out.close()
 
 

@@ -11,31 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
 from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
-from pipelinelib import dist_state, manifest, run_build, run_plan, seed_dist
-
-from builder.config import REPO_ROOT
+from pipelinelib import (
+    dist_state,
+    manifest,
+    run_build,
+    run_plan,
+    seed_dist,
+    snapshot_of_this_repo,
+)
 
 ARM_CELL = "cp311-manylinux_aarch64-torch2.9.1"
-
-
-def _snapshot(dest: Path) -> Path:
-    """This repository's sources, copied: other people's edits to the shared checkout between
-    the two builds must not change the project's input key."""
-    dest.mkdir()
-    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md"):
-        src = REPO_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
 
 
 def _no_hidden_leftovers(dist: Path) -> None:
@@ -46,7 +36,7 @@ def _no_hidden_leftovers(dist: Path) -> None:
 @pytest.mark.slow
 def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: Path) -> None:
     seeded = seed_dist(tmp_path / "dist")
-    project = _snapshot(tmp_path / "ampforge")
+    project = snapshot_of_this_repo(tmp_path / "ampforge")
     args = ("--arch", "ARM", "--python", "3.11", "--torch", "2.9.1", "--project", str(project))
     r = run_build(tmp_path, *args, "--backend", "cross")
     assert r.rc == 0, r.err[-4000:]
