@@ -120,6 +120,11 @@ def initialize(
     scale_window: int = 2000,
     half_dtype: Optional[torch.dtype] = None,
     defer_unscale: bool = False,
+    combine_grad: Optional[bool] = None,
+    combine_ddp: Optional[bool] = None,
+    ddp_replica_count: int = 4,
+    user_cast_preferred: Optional[bool] = None,
+    check_combined_tensors: Optional[bool] = None,
 ) -> Any:
     """Prepare models and optimizers for mixed precision at ``opt_level`` (apex's semantics).
 
@@ -161,6 +166,17 @@ def initialize(
     ``[min_loss_scale, max_loss_scale]``. ``num_losses`` gives one scaler per loss (see
     ``scale_loss``'s ``loss_id``). ``enabled=False`` returns the inputs untouched.
 
+    Apex for Ascend's keywords, with its defaults: ``combine_grad`` (gradients -- and under O2
+    the fp32 master gradients -- in one combined buffer per dtype, so unscale, the overflow
+    check, ``zero_grad`` and clipping are one operation per buffer; see
+    ``optimizer.get_model_combined_grads()`` and ``clip_optimizer_grad_norm_fused``),
+    ``check_combined_tensors`` (before each use, check that the gradients still live in their
+    buffer and combine them again when not), ``combine_ddp`` with ``ddp_replica_count``
+    (all-reduce the combined gradients in buckets instead of wrapping the model in
+    DistributedDataParallel), ``user_cast_preferred`` (under O1, the casts registered with
+    ``amp.register_half_function`` / ``register_float_function`` /
+    ``register_promote_function`` win over autocast's own choice).
+
     Returns the models (and optimizers, when given) in the shape passed: object or list. Call it
     before wrapping the model in ``DistributedDataParallel``.
 
@@ -187,6 +203,16 @@ def initialize(
         raise TypeError(f"enabled must be True or False; got {enabled!r}")
     if not isinstance(defer_unscale, bool):
         raise TypeError(f"defer_unscale must be True or False; got {defer_unscale!r}")
+    ascend = {
+        name: bool(check_optional_bool(name, value))
+        for name, value in (
+            ("combine_grad", combine_grad),
+            ("combine_ddp", combine_ddp),
+            ("user_cast_preferred", user_cast_preferred),
+            ("check_combined_tensors", check_combined_tensors),
+        )
+    }
+    _positive_int("ddp_replica_count", ddp_replica_count)
     level = check_opt_level(opt_level)
     cast_model_type = check_cast_model_type(cast_model_type)
     cast_model_outputs = check_dtype("cast_model_outputs", cast_model_outputs, MODEL_DTYPES)
@@ -232,6 +258,9 @@ def initialize(
         loss_scale=scale,
     )
     props.defer_unscale = defer_unscale
+    for name, value in ascend.items():
+        setattr(props, name, value)
+    props.ddp_replica_count = ddp_replica_count
     for opt in opt_list:
         if hasattr(opt, "_amp_stash"):
             raise RuntimeError(

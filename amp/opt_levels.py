@@ -36,6 +36,12 @@ class Properties:
         self.half_dtype: torch.dtype = torch.float16
         # This project's opt-in: fused optimizers keep gradients scaled until their step.
         self.defer_unscale: bool = False
+        # Apex for Ascend's additions (amp.initialize's keywords of the same names).
+        self.combine_grad: bool = False
+        self.check_combined_tensors: bool = False
+        self.combine_ddp: bool = False
+        self.ddp_replica_count: int = 4
+        self.user_cast_preferred: bool = False
 
     def options(self) -> dict[str, Any]:
         return dict(vars(self))
