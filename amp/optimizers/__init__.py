@@ -1,4 +1,5 @@
-"""Fused optimizers (apex.optimizers signatures) backed by amp._C.
+"""Fused optimizers (apex.optimizers signatures) backed by amp._C, and Apex for Ascend's
+``NpuFused*`` optimizers and ``Lamb`` (``npu_fused_base``: one update per combined buffer).
 
 Usable standalone like torch.optim, and under ``amp.initialize`` at every opt level. By
 default amp unscales the gradients when ``scale_loss`` exits (apex's behaviour) in one pass
@@ -12,6 +13,11 @@ from .fused_lamb import FusedLAMB
 from .fused_mixed_precision_lamb import FusedMixedPrecisionLamb
 from .fused_novograd import FusedNovoGrad
 from .fused_sgd import FusedSGD
+from .lamb import Lamb, NpuFusedLamb
+from .npu_fused_adam import NpuFusedAdam, NpuFusedAdamP, NpuFusedAdamW, NpuFusedBertAdam
+from .npu_fused_sgd import NpuFusedAdadelta, NpuFusedRMSprop, NpuFusedRMSpropTF, NpuFusedSGD
 
 __all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb",
-           "FusedNovoGrad", "FusedSGD"]
+           "FusedNovoGrad", "FusedSGD", "Lamb", "NpuFusedAdadelta", "NpuFusedAdam",
+           "NpuFusedAdamP", "NpuFusedAdamW", "NpuFusedBertAdam", "NpuFusedLamb",
+           "NpuFusedRMSprop", "NpuFusedRMSpropTF", "NpuFusedSGD"]
