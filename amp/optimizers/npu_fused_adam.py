@@ -134,7 +134,7 @@ class NpuFusedAdamP(NpuFusedOptimizer):
         ratios = []
         for i, p in enumerate(run.params):
             ratio = 1.0
-            if p.dim() > 1:
+            if p.dim() > 1 and p.numel() > 0:  # (an empty one has no direction to keep)
                 ratio = self._projection(run.shaped(param, i), run.shaped(grad, i),
                                          run.shaped(perturb, i), group["delta"],
                                          group["wd_ratio"], eps)
