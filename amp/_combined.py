@@ -137,6 +137,7 @@ class CombinedGrads:
         self.model_params: Optional[_Buffer] = None  # O2: the half model, laid out like masters
         self.segments: list[list[Segment]] = []
         self.saved: list[Tensor] = []  # copies of already-unscaled grads (a second loss)
+        self.masters_zero = False  # the masters' gradient buffer is known to hold zeros
         self.masks: dict[str, list[Tensor]] = {}
 
     # --- (re)combining ------------------------------------------------------------------
@@ -170,12 +171,14 @@ class CombinedGrads:
         if half is not None:
             masters = []
             for e in half.owners:
-                e.param.grad = torch.empty(0, dtype=e.param.dtype, device=e.param.device)
+                # Its own memory for an instant: torch checks the size on assignment.
+                e.param.grad = torch.empty_like(e.model.grad, dtype=e.param.dtype)
                 masters.append(e.param.grad)
             self.half_grads = half
             self.master_grads = _follow(half, masters, torch.float32, copy=False)
         self.valid = True
         self.dirty = True
+        self.masters_zero = False
         self.generation += 1
         return True
 
@@ -237,10 +240,17 @@ class CombinedGrads:
     def zero_(self) -> None:
         for flat in self.model_grad_flats():
             flat.zero_()
-        if self.master_grads is not None:
-            self.master_grads.flat.zero_()
+        self.zero_masters_()
         self.saved = []
         self.dirty = False
+
+    @torch.no_grad()
+    def zero_masters_(self) -> None:
+        """Zero the masters' gradients, unless nothing was written since they last were
+        (a step zeroes them, and zero_grad usually follows)."""
+        if self.master_grads is not None and not self.masters_zero:
+            self.master_grads.flat.zero_()
+        self.masters_zero = True
 
     @torch.no_grad()
     def unscale(self, inv_scale: float) -> Tensor:
@@ -251,6 +261,7 @@ class CombinedGrads:
 
         if self.master_grads is not None and self.half_grads is not None:
             self.master_grads.flat.copy_(self.half_grads.flat)
+            self.masters_zero = False
         targets = self.optimizer_grads()
         device = targets[0].device
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
@@ -363,6 +374,19 @@ def _group_segments(params: _Buffer, grads: _Buffer) -> Iterator[tuple[int, Segm
             numels=[t.numel() for t in params.tensors[start:end]],
         )
         start = end
+
+
+def zero_grads_in_place(model: torch.nn.Module) -> None:
+    """Under combining, ``model.zero_grad()`` zeroes in place whatever ``set_to_none`` says
+    (Ascend patches ``Module.zero_grad`` the same way; here only this model instance): a
+    gradient set to None would leave its buffer, and the next backward pass would allocate
+    a fresh one outside it. ``optimizer.zero_grad()`` is faster still: one op per buffer."""
+    zero_grad = model.zero_grad
+
+    def zero_grad_in_place(set_to_none: bool = False) -> None:
+        zero_grad(set_to_none=False)
+
+    model.zero_grad = zero_grad_in_place  # type: ignore[method-assign]
 
 
 def optimizer_segments(optimizer: Any) -> list[list[Segment]]:

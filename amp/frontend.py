@@ -9,9 +9,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from . import _combine_ddp
 from ._amp_state import _amp_state, maybe_log
 from ._casting import check_params_fp32, convert_network, register_fp32_state_dict, wrap_forward
-from .master import process_optimizer
+from ._combined import zero_grads_in_place
+from .master import combining, process_optimizer
 from .opt_levels import (
     HALF_DTYPES,
     MODEL_DTYPES,
@@ -261,6 +263,11 @@ def initialize(
     for name, value in ascend.items():
         setattr(props, name, value)
     props.ddp_replica_count = ddp_replica_count
+    if (props.combine_grad or props.check_combined_tensors) and level not in ("O1", "O2"):
+        raise RuntimeError(
+            "Currently, combine_grad=True or check_combined_tensors=True should only be set by "
+            "selecting opt_level='O1' or opt_level='O2'."
+        )
     for opt in opt_list:
         if hasattr(opt, "_amp_stash"):
             raise RuntimeError(
@@ -296,6 +303,11 @@ def initialize(
     # --- optimizers and scalers --------------------------------------------------------------
     for opt in opt_list:
         process_optimizer(opt, props, fp32_sources)
+    if any(combining(opt) for opt in opt_list):
+        for model in model_list:
+            zero_grads_in_place(model)
+    if props.combine_ddp:
+        _combine_ddp.broadcast_from_rank0(model_list)
     _amp_state.opt_properties = props
     _amp_state.loss_scalers = [
         LossScaler(

@@ -98,7 +98,8 @@ def scale_loss(
             opt._amp_stash.params_have_scaled_gradients = True
         return
     flags = [post_backward(opt, 1.0 / scale) for opt in opts]
-    found_inf = torch.stack([f.reshape(1).to(flags[0].device) for f in flags]).amax()
+    found_inf = flags[0] if len(flags) == 1 else torch.stack(
+        [f.reshape(1).to(flags[0].device) for f in flags]).amax()
     if scaler.update(any_rank_overflowed(found_inf)):
         message = (
             f"Gradient overflow.  Skipping step, loss scaler {loss_id} reducing loss scale to "

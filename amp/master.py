@@ -29,7 +29,10 @@ from typing import Any, Optional
 
 import torch
 
+from . import _combine_ddp
 from ._amp_state import maybe_log
+from ._combined import CombinedGrads
+from ._combined_methods import attach_combined_methods
 from ._device import collective_device
 from ._fused_unscale import unscale_pairs
 from .opt_levels import HALF_DTYPES, Properties
@@ -74,6 +77,9 @@ class OptimizerStash:
         # Masters are checked against the model once, at the first backward pass (see
         # sync_masters_once): the model may have changed after initialize.
         self.masters_synced = False
+        # Apex for Ascend's combined gradients (combine_grad / NpuFused optimizers); used while
+        # combining(optimizer) holds, built after the first backward pass.
+        self.combined: Optional[CombinedGrads] = None
         self.original_step: Any = optimizer.step
         self.original_zero_grad: Any = optimizer.zero_grad
         self.original_state_dict: Any = optimizer.state_dict
@@ -83,6 +89,22 @@ class OptimizerStash:
     def pairs(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple]:
         for group, models in zip(optimizer.param_groups, self.model_params):
             yield from zip(models, group["params"])
+
+
+def combining(optimizer: Any) -> bool:
+    """Whether this optimizer's gradients are combined: Ascend reads the per-optimizer
+    attributes at every step, so a script may turn one optimizer's off after initialize
+    (``optimizer.accelerate = False``)."""
+    stash: OptimizerStash = optimizer._amp_stash
+    wanted = bool(getattr(optimizer, "accelerate", False)) or is_npu_fused(optimizer)
+    combined = stash.combined
+    if combined is not None and not wanted and combined.valid:
+        combined.reset(quiet=True)  # the gradients stay where they are, as plain tensors
+    return wanted and combined is not None
+
+
+def is_npu_fused(optimizer: Any) -> bool:
+    return getattr(optimizer, "is_npu_fused_optimizer", False) is True
 
 
 def master_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -125,8 +147,17 @@ def process_optimizer(
             "An optimizer may be passed through amp.initialize only once; create a new optimizer "
             "for a new amp.initialize call."
         )
+    check_ascend_rules(optimizer, props)
     master_weights = bool(props.master_weights)
     stash = OptimizerStash(optimizer, master_weights, wants_deferred_unscale(optimizer, props))
+    # Ascend's per-optimizer switches, read at every step (scripts change them after initialize).
+    optimizer.accelerate = props.combine_grad
+    optimizer.check_combined_tensors = props.check_combined_tensors
+    optimizer.combine_ddp = props.combine_ddp
+    optimizer.ddp_replica_count = props.ddp_replica_count
+    if not is_npu_fused(optimizer):
+        optimizer.is_npu_fused_optimizer = False
+    stash.combined = CombinedGrads(check=props.check_combined_tensors)
     had_state = len(optimizer.state) > 0
     for group in optimizer.param_groups:
         if master_weights:
@@ -142,6 +173,33 @@ def process_optimizer(
     optimizer.state_dict = types.MethodType(_state_dict, optimizer)
     optimizer.load_state_dict = types.MethodType(_load_state_dict, optimizer)
     optimizer.add_param_group = types.MethodType(_add_param_group, optimizer)
+    attach_combined_methods(optimizer)
+
+
+def check_ascend_rules(optimizer: Any, props: Properties) -> None:
+    """Apex for Ascend's rules for combining, with its messages."""
+    o2 = props.opt_level == "O2"
+    if o2 and props.combine_grad and props.master_weights is not True:
+        raise RuntimeError(
+            "With opt_level O2, master_weights should be True when combine_grad is True"
+        )
+    if is_npu_fused(optimizer):
+        maybe_log("Use npu fused optimizer")
+        if props.opt_level not in ("O1", "O2"):
+            raise RuntimeError(
+                "Currently, npu fused optimizer can only be used when opt_level='O1' or "
+                "opt_level='O2'"
+            )
+        if o2 and props.master_weights is not True:
+            raise RuntimeError(
+                "With opt_level O2, master_weights should be True when npu fused optimizer is "
+                "used"
+            )
+    elif props.check_combined_tensors and not props.combine_grad:
+        maybe_log(
+            "Because combine_grad != True and no npu fused optimizer is used, checking "
+            "combined tensors function will not take effect!"
+        )
 
 
 def _separate_pairs(optimizer: torch.optim.Optimizer) -> list[tuple]:
@@ -191,6 +249,12 @@ def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
     sync_masters_once(optimizer)
     if stash.params_have_scaled_gradients:
         return  # accumulating with delay_unscale: keep adding scaled grads
+    if combining(optimizer) and stash.combined.still_valid():  # type: ignore[union-attr]
+        # Gradients accumulate into the buffers; unscaled ones already there are set aside.
+        stash.combined.save_existing()  # type: ignore[union-attr]
+        stash.use_fused = False
+        stash.unscaled_fused = False
+        return
     if stash.pending_inv_scale is not None:
         # A second loss before the step: the fused path's still-scaled grads are unscaled now.
         _generic_unscale(optimizer, stash.pending_inv_scale, with_stash=False)
@@ -239,6 +303,10 @@ def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.T
     gradients; returns the found_inf flag (a 0/1 tensor)."""
     stash: OptimizerStash = optimizer._amp_stash
     stash.params_have_scaled_gradients = False
+    if combining(optimizer):
+        flag = _post_backward_combined(optimizer, inv_scale)
+        if flag is not None:
+            return flag
     if stash.use_fused and stash.defer_unscale:
         nonfinite = optimizer._amp_grads_nonfinite(stash.model_params, inv_scale)
         stash.pending_inv_scale = inv_scale
@@ -253,6 +321,41 @@ def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.T
     return _generic_unscale(optimizer, inv_scale, with_stash=True)
 
 
+def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.Tensor]:
+    """The combined path: (combine after the first backward pass,) all-reduce the model
+    gradients in buckets under combine_ddp, then one unscale-and-check over every buffer.
+    None when this pass must take the per-parameter path (gradients set aside before it
+    could be combined: they are combined after a zero_grad)."""
+    stash: OptimizerStash = optimizer._amp_stash
+    combined: CombinedGrads = stash.combined  # type: ignore[assignment]
+    if not combined.still_valid():
+        if stash.stash is not None or stash.pending_inv_scale is not None:
+            return None
+        if not combined.build([list(zip(models, g["params"])) for models, g in
+                               zip(stash.model_params, optimizer.param_groups)]):
+            return None
+    if getattr(optimizer, "combine_ddp", False):
+        _combine_ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)
+    stash.use_fused = False
+    stash.pending_inv_scale = None
+    found_inf = combined.unscale(inv_scale)
+    # Fused optimizers step from the unscaled gradients and write the half model themselves.
+    stash.unscaled_fused = stash.unscaled_step
+    return found_inf
+
+
+def _drop_master_grads(optimizer: Any) -> None:
+    """After a step (or a skipped one), as apex: the masters' gradients, which
+    model.zero_grad() does not reach, are dropped -- zeroed in their buffer when combined."""
+    stash: OptimizerStash = optimizer._amp_stash
+    combined = stash.combined
+    if combined is not None and combined.valid and combined.master_grads is not None:
+        combined.zero_masters_()
+        return
+    for _, master in _separate_pairs(optimizer):
+        master.grad = None
+
+
 # --- patched optimizer methods ------------------------------------------------------------------
 
 
@@ -263,8 +366,7 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         stash.skip_message = None
         stash.pending_inv_scale = None
         stash.unscaled_fused = False
-        for _, master in _separate_pairs(self):  # not reached by model.zero_grad()
-            master.grad = None
+        _drop_master_grads(self)  # not reached by model.zero_grad()
         return None
     if stash.pending_inv_scale is not None:
         if closure is not None:
@@ -277,8 +379,7 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         if closure is not None:
             raise RuntimeError("amp does not support a closure with a fused optimizer's step")
         self._amp_unscaled_step(stash.model_params)  # also writes the half model copy
-        for _, master in _separate_pairs(self):  # as apex: drop the master grads after a step
-            master.grad = None
+        _drop_master_grads(self)  # as apex: drop the master grads after a step
         return None
     separate = bool(_separate_pairs(self))
     if closure is not None and separate:
@@ -288,15 +389,23 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         )
     result = stash.original_step() if closure is None else stash.original_step(closure)
     if separate:
-        copy_masters_to_model(self)
+        combined = stash.combined
+        if combined is None or not combined.valid or not combined.copy_masters_to_model():
+            copy_masters_to_model(self)
         # As apex: drop the master grads, which model.zero_grad() would not reach.
-        for _, master in _separate_pairs(self):
-            master.grad = None
+        _drop_master_grads(self)
     return result
 
 
 def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
     stash: OptimizerStash = self._amp_stash
+    if combining(self) and stash.combined.still_valid():  # type: ignore[union-attr]
+        # Combined: in place whatever set_to_none says (as Ascend), one op per buffer, so
+        # autograd keeps accumulating into the buffers.
+        stash.combined.zero_()  # type: ignore[union-attr]
+        stash.params_have_scaled_gradients = False
+        stash.unscaled_fused = False
+        return
     stash.original_zero_grad(set_to_none)
     for model_param, _ in _separate_pairs(self):  # the half model's grads too
         if set_to_none:
@@ -352,6 +461,8 @@ def _load_state_dict(self: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 def _add_param_group(self: torch.optim.Optimizer, param_group: dict[str, Any]) -> None:
     stash: OptimizerStash = self._amp_stash
     stash.original_add_param_group(param_group)
+    if stash.combined is not None:
+        stash.combined.reset(quiet=True)  # combined again, new group included, after a backward
     group = self.param_groups[-1]
     if stash.master_weights:
         stash.model_params.append(_make_masters(group, self, {}))
