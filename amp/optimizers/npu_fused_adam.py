@@ -54,7 +54,7 @@ class NpuFusedAdam(NpuFusedOptimizer):
             if self.decoupled:
                 param.mul_(1 - lr * wd)
             else:
-                grad = grad.add(param, alpha=wd)
+                grad = torch.add(grad, param, alpha=wd, out=run.scratch(1))
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias_correction1 = 1 - beta1 ** run.step
@@ -63,9 +63,8 @@ class NpuFusedAdam(NpuFusedOptimizer):
         if group["amsgrad"]:
             max_sq = run.states["max_exp_avg_sq"]
             torch.maximum(max_sq, exp_avg_sq, out=max_sq)
-            denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        else:
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+            exp_avg_sq = max_sq
+        denom = torch.sqrt(exp_avg_sq, out=run.scratch()).div_(bias_correction2_sqrt).add_(eps)
         param.addcdiv_(exp_avg, denom, value=-step_size)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
 from .npu_fused_base import NpuFusedOptimizer, Run, check_nonnegative
@@ -39,14 +40,17 @@ class NpuFusedSGD(NpuFusedOptimizer):
         momentum, wd = group["momentum"], group["weight_decay"]
         param, grad = run.param, run.grad
         if wd != 0:
-            grad = grad.add(param, alpha=wd)
+            grad = torch.add(grad, param, alpha=wd, out=run.scratch())
         if momentum != 0:
             buf = run.states["momentum_buffer"]
             if run.fresh:
                 buf.copy_(grad)
             else:
                 buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            if group["nesterov"]:
+                grad = torch.add(grad, buf, alpha=momentum, out=run.scratch(1))
+            else:
+                grad = buf
         param.add_(grad, alpha=-group["lr"])
 
 
@@ -69,10 +73,10 @@ class NpuFusedAdadelta(NpuFusedOptimizer):
         param, grad = run.param, run.grad
         square_avg, acc_delta = run.states["square_avg"], run.states["acc_delta"]
         if wd != 0:
-            grad = grad.add(param, alpha=wd)
+            grad = torch.add(grad, param, alpha=wd, out=run.scratch(2))
         square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
-        std = square_avg.add(eps).sqrt_()
-        delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+        std = torch.add(square_avg, eps, out=run.scratch()).sqrt_()
+        delta = torch.add(acc_delta, eps, out=run.scratch(1)).sqrt_().div_(std).mul_(grad)
         acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
         param.add_(delta, alpha=-group["lr"])
 
@@ -108,14 +112,15 @@ class NpuFusedRMSprop(NpuFusedOptimizer):
         param, grad = run.param, run.grad
         square_avg = run.states["square_avg"]
         if wd != 0:
-            grad = grad.add(param, alpha=wd)
+            grad = torch.add(grad, param, alpha=wd, out=run.scratch(1))
         square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
         if group["centered"]:
             grad_avg = run.states["grad_avg"]
             grad_avg.lerp_(grad, 1 - alpha)
-            avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+            avg = torch.addcmul(square_avg, grad_avg, grad_avg, value=-1,
+                                out=run.scratch()).sqrt_()
         else:
-            avg = square_avg.sqrt()
+            avg = torch.sqrt(square_avg, out=run.scratch())
         avg = avg.add_(group["eps"])
         if group["momentum"] > 0:
             buf = run.states["momentum_buffer"]
