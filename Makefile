@@ -27,7 +27,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test lint bench bench-build bench-arm demo clean distclean
+.PHONY: help setup test lint bench bench-ascend bench-build bench-arm demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -36,6 +36,7 @@ help:
 	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make lint                   ruff over the tree"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
+	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
 	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
@@ -113,6 +114,15 @@ BENCH_ARGS ?=
 
 bench: setup
 	$(PY_VENV) benchmarks/optimizer_step.py $(BENCH_ARGS)
+
+# bench-ascend: Apex for Ascend's combined tensors -- device operations per training step on
+# the npu test device (counted at the dispatcher) and CPU step time, torch.optim vs amp's
+# fused optimizers vs NpuFused + combine_grad, at 10/100/1000 parameters and at 50M.
+# BENCH_ASCEND_ARGS: e.g. "--counts 10 100 --no-big" or "--explain" (the ops of each phase).
+BENCH_ASCEND_ARGS ?=
+
+bench-ascend: setup
+	$(PY_VENV) benchmarks/bench_ascend.py $(BENCH_ASCEND_ARGS)
 
 # demo: apex's quick-start model and an MLP trained in fp32 and under O1/O2 (bf16 on the CPU;
 # fp16 and bf16 on CUDA/NPU): loss per step, weights, peak memory and step time per run, and a
