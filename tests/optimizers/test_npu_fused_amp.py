@@ -46,6 +46,11 @@ def train(make_opt: Callable[[Any], Any], opt_level: str, steps: int = 5,
     opt = make_opt(model.parameters())
     model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0,
                                 dynamic_init_scale=2.0**10, **kw)
+    loop(model, opt, steps, device)
+    return model, opt
+
+
+def loop(model: nn.Module, opt: Any, steps: int, device: Any = "cpu") -> None:
     x, y = (t.to(device) for t in _data())
     for _ in range(steps):
         opt.zero_grad()
@@ -53,7 +58,6 @@ def train(make_opt: Callable[[Any], Any], opt_level: str, steps: int = 5,
         with amp.scale_loss(loss, opt) as scaled:
             scaled.backward()
         opt.step()
-    return model, opt
 
 
 # A representative subset (the arithmetic of every pair is tested on the buffers directly):
@@ -105,12 +109,7 @@ def test_state_dict_under_amp_resumes_exactly() -> None:
                                   dynamic_init_scale=2.0**10)
     model2.load_state_dict(saved_model)
     opt2.load_state_dict(saved_opt)
-    x, y = _data()
-    for _ in range(3):
-        opt2.zero_grad()
-        with amp.scale_loss(F.mse_loss(model2(x).float(), y), opt2) as scaled:
-            scaled.backward()
-        opt2.step()
+    loop(model2, opt2, 3)
     for a, b in zip(model2.parameters(), straight.parameters()):
         assert torch.equal(a, b)
 
