@@ -33,9 +33,11 @@ def _check(lr: float, betas: tuple[float, float], eps: float) -> None:
 
 
 def lamb_update(group: dict[str, Any], run: Run, adam: bool,
-                grad_divisor: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                grad_divisor: Optional[Tensor] = None, norms: bool = True
+                ) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """One LAMB step on ``run``; returns the per-parameter weight norms, Adam-step norms and
-    trust ratios (1-D, one entry per parameter of the run)."""
+    trust ratios (1-D, one entry per parameter of the run), unless ``adam`` and not
+    ``norms`` (nothing needs them then)."""
     beta1, beta2 = group["betas"]
     param, grad = run.param, run.grad
     if grad_divisor is not None:
@@ -46,6 +48,9 @@ def lamb_update(group: dict[str, Any], run: Run, adam: bool,
     adam_step = exp_avg / exp_avg_sq.sqrt().add(group["eps"])
     if group["weight_decay"] != 0:
         adam_step.add_(param, alpha=group["weight_decay"])
+    if adam and not norms:
+        param.add_(adam_step, alpha=-group["lr"])
+        return None
     weight_norm = torch.stack(torch._foreach_norm(run.parts(param), 2)).clamp(0, 10)
     adam_norm = torch.stack(torch._foreach_norm(run.parts(adam_step), 2))
     ratio = torch.where((weight_norm == 0) | (adam_norm == 0), torch.ones_like(weight_norm),
@@ -80,7 +85,7 @@ class NpuFusedLamb(NpuFusedOptimizer):
             self._divisor = torch.where(norm > 1, norm, torch.ones_like(norm))
 
     def _update(self, group: dict[str, Any], run: Run) -> None:
-        lamb_update(group, run, self.adam, self._divisor)
+        lamb_update(group, run, self.adam, self._divisor, norms=False)
 
 
 class Lamb(ElementwiseOptimizer):
@@ -114,7 +119,9 @@ class Lamb(ElementwiseOptimizer):
         return runs
 
     def _update(self, group: dict[str, Any], run: Run) -> None:
-        weight_norm, adam_norm, ratio = lamb_update(group, run, self.adam)
+        result = lamb_update(group, run, self.adam)
+        assert result is not None
+        weight_norm, adam_norm, ratio = result
         state = self.state[run.params[0]]
         state["weight_norm"], state["adam_norm"] = weight_norm[0], adam_norm[0]
         state["trust_ratio"] = ratio[0]

@@ -49,7 +49,9 @@ class Run:
     # fresh buffer per temporary (on the CPU, page faults on every step; half the step time
     # at 50M parameters).
     scratch_of: Optional[Callable[[Tensor, int], Tensor]] = field(default=None, repr=False)
-    _repeats: dict[Any, Tensor] = field(default_factory=dict, repr=False)
+    # Device tensors a run derives from its layout (per_part's repeats), kept by the
+    # optimizer across steps: the layout only changes when amp combines again.
+    cache: dict[Any, Tensor] = field(default_factory=dict, repr=False)
 
     def scratch(self, slot: int = 0) -> Tensor:
         if self.scratch_of is None or not self.param.is_contiguous():
@@ -75,12 +77,12 @@ class Run:
         the padding after it): one operation, for per-tensor factors such as a trust ratio."""
         if len(self.params) == 1:  # a 0-dim factor broadcasts over the padding too
             return values.reshape(())
-        key = values.device
-        repeats = self._repeats.get(key)
+        ends = self.offsets[1:] + [self.param.numel()]
+        sizes = tuple(end - start for start, end in zip(self.offsets, ends))
+        key = ("repeats", values.device, sizes)
+        repeats = self.cache.get(key)
         if repeats is None:
-            ends = self.offsets[1:] + [self.param.numel()]
-            sizes = [end - start for start, end in zip(self.offsets, ends)]
-            repeats = self._repeats[key] = torch.tensor(sizes, device=values.device)
+            repeats = self.cache[key] = torch.tensor(sizes, device=values.device)
         return torch.repeat_interleave(values, repeats, output_size=self.param.numel())
 
 
@@ -168,16 +170,14 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         self._combined_states = None
         self._combined_for: Optional[int] = None
         self._fresh: set[int] = set()  # ids of parameters whose states this step created
-        self.register_load_state_dict_post_hook(NpuFusedOptimizer._drop_combined_states)
+        self._layout_cache: dict[Any, Tensor] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # torch's load_state_dict ends here with the new state tensors (as do copy.deepcopy
+        # and pickle): combine those at the next step.
         super().__setstate__(state)
         self._combined_states, self._combined_for, self._fresh = None, None, set()
-
-    @staticmethod
-    def _drop_combined_states(optimizer: Optimizer) -> None:
-        # load_state_dict put new tensors in self.state: combine those instead.
-        optimizer._combined_states = None  # type: ignore[attr-defined]
+        self._layout_cache = {}
 
     def _combine_states(self, segments: list[list[_combined.Segment]]) -> None:
         self._combined_states = []
@@ -229,6 +229,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         if stale:
             self._combine_states(segments)
             self._combined_for = generation
+            self._layout_cache = {}
         assert self._combined_states is not None
         runs = []
         for group, segs, states in zip(self.param_groups, segments, self._combined_states):
@@ -258,6 +259,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
                 offsets=[o - first for o in seg.offsets[start:end]],
                 numels=seg.numels[start:end],
                 scratch_of=self._scratch,
+                cache=self._layout_cache,
             )
             start = end
 

@@ -4,6 +4,7 @@ constructors and errors; state that survives state_dict and re-combination; Asce
 inputs (tests/fuzz/*_samples/samples1.txt) as fixed cases."""
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -299,3 +300,27 @@ def test_ascend_fuzz_samples(cls: type) -> None:
         lr_factors = [O.npu_fused_adam.SCHEDULES[d["schedule"]](k / d["t_total"], d["warmup"])
                       for k in (0, 1)]
     assert any(moved) == (bool(moved) and any(f != 0 for f in lr_factors))
+
+
+def test_loading_an_earlier_state_into_the_same_optimizer() -> None:
+    """load_state_dict replaces the state tensors: the next step combines the loaded ones
+    (stepping the old buffers would continue from the later state)."""
+    series = grad_series(SHAPES, steps=5)
+    params = leaves(SHAPES)
+    opt = O.NpuFusedRMSprop(params, lr=0.01, momentum=0.9)
+    run_combined(opt, params, series[:3])
+    saved = copy.deepcopy(opt.state_dict())  # state_dict() holds references, as torch's
+    at3 = [p.detach().clone() for p in params]
+    for grads in series[3:]:
+        set_grads(params, grads)
+        opt.step()
+    with torch.no_grad():
+        for p, v in zip(params, at3):
+            p.copy_(v)
+    opt.load_state_dict(saved)
+    for grads in series[3:]:
+        set_grads(params, grads)
+        opt.step()
+    ref = leaves(SHAPES)
+    run_plain(torch.optim.RMSprop(ref, lr=0.01, momentum=0.9, foreach=False), ref, series)
+    assert all(torch.equal(a, b) for a, b in zip(params, ref))
