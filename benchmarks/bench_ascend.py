@@ -13,9 +13,11 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
    torch's dispatcher with a TorchDispatchMode (tests/npu/npu_fused_ops.py says what counts),
    split into the optimizer-side phases: unscale + overflow check (when scale_loss exits,
    with the loss scaler's update), step (with the copy of the masters into the model),
-   zero_grad; plus the host synchronisations (``.item()``). Forward and backward are not
-   counted, except that the backward pass's own extra under combining is shown: gradients
-   accumulate into the buffers (one ``add_`` per parameter) instead of being handed over.
+   zero_grad; plus the host synchronisations (``.item()``) and, as "all calls", every
+   dispatcher call of those phases on device tensors (views and metadata changes included).
+   Forward and backward are not counted, except that the backward pass's own extra under
+   combining is shown: gradients accumulate into the buffers (one ``add_`` per parameter)
+   instead of being handed over.
    A ``_foreach_*`` call counts as one operation here; on a real device it is one launch per
    chunk of tensors (CUDA) or per tensor (many torch_npu foreach kernels).
 2. **CPU step time**: the same three phases on the CPU, median over ``--repeat`` steps.
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load {os.getloadavg()[0]:.2f}; amp O2, {args.size} elements per parameter")
     print("\nDevice operations per step on `npu` (launches; syncs = .item() reads)")
     header = (f"{'optimizer':28} {'params':>6} {'unscale+chk':>11} {'step':>6} {'zero_grad':>9}"
-              f" {'total':>6} {'syncs':>5} {'bwd extra':>9}")
+              f" {'total':>6} {'syncs':>5} {'bwd extra':>9} {'all calls':>9}")
     print(header)
     print("-" * len(header))
     plain_backward: dict[int, int] = {}
@@ -139,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             plain_backward.setdefault(n, other)
             print(f"{label:28} {n:>6} {phases[0]:>11} {phases[1]:>6} {phases[2]:>9} "
                   f"{sum(phases):>6} {sum(c.syncs.values()):>5} "
-                  f"{other - plain_backward[n]:>9}")
+                  f"{other - plain_backward[n]:>9} "
+                  f"{sum(c.calls[p] for p in npu_fused_ops.PHASES):>9}")
             if args.explain and ("combine" in label or "Npu" in label) and n == args.counts[0]:
                 for phase in npu_fused_ops.PHASES:
                     print(f"{'':30}{phase}: {dict(c.names[phase])}")

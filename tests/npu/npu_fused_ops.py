@@ -38,6 +38,7 @@ class OpCounter(TorchDispatchMode):
         self.current = "other"
         self.launches: collections.Counter[str] = collections.Counter()
         self.syncs: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()  # views etc. included
         self.names: dict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter)
 
@@ -59,7 +60,10 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func in NO_KERNEL or func.is_view or not self._on_device(args, kwargs, out):
+        if not self._on_device(args, kwargs, out):
+            return out
+        self.calls[self.current] += 1
+        if func in NO_KERNEL or func.is_view:
             return out
         if func is SYNC:
             self.syncs[self.current] += 1
