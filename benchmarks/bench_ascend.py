@@ -20,7 +20,8 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
    instead of being handed over.
    A ``_foreach_*`` call counts as one operation here; on a real device it is one launch per
    chunk of tensors (CUDA) or per tensor (many torch_npu foreach kernels).
-2. **CPU step time**: the same three phases on the CPU, median over ``--repeat`` steps.
+2. **CPU step time**: the same three phases on the CPU, median over ``--repeat`` steps, the
+   rows' steps interleaved in rotating order (a shared machine drifts).
 3. **50M parameters** (``--big``, 100 tensors of 500k): the CPU step of NpuFused + combine vs
    amp's fused path (FusedAdam / FusedSGD on amp._C's kernels).
 
@@ -81,16 +82,18 @@ def count(make: Maker, n: int, size: int, extra: dict[str, Any]) -> npu_fused_op
     return npu_fused_ops.count_step(make, n, size, "npu", **INIT, **extra)
 
 
-def time_step(make: Maker, n: int, size: int, extra: dict[str, Any], repeat: int
-              ) -> dict[str, float]:
-    """Median seconds of each optimizer-side phase on the CPU."""
-    _reset()
+def prepare(make: Maker, n: int, size: int, extra: dict[str, Any]
+            ) -> Callable[[], list[float]]:
+    """A model and optimizer under amp, two steps taken (combining, states); returns a
+    function that takes one more step and gives the seconds of each optimizer-side phase."""
     model = npu_fused_ops.ManyParams(n, size)
     opt = make(model.parameters())
+    # Every row shares amp's process-wide properties (O2, the same scaler settings); only
+    # combine_grad differs, and amp reads it per optimizer.
     model, opt = amp.initialize(model, opt, verbosity=0, **INIT, **extra)
     x = torch.randn(n * size, generator=torch.Generator().manual_seed(1))
-    times: dict[str, list[float]] = {p: [] for p in npu_fused_ops.PHASES}
-    for i in range(repeat + 2):  # two warm-up steps: combining, states
+
+    def one() -> list[float]:
         loss = model(x)
         cm = amp.scale_loss(loss, opt)
         cm.__enter__().backward()
@@ -101,12 +104,35 @@ def time_step(make: Maker, n: int, size: int, extra: dict[str, Any], repeat: int
         marks.append(time.perf_counter())
         opt.zero_grad()
         marks.append(time.perf_counter())
-        if i >= 2:
-            for phase, t0, t1 in zip(npu_fused_ops.PHASES, marks, marks[1:]):
-                times[phase].append(t1 - t0)
-    out = {p: statistics.median(v) for p, v in times.items()}
-    out["total"] = sum(out.values())
+        return [b - a for a, b in zip(marks, marks[1:])]
+
+    one()
+    one()
+    return one
+
+
+def time_rows(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int, repeat: int
+              ) -> dict[str, list[float]]:
+    """Median seconds per phase (and their sum) of each row, the rows interleaved step by
+    step in rotating order, so that a shared machine's drift hits them alike."""
+    _reset()
+    steps = {label: prepare(make, n, size, extra) for label, make, extra in rows}
+    times: dict[str, list[list[float]]] = {label: [] for label in steps}
+    labels = list(steps)
+    for r in range(repeat):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            times[label].append(steps[label]())
+    out = {}
+    for label, samples in times.items():
+        phases = [statistics.median(s[i] for s in samples) for i in range(3)]
+        out[label] = phases + [statistics.median(sum(s) for s in samples)]
     return out
+
+
+def _print_times(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int,
+                 repeat: int) -> None:
+    for label, t in time_rows(rows, n, size, repeat).items():
+        print(f"{label:28} {n:>6} {_ms(t[0]):>11} {_ms(t[1])} {_ms(t[2]):>9} {_ms(t[3])}")
 
 
 def _ms(s: float) -> str:
@@ -147,28 +173,22 @@ def main(argv: list[str] | None = None) -> int:
                 for phase in npu_fused_ops.PHASES:
                     print(f"{'':30}{phase}: {dict(c.names[phase])}")
     print("\nCPU time per step, optimizer-side phases (ms, median of "
-          f"{args.repeat})")
+          f"{args.repeat}, interleaved)")
     header = f"{'optimizer':28} {'params':>6} {'unscale+chk':>11} {'step':>8} {'zero_grad':>9}" \
              f" {'total':>8}"
     print(header)
     print("-" * len(header))
-    for label, make, extra in ROWS:
-        for n in args.counts:
-            t = time_step(make, n, args.size, extra, args.repeat)
-            print(f"{label:28} {n:>6} {_ms(t['unscale+check']):>11} {_ms(t['step'])} "
-                  f"{_ms(t['zero_grad']):>9} {_ms(t['total'])}")
+    for n in args.counts:
+        _print_times(ROWS, n, args.size, args.repeat)
     if not args.no_big:
         n, size = 100, int(args.big) // 100
         print(f"\nCPU time per step at {n * size / 1e6:.0f}M parameters ({n} x {size}), "
               f"ms, median of {args.repeat}")
         print(header)
         print("-" * len(header))
-        for label, make, extra in ROWS:
-            if "Fused" not in label:
-                continue
-            t = time_step(make, n, size, extra, args.repeat)
-            print(f"{label:28} {n:>6} {_ms(t['unscale+check']):>11} {_ms(t['step'])} "
-                  f"{_ms(t['zero_grad']):>9} {_ms(t['total'])}")
+        fused = [row for row in ROWS if "Fused" in row[0]]
+        for pair in (fused[:2], fused[2:]):  # SGD, then Adam: two models in memory at once
+            _print_times(pair, n, size, args.repeat)
     return 0
 
 
