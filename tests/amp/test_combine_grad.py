@@ -295,3 +295,30 @@ def test_per_optimizer_switch_after_initialize() -> None:
         scaled.backward()
     assert optimizer._amp_stash.combined.valid is False
     assert optimizer.get_model_combined_grads() == []
+
+
+def test_delay_overflow_check_unscales_but_neither_skips_nor_rescales() -> None:
+    """apex's keyword: the scale stays and the step runs, inf and all."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0,
+                                      combine_grad=True, dynamic_init_scale=8.0)
+    for delayed in (False, True):
+        optimizer.zero_grad()
+        with amp.scale_loss(model(torch.ones(2, 3)).sum(), optimizer,
+                            delay_overflow_check=delayed) as scaled:
+            scaled.backward()
+        assert torch.equal(model.bias.grad, torch.tensor([2.0]))  # unscaled either way
+        scale = amp._amp_state.loss_scalers[0].loss_scale()
+        with amp.scale_loss(model(torch.ones(2, 3)).sum(), optimizer,
+                            delay_overflow_check=delayed) as scaled:
+            scaled.backward()
+            model.bias.grad.fill_(float("inf"))
+        before = model.weight.detach().clone()
+        optimizer.step()
+        after = amp._amp_state.loss_scalers[0].loss_scale()
+        assert after == (scale if delayed else scale / 2)
+        assert torch.equal(model.weight, before) != delayed  # delayed: the step ran
+    with pytest.raises(TypeError, match="delay_overflow_check must be True or False"):
+        with amp.scale_loss(model(torch.ones(2, 3)).sum(), optimizer, delay_overflow_check=1):
+            pass
