@@ -35,6 +35,7 @@ def scale_loss(
     loss_id: int = 0,
     model: Any = None,
     delay_unscale: bool = False,
+    delay_overflow_check: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield ``loss * scale`` for ``backward``; on exit unscale the gradients and check them.
 
@@ -48,6 +49,13 @@ def scale_loss(
     * ``model`` -- accepted for apex compatibility; unused.
     * ``delay_unscale`` -- True for all but the last of several backward passes accumulated into
       one step (gradient accumulation): gradients stay scaled until the last pass.
+    * ``delay_overflow_check`` -- as in apex (and Apex for Ascend): gradients are unscaled
+      when the block exits, but the overflow check is left to the caller -- the scale is not
+      updated and the next step is not skipped (no host synchronisation either). For
+      optimizers or loops that check gradients themselves.
+
+    With ``combine_grad=True`` (or an ``NpuFused*`` optimizer) the exit is one
+    unscale-and-check per gradient buffer instead of one per parameter.
 
     Example (runs on CPU)::
 
@@ -71,6 +79,8 @@ def scale_loss(
         return
     opts = _as_amp_optimizers(optimizers)
     scalers = _amp_state.loss_scalers
+    if not isinstance(delay_overflow_check, bool):
+        raise TypeError(f"delay_overflow_check must be True or False; got {delay_overflow_check!r}")
     if isinstance(loss_id, bool) or not isinstance(loss_id, int):
         raise TypeError(f"loss_id must be an int; got {loss_id!r}")
     if not 0 <= loss_id < len(scalers):
@@ -98,6 +108,8 @@ def scale_loss(
             opt._amp_stash.params_have_scaled_gradients = True
         return
     flags = [post_backward(opt, 1.0 / scale) for opt in opts]
+    if delay_overflow_check:
+        return
     found_inf = flags[0] if len(flags) == 1 else torch.stack(
         [f.reshape(1).to(flags[0].device) for f in flags]).amax()
     if scaler.update(any_rank_overflowed(found_inf)):

@@ -2,9 +2,11 @@
 in a fresh Python process."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,3 +38,37 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def run_ranks(tmp_path: Path, world: int, worker: Path,
+              args_for_rank: Callable[[int], list[str]]) -> list[dict]:
+    """Start *world* processes of ``worker RANK WORLD RENDEZVOUS ARGS...`` (gloo, CPU), wait
+    for all of them, return each rank's results: the JSON file named by its second ARG.
+
+    The ranks meet through a file (``file://`` rendezvous), so no TCP port is chosen ahead
+    of time. A failure message carries each rank's command line and output: enough to rerun
+    it by hand."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    rendezvous = tmp_path / "rendezvous"
+    argvs = [[sys.executable, str(worker), str(rank), str(world), str(rendezvous),
+              *args_for_rank(rank)] for rank in range(world)]
+    procs = [
+        subprocess.Popen(argv, env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for argv in argvs
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=300)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for argv, proc, output in zip(argvs, procs, outputs):
+        assert proc.returncode == 0, (
+            f"rank exited {proc.returncode}; rerun with OMP_NUM_THREADS=1 "
+            f"PYTHONPATH={REPO_ROOT} {' '.join(argv)}\n{output}")
+    return [json.loads(Path(argv[6]).read_text()) for argv in argvs]

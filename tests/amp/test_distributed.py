@@ -2,15 +2,11 @@
 same step and back off to the same scale."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from amp_testlib import REPO_ROOT
+from amp_testlib import run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(),
@@ -22,37 +18,9 @@ WORKER = Path(__file__).parent / "_ddp_worker.py"
 
 
 def _run_ranks(tmp_path: Path, world: int, steps: int, inject: list[int]) -> list[dict]:
-    """Start *world* worker processes, wait for all of them, return each rank's results.
-
-    A failure message carries each rank's command line and output: enough to rerun it by hand.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    rendezvous = tmp_path / "rendezvous"  # file:// init: no port to race for
-    argvs = [
-        [sys.executable, str(WORKER), str(rank), str(world), str(rendezvous), ",".join(LEVELS),
-         str(tmp_path / f"rank{rank}.json"), str(steps), ",".join(map(str, inject))]
-        for rank in range(world)
-    ]
-    procs = [
-        subprocess.Popen(argv, env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-        for argv in argvs
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=300)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for argv, proc, output in zip(argvs, procs, outputs):
-        assert proc.returncode == 0, (
-            f"rank exited {proc.returncode}; rerun with OMP_NUM_THREADS=1 "
-            f"PYTHONPATH={REPO_ROOT} {' '.join(argv)}\n{output}")
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return run_ranks(tmp_path, world, WORKER, lambda rank: [
+        ",".join(LEVELS), str(tmp_path / f"rank{rank}.json"), str(steps),
+        ",".join(map(str, inject))])
 
 
 def _check(ranks: list[dict], steps: int, inject: list[int]) -> None:
@@ -81,3 +49,15 @@ def test_overflow_agreement_stress_three_ranks(tmp_path: Path) -> None:
     agreement race shows up here before it shows up in the two-rank test."""
     steps, inject = 40, [3, 4, 17, 31]
     _check(_run_ranks(tmp_path, world=3, steps=steps, inject=inject), steps, inject)
+
+
+def test_combine_ddp_averages_like_distributed_data_parallel(tmp_path: Path) -> None:
+    """Ascend's combine_ddp (bucketed all-reduce of the combined gradients, no DDP wrapper)
+    against DistributedDataParallel itself: the same parameters, bit for bit, on both ranks."""
+    worker = Path(__file__).parent / "_combine_ddp_worker.py"
+    ranks = run_ranks(tmp_path, 2, worker, lambda rank: [
+        ",".join(LEVELS), str(tmp_path / f"rank{rank}.json")])
+    for level in LEVELS:
+        for rank in ranks:
+            assert rank[level]["combine_ddp"] == rank[level]["ddp"], level
+        assert ranks[0][level] == ranks[1][level], level
