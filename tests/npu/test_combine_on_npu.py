@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from amp_npu_lib import quickstart, reset_amp
-from torch.utils._python_dispatch import TorchDispatchMode
+from npu_fused_ops import OpCounter
 
 import amp
 
@@ -36,18 +36,6 @@ def test_combined_quickstart_equals_uncombined_on_npu(npu: torch.device, level: 
         assert flat.untyped_storage().data_ptr() == p.grad.untyped_storage().data_ptr()
 
 
-class _Launches(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if any(isinstance(a, torch.Tensor) and a.device.type == "npu"
-               for a in torch.utils._pytree.tree_leaves((args, kwargs))):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _launches(npu: torch.device, n_params: int, combine: Optional[bool]) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(n_params // 2)]).to(npu)
@@ -57,7 +45,7 @@ def _launches(npu: torch.device, n_params: int, combine: Optional[bool]) -> int:
     x = torch.randn(2, 2).to(npu)
     for _ in range(2):
         optimizer.zero_grad()
-        count = _Launches()
+        count = OpCounter("npu")
         with amp.scale_loss(F.mse_loss(model(x).float(), x), optimizer) as scaled:
             scaled.backward()
             count.__enter__()
@@ -65,7 +53,7 @@ def _launches(npu: torch.device, n_params: int, combine: Optional[bool]) -> int:
         count.__exit__(None, None, None)
         optimizer.step()
     reset_amp()
-    return count.count
+    return sum(count.launches.values()) + sum(count.syncs.values())
 
 
 def test_launches_per_step_do_not_grow_with_parameters_on_npu(npu: torch.device) -> None:
