@@ -23,6 +23,7 @@ def test_the_apex_modules_are_ampforge_modules():
     from apex import amp as apex_amp
     from apex.amp import _amp_state
     from apex.contrib.combine_tensors import combine_npu
+    from apex.multi_tensor_apply import multi_tensor_applier
     from apex.parallel import LARC
 
     assert apex_amp is amp and apex.amp is amp
@@ -31,6 +32,7 @@ def test_the_apex_modules_are_ampforge_modules():
     assert combine_npu is amp.combine_tensors.combine_npu
     assert LARC is amp.parallel.LARC
     assert apex.optimizers is amp.optimizers
+    assert multi_tensor_applier is amp.multi_tensor_applier
     # The module keeps its own spec (reload, pickling by reference, tracebacks name amp's file).
     assert apex.amp.__spec__.name == "amp"
 

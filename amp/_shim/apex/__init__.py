@@ -31,6 +31,7 @@ ALIASES = {
     "apex.parallel": "amp.parallel",
     "apex.contrib.combine_tensors": "amp.combine_tensors",
     "apex.dump": "amp.dump",
+    "apex.multi_tensor_apply": "amp.multi_tensor_apply",
 }
 
 
