@@ -1,7 +1,7 @@
 """FusedAdam: apex.optimizers.FusedAdam on amp._C's multi-tensor Adam kernel."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -28,8 +28,12 @@ class FusedAdam(FusedOptimizer):
     apex, the masters are not part of ``state_dict()``; after ``load_state_dict`` they are
     taken again from the (half) parameters. ``capturable=True`` (apex: a CUDA-graph
     capturable step that reads the scale of ``torch.amp.GradScaler`` on the device) is
-    accepted and steps the same numbers: the scaler unscales and skips overflowed steps
-    itself, as for any optimizer, since no step here is captured into a CUDA graph.
+    accepted and steps the same numbers. As in apex, such an optimizer tells the scaler it
+    removes the scale itself (``_step_supports_amp_scaling``): the scaler then hands it
+    ``grad_scale`` and ``found_inf`` instead of unscaling, which is what lets fp16 parameters
+    (``master_weights=True``) go through ``GradScaler.step`` -- the scaler refuses to unscale
+    fp16 gradients itself. The step unscales the gradients in place (as apex's does) and
+    reads both values on the host (nothing here is captured into a CUDA graph).
 
     State is compatible with torch.optim.Adam/AdamW ('step', 'exp_avg', 'exp_avg_sq')::
 
@@ -67,6 +71,33 @@ class FusedAdam(FusedOptimizer):
         # id(half param) -> its fp32 master (master_weights=True); made on first use.
         self._masters: dict[int, Tensor] = {}
         super().__init__(params, defaults, set_grad_none)
+        if capturable:
+            self._step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        # torch.amp.GradScaler sets these two for the duration of its step() call when
+        # _step_supports_amp_scaling is set (capturable=True).
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if grad_scale is None and found_inf is None:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if found_inf is not None and bool(found_inf.item()):
+            return loss  # an overflowed step is skipped (its step count too), as the scaler's
+        params = [list(g["params"]) for g in self.param_groups]
+        if grad_scale is not None:
+            # Unscaled in place, as apex's capturable kernel leaves them: code that reads the
+            # gradients after the step (logging, clipping next time) sees the true values.
+            grads = [p.grad for group in params for p in group if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, 1.0 / float(grad_scale.item()))
+        self._amp_cached_norm = None
+        self._update(params, 1.0, grads_on_params=True)
+        return loss
 
     def _master_of(self, p: Tensor) -> Tensor:
         master = self._masters.get(id(p))

@@ -143,18 +143,27 @@ def test_fused_adam_master_weights_steps_fp32_masters_of_half_params(dtype):
     assert opt.state[half.weight]["exp_avg"].dtype == torch.float32
 
 
-def test_fused_adam_capturable_with_grad_scaler_skips_overflowed_steps():
-    model = torch.nn.Linear(4, 1)
-    opt = FusedAdam(model.parameters(), lr=1e-2, capturable=True)
+def test_fused_adam_capturable_takes_grad_scalers_scale_even_for_fp16_params():
+    # GradScaler refuses to unscale fp16 gradients itself; a capturable FusedAdam (apex's
+    # _step_supports_amp_scaling) gets the scale and the overflow flag and does it.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).half()
+    opt = FusedAdam(model.parameters(), lr=1e-2, capturable=True, master_weights=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     before = model.weight.detach().clone()
-    scaler.scale(model(torch.full((2, 4), float("inf"))).sum()).backward()
+    scaler.scale(model(torch.full((2, 4), float("inf"), dtype=torch.half)).sum()).backward()
     scaler.step(opt)
     scaler.update()
     assert torch.equal(model.weight.detach(), before) and scaler.get_scale() == 2.0**7
+    assert "exp_avg" not in opt.state[model.weight]  # skipped: no step taken
+    x = torch.ones(2, 4, dtype=torch.half)
     opt.zero_grad()
-    scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+    model(x).sum().backward()
+    true_grad = model.weight.grad.clone()
+    opt.zero_grad()
+    scaler.scale(model(x).sum()).backward()
     scaler.step(opt)
+    assert torch.equal(model.weight.grad, true_grad)  # unscaled in place, as apex's kernel
     assert not torch.equal(model.weight.detach(), before)
     with pytest.raises(TypeError, match="master_weights must be True or False"):
         FusedAdam(model.parameters(), master_weights="yes")
