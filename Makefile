@@ -96,6 +96,7 @@ $(VENV)/.torch-$(TORCH): | $(VENV)/.devtools
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH) \
 		$(BUILDER_STAMP)
 	$(PIP) install --no-build-isolation -c $(BUILDER_LOCK) -e ".[dev]"
+	$(PY_VENV) setup.py --quiet apex_pth --site "$$($(PY_VENV) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 
 setup: $(VENV)/.installed

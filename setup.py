@@ -18,7 +18,46 @@ import glob
 import os
 import re
 
-from setuptools import setup
+from setuptools import Command, setup
+from setuptools.command.build_py import build_py
+
+# The `apex` import name (amp/_shim/apex/): a path line in a .pth file at the top of
+# site-packages puts amp/_shim on sys.path *after* the site directory, so ampforge never owns a
+# top-level apex/ that another distribution (NVIDIA apex, Ascend's apex wheel) may own too: pip
+# would overwrite that distribution's files, and uninstalling either would break the other.
+APEX_PTH = "ampforge-apex.pth"
+APEX_SHIM = "amp/_shim"  # relative to the site directory in a wheel, to this file in a checkout
+
+
+class BuildPyWithApexName(build_py):
+    def run(self) -> None:
+        super().run()
+        os.makedirs(self.build_lib, exist_ok=True)
+        with open(os.path.join(self.build_lib, APEX_PTH), "w", encoding="utf-8") as f:
+            f.write(APEX_SHIM + "\n")
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, APEX_PTH)]
+
+
+class ApexPthForCheckout(Command):
+    """``setup.py apex_pth --site DIR``: an editable install has no ampforge-apex.pth (setuptools
+    keeps only packages in it), so `make setup` writes one pointing at this checkout."""
+
+    description = "write ampforge-apex.pth (the apex import name) for this checkout into --site"
+    user_options = [("site=", None, "the site-packages directory of the environment")]
+
+    def initialize_options(self) -> None:
+        self.site = ""
+
+    def finalize_options(self) -> None:
+        if not self.site or not os.path.isdir(self.site):
+            raise SystemExit(f"setup.py apex_pth: --site {self.site!r} is not a directory")
+
+    def run(self) -> None:
+        shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), APEX_SHIM)
+        with open(os.path.join(self.site, APEX_PTH), "w", encoding="utf-8") as f:
+            f.write(shim + "\n")
 
 
 def _want_extension() -> bool:
@@ -85,4 +124,7 @@ def _extension_kwargs() -> dict:
     }
 
 
-setup(version=_version(), **(_extension_kwargs() if _want_extension() else {}))
+kwargs = _extension_kwargs() if _want_extension() else {}
+kwargs["cmdclass"] = {**kwargs.get("cmdclass", {}), "build_py": BuildPyWithApexName,
+                     "apex_pth": ApexPthForCheckout}
+setup(version=_version(), **kwargs)

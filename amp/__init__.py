@@ -13,6 +13,14 @@ import importlib
 from typing import Any
 
 from ._version import __version__
+from .cast_registry import (
+    float_function,
+    half_function,
+    promote_function,
+    register_float_function,
+    register_half_function,
+    register_promote_function,
+)
 from .frontend import initialize, load_state_dict, state_dict
 from .handle import scale_loss
 from .master import master_params
@@ -26,12 +34,18 @@ from ._amp_state import _amp_state as _amp_state  # noqa: E402  isort: skip
 __all__ = [
     "LossScaler",
     "__version__",
+    "float_function",
+    "half_function",
     "initialize",
     "load_state_dict",
     "master_params",
     "multi_tensor_applier",
     "optimizers",
     "parallel",
+    "promote_function",
+    "register_float_function",
+    "register_half_function",
+    "register_promote_function",
     "scale_loss",
     "state_dict",
 ]

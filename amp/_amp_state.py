@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from .cast_registry import AmpHandle
 from .opt_levels import Properties
 from .scaler import LossScaler
 
@@ -24,6 +25,9 @@ class AmpState:
         self.allow_incoming_model_not_fp32: bool = False
         self.min_loss_scale: Optional[float] = None
         self.max_loss_scale: float = 2.0**24
+        # apex's O1 handle (``_amp_state.handle._deactivate()``); an inactive one until an O1
+        # amp.initialize makes its own (amp/cast_registry.py).
+        self.handle: AmpHandle = AmpHandle()
 
     @property
     def _amp_state(self) -> AmpState:

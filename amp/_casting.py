@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from .cast_registry import O1Context, handle_for, o1_forward
 from .opt_levels import Properties
 
 
@@ -81,14 +82,19 @@ def wrap_forward(model: nn.Module, props: Properties, cast_model_outputs: Option
     if input_type is None and output_type is None and autocast_dtype is None:
         return
     old_forward: Callable[..., Any] = model.forward
+    # O1: apex's handle (its _deactivate() turns this model's autocast off) and the functions
+    # registered with amp.register_*_function, cast while this forward runs.
+    handle = handle_for(props) if autocast_dtype is not None else None
+    preferred = bool(props.user_cast_preferred)
 
     @functools.wraps(old_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
         if input_type is not None:
             args, kwargs = cast_tensors(args, input_type), cast_tensors(kwargs, input_type)
-        if autocast_dtype is not None:
+        if autocast_dtype is not None and handle is not None and handle.is_active():
             device_type = _model_device_type(model, args, kwargs)
-            with torch.autocast(device_type=device_type, dtype=autocast_dtype):
+            ctx = O1Context(autocast_dtype, device_type, preferred)
+            with o1_forward(ctx), torch.autocast(device_type=device_type, dtype=autocast_dtype):
                 output = old_forward(*args, **kwargs)
         else:
             output = old_forward(*args, **kwargs)

@@ -27,13 +27,26 @@ def _f32(x: float) -> float:
     return torch.tensor(x, dtype=torch.float32).item()
 
 
+def _one_of(name: str, value: float, default: float, **aliases: Optional[float]) -> float:
+    """*value*, or the one alias given instead of it; two spellings of one knob are an error."""
+    given = {k: v for k, v in aliases.items() if v is not None}
+    if value != default:
+        given = {name: value, **given}
+    if len(given) > 1:
+        raise TypeError(f"LossScaler: {' and '.join(given)} name the same setting; pass one")
+    return float(next(iter(given.values()), value))
+
+
 class LossScaler:
     """One loss's scale: static (a fixed number) or dynamic.
 
-    Dynamic: starts at ``min(max_loss_scale, init_scale)``; multiplied by ``growth_factor`` after
-    ``scale_window`` consecutive steps with finite gradients and by ``backoff_factor`` on a step
-    with non-finite gradients (that step is skipped); always clamped to ``[min_loss_scale,
-    max_loss_scale]``. A static scale never changes and never skips (apex's behaviour).
+    Dynamic: starts at ``min(max_loss_scale, init_scale)``; multiplied by ``scale_growth_factor``
+    after ``scale_window`` consecutive steps with finite gradients and by ``scale_backoff_factor``
+    on a step with non-finite gradients (that step is skipped); always clamped to
+    ``[min_loss_scale, max_loss_scale]``. A static scale never changes and never skips (apex's
+    behaviour). The constructor is Apex for Ascend's; NVIDIA apex's positional order differs
+    after ``init_scale`` (its third is ``scale_factor``, its fourth ``scale_window``), so pass
+    those by keyword.
 
     Example::
 
@@ -48,12 +61,27 @@ class LossScaler:
         self,
         loss_scale: Union[float, str],
         init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
+        scale_growth_factor: float = 2.0,
+        scale_backoff_factor: float = 0.5,
         scale_window: int = 2000,
         min_loss_scale: Optional[float] = None,
         max_loss_scale: float = 2.0**24,
+        *,
+        growth_factor: Optional[float] = None,
+        backoff_factor: Optional[float] = None,
+        scale_factor: Optional[float] = None,
+        dynamic_init_scale: Optional[float] = None,
     ) -> None:
+        # Apex for Ascend's names and positions (``scale_growth_factor``, ``scale_backoff_factor``
+        # third and fourth); as keywords also torch's (``growth_factor``, ``backoff_factor``),
+        # NVIDIA apex's ``scale_factor`` (its growth factor) and ``dynamic_init_scale``
+        # (``amp.initialize``'s name for ``init_scale``). One value per knob.
+        init_scale = _one_of("init_scale", init_scale, 2.0**16,
+                             dynamic_init_scale=dynamic_init_scale)
+        growth_factor = _one_of("scale_growth_factor", scale_growth_factor, 2.0,
+                                growth_factor=growth_factor, scale_factor=scale_factor)
+        backoff_factor = _one_of("scale_backoff_factor", scale_backoff_factor, 0.5,
+                                 backoff_factor=backoff_factor)
         self.dynamic = loss_scale == "dynamic"
         self._growth_factor = float(growth_factor)
         self._backoff_factor = float(backoff_factor)
