@@ -13,3 +13,4 @@ def _fresh_amp_state():
     _amp_state.opt_properties = None
     _amp_state.loss_scalers = []
     _amp_state.verbosity = 1
+    _amp_state.handle._deactivate()  # O1's registered casts and autocast off

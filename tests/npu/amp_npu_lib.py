@@ -19,6 +19,7 @@ def reset_amp() -> None:
     _amp_state.opt_properties = None
     _amp_state.loss_scalers = []
     _amp_state.verbosity = 1
+    _amp_state.handle._deactivate()  # O1's registered casts and autocast off
 
 
 def data(n: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
