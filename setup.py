@@ -11,12 +11,19 @@ Environment:
                     (cross builds compile against a target torch the build host cannot import)
   AMP_LOCAL_VERSION a PEP 440 local label appended to the version, e.g. torch2.13 -> 0.1.0+torch2.13
                     (wheels carry the torch they were built against)
+  AMP_BINDING       auto (default) | stable | pybind11: which binding of the kernels to compile.
+                    auto takes the stable one (kernels/bindings_stable.cpp: torch's stable C ABI
+                    with TORCH_TARGET_VERSION 2.10 and Python's limited API 3.10, so one abi3
+                    module loads into every torch >= 2.10 on every CPython >= 3.10) when the
+                    torch built against is >= 2.10 and this Python >= 3.10; else pybind11
+                    (kernels/bindings.cpp: tied to that one torch and Python). Both compile the
+                    same kernel core.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
+import sys
 
 from setuptools import setup
 
@@ -54,35 +61,90 @@ def _version() -> str:
     return version
 
 
+# The oldest torch the stable binding serves: the first release whose torch/csrc/stable has
+# everything bindings_stable.cpp uses (Tensor[] arguments and string returns in
+# STABLE_TORCH_LIBRARY schemas, torch::stable::parallel_for / get_num_threads, empty, full,
+# fill_, to). torch 2.9's stable headers have none of the list, string or parallel pieces.
+STABLE_MIN_TORCH = (2, 10)
+# The limited API's floor: CPython 3.10 (what torch's BuildExtension defines Py_LIMITED_API to,
+# and the oldest Python torch 2.10 supports).
+ABI3_FLOOR = (3, 10)
+# The kernel core, compiled the same into either binding: element-wise kernels per ISA, the
+# ops over the shared driver and apex's multi_tensor_* entry points.
+CORE_SOURCES = ["ops_generic.cpp", "ops_avx2.cpp", "ops_avx512.cpp", "ops.cpp", "apex_api.cpp"]
+BINDING_SOURCES = {"stable": "bindings_stable.cpp", "pybind11": "bindings.cpp"}
+
+
+def _torch_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise SystemExit(f"setup.py: cannot read a torch version from {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def binding_for(torch_version: str, python: tuple[int, int], asked: str = "auto") -> str:
+    """The binding to compile: 'stable' or 'pybind11' (see AMP_BINDING above)."""
+    asked = asked.strip().lower() or "auto"
+    if asked not in ("auto", "stable", "pybind11"):
+        raise SystemExit(f"setup.py: AMP_BINDING={asked!r}; expected auto, stable or pybind11")
+    can_stable = _torch_minor(torch_version) >= STABLE_MIN_TORCH and python >= ABI3_FLOOR
+    if asked == "stable" and not can_stable:
+        raise SystemExit(
+            f"setup.py: AMP_BINDING=stable needs torch >= {'.'.join(map(str, STABLE_MIN_TORCH))}"
+            f" and Python >= {'.'.join(map(str, ABI3_FLOOR))}; building against torch "
+            f"{torch_version} on Python {python[0]}.{python[1]}")
+    if asked == "auto":
+        return "stable" if can_stable else "pybind11"
+    return asked
+
+
 def _extension_kwargs() -> dict:
     # Imported lazily: a pure-Python build must not need torch.
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     debug = os.environ.get("AMP_EXT_DEBUG", "0") == "1"
+    torch_version = _recorded_torch_version(torch.__version__)
+    binding = binding_for(torch_version, sys.version_info[:2], os.environ.get("AMP_BINDING", ""))
+    stable = binding == "stable"
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
     compile_args = opt + [
-        # CppExtension does not add OpenMP: without it at::parallel_for is serial.
-        "-fopenmp",
+        # pybind11: CppExtension does not add OpenMP, and without it at::parallel_for (a
+        # header template, inlined here) is serial. stable: parallel_for runs inside libtorch,
+        # so only the kernels' `omp simd` loops need the flag, and no OpenMP runtime is linked.
+        "-fopenmp-simd" if stable else "-fopenmp",
         # Lets sqrt vectorize (no errno side effect to preserve).
         "-fno-math-errno",
         # Round exactly where torch.optim does (explicit fma only where torch fuses).
         "-ffp-contract=off",
-        f'-DAMP_TORCH_VERSION="{_recorded_torch_version(torch.__version__)}"',
+        f'-DAMP_TORCH_VERSION="{torch_version}"',
     ]
-    link_args = ["-fopenmp"] + ([] if debug else ["-s"])
-    sources = sorted(glob.glob(os.path.join("kernels", "*.cpp")))
+    if stable:
+        major, minor = STABLE_MIN_TORCH
+        compile_args += [
+            f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000",
+            f'-DAMP_TORCH_MIN="{major}.{minor}"',
+            # The same token torch's BuildExtension adds for py_limited_api (no redefinition
+            # warning); spelled here too since older torches' BuildExtension do not add it.
+            "-DPy_LIMITED_API=0x%02X%02X0000" % ABI3_FLOOR,
+        ]
+    link_args = ([] if stable else ["-fopenmp"]) + ([] if debug else ["-s"])
+    sources = [os.path.join("kernels", f) for f in CORE_SOURCES + [BINDING_SOURCES[binding]]]
     ext = CppExtension(
         name="amp._C",
         sources=sources,
         include_dirs=[os.path.abspath("kernels")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
+        py_limited_api=stable,
     )
-    return {
+    kwargs: dict = {
         "ext_modules": [ext],
         "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)},
     }
+    if stable:  # the wheel's tag: cp310-abi3 (installs on every CPython >= 3.10)
+        kwargs["options"] = {"bdist_wheel": {"py_limited_api": "cp%d%d" % ABI3_FLOOR}}
+    return kwargs
 
 
 setup(version=_version(), **(_extension_kwargs() if _want_extension() else {}))
