@@ -126,7 +126,7 @@ def _extension_kwargs() -> dict:
             f'-DAMP_TORCH_MIN="{major}.{minor}"',
             # The same token torch's BuildExtension adds for py_limited_api (no redefinition
             # warning); spelled here too since older torches' BuildExtension do not add it.
-            "-DPy_LIMITED_API=0x%02X%02X0000" % ABI3_FLOOR,
+            "-DPy_LIMITED_API=0x{:02X}{:02X}0000".format(*ABI3_FLOOR),
         ]
     link_args = ([] if stable else ["-fopenmp"]) + ([] if debug else ["-s"])
     sources = [os.path.join("kernels", f) for f in CORE_SOURCES + [BINDING_SOURCES[binding]]]
@@ -143,7 +143,7 @@ def _extension_kwargs() -> dict:
         "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)},
     }
     if stable:  # the wheel's tag: cp310-abi3 (installs on every CPython >= 3.10)
-        kwargs["options"] = {"bdist_wheel": {"py_limited_api": "cp%d%d" % ABI3_FLOOR}}
+        kwargs["options"] = {"bdist_wheel": {"py_limited_api": "cp{}{}".format(*ABI3_FLOOR)}}
     return kwargs
 
 

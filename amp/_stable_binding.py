@@ -17,8 +17,9 @@ Only torch is imported: this runs inside ``import amp._C``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 
