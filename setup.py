@@ -61,14 +61,26 @@ def _version() -> str:
     return version
 
 
-# The oldest torch the stable binding serves: the first release whose torch/csrc/stable has
-# everything bindings_stable.cpp uses (Tensor[] arguments and string returns in
-# STABLE_TORCH_LIBRARY schemas, torch::stable::parallel_for / get_num_threads, empty, full,
-# fill_, to). torch 2.9's stable headers have none of the list, string or parallel pieces.
-STABLE_MIN_TORCH = (2, 10)
-# The limited API's floor: CPython 3.10 (what torch's BuildExtension defines Py_LIMITED_API to,
-# and the oldest Python torch 2.10 supports).
-ABI3_FLOOR = (3, 10)
+def _stable_abi() -> tuple[tuple[int, int], tuple[int, int]]:
+    """(oldest torch, oldest Python) of the stable binding: pyproject.toml's
+    [tool.ampforge.stable-abi], which the builder reads too (one source for both)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    # No TOML parser on Python < 3.11 without a dependency: the two keys are plain strings.
+    m = re.search(r'(?ms)^\[tool\.ampforge\.stable-abi\]\s*$(.*?)(?=^\[|\Z)', text)
+    found = {}
+    for key in ("torch", "python"):
+        v = re.search(rf'(?m)^{key}\s*=\s*"(\d+)\.(\d+)"', m.group(1)) if m else None
+        if v is None:
+            raise SystemExit(f'setup.py: pyproject.toml [tool.ampforge.stable-abi] needs {key} '
+                             f'= "X.Y"')
+        found[key] = (int(v.group(1)), int(v.group(2)))
+    return found["torch"], found["python"]
+
+
+# The oldest torch and Python the stable binding serves (see pyproject.toml for why these).
+STABLE_MIN_TORCH, ABI3_FLOOR = _stable_abi()
 # The kernel core, compiled the same into either binding: element-wise kernels per ISA, the
 # ops over the shared driver and apex's multi_tensor_* entry points.
 CORE_SOURCES = ["ops_generic.cpp", "ops_avx2.cpp", "ops_avx512.cpp", "ops.cpp", "apex_api.cpp"]
@@ -138,13 +150,26 @@ def _extension_kwargs() -> dict:
         extra_link_args=link_args,
         py_limited_api=stable,
     )
-    kwargs: dict = {
-        "ext_modules": [ext],
-        "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)},
-    }
+    base = BuildExtension.with_options(use_ninja=False)
+
+    class BuildOneBinding(base):  # type: ignore[misc, valid-type]
+        """Removes the other binding's amp._C from the build folder and the checkout: with
+        both there, Python would import the version-specific one (_C.cpython-3XY-*.so) before
+        _C.abi3.so, and a wheel would ship both."""
+
+        def run(self) -> None:
+            super().run()
+            built = os.path.basename(self.get_ext_filename(ext.name))
+            for folder in {os.path.join(self.build_lib, "amp"), os.path.abspath("amp")}:
+                for name in os.listdir(folder) if os.path.isdir(folder) else ():
+                    if name.startswith("_C.") and name.endswith(".so") and name != built:
+                        os.remove(os.path.join(folder, name))
+
+    kwargs: dict = {"ext_modules": [ext], "cmdclass": {"build_ext": BuildOneBinding}}
     if stable:  # the wheel's tag: cp310-abi3 (installs on every CPython >= 3.10)
         kwargs["options"] = {"bdist_wheel": {"py_limited_api": "cp{}{}".format(*ABI3_FLOOR)}}
     return kwargs
 
 
-setup(version=_version(), **(_extension_kwargs() if _want_extension() else {}))
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import binding_for
+    setup(version=_version(), **(_extension_kwargs() if _want_extension() else {}))
