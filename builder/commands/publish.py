@@ -40,8 +40,8 @@ the metadata: a description that renders, its content type). A wheel with a loca
 and the stable-ABI wheels (no label, torch>=2.10) to PyPI.
 
 Exit codes: 0 uploaded (or all already there with --skip-existing); 1 a wheel does not
-match the manifest or the repository's copy, fails `twine check --strict`, or the upload failed (twine's message is
-shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
+match the manifest or the repository's copy, fails `twine check --strict`, or the upload
+failed (twine's message is shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
 
 URL_ENV = "TWINE_REPOSITORY_URL"
 USER_ENV = "TWINE_USERNAME"
