@@ -153,17 +153,18 @@ def _extension_kwargs() -> dict:
     base = BuildExtension.with_options(use_ninja=False)
 
     class BuildOneBinding(base):  # type: ignore[misc, valid-type]
-        """Removes the other binding's amp._C from the build folder and the checkout: with
-        both there, Python would import the version-specific one (_C.cpython-3XY-*.so) before
-        _C.abi3.so, and a wheel would ship both."""
+        """Removes the other binding's amp._C from the folder this build writes to (build/ or,
+        editable, the checkout): with both there, Python would import the version-specific one
+        (_C.cpython-3XY-*.so) before _C.abi3.so, and a wheel would ship both."""
 
         def run(self) -> None:
             super().run()
-            built = os.path.basename(self.get_ext_filename(ext.name))
-            for folder in {os.path.join(self.build_lib, "amp"), os.path.abspath("amp")}:
-                for name in os.listdir(folder) if os.path.isdir(folder) else ():
-                    if name.startswith("_C.") and name.endswith(".so") and name != built:
-                        os.remove(os.path.join(folder, name))
+            # Where this build wrote amp._C: the checkout (--inplace, editable) or build_lib.
+            path = self.get_ext_fullpath(ext.name)
+            folder, built = os.path.dirname(path), os.path.basename(path)
+            for name in os.listdir(folder):
+                if name.startswith("_C.") and name.endswith(".so") and name != built:
+                    os.remove(os.path.join(folder, name))
 
     kwargs: dict = {"ext_modules": [ext], "cmdclass": {"build_ext": BuildOneBinding}}
     if stable:  # the wheel's tag: cp310-abi3 (installs on every CPython >= 3.10)

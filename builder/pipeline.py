@@ -40,7 +40,7 @@ from builder.plan.resolve import ResolvedCell
 from builder.redact import Redactor
 from builder.release.manifest import ManifestEntry, publish_wheel, record_wheel, utc_now
 from builder.release.shared import SharedWheels
-from builder.wheel.stableabi import check_stable_wheel
+from builder.wheel.stableabi import check_stable_wheel, stable_report
 
 __all__ = ["PipelineOptions", "build_cell", "build_cells"]
 
@@ -82,6 +82,8 @@ def build_cell(
             "builder_lock": lockfile.digest(), "builder_env": lockfile.drift(),
             "cell": cell.to_dict(), "backend": resolved.backend,
             "torch_npu": resolved.torch_npu,  # the npu extra's pin (the wheel's METADATA)
+            # Which build serves the cell: a stable wheel's label and torch range differ.
+            "wheel": [resolved.wheel, resolved.torch_requirement],
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
@@ -120,6 +122,17 @@ def build_cell(
             stable_abi = {"stable_abi": {"min_torch": audit.min_torch, "declared": floor,
                                          "modules": list(audit.modules),
                                          "checks": ["torch-abi-audit", "abi3audit --strict"]}}
+        elif reuse is None and "-abi3-" in built.wheel.name:
+            # An abi3 wheel of a project that declared nothing: is it on torch's stable ABI?
+            # If so the next plan for this dist/ gives the project one build per arch.
+            found = job.steps("stable ABI detection", lambda: stable_report(built.wheel))
+            if found.stable and found.min_torch:
+                stable_abi = {"stable_abi": {"min_torch": found.min_torch, "detected": True,
+                                             "modules": list(found.modules),
+                                             "checks": ["torch-abi-audit"]}}
+                job.log.note(f"ampforge: {built.wheel.name} is on torch's stable ABI (torch >= "
+                             f"{found.min_torch}, torch-abi-audit): the next plan for "
+                             f"{opts.out} builds it once per arch")
 
         def publish() -> Path:
             final = publish_wheel(built.wheel, opts.out, cells=shared.group(cell))

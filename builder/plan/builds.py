@@ -9,6 +9,11 @@ its manifest entry. Every other cell is its own group per (arch, torch), as befo
 carries ``+torchX.Y`` (an abi3 wheel of a ``py_limited_api`` project is still shared by the
 Pythons of its (arch, torch) once built).
 
+A project that declares nothing may still be on the stable ABI: after a build, the pipeline runs
+torch-abi-audit on every abi3 wheel and records what it found (the manifest's
+``extra.stable_abi`` with ``detected: true``); :func:`detected` reads that back, so the next
+``plan``/``build`` for that output folder treats the project as declared (and says so).
+
 The cell that builds a group's wheel: one this host can build, then the newest torch (its
 headers are a superset; TORCH_TARGET_VERSION keeps the binary to the declared minimum), then the
 builder's own Python (the one with a local torch wheel most often), then the oldest Python.
@@ -16,10 +21,12 @@ builder's own Python (the one with a local torch wheel most often), then the old
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 from builder.config import values
 from builder.plan.project import StableAbi
@@ -74,3 +81,25 @@ def assign(records: Sequence, stable: Optional[StableAbi],
                                build_reason=why))
     order = {r.identifier: i for i, r in enumerate(records)}
     return sorted(out, key=lambda r: order[r.identifier])
+
+
+_ABI3 = re.compile(r"-cp(\d)(\d+)-abi3-")
+
+
+def detected(doc: dict[str, Any], project: str, manifest: Path) -> Optional[StableAbi]:
+    """The stable ABI torch-abi-audit found in a wheel of *project* (a manifest entry's
+    ``extra.project``) recorded in *doc* (the manifest at *manifest*), or None."""
+    for w in doc.get("wheels") or []:
+        extra = w.get("extra") or {}
+        found = extra.get("stable_abi") or {}
+        m = _ABI3.search(str(w.get("file", "")))
+        if extra.get("project") != project or not found.get("detected") or m is None:
+            continue
+        floor = str(found.get("min_torch") or "")
+        if not re.match(r"^\d+\.\d+", floor):
+            continue
+        torch = ".".join(floor.split(".")[:2])
+        return StableAbi(torch=torch, python=f"{m.group(1)}.{m.group(2)}",
+                         source=f"detected by torch-abi-audit in {w.get('file')} "
+                                f"({manifest}); declare [tool.ampforge.stable-abi] to keep it")
+    return None

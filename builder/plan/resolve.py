@@ -21,9 +21,11 @@ from typing import Any, Optional
 from builder.backends.base import Backend, Host, ImageChoice
 from builder.backends.choose import choose
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
-from builder.plan.builds import assign
+from builder.errors import BuilderError
+from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select
-from builder.plan.project import read_bounds
+from builder.plan.project import StableAbi, read_bounds
+from builder.release.manifest import read_manifest
 
 #: What ``base_image`` is when the backend builds without an image (host, cross).
 THIS_HOST = "this host"
@@ -178,10 +180,21 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
         records, picked = _newest(records, plan.dropped)
         notes += picked
     stable = bounds.stable_abi if bounds is not None else None
+    if stable is None:
+        stable = _detected(out, (project or REPO_ROOT).name)
     records = [replace(r, torch_requirement=stable.requirement) if r.stable else r
                for r in assign(records, stable)]
     return Resolution(cells=tuple(records), dropped=plan.dropped, notes=tuple(notes),
                       warnings=plan.warnings)
+
+
+def _detected(out: Path, project: str) -> Optional[StableAbi]:
+    """A stable ABI an earlier build found in the project's wheel (builder.plan.builds)."""
+    try:
+        doc = read_manifest(out)
+    except BuilderError:
+        return None  # a broken manifest is reported by the build that writes it
+    return detected(doc, project, out / "manifest.json")
 
 
 def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: Host,

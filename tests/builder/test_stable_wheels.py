@@ -203,3 +203,28 @@ def test_a_wheel_that_is_not_on_the_stable_abi_is_refused_by_name(tmp_path: Path
     labelled = make_wheel(tmp_path, "cpwheel", "1.0", tag="cp311-cp311-linux_x86_64")
     with pytest.raises(StepFailed, match="must be tagged cpXY-abi3"):
         check_stable_wheel(labelled, "2.10")
+
+
+def test_a_project_found_stable_by_its_first_build_gets_one_build_per_arch_next_time(
+        tmp_path: Path) -> None:
+    """A --project that declares nothing, whose first (abi3) wheel torch-abi-audit found on the
+    stable ABI (the pipeline records that in the manifest): the next plan for that output
+    folder groups its cells as if declared, and says where that came from."""
+    project = _project(tmp_path, "")
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"version": 1, "wheels": [{
+        "file": "ext-1.0+torch2.13-cp311-abi3-manylinux_2_28_x86_64.whl",
+        "cell": "cp311-manylinux_x86_64-torch2.13.0",
+        "extra": {"project": "ext", "stable_abi": {"min_torch": "2.11.0", "detected": True}},
+    }]}))
+    cells = _plan("--project", str(project), "--arch", "X86", "--out", str(out))
+    stable = sorted(i for i, c in cells.items() if c["wheel"] == "stable")
+    assert stable == sorted(f"cp3{p}-manylinux_x86_64-torch2.13.0" for p in (11, 12, 13))
+    c = cells["cp312-manylinux_x86_64-torch2.13.0"]
+    assert c["torch_requirement"] == "torch>=2.11" and c["local_version"] is None
+    assert "detected by torch-abi-audit in ext-1.0+torch2.13-cp311-abi3-" in c["build_reason"]
+    # Another project's entry, or one the audit did not find stable, changes nothing.
+    other = _plan("--project", str(_project(tmp_path / "o", "")), "--arch", "X86",
+                  "--out", str(tmp_path / "elsewhere"))
+    assert {c["wheel"] for c in other.values()} == {"per-torch"}
