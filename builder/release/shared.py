@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, TypeVar
 from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
-from builder.plan.builds import group_of
+from builder.plan.builds import STABLE, group_of
 from builder.plan.cells import Cell
 from builder.release.manifest import read_manifest, sha256_file
 
@@ -160,7 +160,11 @@ def _from_manifest(cell: Cell, group: str, out: Path,
                 or not serves(name, cell)):
             continue
         recorded = extra.get("inputs") or {}
-        if any(recorded.get(k) != inputs.get(k) for k in PYTHON_INDEPENDENT_INPUTS):
+        # A stable-ABI group spans torches: where each cell's torch came from (its wheelhouse)
+        # is not an input of the shared wheel.
+        parts = [k for k in PYTHON_INDEPENDENT_INPUTS
+                 if not (k == "wheelhouse" and group.endswith("-" + STABLE))]
+        if any(recorded.get(k) != inputs.get(k) for k in parts):
             continue
         path = out / name
         if path.is_file() and sha256_file(path) == w.get("sha256"):
