@@ -52,20 +52,11 @@ View view_of(const at::Tensor& t) {
   return v;
 }
 
-ViewList views(const TensorList& ts) {
-  ViewList out;
-  out.reserve(ts.size());
-  for (const at::Tensor& t : ts) out.push_back(view_of(t));
-  return out;
-}
+ViewList views(const TensorList& ts) { return amp_driver::views_of(ts, view_of); }
 
-// An optional list's views, kept alive by the caller: nullptr for None.
-struct OptViews {
-  ViewList list;
-  bool present;
-  explicit OptViews(const std::optional<TensorList>& ts)
-      : list(ts ? views(*ts) : ViewList{}), present(ts.has_value()) {}
-  const ViewList* get() const { return present ? &list : nullptr; }
+// An optional list's views (nullptr for None), alive while the op runs.
+struct OptViews : amp_driver::OptionalViews {
+  explicit OptViews(const std::optional<TensorList>& ts) : OptionalViews(ts, view_of) {}
 };
 
 std::vector<ViewList> views(const Lists& lists) {

@@ -75,19 +75,11 @@ View view_of(const Tensor& t) {
   return v;
 }
 
-ViewList views(const TensorList& ts) {
-  ViewList out;
-  out.reserve(ts.size());
-  for (const Tensor& t : ts) out.push_back(view_of(t));
-  return out;
-}
+ViewList views(const TensorList& ts) { return amp_driver::views_of(ts, view_of); }
 
-struct OptViews {
-  ViewList list;
-  bool present;
-  explicit OptViews(const std::optional<TensorList>& ts)
-      : list(ts ? views(*ts) : ViewList{}), present(ts.has_value()) {}
-  const ViewList* get() const { return present ? &list : nullptr; }
+// An optional list's views (nullptr for None), alive while the op runs.
+struct OptViews : amp_driver::OptionalViews {
+  explicit OptViews(const std::optional<TensorList>& ts) : OptionalViews(ts, view_of) {}
 };
 
 // apex's tensor_lists, flattened by amp._stable_binding: `sizes[i]` tensors per list.

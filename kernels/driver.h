@@ -45,6 +45,25 @@ struct View {
 };
 using ViewList = std::vector<View>;
 
+// A binding's tensor list as Views (`view_of`: the binding's one-tensor conversion).
+template <class List, class ViewOf>
+inline ViewList views_of(const List& ts, ViewOf view_of) {
+  ViewList out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(view_of(t));
+  return out;
+}
+
+// An optional list's views, kept alive while the op runs: get() is nullptr for None.
+struct OptionalViews {
+  ViewList list;
+  bool present = false;
+  template <class OptionalList, class ViewOf>
+  OptionalViews(const OptionalList& ts, ViewOf view_of)
+      : list(ts ? views_of(*ts, view_of) : ViewList{}), present(ts.has_value()) {}
+  const ViewList* get() const { return present ? &list : nullptr; }
+};
+
 // What only the binding can do: name a tensor's dtype and device (errors only) and run a
 // parallel loop on torch's thread pool.
 struct Binding {

@@ -82,16 +82,20 @@ def resolve_repository_url(
                       "publish.repository_url in the config file")
 
 
-def twine_check(wheels: Sequence[Path], env: dict[str, str]) -> None:
-    """``twine check --strict`` on *wheels*; StepFailed with twine's findings otherwise."""
-    cmd = [sys.executable, "-m", "twine", "--no-color", "check", "--strict",
-           *(str(w) for w in wheels)]
+def _run_twine(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, errors="replace", check=False)
     except OSError as exc:
         raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
                          "pip install -e '.[builder]'") from exc
+
+
+def twine_check(wheels: Sequence[Path], env: dict[str, str]) -> None:
+    """``twine check --strict`` on *wheels*; StepFailed with twine's findings otherwise."""
+    cmd = [sys.executable, "-m", "twine", "--no-color", "check", "--strict",
+           *(str(w) for w in wheels)]
+    proc = _run_twine(cmd, env)
     if proc.returncode != 0:
         lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
         raise StepFailed("twine check --strict failed; nothing was uploaded:\n  "
@@ -184,12 +188,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     twine_check(wheels, env)
     ctx.output.err(f"twine check --strict: {len(wheels)} wheel(s) passed")
     cmd = twine_command(wheels, url, username=username)
-    try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace", check=False)
-    except OSError as exc:
-        raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
-                         "pip install -e '.[builder]'") from exc
+    proc = _run_twine(cmd, env)
     lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0:
         if any(ln.startswith("Traceback (most recent call last)") for ln in lines):

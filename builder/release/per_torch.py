@@ -30,22 +30,8 @@ from builder.wheel.wheelmeta import requires_dist
 _SERIES = re.compile(r"^==(\d+)\.(\d+)\.\*$")
 
 
-def torch_series(wheel: Path) -> str | None:
-    """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
-    for line in requires_dist(wheel):
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.name.lower() == "torch" and req.marker is None:
-            m = _SERIES.match(str(req.specifier))
-            if m:
-                return f"torch{m.group(1)}.{m.group(2)}"
-    return None
-
-
 def torch_range(wheel: Path) -> SpecifierSet | None:
-    """The torch requirement of a wheel that pins no series (None: it requires no torch)."""
+    """The wheel's (unconditional) torch requirement; None when it requires no torch."""
     for line in requires_dist(wheel):
         try:
             req = Requirement(line)
@@ -54,6 +40,12 @@ def torch_range(wheel: Path) -> SpecifierSet | None:
         if req.name.lower() == "torch" and req.marker is None:
             return req.specifier
     return None
+
+
+def torch_series(wheel: Path) -> str | None:
+    """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
+    m = _SERIES.match(str(torch_range(wheel) or ""))
+    return f"torch{m.group(1)}.{m.group(2)}" if m else None
 
 
 def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
