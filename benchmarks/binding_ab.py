@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 import amp._C as current
+import torch
 
 
 def _load(path: Path) -> Any:
