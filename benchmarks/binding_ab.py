@@ -99,7 +99,7 @@ def main() -> int:
             ratios, tb, tc = [], [], []
             for r in range(args.rounds):
                 order = (base, current) if r % 2 == 0 else (current, base)
-                got = {id(mod): _time(lambda mod=mod: op(mod), reps) for mod in order}
+                got = {id(mod): _time(lambda mod=mod, op=op: op(mod), reps) for mod in order}
                 tb.append(got[id(base)])
                 tc.append(got[id(current)])
                 ratios.append(got[id(current)] / got[id(base)])
