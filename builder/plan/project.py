@@ -146,4 +146,6 @@ def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(unknown)}; expected torch and python",
                           file=shown, key=key)
-    return StableAbi(torch=found["torch"], python=found["python"], source=f"{shown} [{key}]")
+    # The project's own file, not its path: the record must not differ between a checkout and
+    # a copy of it (build --project SNAPSHOT records what plan prints for the checkout).
+    return StableAbi(torch=found["torch"], python=found["python"], source=f"pyproject.toml [{key}]")
