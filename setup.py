@@ -11,12 +11,19 @@ Environment:
                     (cross builds compile against a target torch the build host cannot import)
   AMP_LOCAL_VERSION a PEP 440 local label appended to the version, e.g. torch2.13 -> 0.1.0+torch2.13
                     (wheels carry the torch they were built against)
+  AMP_BINDING       auto (default) | stable | pybind11: which binding of the kernels to compile.
+                    auto takes the stable one (kernels/bindings_stable.cpp: torch's stable C ABI
+                    with TORCH_TARGET_VERSION 2.10 and Python's limited API 3.10, so one abi3
+                    module loads into every torch >= 2.10 on every CPython >= 3.10) when the
+                    torch built against is >= 2.10 and this Python >= 3.10; else pybind11
+                    (kernels/bindings.cpp: tied to that one torch and Python). Both compile the
+                    same kernel core.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
+import sys
 
 from setuptools import Command, setup
 from setuptools.command.build_py import build_py
@@ -93,38 +100,119 @@ def _version() -> str:
     return version
 
 
+def _stable_abi() -> tuple[tuple[int, int], tuple[int, int]]:
+    """(oldest torch, oldest Python) of the stable binding: pyproject.toml's
+    [tool.ampforge.stable-abi], which the builder reads too (one source for both)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    # No TOML parser on Python < 3.11 without a dependency: the two keys are plain strings.
+    m = re.search(r'(?ms)^\[tool\.ampforge\.stable-abi\]\s*$(.*?)(?=^\[|\Z)', text)
+    found = {}
+    for key in ("torch", "python"):
+        v = re.search(rf'(?m)^{key}\s*=\s*"(\d+)\.(\d+)"', m.group(1)) if m else None
+        if v is None:
+            raise SystemExit(f'setup.py: pyproject.toml [tool.ampforge.stable-abi] needs {key} '
+                             f'= "X.Y"')
+        found[key] = (int(v.group(1)), int(v.group(2)))
+    return found["torch"], found["python"]
+
+
+# The oldest torch and Python the stable binding serves (see pyproject.toml for why these).
+STABLE_MIN_TORCH, ABI3_FLOOR = _stable_abi()
+# The kernel core, compiled the same into either binding: element-wise kernels per ISA, the
+# ops over the shared driver and apex's multi_tensor_* entry points.
+CORE_SOURCES = ["ops_generic.cpp", "ops_avx2.cpp", "ops_avx512.cpp", "ops.cpp", "apex_api.cpp"]
+BINDING_SOURCES = {"stable": "bindings_stable.cpp", "pybind11": "bindings.cpp"}
+
+
+def _torch_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise SystemExit(f"setup.py: cannot read a torch version from {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def binding_for(torch_version: str, python: tuple[int, int], asked: str = "auto") -> str:
+    """The binding to compile: 'stable' or 'pybind11' (see AMP_BINDING above)."""
+    asked = asked.strip().lower() or "auto"
+    if asked not in ("auto", "stable", "pybind11"):
+        raise SystemExit(f"setup.py: AMP_BINDING={asked!r}; expected auto, stable or pybind11")
+    can_stable = _torch_minor(torch_version) >= STABLE_MIN_TORCH and python >= ABI3_FLOOR
+    if asked == "stable" and not can_stable:
+        raise SystemExit(
+            f"setup.py: AMP_BINDING=stable needs torch >= {'.'.join(map(str, STABLE_MIN_TORCH))}"
+            f" and Python >= {'.'.join(map(str, ABI3_FLOOR))}; building against torch "
+            f"{torch_version} on Python {python[0]}.{python[1]}")
+    if asked == "auto":
+        return "stable" if can_stable else "pybind11"
+    return asked
+
+
 def _extension_kwargs() -> dict:
     # Imported lazily: a pure-Python build must not need torch.
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     debug = os.environ.get("AMP_EXT_DEBUG", "0") == "1"
+    torch_version = _recorded_torch_version(torch.__version__)
+    binding = binding_for(torch_version, sys.version_info[:2], os.environ.get("AMP_BINDING", ""))
+    stable = binding == "stable"
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
     compile_args = opt + [
-        # CppExtension does not add OpenMP: without it at::parallel_for is serial.
-        "-fopenmp",
+        # pybind11: CppExtension does not add OpenMP, and without it at::parallel_for (a
+        # header template, inlined here) is serial. stable: parallel_for runs inside libtorch,
+        # so only the kernels' `omp simd` loops need the flag, and no OpenMP runtime is linked.
+        "-fopenmp-simd" if stable else "-fopenmp",
         # Lets sqrt vectorize (no errno side effect to preserve).
         "-fno-math-errno",
         # Round exactly where torch.optim does (explicit fma only where torch fuses).
         "-ffp-contract=off",
-        f'-DAMP_TORCH_VERSION="{_recorded_torch_version(torch.__version__)}"',
+        f'-DAMP_TORCH_VERSION="{torch_version}"',
     ]
-    link_args = ["-fopenmp"] + ([] if debug else ["-s"])
-    sources = sorted(glob.glob(os.path.join("kernels", "*.cpp")))
+    if stable:
+        major, minor = STABLE_MIN_TORCH
+        compile_args += [
+            f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000",
+            f'-DAMP_TORCH_MIN="{major}.{minor}"',
+            # The same token torch's BuildExtension adds for py_limited_api (no redefinition
+            # warning); spelled here too since older torches' BuildExtension do not add it.
+            "-DPy_LIMITED_API=0x{:02X}{:02X}0000".format(*ABI3_FLOOR),
+        ]
+    link_args = ([] if stable else ["-fopenmp"]) + ([] if debug else ["-s"])
+    sources = [os.path.join("kernels", f) for f in CORE_SOURCES + [BINDING_SOURCES[binding]]]
     ext = CppExtension(
         name="amp._C",
         sources=sources,
         include_dirs=[os.path.abspath("kernels")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
+        py_limited_api=stable,
     )
-    return {
-        "ext_modules": [ext],
-        "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)},
-    }
+    base = BuildExtension.with_options(use_ninja=False)
+
+    class BuildOneBinding(base):  # type: ignore[misc, valid-type]
+        """Removes the other binding's amp._C from the folder this build writes to (build/ or,
+        editable, the checkout): with both there, Python would import the version-specific one
+        (_C.cpython-3XY-*.so) before _C.abi3.so, and a wheel would ship both."""
+
+        def run(self) -> None:
+            super().run()
+            # Where this build wrote amp._C: the checkout (--inplace, editable) or build_lib.
+            path = self.get_ext_fullpath(ext.name)
+            folder, built = os.path.dirname(path), os.path.basename(path)
+            for name in os.listdir(folder):
+                if name.startswith("_C.") and name.endswith(".so") and name != built:
+                    os.remove(os.path.join(folder, name))
+
+    kwargs: dict = {"ext_modules": [ext], "cmdclass": {"build_ext": BuildOneBinding}}
+    if stable:  # the wheel's tag: cp310-abi3 (installs on every CPython >= 3.10)
+        kwargs["options"] = {"bdist_wheel": {"py_limited_api": "cp{}{}".format(*ABI3_FLOOR)}}
+    return kwargs
 
 
-kwargs = _extension_kwargs() if _want_extension() else {}
-kwargs["cmdclass"] = {**kwargs.get("cmdclass", {}), "build_py": BuildPyWithApexName,
-                     "apex_pth": ApexPthForCheckout}
-setup(version=_version(), **kwargs)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import binding_for
+    kwargs = _extension_kwargs() if _want_extension() else {}
+    kwargs["cmdclass"] = {**kwargs.get("cmdclass", {}), "build_py": BuildPyWithApexName,
+                          "apex_pth": ApexPthForCheckout}
+    setup(version=_version(), **kwargs)

@@ -2,9 +2,15 @@
 
 apex's most common failure is a stale binary: "No module named amp_C", or undefined
 symbols after torch was upgraded underneath it. Here the extension records the torch
-version it was compiled against; `load()` refuses a binary built for another torch, or
-one that fails to import, and returns None after ONE clear warning, so callers use the
-pure-torch fallback in amp/multi_tensor.py.
+version it was compiled against and which ABI of torch it uses (`__torch_abi__`):
+
+* "unstable" (the pybind11 binding, kernels/bindings.cpp): it loads into that torch only;
+* "stable" (kernels/bindings_stable.cpp, torch's stable C ABI): it loads into every torch from
+  `__torch_min__` on, whichever one it was compiled against.
+
+`load()` refuses a binary the imported torch cannot use, or one that fails to import, and
+returns None after ONE clear warning, so callers use the pure-torch fallback in
+amp/multi_tensor.py.
 
 Set AMP_DISABLE_EXTENSION=1 to force the fallback (no warning: it was asked for).
 
@@ -25,7 +31,7 @@ from typing import Optional
 import torch
 
 __all__ = ["AmpExtensionWarning", "load", "available", "reset", "isa", "set_isa",
-           "supported_isas"]
+           "supported_isas", "torch_mismatch"]
 
 
 class AmpExtensionWarning(UserWarning):
@@ -45,9 +51,10 @@ def _disabled_by_env() -> bool:
 def _warn(reason: str) -> None:
     warnings.warn(
         f"amp: compiled kernels unavailable ({reason}); using the pure-torch fallback, "
-        "which is correct but slower. Install an ampforge wheel built for this torch "
-        "(its local version says which: +torchX.Y), or rebuild from a checkout with "
-        "`pip install --no-build-isolation .`.",
+        "which is correct but slower. Install an ampforge wheel this torch can use (for "
+        "torch >= 2.10 the one without a local version, built on torch's stable ABI; for "
+        "older torches the one whose local version names it: +torchX.Y), or rebuild from a "
+        "checkout with `pip install --no-build-isolation .`.",
         AmpExtensionWarning,
         stacklevel=3,
     )
@@ -61,10 +68,9 @@ def _try_load(module_name: str) -> Optional[ModuleType]:
     except ImportError as exc:  # missing file, or undefined symbols from another torch
         _warn(f"cannot import {module_name}: {exc}")
         return None
-    built_for = getattr(mod, "__torch_version__", None)
-    if built_for != torch.__version__:
-        _warn(f"{module_name} was built against torch {built_for}, but torch "
-              f"{torch.__version__} is imported")
+    reason = torch_mismatch(mod, torch.__version__)
+    if reason:
+        _warn(f"{module_name} {reason}")
         return None
     note = getattr(mod, "_isa_note", "")
     if note:  # AMP_KERNEL_ISA named a build this CPU cannot run: the module chose itself
@@ -72,6 +78,29 @@ def _try_load(module_name: str) -> Optional[ModuleType]:
                       f"({note}); using the {mod.isa()} kernels", AmpExtensionWarning,
                       stacklevel=3)
     return mod
+
+
+def _minor(version: str) -> Optional[tuple[int, int]]:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def torch_mismatch(mod: ModuleType, torch_version: str) -> str:
+    """Why *mod* (an amp._C) cannot be used with torch *torch_version*; "" when it can."""
+    built_for = getattr(mod, "__torch_version__", None)
+    if getattr(mod, "__torch_abi__", "unstable") == "stable":
+        floor = str(getattr(mod, "__torch_min__", ""))
+        have, need = _minor(torch_version), _minor(floor)
+        if need is None or have is None or have < need:
+            return (f"is built on torch's stable ABI for torch >= {floor or '?'}, but torch "
+                    f"{torch_version} is imported")
+        return ""
+    if built_for != torch_version:
+        return f"was built against torch {built_for}, but torch {torch_version} is imported"
+    return ""
 
 
 def load(module_name: str = _MODULE) -> Optional[ModuleType]:

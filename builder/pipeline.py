@@ -35,10 +35,12 @@ from builder.errors import BuilderError, StepFailed
 from builder.images.render import Recipe
 from builder.inputkey import builder_digest, find_up_to_date, input_key, rebuild_reason, tree_digest
 from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult
+from builder.plan.builds import min_torch
 from builder.plan.resolve import ResolvedCell
 from builder.redact import Redactor
 from builder.release.manifest import ManifestEntry, publish_wheel, record_wheel, utc_now
 from builder.release.shared import SharedWheels
+from builder.wheel.stableabi import check_stable_wheel, stable_report
 
 __all__ = ["PipelineOptions", "build_cell", "build_cells"]
 
@@ -80,6 +82,8 @@ def build_cell(
             "builder_lock": lockfile.digest(), "builder_env": lockfile.drift(),
             "cell": cell.to_dict(), "backend": resolved.backend,
             "torch_npu": resolved.torch_npu,  # the npu extra's pin (the wheel's METADATA)
+            # Which build serves the cell: a stable wheel's label and torch range differ.
+            "wheel": [resolved.wheel, resolved.torch_requirement],
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
@@ -109,6 +113,26 @@ def build_cell(
                        rebuild_reason(opts.out, cell.identifier, key_parts))
         stage.mkdir(parents=True, exist_ok=True)
         built = backend.build(job)
+        stable_abi: dict[str, Any] = {}
+        if resolved.stable and reuse is None:
+            # The one compile of a wheel many cells take: its ABI claim is audited once, on
+            # these bytes (the cells that reuse it verify the same file).
+            floor = min_torch(resolved.torch_requirement)
+            audit = job.steps("stable ABI audit", lambda: check_stable_wheel(built.wheel, floor))
+            stable_abi = {"stable_abi": {"min_torch": audit.min_torch, "declared": floor,
+                                         "modules": list(audit.modules),
+                                         "checks": ["torch-abi-audit", "abi3audit --strict"]}}
+        elif reuse is None and "-abi3-" in built.wheel.name:
+            # An abi3 wheel of a project that declared nothing: is it on torch's stable ABI?
+            # If so the next plan for this dist/ gives the project one build per arch.
+            found = job.steps("stable ABI detection", lambda: stable_report(built.wheel))
+            if found.stable and found.min_torch:
+                stable_abi = {"stable_abi": {"min_torch": found.min_torch, "detected": True,
+                                             "modules": list(found.modules),
+                                             "checks": ["torch-abi-audit"]}}
+                job.log.note(f"ampforge: {built.wheel.name} is on torch's stable ABI (torch >= "
+                             f"{found.min_torch}, torch-abi-audit): the next plan for "
+                             f"{opts.out} builds it once per arch")
 
         def publish() -> Path:
             final = publish_wheel(built.wheel, opts.out, cells=shared.group(cell))
@@ -124,7 +148,7 @@ def build_cell(
                        "resolved": resolved.to_dict(),
                        **({"source_date_epoch": asdict(opts.source_date_epoch)}
                           if opts.source_date_epoch is not None else {}),
-                       **built.extra})
+                       **stable_abi, **built.extra})
             try:
                 record_wheel(opts.out, entry)
             except BaseException:
@@ -177,9 +201,12 @@ def build_cells(
     """Build every cell; stop at the first failure unless *keep_going*. *say*: a line for the
     person running the build, at once (a cell's warnings)."""
     run_id = uuid.uuid4().hex
-    todo = list(cells)
+    shared = SharedWheels([c.cell for c, _ in cells], groups={
+        c.identifier: (c.build_group, c.built_by or c.identifier)
+        for c, _ in cells if c.build_group})
+    # Each build group's builder before the cells that verify its wheel.
+    todo = shared.ordered(list(cells), lambda item: item[0].cell)
     results: list[CellResult] = []
-    shared = SharedWheels([c.cell for c, _ in todo])
 
     def one(resolved: ResolvedCell, recipe: Optional[Recipe]) -> CellResult:
         return build_cell(resolved, recipe, config, opts, backends, engine, redactor, report,
@@ -196,7 +223,8 @@ def build_cells(
                                               error="an earlier cell failed (--keep-going "
                                                     "builds the others)"))
                 break
-        return results
+        order = {c.identifier: i for i, (c, _) in enumerate(cells)}
+        return sorted(results, key=lambda r: order[r.cell])
     # Parallel cells: one thread each (the work happens in containers).
     from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: PLC0415
 
@@ -215,5 +243,5 @@ def build_cells(
             remove_run_containers(engine, run_id)
         raise
     pool.shutdown()
-    order = {c.identifier: i for i, (c, _) in enumerate(todo)}
+    order = {c.identifier: i for i, (c, _) in enumerate(cells)}
     return sorted(results, key=lambda r: order[r.cell])

@@ -1,113 +1,115 @@
-// amp._C: apex's amp_C family of multi-tensor kernels for CPUs.
+// amp._C through pybind11 over ATen: the binding for torch < 2.10 (no stable C ABI there)
+// and for Python 3.9 (below the abi3 floor of bindings_stable.cpp). setup.py compiles exactly
+// one of the two bindings with the shared ops (ops.cpp, apex_api.cpp) and kernels.
 //
-// One generic driver (`run_chunks`) splits every tensor of a model-sized list
-// into fixed-size chunks and runs a small per-op lambda over the chunks with
-// at::parallel_for (OpenMP: the module is compiled and linked with -fopenmp,
-// so torch.set_num_threads governs it). The element-wise work lives in
+// apex's amp_C family of multi-tensor kernels for CPUs: one generic driver (`run_chunks`,
+// driver.h) splits every tensor of a model-sized list into fixed-size chunks and runs a small
+// per-op lambda over the chunks with at::parallel_for (OpenMP: this module is compiled and
+// linked with -fopenmp, so torch.set_num_threads governs it). The element-wise work lives in
 // cpu_ops_impl.h, compiled per ISA and picked at import time.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <optional>
+
 #include "driver.h"
 
 #ifndef AMP_TORCH_VERSION
 #define AMP_TORCH_VERSION "unknown"
 #endif
 
-using namespace amp_driver;
+namespace py = pybind11;
+using amp_driver::View;
+using amp_driver::ViewList;
+using TensorList = std::vector<at::Tensor>;
+using Lists = std::vector<TensorList>;
 
-// The ops, in a named namespace: apex_api.cpp re-exposes them with apex's signatures.
-namespace amp_ops {
+namespace {
+
+const at::Tensor& tensor_of(const View& v) { return *static_cast<const at::Tensor*>(v.tensor); }
+
+int dtype_code(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return amp_kernels::kF32;
+    case at::kHalf: return amp_kernels::kF16;
+    case at::kBFloat16: return amp_kernels::kBF16;
+    default: return -1;
+  }
+}
+
+View view_of(const at::Tensor& t) {
+  View v;
+  v.tensor = &t;
+  v.defined = t.defined();
+  if (!v.defined) return v;
+  v.cpu = t.device().is_cpu();
+  v.dtype = dtype_code(t.scalar_type());
+  v.sparse = t.is_sparse();
+  v.contiguous = !v.sparse && t.is_contiguous();
+  v.numel = t.numel();
+  if (v.cpu && !v.sparse && v.numel) v.ptr = t.data_ptr();
+  return v;
+}
+
+ViewList views(const TensorList& ts) { return amp_driver::views_of(ts, view_of); }
+
+// An optional list's views (nullptr for None), alive while the op runs.
+struct OptViews : amp_driver::OptionalViews {
+  explicit OptViews(const std::optional<TensorList>& ts) : OptionalViews(ts, view_of) {}
+};
+
+std::vector<ViewList> views(const Lists& lists) {
+  std::vector<ViewList> out;
+  out.reserve(lists.size());
+  for (const TensorList& l : lists) out.push_back(views(l));
+  return out;
+}
+
+void parallel(int64_t n, void (*body)(int64_t, int64_t, void*), void* ctx) {
+  py::gil_scoped_release no_gil;
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { body(b, e, ctx); });
+}
+
+const amp_driver::Binding kBinding = {
+    [](const View& v) { return std::string(c10::toString(tensor_of(v).scalar_type())); },
+    [](const View& v) { return tensor_of(v).device().str(); },
+    [] { return static_cast<int64_t>(at::get_num_threads()); },
+    &parallel,
+};
+
+at::Tensor double_tensor(const std::vector<double>& xs) {
+  at::Tensor t = at::empty({static_cast<int64_t>(xs.size())}, at::kDouble);
+  std::copy(xs.begin(), xs.end(), t.data_ptr<double>());
+  return t;
+}
+
+// --- amp._C's ops ---------------------------------------------------------------------------
 
 bool scale(const TensorList& in, const TensorList& out, double s) {
-  const Checked ci = check_list(in, "inputs", nullptr);
-  const Checked co = check_list(out, "outputs", &ci);
-  int64_t total;
-  const auto cs = make_chunks(ci.numels, &total);
-  std::vector<char> ok(cs.size(), 1);
-  const float sf = static_cast<float>(s);
-  run_chunks(cs, total, [&](size_t k, const Chunk& c) {
-    ok[k] = g_ops->scale(ci.ref(c.tensor), co.ref(c.tensor), c.off, c.n, sf);
-  });
-  return std::find(ok.begin(), ok.end(), 0) != ok.end();
+  return amp_ops::scale(views(in), views(out), s);
 }
 
 bool axpby(const TensorList& xs, const TensorList& ys, const TensorList& out, double a, double b,
            int arg_to_check) {
-  if (arg_to_check < -1 || arg_to_check > 1)
-    throw py::value_error("amp._C.axpby: arg_to_check must be -1 (both), 0 (x) or 1 (y)");
-  const Checked cx = check_list(xs, "xs", nullptr);
-  const Checked cy = check_list(ys, "ys", &cx);
-  const Checked co = check_list(out, "outputs", &cx);
-  int64_t total;
-  const auto cs = make_chunks(cx.numels, &total);
-  std::vector<char> ok(cs.size(), 1);
-  run_chunks(cs, total, [&](size_t k, const Chunk& c) {
-    ok[k] = g_ops->axpby(cx.ref(c.tensor), cy.ref(c.tensor), co.ref(c.tensor), c.off, c.n,
-                         static_cast<float>(a), static_cast<float>(b), arg_to_check);
-  });
-  return std::find(ok.begin(), ok.end(), 0) != ok.end();
+  return amp_ops::axpby(views(xs), views(ys), views(out), a, b, arg_to_check);
 }
 
-// Returns (global L2 norm of x*s, per-tensor norms as a float64 tensor or None,
-// whether any x*s was non-finite).
+// (global L2 norm of x*s, per-tensor norms as a float64 tensor or None, any x*s non-finite).
 py::tuple l2norm(const TensorList& xs, double s, bool per_tensor) {
-  const Checked cx = check_list(xs, "tensors", nullptr);
-  int64_t total;
-  const auto cs = make_chunks(cx.numels, &total);
-  std::vector<NormPart> parts(cs.size());
-  const float sf = static_cast<float>(s);
-  run_chunks(cs, total, [&](size_t k, const Chunk& c) {
-    parts[k] = g_ops->sumsq(cx.ref(c.tensor), c.off, c.n, sf);
-  });
-  double sum = 0.0;
-  bool finite = true;
-  std::vector<double> per(cx.numels.size(), 0.0);
-  for (size_t k = 0; k < cs.size(); ++k) {
-    sum += parts[k].sumsq;
-    per[cs[k].tensor] += parts[k].sumsq;
-    finite = finite && parts[k].finite;
-  }
-  py::object per_obj = py::none();
-  if (per_tensor) {
-    at::Tensor t = at::empty({static_cast<int64_t>(per.size())}, at::kDouble);
-    double* d = t.data_ptr<double>();
-    for (size_t i = 0; i < per.size(); ++i) d[i] = std::sqrt(per[i]);
-    per_obj = py::cast(t);
-  }
-  return py::make_tuple(std::sqrt(sum), per_obj, !finite);
+  const amp_ops::L2Norm r = amp_ops::l2norm(views(xs), s, per_tensor);
+  py::object per = per_tensor ? py::cast(double_tensor(r.per)) : py::none();
+  return py::make_tuple(r.norm, per, r.nonfinite);
 }
 
 void adam(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
           const TensorList& exp_avg_sqs, const std::optional<TensorList>& model_params,
           double lr, double beta1, double beta2, double eps, int64_t step, bool adam_w_mode,
           bool bias_correction, double weight_decay, double grad_scale) {
-  if (step < 1) throw py::value_error("amp._C.adam: step must be >= 1");
-  const Checked cg = check_list(grads, "grads", nullptr);
-  const Checked cp = check_list(params, "params", &cg, model_params ? &kF32Only : nullptr);
-  const Checked cm = check_list(exp_avgs, "exp_avgs", &cg);
-  const Checked cv = check_list(exp_avg_sqs, "exp_avg_sqs", &cg);
-  const Checked ch = check_optional(model_params, "model_params", cg);
-  const double bc1 = bias_correction ? 1.0 - std::pow(beta1, static_cast<double>(step)) : 1.0;
-  const double bc2 = bias_correction ? 1.0 - std::pow(beta2, static_cast<double>(step)) : 1.0;
-  amp_kernels::AdamArgs a{};
-  a.lr = static_cast<float>(lr);
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.eps = static_cast<float>(eps);
-  a.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  a.decay = static_cast<float>(1.0 - lr * weight_decay);
-  a.step_size = static_cast<float>(lr / bc1);
-  a.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  a.weight_decay = static_cast<float>(weight_decay);
-  a.grad_scale = static_cast<float>(grad_scale);
-  a.adam_w_mode = adam_w_mode ? 1 : 0;
-  int64_t total;
-  const auto cs = make_chunks(cg.numels, &total);
-  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cm, &cv}, {&cp, &cm, &cv, &ch}));
-  run_chunks(cs, total, [&](size_t, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->adam(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off, c.n,
-                a);
-  });
+  const OptViews half(model_params);
+  amp_ops::adam(views(grads), views(params), views(exp_avgs), views(exp_avg_sqs), half.get(),
+                lr, beta1, beta2, eps, step, adam_w_mode, bias_correction, weight_decay,
+                grad_scale);
 }
 
 void sgd(const TensorList& grads, const TensorList& params,
@@ -115,125 +117,158 @@ void sgd(const TensorList& grads, const TensorList& params,
          const std::optional<TensorList>& model_params, double lr, double momentum,
          double dampening, double weight_decay, bool nesterov, bool wd_after_momentum,
          bool first_run, double grad_scale) {
-  if (momentum != 0.0 && !momentum_buffers)
-    throw py::value_error("amp._C.sgd: momentum != 0 needs momentum_buffers");
-  const Checked cg = check_list(grads, "grads", nullptr);
-  const Checked cp = check_list(params, "params", &cg, model_params ? &kF32Only : nullptr);
-  const Checked cb = momentum != 0.0 ? check_optional(momentum_buffers, "momentum_buffers", cg)
-                                     : Checked{};
-  const Checked ch = check_optional(model_params, "model_params", cg);
-  amp_kernels::SgdArgs a{};
-  a.lr = static_cast<float>(lr);
-  a.momentum = static_cast<float>(momentum);
-  a.dampening = static_cast<float>(dampening);
-  a.one_minus_dampening = static_cast<float>(1.0 - dampening);
-  a.weight_decay = static_cast<float>(weight_decay);
-  a.grad_scale = static_cast<float>(grad_scale);
-  a.nesterov = nesterov;
-  a.wd_after_momentum = wd_after_momentum;
-  a.first_run = first_run;
-  int64_t total;
-  const auto cs = make_chunks(cg.numels, &total);
-  const bool stream = stream_half(step_bytes(total, {&cg, &cp, &cb}, {&cp, &cb, &ch}));
-  run_chunks(cs, total, [&](size_t, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->sgd(cg.ref(t), cp.ref(t), ref_or_null(cb, t), half_ref(ch, t, stream), c.off, c.n,
-               a);
-  });
+  const OptViews bufs(momentum_buffers), half(model_params);
+  amp_ops::sgd(views(grads), views(params), bufs.get(), half.get(), lr, momentum, dampening,
+               weight_decay, nesterov, wd_after_momentum, first_run, grad_scale);
 }
 
-// One LAMB step. `grad_scale` already folds in the inverse loss scale and the
-// global clip ratio. Returns the per-tensor trust ratios applied (for tests).
+// Returns the per-tensor trust ratios applied (for tests).
 at::Tensor lamb(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
                 const TensorList& exp_avg_sqs, const std::optional<TensorList>& model_params,
                 double lr, double beta1, double beta2, double eps, int64_t step,
                 bool bias_correction, double weight_decay, bool grad_averaging,
                 bool adam_w_mode, bool use_nvlamb, double grad_scale) {
-  if (step < 1) throw py::value_error("amp._C.lamb: step must be >= 1");
-  const Checked cg = check_list(grads, "grads", nullptr);
-  const Checked cp = check_list(params, "params", &cg, model_params ? &kF32Only : nullptr);
-  const Checked cm = check_list(exp_avgs, "exp_avgs", &cg);
-  const Checked cv = check_list(exp_avg_sqs, "exp_avg_sqs", &cg);
-  const Checked ch = check_optional(model_params, "model_params", cg);
-  amp_kernels::LambArgs a{};
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  a.beta3 = grad_averaging ? static_cast<float>(1.0 - beta1) : 1.f;
-  a.eps = static_cast<float>(eps);
-  a.bc1 = bias_correction ? static_cast<float>(1.0 - std::pow(beta1, double(step))) : 1.f;
-  a.bc2 = bias_correction ? static_cast<float>(1.0 - std::pow(beta2, double(step))) : 1.f;
-  a.weight_decay = static_cast<float>(weight_decay);
-  a.grad_scale = static_cast<float>(grad_scale);
-  a.adam_w_mode = adam_w_mode ? 1 : 0;
-  int64_t total;
-  const auto cs = make_chunks(cg.numels, &total);
-  std::vector<double> usq(cs.size()), psq(cs.size());
-  run_chunks(cs, total, [&](size_t k, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->lamb_stage1(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), c.off, c.n, a, &usq[k],
-                       &psq[k]);
-  });
-  const size_t nt = cg.numels.size();
-  std::vector<double> un(nt, 0.0), pn(nt, 0.0);
-  for (size_t k = 0; k < cs.size(); ++k) {
-    un[cs[k].tensor] += usq[k];
-    pn[cs[k].tensor] += psq[k];
-  }
-  at::Tensor ratios = at::empty({static_cast<int64_t>(nt)}, at::kFloat);
-  float* r = ratios.data_ptr<float>();
-  for (size_t t = 0; t < nt; ++t) {
-    const double u = std::sqrt(un[t]), p = std::sqrt(pn[t]);
-    const bool trust = use_nvlamb || weight_decay != 0.0;
-    r[t] = static_cast<float>(trust && u != 0.0 && p != 0.0 ? lr * (p / u) : lr);
-  }
-  const bool stream = stream_half(step_bytes(total, {&cp, &cm, &cv}, {&cp, &ch}));
-  run_chunks(cs, total, [&](size_t, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->lamb_stage2(cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off, c.n, a,
-                       r[t]);
-  });
-  return ratios;
+  const OptViews half(model_params);
+  const std::vector<float> r = amp_ops::lamb(
+      views(grads), views(params), views(exp_avgs), views(exp_avg_sqs), half.get(), lr, beta1,
+      beta2, eps, step, bias_correction, weight_decay, grad_averaging, adam_w_mode, use_nvlamb,
+      grad_scale);
+  at::Tensor t = at::empty({static_cast<int64_t>(r.size())}, at::kFloat);
+  std::copy(r.begin(), r.end(), t.data_ptr<float>());
+  return t;
 }
 
-// How many distinct threads at::parallel_for used for a 64-item loop: 1 would mean the
-// module was compiled without OpenMP (then at::parallel_for silently runs serially).
-int64_t parallel_threads_seen() {
-  std::vector<int> seen(64, -1);
-  at::parallel_for(0, 64, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) seen[i] = at::get_thread_num();
-  });
-  std::sort(seen.begin(), seen.end());
-  return std::unique(seen.begin(), seen.end()) - seen.begin();
+// outputs[i] = inputs[i] * s; returns (L2 norm of the outputs, any non-finite).
+py::tuple scale_l2norm(const TensorList& in, const TensorList& out, double s) {
+  const amp_ops::NormFlag r = amp_ops::scale_l2norm(views(in), views(out), s);
+  return py::make_tuple(r.norm, r.nonfinite);
 }
 
-}  // namespace amp_ops
+void adagrad(const TensorList& grads, const TensorList& params, const TensorList& sums,
+             const std::optional<TensorList>& model_params, double lr, double eps,
+             double weight_decay, bool w_mode, double grad_scale) {
+  const OptViews half(model_params);
+  amp_ops::adagrad(views(grads), views(params), views(sums), half.get(), lr, eps, weight_decay,
+                   w_mode, grad_scale);
+}
 
-using namespace amp_ops;
+void novograd(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
+              const std::optional<TensorList>& model_params, const at::Tensor& grad_norms,
+              double lr, double beta1, double beta2, double eps, int64_t step,
+              bool bias_correction, double weight_decay, bool grad_averaging, int moment_mode,
+              int norm_type, bool init_norms, double grad_scale) {
+  const OptViews half(model_params);
+  amp_ops::novograd(views(grads), views(params), views(exp_avgs), half.get(),
+                    view_of(grad_norms), lr, beta1, beta2, eps, step, bias_correction,
+                    weight_decay, grad_averaging, moment_mode, norm_type, init_norms,
+                    grad_scale);
+}
+
+double limit_probe(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
+                   const std::optional<TensorList>& exp_avg_sqs,
+                   const std::optional<TensorList>& model_params, int64_t passes) {
+  const OptViews sqs(exp_avg_sqs), half(model_params);
+  return amp_ops::limit_probe(views(grads), views(params), views(exp_avgs), sqs.get(),
+                              half.get(), passes);
+}
+
+// --- apex's multi_tensor_* ------------------------------------------------------------------
+
+void raise_flag(const at::Tensor& noop_flag, bool overflow) {
+  if (overflow) noop_flag.fill_(1);
+}
+
+void mt_scale(int64_t, const at::Tensor& noop, const Lists& lists, double s) {
+  raise_flag(noop, amp_apex::scale(views(lists), s));
+}
+
+void mt_axpby(int64_t, const at::Tensor& noop, const Lists& lists, double a, double b,
+              int arg_to_check) {
+  raise_flag(noop, amp_apex::axpby(views(lists), a, b, arg_to_check));
+}
+
+// (norm as a one-element float32 tensor, per-tensor norms as float32 or an empty tensor).
+py::tuple l2norm_impl(const at::Tensor& noop, const Lists& lists, double s,
+                      std::optional<bool> per_tensor, const char* op) {
+  const bool per = per_tensor.value_or(false);
+  const amp_ops::L2Norm r = amp_apex::l2norm(views(lists), s, per, op);
+  raise_flag(noop, r.nonfinite);
+  at::Tensor norm = at::full({1}, r.norm, at::kFloat);
+  at::Tensor per_norms = per ? double_tensor(r.per).to(at::kFloat) : at::empty({0}, at::kFloat);
+  return py::make_tuple(norm, per_norms);
+}
+
+py::tuple mt_l2norm(int64_t, const at::Tensor& noop, const Lists& lists,
+                    std::optional<bool> per_tensor) {
+  return l2norm_impl(noop, lists, 1.0, per_tensor, "multi_tensor_l2norm");
+}
+
+py::tuple mt_unscale_l2norm(int64_t, const at::Tensor& noop, const Lists& lists,
+                            const at::Tensor& inv_scale, std::optional<bool> per_tensor) {
+  return l2norm_impl(noop, lists, inv_scale.item<double>(), per_tensor,
+                     "multi_tensor_unscale_l2norm");
+}
+
+void mt_adam(int64_t, const at::Tensor&, const Lists& lists, double lr, double beta1,
+             double beta2, double eps, int64_t step, int mode, int bias_correction,
+             double weight_decay) {
+  amp_apex::adam(views(lists), lr, beta1, beta2, eps, step, mode, bias_correction, weight_decay);
+}
+
+void mt_sgd(int64_t, const at::Tensor& noop, const Lists& lists, double wd, double momentum,
+            double dampening, double lr, bool nesterov, bool first_run, bool wd_after_momentum,
+            double scale) {
+  amp_apex::sgd(views(lists), noop.item<double>() != 0.0, wd, momentum, dampening, lr,
+                nesterov, first_run, wd_after_momentum, scale);
+}
+
+void mt_lamb(int64_t, const at::Tensor&, const Lists& lists, double lr, double beta1,
+             double beta2, double eps, int64_t step, int bias_correction, double weight_decay,
+             int grad_averaging, int mode, const at::Tensor& global_grad_norm,
+             double max_grad_norm, std::optional<bool> use_nvlamb) {
+  amp_apex::lamb(views(lists), lr, beta1, beta2, eps, step, bias_correction, weight_decay,
+                 grad_averaging, mode, global_grad_norm.item<double>(), max_grad_norm,
+                 use_nvlamb.value_or(false));
+}
+
+void mt_adagrad(int64_t, const at::Tensor&, const Lists& lists, double lr, double eps, int mode,
+                double weight_decay) {
+  amp_apex::adagrad(views(lists), lr, eps, mode, weight_decay);
+}
+
+void mt_novograd(int64_t, const at::Tensor&, const Lists& lists, const at::Tensor& grad_norms,
+                 double lr, double beta1, double beta2, double eps, int64_t step,
+                 int bias_correction, double weight_decay, int grad_averaging, int moment_mode,
+                 int norm_type) {
+  amp_apex::novograd(views(lists), view_of(grad_norms), lr, beta1, beta2, eps, step,
+                     bias_correction, weight_decay, grad_averaging, moment_mode, norm_type);
+}
+
+}  // namespace
+
+const amp_driver::Binding& amp_driver::binding() { return kBinding; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb, adagrad, "
             "novograd; apex's multi_tensor_* entry points)";
-  // AMP_KERNEL_ISA forces a build (tests, benchmarks); one this CPU cannot run, or a
-  // misspelt name, must not make the import fail: auto is used, and amp._ext warns with
-  // the reason kept in _isa_note.
-  std::string note;
-  const char* forced = std::getenv("AMP_KERNEL_ISA");
-  try {
-    set_isa(forced && *forced ? forced : "auto");
-  } catch (const std::exception& e) {
-    note = e.what();
-    set_isa("auto");
-  }
-  m.attr("_isa_note") = note;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const amp_driver::ArgError& e) {
+      PyErr_SetString(e.type_error ? PyExc_TypeError : PyExc_ValueError, e.what());
+    }
+  });
+  m.attr("_isa_note") = amp_driver::init_isa();
   m.attr("__torch_version__") = AMP_TORCH_VERSION;
-  m.attr("chunk_size") = kChunk;
-  m.def("isa", [] { return std::string(g_ops->name); }, "ISA of the kernels in use");
-  m.def("_parallel_threads_seen", &parallel_threads_seen,
+  m.attr("__torch_abi__") = "unstable";  // loads into the torch it was built against only
+  m.attr("chunk_size") = amp_driver::kChunk;
+  m.def("isa", [] { return std::string(amp_driver::g_ops->name); }, "ISA of the kernels in use");
+  m.def("_parallel_threads_seen", &amp_ops::parallel_threads_seen,
         "threads at::parallel_for used (a build check: OpenMP must be on)");
-  m.def("set_isa", &set_isa, py::arg("name"),
+  m.def("set_isa", &amp_driver::set_isa, py::arg("name"),
         "Select kernels: 'auto', 'generic', 'avx2' or 'avx512'");
-  m.def("supported_isas", &supported_isas, "The kernel builds this CPU can run, best last");
+  m.def("supported_isas", &amp_driver::supported_isas,
+        "The kernel builds this CPU can run, best last");
   m.def("scale", &scale, py::arg("inputs"), py::arg("outputs"), py::arg("scale"),
         "outputs[i] = inputs[i] * scale; returns True if any result is non-finite");
   m.def("axpby", &axpby, py::arg("xs"), py::arg("ys"), py::arg("outputs"), py::arg("a"),
@@ -255,6 +290,53 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("beta2"), py::arg("eps"), py::arg("step"), py::arg("bias_correction"),
         py::arg("weight_decay"), py::arg("grad_averaging"), py::arg("adam_w_mode"),
         py::arg("use_nvlamb"), py::arg("grad_scale"));
-  register_more_ops(m);
-  register_apex_api(m);
+  m.def("scale_l2norm", &scale_l2norm, py::arg("inputs"), py::arg("outputs"),
+        py::arg("scale"),
+        "outputs[i] = inputs[i] * scale; returns (norm of the outputs, any non-finite)");
+  m.def("adagrad", &adagrad, py::arg("grads"), py::arg("params"), py::arg("sums"),
+        py::arg("model_params"), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
+        py::arg("w_mode"), py::arg("grad_scale"));
+  m.def("novograd", &novograd, py::arg("grads"), py::arg("params"),
+        py::arg("exp_avgs"), py::arg("model_params"), py::arg("grad_norms"), py::arg("lr"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("step"),
+        py::arg("bias_correction"), py::arg("weight_decay"), py::arg("grad_averaging"),
+        py::arg("moment_mode"), py::arg("norm_type"), py::arg("init_norms"),
+        py::arg("grad_scale"));
+  m.def("_limit_probe", &limit_probe, py::arg("grads"), py::arg("params"),
+        py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("model_params"),
+        py::arg("passes") = 3,
+        "benchmark yardstick: the ideal step's memory traffic with trivial arithmetic "
+        "(overwrites params and moments)");
+  m.def("multi_tensor_scale", &mt_scale, "apex: (chunk_size, noop_flag, [in, out], scale)");
+  m.def("multi_tensor_axpby", &mt_axpby,
+        "apex: (chunk_size, noop_flag, [x, y, out], a, b, arg_to_check)");
+  m.def("multi_tensor_l2norm", &mt_l2norm, py::arg("chunk_size"), py::arg("noop_flag"),
+        py::arg("tensor_lists"), py::arg("per_tensor") = py::none(),
+        "apex: (chunk_size, noop_flag, [x], per_tensor) -> (norm, per_tensor_norms)");
+  m.def("multi_tensor_unscale_l2norm", &mt_unscale_l2norm, py::arg("chunk_size"),
+        py::arg("noop_flag"), py::arg("tensor_lists"), py::arg("inv_scale"),
+        py::arg("per_tensor") = py::none(),
+        "apex: norm of x * inv_scale, x untouched");
+  m.def("multi_tensor_adam", &mt_adam,
+        "apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step, "
+        "mode, bias_correction, weight_decay)");
+  m.def("multi_tensor_sgd", &mt_sgd, py::arg("chunk_size"), py::arg("noop_flag"),
+        py::arg("tensor_lists"), py::arg("wd"), py::arg("momentum"), py::arg("dampening"),
+        py::arg("lr"), py::arg("nesterov"), py::arg("first_run"),
+        py::arg("wd_after_momentum"), py::arg("scale") = 1.0,
+        "apex: (chunk_size, noop_flag, [g, p, mom(, p_half)], wd, momentum, dampening, lr, "
+        "nesterov, first_run, wd_after_momentum, scale)");
+  m.def("multi_tensor_lamb", &mt_lamb, py::arg("chunk_size"), py::arg("noop_flag"),
+        py::arg("tensor_lists"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("step"), py::arg("bias_correction"), py::arg("weight_decay"),
+        py::arg("grad_averaging"), py::arg("mode"), py::arg("global_grad_norm"),
+        py::arg("max_grad_norm"), py::arg("use_nvlamb") = py::none(),
+        "apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step, "
+        "bias_correction, weight_decay, grad_averaging, mode, global_grad_norm, "
+        "max_grad_norm, use_nvlamb)");
+  m.def("multi_tensor_adagrad", &mt_adagrad,
+        "apex: (chunk_size, noop_flag, [g, p, sum(, p_half)], lr, eps, mode, weight_decay)");
+  m.def("multi_tensor_novograd", &mt_novograd,
+        "apex: (chunk_size, noop_flag, [g, p, m(, p_half)], grad_norms, lr, beta1, beta2, eps, "
+        "step, bias_correction, weight_decay, grad_averaging, moment_mode, norm_type)");
 }

@@ -1,17 +1,18 @@
-// The multi-tensor driver shared by every translation unit that binds kernels: list
-// validation (`check_list`), chunking (`make_chunks`) and the parallel loop (`run_chunks`),
-// plus the kernel table chosen at import. Ops add a per-chunk lambda, never a new driver.
+// The multi-tensor driver shared by both bindings of amp._C (bindings.cpp: pybind11 over
+// ATen, for torch < 2.10 and Python 3.9; bindings_stable.cpp: torch's stable C ABI, one abi3
+// binary for torch >= 2.10): list validation (`check_list`), chunking (`make_chunks`), the
+// parallel loop (`run_chunks`) and the kernel table chosen at import. It includes no torch
+// header: a binding turns its tensors into `View`s and supplies the parallel backend
+// (`binding()`), so the ops (ops.cpp, apex_api.cpp) are compiled once, the same for both.
+// Ops add a per-chunk lambda, never a new driver.
 #pragma once
-
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
-#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,58 @@
 
 namespace amp_driver {
 
-namespace py = pybind11;
 using amp_kernels::NormPart;
 using amp_kernels::OpsTable;
 using amp_kernels::Ref;
-using TensorList = std::vector<at::Tensor>;
 
+// Bad arguments. Each binding turns it into Python's ValueError or TypeError (`type_error`).
+struct ArgError : std::runtime_error {
+  bool type_error;
+  ArgError(const std::string& msg, bool is_type_error)
+      : std::runtime_error(msg), type_error(is_type_error) {}
+};
+[[noreturn]] inline void value_error(const std::string& msg) { throw ArgError(msg, false); }
+[[noreturn]] inline void type_error(const std::string& msg) { throw ArgError(msg, true); }
+
+// What the driver needs of one tensor, read by the binding from its own tensor type.
+struct View {
+  const void* tensor = nullptr;  // the binding's tensor, for the names in an error message
+  void* ptr = nullptr;           // element 0; nullptr when empty, not on the CPU, or sparse
+  int64_t numel = 0;
+  int dtype = -1;  // amp_kernels::kF32 / kF16 / kBF16, or -1 for any other dtype
+  bool defined = false, cpu = false, contiguous = false, sparse = false;
+};
+using ViewList = std::vector<View>;
+
+// A binding's tensor list as Views (`view_of`: the binding's one-tensor conversion).
+template <class List, class ViewOf>
+inline ViewList views_of(const List& ts, ViewOf view_of) {
+  ViewList out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(view_of(t));
+  return out;
+}
+
+// An optional list's views, kept alive while the op runs: get() is nullptr for None.
+struct OptionalViews {
+  ViewList list;
+  bool present = false;
+  template <class OptionalList, class ViewOf>
+  OptionalViews(const OptionalList& ts, ViewOf view_of)
+      : list(ts ? views_of(*ts, view_of) : ViewList{}), present(ts.has_value()) {}
+  const ViewList* get() const { return present ? &list : nullptr; }
+};
+
+// What only the binding can do: name a tensor's dtype and device (errors only) and run a
+// parallel loop on torch's thread pool.
+struct Binding {
+  std::string (*dtype_name)(const View&);
+  std::string (*device_name)(const View&);
+  int64_t (*num_threads)();
+  // body(begin, end, ctx) over [0, n), one call per thread's range (grain 1).
+  void (*parallel)(int64_t n, void (*body)(int64_t, int64_t, void*), void* ctx);
+};
+const Binding& binding();  // defined by the binding the module is linked with
 
 inline constexpr int64_t kChunk = 32 * 1024;        // elements per unit of parallel work
 inline constexpr int64_t kSerialBelow = 64 * 1024;  // below this many elements, no threads
@@ -60,20 +107,32 @@ inline void set_isa(const std::string& name) {
   if (name == "generic") {
     g_ops = &amp_kernels::ops_generic();
   } else if (name == "avx2") {
-    if (!cpu_has_avx2()) throw py::value_error("amp._C: this CPU lacks AVX2/FMA/F16C");
+    if (!cpu_has_avx2()) value_error("amp._C: this CPU lacks AVX2/FMA/F16C");
     g_ops = &amp_kernels::ops_avx2();
   } else if (name == "avx512") {
-    if (!cpu_has_avx512())
-      throw py::value_error("amp._C: this CPU (or its OS) lacks AVX-512 F/BW/VL/DQ");
+    if (!cpu_has_avx512()) value_error("amp._C: this CPU (or its OS) lacks AVX-512 F/BW/VL/DQ");
     g_ops = &amp_kernels::ops_avx512();
   } else if (name == "auto") {
     g_ops = cpu_has_avx512() ? &amp_kernels::ops_avx512()
             : cpu_has_avx2() ? &amp_kernels::ops_avx2()
                              : &amp_kernels::ops_generic();
   } else {
-    throw py::value_error("amp._C: unknown ISA '" + name +
-                          "' (expected auto, generic, avx2 or avx512)");
+    value_error("amp._C: unknown ISA '" + name + "' (expected auto, generic, avx2 or avx512)");
   }
+}
+
+// The ISA chosen at import: AMP_KERNEL_ISA forces a build (tests, benchmarks); one this CPU
+// cannot run, or a misspelt name, must not make the import fail: auto is used, and the
+// reason is returned (amp._ext warns with it, from the module's _isa_note).
+inline std::string init_isa() {
+  const char* forced = std::getenv("AMP_KERNEL_ISA");
+  try {
+    set_isa(forced && *forced ? forced : "auto");
+  } catch (const std::exception& e) {
+    set_isa("auto");
+    return e.what();
+  }
+  return "";
 }
 
 // The ISAs this CPU can run, best last (for amp._ext and the benchmark's machine line).
@@ -82,18 +141,6 @@ inline std::vector<std::string> supported_isas() {
   if (cpu_has_avx2()) out.push_back("avx2");
   if (cpu_has_avx512()) out.push_back("avx512");
   return out;
-}
-
-inline int dtype_code(const at::Tensor& t, const char* list, size_t i) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return amp_kernels::kF32;
-    case at::kHalf: return amp_kernels::kF16;
-    case at::kBFloat16: return amp_kernels::kBF16;
-    default:
-      throw py::type_error(std::string("amp._C: ") + list + "[" + std::to_string(i) +
-                           "] has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           "; expected float32, float16 or bfloat16");
-  }
 }
 
 // A validated tensor list: element type, data pointers and sizes.
@@ -106,45 +153,47 @@ struct Checked {
 
 // Every list must be non-empty, on the CPU, contiguous, of one float dtype,
 // and (for lists after the first) pair element-wise with `like` in size.
-inline Checked check_list(const TensorList& ts, const char* name, const Checked* like,
-                   const std::vector<int>* allowed = nullptr) {
-  if (ts.empty()) throw py::value_error(std::string("amp._C: ") + name + " is an empty list");
+inline Checked check_list(const ViewList& ts, const char* name, const Checked* like,
+                          const std::vector<int>* allowed = nullptr) {
+  if (ts.empty()) value_error(std::string("amp._C: ") + name + " is an empty list");
   if (like && ts.size() != like->numels.size())
-    throw py::value_error(std::string("amp._C: ") + name + " has " + std::to_string(ts.size()) +
-                          " tensors; expected " + std::to_string(like->numels.size()) +
-                          " (one per tensor of the first list)");
+    value_error(std::string("amp._C: ") + name + " has " + std::to_string(ts.size()) +
+                " tensors; expected " + std::to_string(like->numels.size()) +
+                " (one per tensor of the first list)");
   Checked c;
   c.ptrs.reserve(ts.size());
   c.numels.reserve(ts.size());
   for (size_t i = 0; i < ts.size(); ++i) {
-    const at::Tensor& t = ts[i];
+    const View& t = ts[i];
     // Built only on error: this loop runs for every tensor of a model on every step.
     auto where = [&] { return std::string("amp._C: ") + name + "[" + std::to_string(i) + "]"; };
-    if (!t.defined()) throw py::value_error(where() + " is an undefined tensor");
-    if (!t.device().is_cpu())
-      throw py::value_error(where() + " is on " + t.device().str() +
-                            "; the compiled kernels take CPU tensors only");
-    const int code = dtype_code(t, name, i);
-    if (c.dtype < 0) c.dtype = code;
-    if (code != c.dtype)
-      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           " but " + name + "[0] has another; one list must share one dtype");
-    if (allowed && std::find(allowed->begin(), allowed->end(), code) == allowed->end())
-      throw py::type_error(where() + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                           ", which is not allowed here");
-    if (t.is_sparse()) throw py::value_error(where() + " is sparse; expected a dense tensor");
-    if (!t.is_contiguous()) throw py::value_error(where() + " is not contiguous");
-    if (like && t.numel() != like->numels[i])
-      throw py::value_error(where() + " has " + std::to_string(t.numel()) + " elements; expected " +
-                            std::to_string(like->numels[i]) + " to match the first list");
-    c.ptrs.push_back(t.numel() ? t.data_ptr() : nullptr);
-    c.numels.push_back(t.numel());
+    if (!t.defined) value_error(where() + " is an undefined tensor");
+    if (!t.cpu)
+      value_error(where() + " is on " + binding().device_name(t) +
+                  "; the compiled kernels take CPU tensors only");
+    if (t.dtype < 0)
+      type_error(std::string("amp._C: ") + name + "[" + std::to_string(i) + "] has dtype " +
+                 binding().dtype_name(t) + "; expected float32, float16 or bfloat16");
+    if (c.dtype < 0) c.dtype = t.dtype;
+    if (t.dtype != c.dtype)
+      type_error(where() + " has dtype " + binding().dtype_name(t) + " but " + name +
+                 "[0] has another; one list must share one dtype");
+    if (allowed && std::find(allowed->begin(), allowed->end(), t.dtype) == allowed->end())
+      type_error(where() + " has dtype " + binding().dtype_name(t) +
+                 ", which is not allowed here");
+    if (t.sparse) value_error(where() + " is sparse; expected a dense tensor");
+    if (!t.contiguous) value_error(where() + " is not contiguous");
+    if (like && t.numel != like->numels[i])
+      value_error(where() + " has " + std::to_string(t.numel) + " elements; expected " +
+                  std::to_string(like->numels[i]) + " to match the first list");
+    c.ptrs.push_back(t.numel ? t.ptr : nullptr);
+    c.numels.push_back(t.numel);
   }
   return c;
 }
 
-inline Checked check_optional(const std::optional<TensorList>& ts, const char* name,
-                       const Checked& like) {
+// An optional list (nullptr: absent), e.g. the half model copy.
+inline Checked check_optional(const ViewList* ts, const char* name, const Checked& like) {
   if (!ts) return Checked{};
   static const std::vector<int> halves = {amp_kernels::kF16, amp_kernels::kBF16,
                                           amp_kernels::kF32};
@@ -202,6 +251,17 @@ inline void store_fence() {
 #endif
 }
 
+// f(begin, end) over [0, n) on torch's thread pool, through the binding (the call costs one
+// indirect call per thread, not per element or chunk).
+template <class F>
+inline void parallel_for(int64_t n, const F& f) {
+  binding().parallel(
+      n, [](int64_t b, int64_t e, void* ctx) { (*static_cast<const F*>(ctx))(b, e); },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+inline int64_t num_threads() { return binding().num_threads(); }
+
 // The multi-tensor driver: f(chunk_index, chunk) for every chunk, in parallel
 // when there is enough work. Results that need reducing go into per-chunk
 // slots and are summed in chunk order, so they do not depend on thread count.
@@ -219,7 +279,7 @@ inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) 
     store_fence();
     return;
   }
-  const int64_t nt = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(cs.size()));
+  const int64_t nt = std::min<int64_t>(num_threads(), static_cast<int64_t>(cs.size()));
   // first[t]: the first chunk of thread t (the first one that starts at or after t's share).
   std::vector<size_t> first(nt + 1, cs.size());
   first[0] = 0;
@@ -229,8 +289,7 @@ inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) 
     while (t < nt && seen >= total * t / nt) first[t++] = i;
     seen += cs[i].n;
   }
-  py::gil_scoped_release no_gil;
-  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+  parallel_for(nt, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w)
       for (size_t i = first[w]; i < first[w + 1]; ++i) f(i, cs[i]);
     store_fence();
@@ -265,41 +324,74 @@ inline const std::vector<int> kF32Only = {amp_kernels::kF32};
 
 }  // namespace amp_driver
 
-// The ops of amp._C (bindings.cpp, ops_more.cpp), callable from every translation unit.
+// The ops of amp._C (ops.cpp), over Views: each binding converts its arguments and results.
+// An optional list is a pointer (nullptr: None).
 namespace amp_ops {
-using amp_driver::TensorList;
-bool scale(const TensorList& in, const TensorList& out, double s);
-bool axpby(const TensorList& xs, const TensorList& ys, const TensorList& out, double a, double b,
+using amp_driver::View;
+using amp_driver::ViewList;
+
+struct L2Norm {
+  double norm;              // of all tensors * scale
+  std::vector<double> per;  // per-tensor norms (only when asked for)
+  bool nonfinite;
+};
+struct NormFlag {
+  double norm;
+  bool nonfinite;
+};
+
+bool scale(const ViewList& in, const ViewList& out, double s);
+bool axpby(const ViewList& xs, const ViewList& ys, const ViewList& out, double a, double b,
            int arg_to_check);
-pybind11::tuple l2norm(const TensorList& xs, double s, bool per_tensor);
-void adam(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
-          const TensorList& exp_avg_sqs, const std::optional<TensorList>& model_params,
-          double lr, double beta1, double beta2, double eps, int64_t step, bool adam_w_mode,
-          bool bias_correction, double weight_decay, double grad_scale);
-void sgd(const TensorList& grads, const TensorList& params,
-         const std::optional<TensorList>& momentum_buffers,
-         const std::optional<TensorList>& model_params, double lr, double momentum,
-         double dampening, double weight_decay, bool nesterov, bool wd_after_momentum,
-         bool first_run, double grad_scale);
-at::Tensor lamb(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
-                const TensorList& exp_avg_sqs, const std::optional<TensorList>& model_params,
-                double lr, double beta1, double beta2, double eps, int64_t step,
-                bool bias_correction, double weight_decay, bool grad_averaging,
-                bool adam_w_mode, bool use_nvlamb, double grad_scale);
-pybind11::tuple scale_l2norm(const TensorList& in, const TensorList& out, double s);
-void adagrad(const TensorList& grads, const TensorList& params, const TensorList& sums,
-             const std::optional<TensorList>& model_params, double lr, double eps,
-             double weight_decay, bool w_mode, double grad_scale);
-void novograd(const TensorList& grads, const TensorList& params, const TensorList& exp_avgs,
-              const std::optional<TensorList>& model_params, const at::Tensor& grad_norms,
-              double lr, double beta1, double beta2, double eps, int64_t step,
-              bool bias_correction, double weight_decay, bool grad_averaging, int moment_mode,
-              int norm_type, bool init_norms, double grad_scale);
+L2Norm l2norm(const ViewList& xs, double s, bool per_tensor);
+void adam(const ViewList& grads, const ViewList& params, const ViewList& exp_avgs,
+          const ViewList& exp_avg_sqs, const ViewList* model_params, double lr, double beta1,
+          double beta2, double eps, int64_t step, bool adam_w_mode, bool bias_correction,
+          double weight_decay, double grad_scale);
+void sgd(const ViewList& grads, const ViewList& params, const ViewList* momentum_buffers,
+         const ViewList* model_params, double lr, double momentum, double dampening,
+         double weight_decay, bool nesterov, bool wd_after_momentum, bool first_run,
+         double grad_scale);
+// Returns the per-tensor trust ratios applied (float32 values).
+std::vector<float> lamb(const ViewList& grads, const ViewList& params, const ViewList& exp_avgs,
+                        const ViewList& exp_avg_sqs, const ViewList* model_params, double lr,
+                        double beta1, double beta2, double eps, int64_t step,
+                        bool bias_correction, double weight_decay, bool grad_averaging,
+                        bool adam_w_mode, bool use_nvlamb, double grad_scale);
+NormFlag scale_l2norm(const ViewList& in, const ViewList& out, double s);
+void adagrad(const ViewList& grads, const ViewList& params, const ViewList& sums,
+             const ViewList* model_params, double lr, double eps, double weight_decay,
+             bool w_mode, double grad_scale);
+void novograd(const ViewList& grads, const ViewList& params, const ViewList& exp_avgs,
+              const ViewList* model_params, const View& grad_norms, double lr, double beta1,
+              double beta2, double eps, int64_t step, bool bias_correction,
+              double weight_decay, bool grad_averaging, int64_t moment_mode, int64_t norm_type,
+              bool init_norms, double grad_scale);
+double limit_probe(const ViewList& grads, const ViewList& params, const ViewList& exp_avgs,
+                   const ViewList* exp_avg_sqs, const ViewList* model_params, int64_t passes);
+int64_t parallel_threads_seen();
 }  // namespace amp_ops
 
-namespace amp_driver {
-// Registration of the ops defined in other translation units (called by PYBIND11_MODULE).
-void register_more_ops(py::module& m);
-void register_apex_api(py::module& m);
-
-}  // namespace amp_driver
+// apex's `amp_C.multi_tensor_*` entry points (apex_api.cpp) over lists of lists, minus the
+// noop flag and one-element tensor arguments, which the bindings read and write: each
+// returns whether the flag must be raised (a non-finite value was met).
+namespace amp_apex {
+using Lists = std::vector<amp_driver::ViewList>;
+bool scale(const Lists& lists, double s);
+bool axpby(const Lists& lists, double a, double b, int64_t arg_to_check);
+// The norm of x * s, x untouched; `op` names the entry point in errors.
+amp_ops::L2Norm l2norm(const Lists& lists, double s, bool per_tensor, const char* op);
+void adam(const Lists& lists, double lr, double beta1, double beta2, double eps, int64_t step,
+          int64_t mode, int64_t bias_correction, double weight_decay);
+// `flag_set`: the noop flag was already raised (apex's SGD then skips the step).
+void sgd(const Lists& lists, bool flag_set, double wd, double momentum, double dampening,
+         double lr, bool nesterov, bool first_run, bool wd_after_momentum, double scale);
+void lamb(const Lists& lists, double lr, double beta1, double beta2, double eps, int64_t step,
+          int64_t bias_correction, double weight_decay, int64_t grad_averaging, int64_t mode,
+          double global_grad_norm, double max_grad_norm, bool use_nvlamb);
+void adagrad(const Lists& lists, double lr, double eps, int64_t mode, double weight_decay);
+void novograd(const Lists& lists, const amp_driver::View& grad_norms, double lr, double beta1,
+              double beta2, double eps, int64_t step, int64_t bias_correction,
+              double weight_decay, int64_t grad_averaging, int64_t moment_mode,
+              int64_t norm_type);
+}  // namespace amp_apex

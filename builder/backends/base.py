@@ -235,9 +235,15 @@ class CellJob:
     def label(self, wheel: Path, out_dir: Path) -> Path:
         """The built wheel's metadata rewrite, the same for every backend: ``+torchX.Y``, the
         torch pin and, when the resolved cell names a torch-npu release, the ``npu`` extra
-        (builder.wheel.localversion, builder.wheel.npuextra)."""
-        return add_local_version(wheel, self.cell.torch_local, out_dir,
-                                 torch_npu=self.resolved.torch_npu)
+        (builder.wheel.localversion, builder.wheel.npuextra). A stable-ABI wheel (serving
+        every torch from its minimum on) gets no label, ``torch>=<minimum>`` and the extra as
+        a range (builder.plan.builds)."""
+        r = self.resolved
+        if r.stable:
+            return add_local_version(wheel, None, out_dir, torch_npu=r.torch_npu,
+                                     pin=r.torch_requirement,
+                                     npu_spec=r.torch_requirement[len("torch"):])
+        return add_local_version(wheel, self.cell.torch_local, out_dir, torch_npu=r.torch_npu)
 
     def normalize(self, wheel: Path) -> None:
         """The repaired wheel in the canonical zip layout (builder.wheel.reproducible)."""

@@ -145,7 +145,7 @@ class CrossBackend:
             cell.torch, target.python, env=download_env(job)))
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
-        env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
+        env = {"AMP_LOCAL_VERSION": job.resolved.local_version or "", **opts.epoch_env()}
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(

@@ -39,6 +39,16 @@ formats:
   github  one line of JSON {"include": [...]} for a CI job matrix, one cell per job, each with
           the runner that can build it ("runs-on") and the resolved fields, e.g.
           echo "matrix=$(python -m builder plan --format github)" >> "$GITHUB_OUTPUT"
+          Each job says what it does: "job": "build" (it compiles its wheel) or "verify" (it
+          installs the wheel "built_by" another job compiled -- a stable-ABI wheel serving
+          many cells -- next to its own torch and Python, and tests it). --github-jobs build gives
+          one job per wheel, --github-jobs verify one per cell served by another's wheel: a workflow
+          runs the second matrix after the first (needs:), with the first's dist/ as input.
+
+Every cell's build: "stable" (one cpXY-abi3 wheel on torch's stable ABI per arch, for the
+cells with torch and Python at least the project's [tool.ampforge.stable-abi]; built by one
+cell, verified in every one) or "per-torch" (its own +torchX.Y wheel); the BUILD column and
+the records' wheel / build_group / built_by / build_reason say which and why.
 
 Notes (e.g. which torch a selection resolved to) and warnings go to stderr."""
 
@@ -50,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (default: table)",
     )
+    p.add_argument("--github-jobs", choices=("all", "build", "verify"), default="all",
+                   help="with --format github: every cell (default), one job per wheel "
+                        "(build), or the cells that verify another job's wheel (verify)")
     add_print_identifiers_option(p, "selected (those that need a native runner too)")
     p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
                    help="the output folder the records name (as `build --out`; default: dist)")
@@ -79,13 +92,22 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
     lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
     lines.append("")
-    header = ("CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE IMAGE", "TAG (AT MOST)", "WHERE")
-    rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none",
+    header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",
+              "WHERE")
+    rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none", build_column(c),
                         c.backend if c.buildable else "-",
                         c.image.ref if c.buildable else "-", c.plat,
                         THIS_HOST if c.buildable else f"runner {c.runner}")
                        for c in resolution.cells]
     lines += _columns(rows)
+    wheels = len({c.build_group for c in resolution.cells})
+    stable = [c for c in resolution.cells if c.stable]
+    if stable:
+        groups = sorted({c.build_group for c in stable})
+        lines.append(f"{wheels} wheel{'s' if wheels != 1 else ''} for {len(resolution.cells)} "
+                     f"cells: {len(stable)} cells take the stable-ABI wheel"
+                     f"{'s' if len(groups) != 1 else ''} of {', '.join(groups)} "
+                     f"({stable[0].torch_requirement}, abi3; built once, verified in each).")
     here, elsewhere = len(resolution.here), len(resolution.elsewhere)
     lines.append(f"{here} cell{'s' if here != 1 else ''} to build on this host; {elsewhere} "
                  f"need{'s' if elsewhere == 1 else ''} a native runner.")
@@ -104,13 +126,30 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     return lines
 
 
+def build_column(cell: ResolvedCell) -> str:
+    """The BUILD column: what builds the cell's wheel."""
+    if not cell.stable:
+        return f"own +{cell.local_version}" if cell.local_version else "own"
+    if cell.built_by == cell.identifier:
+        return f"{cell.build_group}: builds it"
+    return f"{cell.build_group}: verifies {cell.built_by}'s"
+
+
+def job_kind(cell: ResolvedCell) -> str:
+    """"build" for a cell that compiles its wheel, "verify" for one another cell's serves."""
+    return "verify" if cell.built_by and cell.built_by != cell.identifier else "build"
+
+
 def github_job(cell: ResolvedCell, settings: Settings) -> dict[str, object]:
     """One CI job: the runner that can build the cell and the resolved fields it builds."""
     runners = settings.config.runners
     runs_on = runners.get(cell.host_machine, cell.host_machine) if cell.buildable else cell.runner
     return {"cell": cell.identifier, "runs-on": runs_on, "arch": cell.cell.arch,
             "machine": cell.cell.machine, "python": cell.cell.python, "torch": cell.cell.torch,
-            "backend": cell.backend, "plat": cell.plat, "torch_npu": cell.torch_npu}
+            "backend": cell.backend, "plat": cell.plat, "torch_npu": cell.torch_npu,
+            "job": job_kind(cell), "wheel": cell.wheel,
+            "build_group": cell.build_group or cell.identifier,
+            "built_by": cell.built_by or cell.identifier}
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -123,7 +162,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution),
                                   indent=2))
     elif args.format == "github":
-        include = [github_job(c, settings) for c in resolution.cells]
+        include = [github_job(c, settings) for c in resolution.cells
+                   if args.github_jobs == "all" or job_kind(c) == args.github_jobs]
         ctx.output.out(json.dumps({"include": include}, separators=(",", ":")))
     else:
         for line in _table(settings, resolution):

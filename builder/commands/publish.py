@@ -34,9 +34,14 @@ password, and any user:password@ in the URL, are masked (***) in every line prin
 listed with a different sha256 is an error. (twine's own --skip-existing works only for
 PyPI and TestPyPI since twine 6, so it is not passed through.)
 
+Before any upload, `twine check --strict` must pass for every wheel (what PyPI checks of
+the metadata: a description that renders, its content type). A wheel with a local version
+(+torchX.Y) is refused by PyPI itself: publish those to your own index (`index --per-torch`),
+and the stable-ABI wheels (no label, torch>=2.10) to PyPI.
+
 Exit codes: 0 uploaded (or all already there with --skip-existing); 1 a wheel does not
-match the manifest or the repository's copy, or the upload failed (twine's message is
-shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
+match the manifest or the repository's copy, fails `twine check --strict`, or the upload
+failed (twine's message is shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
 
 URL_ENV = "TWINE_REPOSITORY_URL"
 USER_ENV = "TWINE_USERNAME"
@@ -75,6 +80,26 @@ def resolve_repository_url(
             return value, origin
     raise ConfigError(f"no repository URL; pass --repository-url URL, set {URL_ENV}, or set "
                       "publish.repository_url in the config file")
+
+
+def _run_twine(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", check=False)
+    except OSError as exc:
+        raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
+                         "pip install -e '.[builder]'") from exc
+
+
+def twine_check(wheels: Sequence[Path], env: dict[str, str]) -> None:
+    """``twine check --strict`` on *wheels*; StepFailed with twine's findings otherwise."""
+    cmd = [sys.executable, "-m", "twine", "--no-color", "check", "--strict",
+           *(str(w) for w in wheels)]
+    proc = _run_twine(cmd, env)
+    if proc.returncode != 0:
+        lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
+        raise StepFailed("twine check --strict failed; nothing was uploaded:\n  "
+                         + "\n  ".join(lines[-15:]))
 
 
 def twine_command(wheels: Sequence[Path], url: str, *, username: str | None) -> list[str]:
@@ -160,13 +185,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     # twine would otherwise ask the desktop keyring for a password, which can block or
     # print backend noise on a headless build machine.
     env.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
+    twine_check(wheels, env)
+    ctx.output.err(f"twine check --strict: {len(wheels)} wheel(s) passed")
     cmd = twine_command(wheels, url, username=username)
-    try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace", check=False)
-    except OSError as exc:
-        raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
-                         "pip install -e '.[builder]'") from exc
+    proc = _run_twine(cmd, env)
     lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0:
         if any(ln.startswith("Traceback (most recent call last)") for ln in lines):

@@ -5,10 +5,16 @@ build a wheel whose own metadata refuses its torch; ``plan`` must never list one
 come from the project's ``pyproject.toml`` (``[project] requires-python`` and the ``torch``
 entry of ``dependencies``), the file pip itself reads: one source. A project without that table
 (a ``setup.py``-only project) has no bounds here; pip still checks it at build time.
+
+The same file may declare that the project builds on torch's stable ABI (``[tool.ampforge.
+stable-abi]``, ``torch = "2.10"``, ``python = "3.10"``): its wheel for a cell with torch and
+Python at least those is one ``abi3`` wheel that serves every such cell of its architecture
+(:class:`StableAbi`; builder.plan.builds decides which cell builds it).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,29 @@ else:  # pragma: no cover - the builder runs on 3.11 here; tomli is what 3.9/3.1
 
 
 @dataclass(frozen=True)
+class StableAbi:
+    """A project's stable-ABI declaration: the oldest torch and Python its one wheel serves."""
+
+    torch: str  # "2.10"
+    python: str  # "3.10"
+    source: str  # where it was declared, for the plan's reasons
+
+    @staticmethod
+    def _key(version: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+
+    def serves(self, python: str, torch: str) -> bool:
+        """Whether the stable wheel serves the cell (Python *python*, torch *torch*)."""
+        return (self._key(python) >= self._key(self.python)
+                and self._key(torch) >= self._key(self.torch))
+
+    @property
+    def requirement(self) -> str:
+        """The stable wheel's torch requirement, e.g. ``torch>=2.10``."""
+        return f"torch>={self.torch}"
+
+
+@dataclass(frozen=True)
 class ProjectBounds:
     """``requires-python`` and the torch requirement of one project (None: not stated)."""
 
@@ -35,6 +64,7 @@ class ProjectBounds:
     name: str
     requires_python: Optional[SpecifierSet] = None
     torch: Optional[SpecifierSet] = None
+    stable_abi: Optional[StableAbi] = None
 
     def python_ok(self, python: str) -> bool:
         """Whether some patch release of *python* ("3.9") satisfies ``requires-python``."""
@@ -89,4 +119,33 @@ def read_bounds(project: Path) -> Optional[ProjectBounds]:
                               file=shown, key=f"project.dependencies[{i}]") from None
         if canonicalize_name(req.name) == "torch" and req.marker is None:
             torch = req.specifier if str(req.specifier) else None
-    return ProjectBounds(file=shown, name=name, requires_python=requires_python, torch=torch)
+    return ProjectBounds(file=shown, name=name, requires_python=requires_python, torch=torch,
+                         stable_abi=_stable_abi(data, shown))
+
+
+_MINOR = re.compile(r"^\d+\.\d+$")
+
+
+def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:
+    table = data.get("tool", {}).get("ampforge", {}).get("stable-abi")
+    if table is None:
+        return None
+    key = "tool.ampforge.stable-abi"
+    if not isinstance(table, dict):
+        raise ConfigError(f"is {type(table).__name__}; expected a table with torch and python",
+                          file=shown, key=key)
+    found = {}
+    for part in ("torch", "python"):
+        value = table.get(part)
+        if not isinstance(value, str) or not _MINOR.match(value):
+            raise ConfigError(f"is {value!r}; expected a quoted major.minor version such as "
+                              f'"{"2.10" if part == "torch" else "3.10"}"', file=shown,
+                              key=f"{key}.{part}")
+        found[part] = value
+    unknown = sorted(set(table) - {"torch", "python"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; expected torch and python",
+                          file=shown, key=key)
+    # The project's own file, not its path: the record must not differ between a checkout and
+    # a copy of it (build --project SNAPSHOT records what plan prints for the checkout).
+    return StableAbi(torch=found["torch"], python=found["python"], source=f"pyproject.toml [{key}]")

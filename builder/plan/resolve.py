@@ -21,8 +21,11 @@ from typing import Any, Optional
 from builder.backends.base import Backend, Host, ImageChoice
 from builder.backends.choose import choose
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
+from builder.errors import BuilderError
+from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select
-from builder.plan.project import read_bounds
+from builder.plan.project import StableAbi, read_bounds
+from builder.release.manifest import read_manifest
 
 #: What ``base_image`` is when the backend builds without an image (host, cross).
 THIS_HOST = "this host"
@@ -46,6 +49,23 @@ class ResolvedCell:
     settings: Mapping[str, Any] = field(default_factory=dict)  # proxy/CA/index, masked
     output: str = ""
     host_machine: str = ""
+    # Which build serves the cell (builder.plan.builds): "stable" (one abi3 wheel on torch's
+    # stable ABI per arch, built by `built_by`, verified here) or "per-torch" (its own).
+    wheel: str = "per-torch"
+    build_group: str = ""
+    built_by: str = ""
+    build_reason: str = ""
+    torch_requirement: str = ""  # the stable wheel's, e.g. torch>=2.10 ("": pinned per torch)
+
+    @property
+    def stable(self) -> bool:
+        return self.wheel == "stable"
+
+    @property
+    def local_version(self) -> Optional[str]:
+        """The wheel's local version label (``torch2.13``); None for a stable wheel, which
+        serves many torches and so names none (and may go to PyPI)."""
+        return None if self.stable else self.cell.torch_local
 
     @property
     def identifier(self) -> str:
@@ -56,7 +76,10 @@ class ResolvedCell:
         return {
             "id": c.identifier, "arch": c.arch, "machine": c.machine, "python": c.python,
             "cp": c.cp, "torch": c.torch, "torch_reason": self.torch_reason,
-            "local_version": c.torch_local,
+            "local_version": self.local_version,
+            "wheel": self.wheel, "build_group": self.build_group or c.identifier,
+            "built_by": self.built_by or c.identifier, "build_reason": self.build_reason,
+            "torch_requirement": self.torch_requirement or None,
             "torch_npu": self.torch_npu, "torch_npu_reason": self.torch_npu_reason,
             "backend": self.backend, "backend_reason": self.backend_reason,
             "buildable_here": self.buildable, "runner": self.runner,
@@ -156,8 +179,22 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
     if pick_newest:
         records, picked = _newest(records, plan.dropped)
         notes += picked
+    stable = bounds.stable_abi if bounds is not None else None
+    if stable is None:
+        stable = _detected(out, (project or REPO_ROOT).name)
+    records = [replace(r, torch_requirement=stable.requirement) if r.stable else r
+               for r in assign(records, stable)]
     return Resolution(cells=tuple(records), dropped=plan.dropped, notes=tuple(notes),
                       warnings=plan.warnings)
+
+
+def _detected(out: Path, project: str) -> Optional[StableAbi]:
+    """A stable ABI an earlier build found in the project's wheel (builder.plan.builds)."""
+    try:
+        doc = read_manifest(out)
+    except BuilderError:
+        return None  # a broken manifest is reported by the build that writes it
+    return detected(doc, project, out / "manifest.json")
 
 
 def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: Host,

@@ -8,8 +8,10 @@ per series (``OUT/torch2.13/simple/``, ``OUT/torch2.9/simple/``) the user names 
 torch they have, and nothing on that page can ask for another torch.
 
 The series of a wheel is its METADATA's ``Requires-Dist: torch==X.Y.*`` (the pin the builder
-writes, :mod:`builder.wheel.localversion`). A wheel with no torch pin serves every series, so it
-is listed on every page; when no wheel is pinned there is nothing to split (a usage error).
+writes, :mod:`builder.wheel.localversion`). A wheel with no torch requirement serves every series,
+so it is listed on every page; a stable-ABI wheel (``torch>=2.10``, no label) is listed on the
+page of every series its range admits; when no wheel is pinned there is nothing to split (a usage
+error).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 
 from builder.errors import ConfigError
 from builder.release.simple_index import IndexResult, collect_wheels, write_simple_index
@@ -27,31 +30,44 @@ from builder.wheel.wheelmeta import requires_dist
 _SERIES = re.compile(r"^==(\d+)\.(\d+)\.\*$")
 
 
-def torch_series(wheel: Path) -> str | None:
-    """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
+def torch_range(wheel: Path) -> SpecifierSet | None:
+    """The wheel's (unconditional) torch requirement; None when it requires no torch."""
     for line in requires_dist(wheel):
         try:
             req = Requirement(line)
         except InvalidRequirement:
             continue
         if req.name.lower() == "torch" and req.marker is None:
-            m = _SERIES.match(str(req.specifier))
-            if m:
-                return f"torch{m.group(1)}.{m.group(2)}"
+            return req.specifier
     return None
 
 
+def torch_series(wheel: Path) -> str | None:
+    """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
+    m = _SERIES.match(str(torch_range(wheel) or ""))
+    return f"torch{m.group(1)}.{m.group(2)}" if m else None
+
+
 def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
-    """Series -> the wheels its page lists (its own, plus every wheel with no pin)."""
+    """Series -> the wheels its page lists (its own, every wheel whose torch range admits the
+    series, e.g. a stable-ABI ``torch>=2.10`` one, and every wheel with no torch requirement)."""
     pinned: dict[str, list[Path]] = {}
-    unpinned: list[Path] = []
+    others: list[tuple[Path, SpecifierSet | None]] = []
     for wheel in wheels:
         series = torch_series(wheel)
-        (pinned.setdefault(series, []) if series else unpinned).append(wheel)
+        if series:
+            pinned.setdefault(series, []).append(wheel)
+        else:
+            others.append((wheel, torch_range(wheel)))
     if not pinned:
         raise ConfigError("--per-torch: no wheel pins a torch series (Requires-Dist: "
                           "torch==X.Y.*, as this builder's wheels do); write one index instead")
-    return {s: sorted([*pinned[s], *unpinned]) for s in sorted(pinned, key=_series_key)}
+
+    def admits(spec: SpecifierSet | None, series: str) -> bool:
+        return spec is None or spec.contains(series[len("torch"):] + ".0", prereleases=True)
+
+    return {s: sorted([*pinned[s], *(w for w, spec in others if admits(spec, s))])
+            for s in sorted(pinned, key=_series_key)}
 
 
 def _series_key(series: str) -> tuple[int, ...]:

@@ -14,6 +14,11 @@ is what lets pip pick the matching ``+torchX.Y`` wheel out of an index that hold
 A ``torch`` requirement the project declared is replaced (its environment marker kept); a
 project that declared none gets one. When the cell's torch has a torch-npu release, the same
 rewrite adds the ``npu`` extra that pins it (builder.wheel.npuextra).
+
+A wheel on torch's stable ABI (builder.plan.builds) gets no label (*label* None): it serves every
+torch from its minimum on, so its requirement is that range (``Requires-Dist: torch>=2.10``,
+*pin*) and its ``npu`` extra a range of torch-npu releases (*npu_spec*), of which pip takes the
+one whose own torch requirement matches the torch it installs.
 """
 
 from __future__ import annotations
@@ -71,23 +76,28 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def add_local_version(wheel: Path, label: str, out_dir: Path, *,
-                      torch_npu: Optional[str] = None) -> Path:
+def add_local_version(wheel: Path, label: Optional[str], out_dir: Path, *,
+                      torch_npu: Optional[str] = None, pin: Optional[str] = None,
+                      npu_spec: Optional[str] = None) -> Path:
     """Write a copy of *wheel* whose version carries ``+label`` into *out_dir*; return it.
 
     A ``torchX.Y`` label also pins the torch requirement (:func:`pin_torch_requirement`);
-    *torch_npu* (a torch-npu release) adds the ``npu`` extra pinning it. Returns *wheel*
-    unchanged (not copied) when its version already carries the label and its metadata already
-    has the pin and the extra.
+    *pin* replaces that requirement (a stable wheel: *label* None, ``torch>=2.10``);
+    *torch_npu* (a torch-npu release) adds the ``npu`` extra pinning it, or requiring
+    *npu_spec* (``>=2.10``) when given. Returns *wheel* unchanged (not copied) when its version
+    already carries the label and its metadata already has the pin and the extra.
     """
     dist, version, py, abi, plats = split_wheel_name(wheel.name)
-    new_version = with_local(version, label)
-    pin = torch_pin(label)
+    new_version = with_local(version, label) if label else version
+    if pin is None and label:
+        pin = torch_pin(label)
 
     def requirements(text: str) -> str:
         if pin is not None:
             text = pin_torch_requirement(text, pin)
-        return add_npu_extra(text, torch_npu) if torch_npu is not None else text
+        if torch_npu is None:
+            return text
+        return add_npu_extra(text, torch_npu, spec=npu_spec)
 
     old_info = f"{dist}-{version}.dist-info/"
     if new_version == version:
@@ -102,6 +112,9 @@ def add_local_version(wheel: Path, label: str, out_dir: Path, *,
     new_info = f"{dist}-{new_version}.dist-info/"
     # PEP 427 keeps '+' in file names ('1.0+torch2.13'); only '-' would need escaping.
     target = out_dir / f"{dist}-{new_version}-{py}-{abi}-{'.'.join(plats)}.whl"
+    if target.resolve() == wheel.resolve():
+        raise StepFailed(f"{wheel.name}: the metadata rewrite must write into another folder "
+                         f"than {out_dir}")
     records: list[str] = []
     with zipfile.ZipFile(wheel) as src:
         names = src.namelist()

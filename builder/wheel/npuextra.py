@@ -10,19 +10,24 @@ after the project's own build, so every backend and every ``--project`` gets the
 
 from __future__ import annotations
 
+from typing import Optional
+
 from builder.wheel.requires import repin
 
 NPU_EXTRA = "npu"
 TORCH_NPU = "torch-npu"
 
 
-def npu_requirement(release: str) -> str:
-    """The extra's requirement line value, e.g. ``torch-npu==2.13.0; extra == "npu"``."""
-    return f'{TORCH_NPU}=={release}; extra == "{NPU_EXTRA}"'
+def npu_requirement(release: str, spec: Optional[str] = None) -> str:
+    """The extra's requirement line value, e.g. ``torch-npu==2.13.0; extra == "npu"``, or with
+    *spec* (a stable wheel's range, ``>=2.10``) ``torch-npu>=2.10; extra == "npu"``."""
+    return f'{TORCH_NPU}{spec or "==" + release}; extra == "{NPU_EXTRA}"'
 
 
-def add_npu_extra(metadata: str, release: str) -> str:
-    """*metadata* (a METADATA file's text) with the ``npu`` extra pinning torch-npu *release*.
+def add_npu_extra(metadata: str, release: str, spec: Optional[str] = None) -> str:
+    """*metadata* (a METADATA file's text) with the ``npu`` extra pinning torch-npu *release*
+    (or requiring *spec*: a stable wheel serves many torches, and each torch-npu release
+    requires its own torch, so pip's resolver pairs them).
 
     A torch-npu requirement the project declared itself gets the same pin (its marker kept):
     a second, different torch-npu would be uninstallable next to ours. ``Provides-Extra: npu``
@@ -30,8 +35,8 @@ def add_npu_extra(metadata: str, release: str) -> str:
     """
     head, sep, body = metadata.partition("\n\n")
     lines = head.split("\n")
-    repin(lines, TORCH_NPU, f"{TORCH_NPU}=={release}")
-    wanted = [f"Provides-Extra: {NPU_EXTRA}", f"Requires-Dist: {npu_requirement(release)}"]
+    repin(lines, TORCH_NPU, f"{TORCH_NPU}{spec or '==' + release}")
+    wanted = [f"Provides-Extra: {NPU_EXTRA}", f"Requires-Dist: {npu_requirement(release, spec)}"]
     missing = [w for w in wanted if w not in lines]
     if missing:
         # After the last dependency field, else after the last header line (never into the body).

@@ -49,10 +49,12 @@ def make_wheel(
     ]
     if requires_python:
         meta.append(f"Requires-Python: {requires_python}")
+    # A description and its type: what `twine check --strict` (run by publish) requires.
+    meta.append("Description-Content-Type: text/markdown")
     meta += [f"Requires-Dist: {r}" for r in requires_dist]
     files = {
         f"{module}/__init__.py": f"VERSION = {version!r}\n".encode(),
-        f"{info}/METADATA": ("\n".join(meta) + "\n\n").encode(),
+        f"{info}/METADATA": ("\n".join(meta) + f"\n\n# {name}\n\nA test wheel.\n").encode(),
         f"{info}/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: ampforge-tests\nRoot-Is-Purelib: true\n"
             f"Tag: {tag}\n\n"

@@ -42,16 +42,18 @@ def npu_fields(metadata: str) -> tuple[list[str], list[str]]:
     return extras, reqs
 
 
-def assert_npu_extra(metadata: str, release: Optional[str]) -> None:
-    """*metadata* has the ``npu`` extra pinning torch-npu *release* (None: no extra at all), and
-    pip reads it that way: the requirement applies with ``[npu]`` and only then."""
+def assert_npu_extra(metadata: str, release: Optional[str], spec: Optional[str] = None) -> None:
+    """*metadata* has the ``npu`` extra pinning torch-npu *release* (None: no extra at all), or,
+    for a stable-ABI wheel, requiring the range *spec* (``>=2.10``), and pip reads it that way:
+    the requirement applies with ``[npu]`` and only then."""
     extras, reqs = npu_fields(metadata)
     if release is None:
         assert "npu" not in extras and reqs == [], (extras, reqs)
         return
+    want = spec or f"=={release}"
     assert extras.count("npu") == 1, extras
-    assert reqs == [f'torch-npu=={release}; extra == "npu"'], reqs
+    assert reqs == [f'torch-npu{want}; extra == "npu"'], reqs
     req = Requirement(reqs[0])
-    assert [str(s) for s in req.specifier] == [f"=={release}"]
+    assert [str(s) for s in req.specifier] == [want]
     assert req.marker is not None
     assert req.marker.evaluate({"extra": "npu"}) and not req.marker.evaluate({"extra": ""})

@@ -44,8 +44,13 @@ def test_default_plan_cells_and_dropped_reasons() -> None:
         "arch": "ARM", "machine": "aarch64", "python": "3.11", "cp": "cp311",
         "torch": "2.13.0", "family": "manylinux",
         "python_path": "/opt/python/cp311-cp311/bin/python",
-        "docker_platform": "linux/arm64", "local_version": "torch2.13",
+        "docker_platform": "linux/arm64", "local_version": None,
     }
+    # torch 2.13 >= the project's stable ABI (pyproject.toml): no +torch label; the labelled
+    # per-torch wheels stay for 2.8 and 2.9.
+    assert cell["wheel"] == "stable" and cell["torch_requirement"] == "torch>=2.10"
+    older = next(c for c in doc["cells"] if c["id"] == "cp311-manylinux_aarch64-torch2.9.1")
+    assert older["wheel"] == "per-torch" and older["local_version"] == "torch2.9"
     # aarch64 torch 2.13.0 is a CUDA build (configs/support.yaml): no way to verify it on this
     # x86_64 host, so the record names the native runner it needs and why.
     assert cell["buildable_here"] is False and cell["runner"] == "ubuntu-24.04-arm"
@@ -84,8 +89,17 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
     assert res.rc == 0
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
-    assert lines[header].split() == ["CELL", "TORCH", "TORCH-NPU", "BACKEND", "BASE", "IMAGE",
-                                     "TAG", "(AT", "MOST)", "WHERE"]
+    assert lines[header].split() == ["CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE",
+                                     "IMAGE", "TAG", "(AT", "MOST)", "WHERE"]
+    # Which build serves each cell: the stable-ABI wheel of its arch (built by one cell,
+    # verified by the others) for torch >= 2.10, else its own labelled one.
+    row = {ln.split()[0]: ln for ln in lines[header + 1:header + 27]}
+    assert "X86-stable: builds it" in row["cp311-manylinux_x86_64-torch2.13.0"]
+    assert ("X86-stable: verifies cp311-manylinux_x86_64-torch2.13.0's"
+            in row["cp312-manylinux_x86_64-torch2.13.0"])
+    assert "own +torch2.9" in row["cp312-manylinux_x86_64-torch2.9.1"]
+    assert ("6 wheels for 26 cells: 8 cells take the stable-ABI wheels of ARM-stable, "
+            "X86-stable (torch>=2.10, abi3; built once, verified in each).") in lines
     summary = next(ln for ln in lines if "cells to build on this host;" in ln)
     here, elsewhere = int(summary.split()[0]), int(summary.split("; ")[1].split()[0])
     assert here + elsewhere == 26

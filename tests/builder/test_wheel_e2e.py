@@ -27,13 +27,18 @@ pytestmark = pytest.mark.slow
 
 def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path:
     (wheel,) = dist.glob("ampforge-*.whl")
-    assert wheel.name.startswith("ampforge-") and "+torch2.13-cp311-cp311-manylinux_2_" in (
-        wheel.name), wheel.name
+    # torch 2.13 >= the stable ABI's 2.10 (pyproject.toml [tool.ampforge.stable-abi]): one
+    # cp310-abi3 wheel with no +torch label, for every torch >= 2.10 and CPython >= 3.10.
+    assert wheel.name.startswith("ampforge-") and "-cp310-abi3-manylinux_2_" in wheel.name, (
+        wheel.name)
+    assert "+torch" not in wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert [n for n in names if n.startswith("amp/_C") and n.endswith(".so")], names
+    assert [n for n in names if n.startswith("amp/_C") and n.endswith(".so")] == [
+        "amp/_C.abi3.so"], names
+    assert "torch>=2.10" in requires_dist(wheel)
     assert not [n for n in names if "libtorch" in n or "libc10" in n or "libgomp" in n]
-    _check_npu_extra(wheel)
+    _check_npu_extra(wheel, ">=2.10")
     doc = manifest(dist)
     entry = next(w for w in doc["wheels"] if w["cell"] == CELL)
     assert entry["file"] == wheel.name and entry["size"] == wheel.stat().st_size
@@ -50,6 +55,11 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert platform["needs"]["GLIBC"] < "2.25" and platform["needs"]["GLIBCXX"] <= "3.4.22"
     assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11",
                                                                           "x86_64")
+    # Audited before dist/: torch-abi-audit (STABLE, its minimum torch) and abi3audit --strict.
+    assert entry["extra"]["stable_abi"] == {
+        "min_torch": "2.10.0", "declared": "2.10", "modules": ["_C.abi3.so"],
+        "checks": ["torch-abi-audit", "abi3audit --strict"]}
+    assert entry["extra"]["resolved"]["wheel"] == "stable"
     # The earlier cell's wheel and manifest entry are still there.
     earlier = [n for n in seeded if n.startswith("earlier-")]
     assert all((dist / n).read_bytes() == seeded[n] for n in earlier)
@@ -60,12 +70,13 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     return wheel
 
 
-def _check_npu_extra(wheel: Path) -> None:
+def _check_npu_extra(wheel: Path, spec: str | None = None) -> None:
     """The built wheel's METADATA: `pip install <wheel>[npu]` pins the torch-npu release that
-    configs/support.yaml pairs with the cell (cp311, x86_64, torch 2.13.0)."""
+    configs/support.yaml pairs with the cell (cp311, x86_64, torch 2.13.0), or for a stable
+    wheel requires the range *spec* (pip pairs a torch-npu with the torch it installs)."""
     release = expected_torch_npu("2.13.0", "3.11", "x86_64")
     assert release, "the table pairs torch 2.13.0 with a torch-npu release: the extra must show"
-    assert_npu_extra(wheel_metadata(wheel), release)
+    assert_npu_extra(wheel_metadata(wheel), release, spec)
 
 
 @pytest.mark.docker
