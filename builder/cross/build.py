@@ -52,7 +52,12 @@ from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell import CcacheStats, ccache_stats
-from builder.incell.steps import LIBM_FLOOR_HEADER, libm_floor_shim
+from builder.incell.steps import (
+    LIBM_FLOOR_HEADER,
+    CcacheSetupError,
+    ccache_masquerade,
+    libm_floor_shim,
+)
 from builder.release.shared import tag_serves
 
 HOOK_DIR = Path(__file__).with_name("hook")
@@ -209,20 +214,16 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         if ccache is False:  # torch's cpp_extension would put ccache in front by itself
             env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
         if use_ccache:
-            # ccache in masquerade: links named like the cross compilers, so CC/CXX stay one
-            # word (torch's ninja path takes CXX as a single token and CC's words after the
-            # first as flags: "ccache gcc" breaks it); ccache finds the real compiler of that
-            # name further down PATH. The compile only: LDSHARED stays the bare toolchain.
-            # Paths under the scratch folder hash relative to it, so other builds still hit.
-            masq = scratch / "ccache-bin"
-            masq.mkdir()
-            for var in ("CC", "CXX"):
-                real = Path(env[var])
-                (masq / real.name).symlink_to(shutil.which("ccache") or "ccache")
-                env[var] = str(masq / real.name)
-                env["PATH"] = os.pathsep.join([str(real.parent), env.get("PATH", "")])
-            env.update(CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(scratch),
-                       CCACHE_NOHASHDIR="1", CCACHE_STATSLOG=str(stats_log))
+            # The in-cell builds' mechanism (links named like the cross compilers); the compile
+            # only: LDSHARED stays the bare toolchain. The cache is shared with the host
+            # backend's.
+            try:
+                env.update(ccache_masquerade(
+                    env, scratch / "ccache-bin", ccache=shutil.which("ccache") or "ccache",
+                    basedir=str(scratch), statslog=str(stats_log)))
+            except CcacheSetupError as exc:
+                raise StepFailed(f"cross build: ccache: {exc}") from None
+            env["CCACHE_DIR"] = str(cache_root() / "ccache")
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
         cmd = [host, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",

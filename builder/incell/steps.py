@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,59 @@ def libm_floor_shim(machine: str) -> str:
             "versions. */\n"
             "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
             f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
+
+
+#: The variables naming the C and C++ compilers, and what a build uses when they are unset.
+CCACHE_COMPILERS: tuple[tuple[str, str], ...] = (("CC", "gcc"), ("CXX", "g++"))
+
+
+class CcacheSetupError(Exception):
+    """The compiler the cache is to stand in front of cannot be found."""
+
+
+def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedir: str,
+                      statslog: str) -> dict[str, str]:
+    """The variables that compile every C/C++ file of a build through *ccache*, whatever drives
+    the compiler: the one mechanism of every backend (the in-cell step and the cross build).
+
+    ccache in *masquerade*: *bin_dir* gets links named like the compilers (``gcc``, ``g++``,
+    ``aarch64-linux-gnu-g++``) pointing at ccache, which runs the real compiler of that name
+    found further down ``PATH``. ``CC``/``CXX`` name the links, so they stay one word each:
+    torch's ninja ``BuildExtension`` takes ``CXX`` as a single token (``CXX="ccache g++"``
+    fails with ``Could not find compiler "-MMD"``), setuptools, ``use_ninja=False`` and CMake
+    take ``CC``/``CXX`` as given, and whatever calls ``gcc`` from ``PATH`` finds the link first.
+    torch's cpp_extension would put ccache in front once more (``_wrap_compiler``);
+    ``TORCH_NO_COMPILER_WRAPPER`` leaves the wrapping to the links, so each compile is counted
+    once. Paths under *basedir* hash relative to it (another build folder still hits); each
+    compile's statistic goes to *statslog* (counted per cell by the host side). *env* is the
+    build's environment (``CC``/``CXX``/``PATH`` as the build would see them); raises
+    :class:`CcacheSetupError` when a compiler is not found.
+    """
+    search = env.get("PATH", os.defpath)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    real_dirs: list[str] = []
+    for var, default in CCACHE_COMPILERS:
+        words = shlex.split(env.get(var) or default)
+        if words and Path(words[0]).name == "ccache":  # someone's CC="ccache gcc"
+            words = words[1:]
+        real = shutil.which(words[0], path=search) if words else None
+        if real is None:
+            raise CcacheSetupError(f"{var}={env.get(var) or default!r}: no such compiler on "
+                                   f"PATH ({search})")
+        link = bin_dir / Path(words[0]).name
+        if not link.is_symlink():
+            link.symlink_to(ccache)
+        out[var] = shlex.join([str(link), *words[1:]])
+        folder = str(Path(real).parent)
+        if folder not in real_dirs:
+            real_dirs.append(folder)
+    # ccache looks the real compiler up by the link's name on PATH, skipping itself: the
+    # compilers' own folders (an absolute CC's too) come right after the links.
+    out["PATH"] = os.pathsep.join([str(bin_dir), *real_dirs, search])
+    out.update(TORCH_NO_COMPILER_WRAPPER="1", CCACHE_BASEDIR=basedir, CCACHE_NOHASHDIR="1",
+               CCACHE_STATSLOG=statslog)
+    return out
 
 
 def _result(**fields: object) -> None:
@@ -274,14 +328,16 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # makes any ccache that still runs call the compiler directly).
         env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
     if use_ccache:
-        env["CC"] = "ccache gcc"
-        env["CXX"] = "ccache g++"
-        # Paths under the session's directory are hashed relative to it, so a build in another
-        # temporary folder (the host backend's) still hits; the statistics of this build alone
-        # go to a log the host side counts (hits/misses per cell).
-        env["CCACHE_BASEDIR"] = str(Path(args.project).resolve().parent)
-        env["CCACHE_NOHASHDIR"] = "1"
-        env["CCACHE_STATSLOG"] = str(Path(args.out).resolve().parent / "ccache-stats.log")
+        # The session's directory is the base (a build in another temporary folder, the host
+        # backend's, still hits); this build's statistics go to a log the host side counts.
+        work = Path(args.out).resolve().parent
+        try:
+            env.update(ccache_masquerade(
+                {**os.environ, **env}, work / "ccache-bin", ccache=str(shutil.which("ccache")),
+                basedir=str(Path(args.project).resolve().parent),
+                statslog=str(work / "ccache-stats.log")))
+        except CcacheSetupError as exc:
+            _fail(f"ccache: {exc}")
     _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
           "--disable-pip-version-check", "--no-input", "-w", str(out),
           # A bare name would be looked up on the index: always pass a path.
