@@ -28,6 +28,7 @@ from builder.cross.toolchain import (
     find_qemu,
     find_toolchain,
 )
+from builder.incell.steps import add_compile_flags
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
@@ -146,6 +147,7 @@ class CrossBackend:
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
         env = {"AMP_LOCAL_VERSION": cell.torch_local, **opts.epoch_env()}
+        add_compile_flags(env, list(job.config.build.extra_cflags))  # build.extra_cflags
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(

@@ -15,6 +15,7 @@ from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, copy_project_in, smoke_in_session
+from builder.wheel.modules import compiled_files
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheel.wheelcheck import (
@@ -43,7 +44,7 @@ def build_in_cell(
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
-        prepared=prepared))
+        prepared=prepared, cflags=config.build.extra_cflags))
     if built.ccache is not None:
         job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 
@@ -78,6 +79,9 @@ def build_in_cell(
                 extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
     if built.ccache is not None:
         out.extra["ccache"] = asdict(built.ccache)
+    libraries = compiled_files(checked.wheel).libraries  # loaded by verification, not imported
+    if libraries:
+        out.extra["libraries"] = list(libraries)
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import RunResult, Session
 from builder.errors import StepFailed
+from builder.wheel.modules import compiled_files
 
 STEPS_SCRIPT = Path(__file__).with_name("steps.py")
 RESULT_PREFIX = "AMPFORGE_RESULT "
@@ -121,6 +122,7 @@ def build_in_session(
     extra_requirements: Sequence[str] = ("setuptools", "wheel"),
     make_venv: bool = True,
     prepared: Optional[str] = None,
+    cflags: Sequence[str] = (),
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
@@ -129,7 +131,8 @@ def build_in_session(
     turns the check off (for projects that do not read ``AMP_LOCAL_VERSION``).
     ``make_venv=False`` builds with *python* itself. *prepared*: the interpreter of a torch
     environment made (and cached) beforehand (builder.backends.torchenv); nothing is installed,
-    its torch and site-packages are only read back.
+    its torch and site-packages are only read back. *cflags*: added to every compile
+    (``build.extra_cflags``).
     """
     work = session.workdir
     project_in = copy_project_in(session, project)
@@ -153,6 +156,7 @@ def build_in_session(
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
+    argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
     built = parse_result(session.run(argv, step="build wheel"))
     stats = None
     if built.get("ccache"):
@@ -207,10 +211,11 @@ def smoke_in_session(
     project: str = "",
 ) -> list[str]:
     """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
-    *python* (layered on *torch_site*, a prepared torch install, when given), import its
-    modules and run the project's *test* (its placeholders naming *project*, the project's
-    copy inside the session); returns the extension modules imported. Raises StepFailed with
-    the output tail when anything fails (the full output is in the cell's log)."""
+    *python* (layered on *torch_site*, a prepared torch install, when given), import every
+    extension module it ships and load its other shared objects (builder.wheel.modules), and
+    run the project's *test* (its placeholders naming *project*, the project's copy inside the
+    session); returns the modules imported. Raises StepFailed with the output tail when
+    anything fails (the full output is in the cell's log)."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
     argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
@@ -221,6 +226,11 @@ def smoke_in_session(
         argv += ["--index-url", index_url]
     if torch_site:
         argv += ["--torch-site", torch_site]
+    compiled = compiled_files(wheel)
+    for module in compiled.modules:
+        argv += ["--module", module]
+    for library in compiled.libraries:
+        argv += ["--library", library]
     step = "smoke test"
     if test.enabled:
         assert project, "a test-command needs the project's copy in the session"

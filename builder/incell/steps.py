@@ -13,8 +13,9 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
-                                         [--no-libm-floor]
+                                         [--no-libm-floor] [--cflag FLAG ...]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
+                          [--module NAME ...] [--library PATH ...]
                           [--test-command CMD [--test-requires REQ ...]]
 """
 
@@ -33,7 +34,6 @@ import sys
 import sysconfig
 import time
 import venv
-import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -132,6 +132,18 @@ def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedi
     out.update(TORCH_NO_COMPILER_WRAPPER="1", CCACHE_BASEDIR=basedir, CCACHE_NOHASHDIR="1",
                CCACHE_STATSLOG=statslog)
     return out
+
+
+def add_compile_flags(env: dict[str, str], flags: list[str],
+                      base: Optional[dict[str, str]] = None) -> None:
+    """Append *flags* to ``CFLAGS`` and ``CXXFLAGS`` in *env* (starting from *base*'s, this
+    process's environment by default): setuptools, torch's BuildExtension (ninja or not) and
+    CMake all add them to every compile."""
+    if not flags:
+        return
+    start = os.environ if base is None else base
+    for var in ("CFLAGS", "CXXFLAGS"):
+        env[var] = " ".join([env.get(var, start.get(var, "")), *flags]).strip()
 
 
 def _result(**fields: object) -> None:
@@ -302,23 +314,20 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         (shim_dir / "sys").mkdir(parents=True, exist_ok=True)
         (shim_dir / "sys" / "single_threaded.h").write_text(_SHIM)
         # An absolute -I path: the compiler runs from temporary build directories.
-        flag = "-I" + str(shim_dir)
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (os.environ.get(var, "") + " " + flag).strip()
+        add_compile_flags(env, ["-I" + str(shim_dir)])
     libm_shim = libm_floor_shim(platform.machine()) if args.libm_floor else ""
     if libm_shim:
         header = (Path(args.out).resolve().parent / "shim" / LIBM_FLOOR_HEADER).resolve()
         header.parent.mkdir(parents=True, exist_ok=True)
         header.write_text(libm_shim)
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (env.get(var, os.environ.get(var, "")) + f" -include {header}").strip()
+        add_compile_flags(env, ["-include", str(header)])
     for mapping in args.prefix_map:
         # Reproducible builds: the session's directory differs per build (the host backend's
         # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
         # Mapping it to one fixed name makes the compiled module independent of where it was built.
-        flag = "-ffile-prefix-map=" + mapping
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (env.get(var, os.environ.get(var, "")) + " " + flag).strip()
+        add_compile_flags(env, ["-ffile-prefix-map=" + mapping])
+    # The build config's extra_cflags (build.extra_cflags), after the builder's own flags.
+    add_compile_flags(env, args.cflag)
     use_ccache = args.ccache == "on" or (args.ccache == "auto" and shutil.which("ccache"))
     if args.ccache == "on" and not shutil.which("ccache"):
         _fail("--ccache on: ccache is not installed in this build environment")
@@ -354,16 +363,6 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
 
 
-def _extension_modules(wheel: Path) -> list[str]:
-    mods = []
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if name.endswith(".so") and ".libs/" not in name and "/" in name:
-                stem = name[: -len(".so")].split(".")[0]
-                mods.append(stem.replace("/", "."))
-    return sorted(set(mods))
-
-
 def cmd_smoke(args: argparse.Namespace) -> None:
     wheel = Path(args.wheel)
     venv.create(args.venv, with_pip=True, clear=True)
@@ -378,15 +377,25 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         Path(purelib.strip(), "ampforge-torch.pth").write_text(lines)
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
-    mods = _extension_modules(wheel)
+    mods, libs = sorted(set(args.module)), sorted(set(args.library))
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
+    # The other shared objects are loaded as their packages do (torch.ops.load_library), from
+    # where the wheel installed them.
     code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
-    code += f"print('smoke: imported', {mods!r})\n"
+    if libs:
+        code += ("import os, sysconfig\n"
+                 f"for lib in {libs!r}:\n"
+                 "    found = [os.path.join(sysconfig.get_paths()[k], lib)\n"
+                 "             for k in ('platlib', 'purelib')]\n"
+                 "    found = [f for f in found if os.path.exists(f)]\n"
+                 "    assert found, 'not installed: ' + lib\n"
+                 "    torch.ops.load_library(found[0])\n")
+    code += f"print('smoke: imported', {mods!r}, 'loaded', {libs!r})\n"
     _run([py, "-c", code], cwd=args.venv)
     tested = None
     if args.test_command:
         tested = _project_test(args, py)
-    _result(modules=mods, test_seconds=tested)
+    _result(modules=mods, libraries=libs, test_seconds=tested)
 
 
 def _project_test(args: argparse.Namespace, py: str) -> float:
@@ -457,6 +466,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
                    help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
+    p.add_argument("--cflag", action="append", default=[], metavar="FLAG",
+                   help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)")
     p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
                    help="compile with -ffile-prefix-map=OLD=NEW (repeatable)")
     p.set_defaults(func=cmd_build_wheel)
@@ -473,6 +484,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "sh -c in an empty folder with the venv first on PATH")
     p.add_argument("--test-requires", action="append", default=[],
                    help="a requirement installed before --test-command (repeatable)")
+    p.add_argument("--module", action="append", default=[],
+                   help="an extension module the wheel ships, imported (repeatable)")
+    p.add_argument("--library", action="append", default=[],
+                   help="another shared object the wheel installs (site-packages-relative "
+                        "path), loaded with torch.ops.load_library (repeatable)")
     sources(p)
     p.set_defaults(func=cmd_smoke)
 
