@@ -82,6 +82,8 @@ def build_cell(
             "torch_npu": resolved.torch_npu,  # the npu extra's pin (the wheel's METADATA)
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
             "cflags": list(config.build.extra_cflags),  # added to every compile
+            # cibuildwheel's build options (the passed variables by name only).
+            "build_options": config.build_options.key(),
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
             if opts.wheelhouse and opts.wheelhouse.is_dir() else None,

@@ -47,6 +47,8 @@ from pathlib import Path
 from packaging.tags import Tag
 
 from builder.cache import cache_root
+from builder.config.buildoptions import NO_OPTIONS, CibwOptions
+from builder.config.projecttest import expand
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
@@ -56,6 +58,8 @@ from builder.incell.steps import (
     LIBM_FLOOR_HEADER,
     CcacheSetupError,
     ccache_masquerade,
+    evaluate_environment,
+    frontend_argv,
     libm_floor_shim,
 )
 from builder.release.shared import tag_serves
@@ -183,14 +187,17 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
                       toolchain: CrossToolchain, *, isolate: bool = True,
                       log_path: Path | None = None,
                       extra_env: dict[str, str] | None = None,
-                      ccache: bool | None = None) -> CrossBuildResult:
+                      ccache: bool | None = None,
+                      options: CibwOptions = NO_OPTIONS) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
     the checkout's in-tree build folders are never shared with another build. Raises
     :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
     ccache (None: when installed; True: required), its cache under the cache root, shared with
-    the host backend's.
+    the host backend's. *options*: cibuildwheel's build options, run on this host as the
+    in-cell step runs them in a session (environment evaluated by sh, before-all,
+    before-build, config-settings, the frontend).
     """
     project = Path(project).resolve()
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
@@ -206,6 +213,10 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
         env = cross_build_env(python, torch, toolchain, scratch)
         env.update(extra_env or {})
+        try:
+            env.update(evaluate_environment(list(options.environment), env))
+        except ValueError as exc:
+            raise StepFailed(f"cross build: {exc}") from None
         stats_log = scratch / "ccache-stats.log"
         use_ccache = ccache is not False and shutil.which("ccache") is not None
         if ccache and not use_ccache:
@@ -226,13 +237,26 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             env["CCACHE_DIR"] = str(cache_root() / "ccache")
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
-        cmd = [host, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-               "--no-cache-dir", "-v", "-w", str(wheel_dir), str(src)]
+        cmd = frontend_argv(host, options.build_frontend, str(src), str(wheel_dir),
+                            list(options.config_settings))
+        if options.build_frontend == "pip":
+            cmd[3:3] = ["--no-cache-dir", "-v"]
         start = time.monotonic()
         with open(log, "w") as fh:
-            fh.write("$ " + " ".join(cmd) + "\n")
-            fh.flush()
-            proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.CompletedProcess(cmd, 0)
+            for what, command in (("before-all", options.before_all),
+                                  ("before-build", options.before_build)):
+                if command and proc.returncode == 0:
+                    line = expand(command, project=str(src), package=str(src))
+                    fh.write(f"$ {what}: {line}\n")
+                    fh.flush()
+                    proc = subprocess.run(["sh", "-c", line], cwd=src, env=env, stdout=fh,
+                                          stderr=subprocess.STDOUT)
+            if proc.returncode == 0:
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh,
+                                      stderr=subprocess.STDOUT)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise StepFailed(f"cross build of {project} for {python.arch} failed "

@@ -146,6 +146,51 @@ def add_compile_flags(env: dict[str, str], flags: list[str],
         env[var] = " ".join([env.get(var, start.get(var, "")), *flags]).strip()
 
 
+def evaluate_environment(assignments: list[tuple[str, str]], env: dict[str, str]) -> dict[str, str]:
+    """cibuildwheel's ``environment``: each ``NAME=value`` (the value as written) evaluated in
+    order by ``sh`` as an assignment -- ``$VAR``, ``${VAR}``, ``$(cmd)`` and quotes, no word
+    splitting -- against *env* and the assignments before it. Returns the variables set. A
+    failing evaluation names the variable, never its value (it may hold a passed secret)."""
+    current = dict(env)
+    out: dict[str, str] = {}
+    for name, raw in assignments:
+        proc = subprocess.run(["sh", "-c", f'{name}={raw}\nprintf "%s" "${name}"'],
+                              env=current, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ValueError(f"environment: {name}={raw} failed in the build environment "
+                             f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+        current[name] = out[name] = proc.stdout
+    return out
+
+
+def frontend_argv(python: str, frontend: str, project: str, out: str,
+                  config_settings: list[tuple[str, str]]) -> list[str]:
+    """The command that builds *project*'s wheel into *out* without build isolation: pip's
+    ``pip wheel`` or pypa/build's ``python -m build``, with the PEP 517 config settings.
+    pip reads config settings only on the PEP 517 path (``--use-pep517``: a ``setup.py``-only
+    project would otherwise run ``setup.py bdist_wheel`` and drop them, pip 23 silently)."""
+    if frontend == "build":  # pypa/build spells it in the singular
+        return [python, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                "--outdir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
+                project]
+    settings = [f"--config-settings={k}={v}" for k, v in config_settings]
+    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+            "--disable-pip-version-check", "--no-input",
+            *(["--use-pep517"] if settings else []), *settings, "-w", out,
+            # A bare name would be looked up on the index: always pass a path.
+            project]
+
+
+def layer_sites(python: str, sites: list[str]) -> None:
+    """Put *sites* (another environment's site-packages) on *python*'s ``sys.path`` after its
+    own, with a ``.pth`` file: pip and the build see what is installed there (torch) and
+    install into this environment, never into the other."""
+    purelib = subprocess.check_output(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
+    Path(purelib.strip(), "ampforge-torch.pth").write_text(
+        "".join(folder + "\n" for folder in sites if folder))
+
+
 def _result(**fields: object) -> None:
     print(RESULT_PREFIX + json.dumps(fields, sort_keys=True), flush=True)
 
@@ -166,6 +211,17 @@ def _run(argv: list[str], env: Optional[dict[str, str]] = None, cwd: Optional[st
         _fail(f"command failed with exit code {code}: {' '.join(argv)}")
 
 
+def _shell(what: str, command: str, env: dict[str, str], cwd: str) -> None:
+    """A before-all/before-build command through ``sh -c`` in the project's folder."""
+    print(f"+ {what}: {command}", flush=True)
+    full = {**os.environ, **env}
+    start = time.monotonic()
+    code = subprocess.call(["sh", "-c", command], env=full, cwd=cwd)
+    print(f"+ {what} exit {code} after {time.monotonic() - start:.1f}s", flush=True)
+    if code != 0:
+        _fail(f"{what} failed with exit code {code}: {command}")
+
+
 def _pip_source_args(args: argparse.Namespace) -> list[str]:
     if args.wheelhouse:
         # Offline: only what the wheelhouse holds; pip names the missing requirement.
@@ -177,9 +233,13 @@ def _pip_source_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_venv(args: argparse.Namespace) -> None:
-    venv.create(args.dest, with_pip=True, clear=True,
+    # Layered on another environment: its pip and setuptools serve, none of the venv's own
+    # would shadow them.
+    venv.create(args.dest, with_pip=not args.layer, clear=True,
                 system_site_packages=args.system_site_packages)
     exe = Path(args.dest) / "bin" / "python"
+    if args.layer:
+        layer_sites(str(exe), args.layer.split(os.pathsep))
     _result(python=str(exe), version="{}.{}".format(*sys.version_info[:2]))
 
 
@@ -308,6 +368,16 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.whl"))
     env = {"AMP_LOCAL_VERSION": args.local_version} if args.local_version else {}
+    # cibuildwheel's environment first: the builder's flags and compiler cache then apply on
+    # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang). Names and values as written are
+    # logged, never the evaluated values (they may use a passed secret).
+    assignments = [tuple(a.split("=", 1)) for a in args.environment]
+    for name, raw in assignments:
+        print(f"+ environment: {name}={raw}", flush=True)
+    try:
+        env.update(evaluate_environment(assignments, {**os.environ, **env}))  # type: ignore[arg-type]
+    except ValueError as exc:
+        _fail(str(exc))
     use_shim = args.shim == "on" or (args.shim == "auto" and _glibc_has_single_threaded())
     if use_shim:
         shim_dir = (Path(args.out).resolve().parent / "shim").resolve()
@@ -347,10 +417,27 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
                 statslog=str(work / "ccache-stats.log")))
         except CcacheSetupError as exc:
             _fail(f"ccache: {exc}")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-          "--disable-pip-version-check", "--no-input", "-w", str(out),
-          # A bare name would be looked up on the index: always pass a path.
-          str(Path(args.project).resolve())], env=env)
+    project = str(Path(args.project).resolve())
+    if args.before_all:
+        _shell("before-all", args.before_all, env, project)
+    bindir = str(Path(sys.executable).parent)
+    if args.before_build:
+        # The build environment's python and pip first on PATH, as cibuildwheel's.
+        path = bindir + os.pathsep + env.get("PATH", os.environ.get("PATH", ""))
+        _shell("before-build", args.before_build, {**env, "PATH": path}, project)
+    if args.frontend == "build":
+        try:
+            subprocess.check_call([sys.executable, "-c", "import build"],
+                                  stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+                  "--no-input", *_pip_source_args(args), "build"], env=env)
+    pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"],
+                                 capture_output=True, text=True).stdout.split(" from ")[0]
+    print(f"+ build frontend: {args.frontend} ({pip_version or 'no pip'})", flush=True)
+    settings = [tuple(c.split("=", 1)) for c in args.config_setting]
+    _run(frontend_argv(sys.executable, args.frontend, project, str(out), settings),  # type: ignore[arg-type]
+         env=env)
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
@@ -360,7 +447,8 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         _fail(f"the wheel's version {version!r} does not carry the local version "
               f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
               "to its version")
-    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
+    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim),
+            frontend=args.frontend, pip=pip_version)
 
 
 def cmd_smoke(args: argparse.Namespace) -> None:
@@ -371,10 +459,7 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         # A fresh venv layered on the cell's prepared torch (a .pth line puts its site-packages
         # on sys.path, after the venv's own): pip sees torch==X installed and resolves the
         # wheel's requirements against it instead of downloading torch a second time.
-        purelib = subprocess.check_output(
-            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
-        lines = "".join(folder + "\n" for folder in args.torch_site.split(os.pathsep) if folder)
-        Path(purelib.strip(), "ampforge-torch.pth").write_text(lines)
+        layer_sites(py, args.torch_site.split(os.pathsep))
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
     mods, libs = sorted(set(args.module)), sorted(set(args.library))
@@ -431,6 +516,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("dest")
     p.add_argument("--system-site-packages", action="store_true",
                    help="the venv sees this interpreter's own packages (its torch)")
+    p.add_argument("--layer", default="", metavar="SITES",
+                   help="layer the venv (without a pip of its own) on these site-packages "
+                        "folders (os.pathsep-separated), after its own")
     p.set_defaults(func=cmd_venv)
 
     def sources(q: argparse.ArgumentParser) -> None:
@@ -466,6 +554,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
                    help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
+    p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
+                   help="cibuildwheel's environment: evaluated by sh in order (repeatable)")
+    p.add_argument("--before-all", default="", metavar="CMD")
+    p.add_argument("--before-build", default="", metavar="CMD")
+    p.add_argument("--config-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a PEP 517 config setting for the build backend (repeatable)")
+    p.add_argument("--frontend", choices=("pip", "build"), default="pip")
+    sources(p)
     p.add_argument("--cflag", action="append", default=[], metavar="FLAG",
                    help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)")
     p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
