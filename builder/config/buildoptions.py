@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.config.projecttest import PLACEHOLDERS, parse_command
+from builder.config.projecttest import PLACEHOLDERS, cibuildwheel_section, parse_command
 from builder.errors import ConfigError
 
 KEYS: tuple[str, ...] = ("environment", "environment-pass", "before-all", "before-build",
@@ -223,19 +223,8 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
 
 def from_pyproject(project: Path) -> CibwOptions:
     """The project's ``[tool.cibuildwheel]`` build options (none without a pyproject.toml)."""
-    pyproject = project / "pyproject.toml"
-    if not pyproject.is_file():
-        return NO_OPTIONS
-    import tomllib  # noqa: PLC0415 - Python >= 3.11, as the builder runs on
-
-    try:
-        doc = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot parse it: {exc}", file=str(pyproject)) from None
-    section = doc.get("tool", {}).get("cibuildwheel", {})
-    if not isinstance(section, dict):
-        raise ConfigError("expected a table", file=str(pyproject), key="tool.cibuildwheel")
-    return layer(section, origin=f"{pyproject} [tool.cibuildwheel]", file=str(pyproject),
+    section, file = cibuildwheel_section(project)
+    return layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
                  key_prefix="tool.cibuildwheel.")
 
 

@@ -122,3 +122,28 @@ def write_style_project(root: Path, style: str) -> Path:
         raise ValueError(f"unknown build style {style!r}; expected one of {STYLES}")
     (root / "setup.py").write_text(textwrap.dedent(setup))
     return root
+
+
+_ANSWER_CPP = """\
+#include <Python.h>
+#include <sstream>
+#ifndef {macro}
+#define {macro} 0
+#endif
+static PyObject *answer(PyObject *, PyObject *) {{
+  std::ostringstream out;
+  out << {macro};
+  return PyLong_FromString(out.str().c_str(), NULL, 10);
+}}
+static PyMethodDef methods[] = {{{{"answer", answer, METH_NOARGS, ""}}, {{NULL, NULL, 0, NULL}}}};
+static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&module); }}
+"""
+
+
+def answer_module_cpp(module: str, macro: str) -> str:
+    """A top-level C++ extension module *module* whose ``answer()`` is the compile-time macro
+    *macro* (0 when undefined). It goes through libstdc++, as any real extension does: a module
+    with no versioned symbol at all is tagged manylinux1 by auditwheel, which the own-code
+    check refuses."""
+    return _ANSWER_CPP.format(module=module, macro=macro)

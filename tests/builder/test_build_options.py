@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from enginelib import CACHE, filled_once, wheelhouse_cp311
 from pipelinelib import CELL, builder_env, manifest, run_build
+from stylelib import answer_module_cpp
 
 from builder.backends.session import repair_with_command
 from builder.engines.host import HostEngine
@@ -29,19 +30,7 @@ from builder.incell.steps import evaluate_environment
 SUPPORT = Path(__file__).resolve().parents[2] / "configs" / "support.yaml"
 SECRET = "s3cr3t-4711-never-written"
 
-OPT_CPP = """\
-#include <Python.h>
-#include <sstream>
-static PyObject *answer(PyObject *, PyObject *) {
-  std::ostringstream out;
-  out << OPTEXT_ANSWER;
-  return PyLong_FromString(out.str().c_str(), NULL, 10);
-}
-static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "optext_C", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_optext_C(void) { return PyModule_Create(&module); }
-"""
-
+OPT_CPP = answer_module_cpp("optext_C", "OPTEXT_ANSWER")
 DIGEST = hashlib.sha256(SECRET.encode()).hexdigest()
 
 # Refuses to build unless every option reached it (as apex's setup.py reads --cpp_ext). The

@@ -18,26 +18,11 @@ from pathlib import Path
 
 from enginelib import wheelhouse_cp311
 from pipelinelib import CELL, manifest, run_build
+from stylelib import answer_module_cpp
 
 from builder.wheel.modules import compiled_files, installed_path
 
-# C++ with libstdc++ calls (as any real extension has): a module with no versioned symbol at
-# all is tagged manylinux1 by auditwheel, which the own-code check then refuses.
-TOP_CPP = """\
-#include <Python.h>
-#include <sstream>
-#ifndef TOPEXT_ANSWER
-#define TOPEXT_ANSWER 0
-#endif
-static PyObject *answer(PyObject *, PyObject *) {
-  std::ostringstream out;
-  out << TOPEXT_ANSWER;
-  return PyLong_FromString(out.str().c_str(), NULL, 10);
-}
-static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "topext_C", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_topext_C(void) { return PyModule_Create(&module); }
-"""
+TOP_CPP = answer_module_cpp("topext_C", "TOPEXT_ANSWER")
 
 TOP_SETUP = """\
 import os
