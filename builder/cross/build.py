@@ -55,6 +55,7 @@ from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell import CcacheStats, ccache_stats
 from builder.incell.steps import (
+    COMPILER_ERROR,
     LIBM_FLOOR_HEADER,
     CcacheSetupError,
     ccache_masquerade,
@@ -94,7 +95,7 @@ class CrossBuildResult:
 def _failure_excerpt(log: Path) -> str:
     """The compiler's error lines (pip's own summary buries them), then the log's last lines."""
     lines = log.read_text(errors="replace").splitlines()
-    errors = [ln for ln in lines if re.search(r"(error|Error):|undefined reference", ln)]
+    errors = [ln for ln in lines if COMPILER_ERROR.search(ln)]
     parts = []
     if errors:
         parts.append("compiler errors:\n" + "\n".join(errors[:15]))

@@ -211,6 +211,34 @@ def _run(argv: list[str], env: Optional[dict[str, str]] = None, cwd: Optional[st
         _fail(f"command failed with exit code {code}: {' '.join(argv)}")
 
 
+#: The lines of a build's output that are the compiler's (or linker's) own errors: a failing
+#: build's traceback (torch's ninja path: ``RuntimeError: Error compiling objects``) pushes them
+#: out of the output's tail, so they are repeated last. The cross build uses it too.
+COMPILER_ERROR = re.compile(r": (?:fatal )?error:|undefined reference")
+
+
+def _run_build(argv: list[str], env: dict[str, str]) -> None:
+    """:func:`_run` for the build frontend: on failure, the compiler's error lines again."""
+    print("+ " + " ".join(argv), flush=True)
+    start = time.monotonic()
+    errors: list[str] = []
+    context = False  # gcc prints the offending source line right after its error line
+    with subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            if (context or COMPILER_ERROR.search(line)) and len(errors) < 8:
+                errors.append(line.strip())
+                context = not context
+    sys.stdout.flush()
+    print(f"+ exit {proc.returncode} after {time.monotonic() - start:.1f}s", flush=True)
+    if proc.returncode != 0:
+        if errors:
+            print("compiler errors:\n" + "\n".join(errors), flush=True)
+        _fail(f"command failed with exit code {proc.returncode}: {' '.join(argv)}")
+
+
 def _shell(what: str, command: str, env: dict[str, str], cwd: str) -> None:
     """A before-all/before-build command through ``sh -c`` in the project's folder."""
     print(f"+ {what}: {command}", flush=True)
@@ -436,8 +464,8 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
                                  capture_output=True, text=True).stdout.split(" from ")[0]
     print(f"+ build frontend: {args.frontend} ({pip_version or 'no pip'})", flush=True)
     settings = [tuple(c.split("=", 1)) for c in args.config_setting]
-    _run(frontend_argv(sys.executable, args.frontend, project, str(out), settings),  # type: ignore[arg-type]
-         env=env)
+    _run_build(frontend_argv(sys.executable, args.frontend, project, str(out),
+                             settings), env=env)  # type: ignore[arg-type]
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
