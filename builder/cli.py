@@ -18,7 +18,7 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -300,6 +300,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 0
 
 
+def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Context) -> Settings:
+    """*settings* with cibuildwheel's build options resolved over all their layers (the
+    project's pyproject.toml, the config file, ``BUILDER_*``, the command line): what ``plan``
+    shows and every cell is built with."""
+    from builder.config.buildoptions import KEYS, resolve_build_options  # noqa: PLC0415
+    from builder.config.model import default_project  # noqa: PLC0415
+
+    project = getattr(args, "project", None)
+    root = Path(project).resolve() if project else default_project()
+    cli = {key: getattr(args, key.replace("-", "_"), None) for key in KEYS}
+    options = resolve_build_options(root, settings.config.build_options, ctx.env, cli)
+    return replace(settings, config=replace(settings.config, build_options=options))
+
+
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
                       settings: Settings | None = None,
                       host=None):  # noqa: ANN001 -- Host | None; -> tuple[Settings, Resolution]
@@ -315,6 +329,7 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
     settings = settings or load_from_args(args, ctx)
     host = host or Host(ctx.output.redact)
     project = getattr(args, "project", None)
+    settings = with_build_options(settings, args, ctx)
     resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
                          everything=everything, project=Path(project) if project else None)
     for w in resolution.warnings:

@@ -85,6 +85,9 @@ def build_cell(
             # Which build serves the cell: a stable wheel's label and torch range differ.
             "wheel": [resolved.wheel, resolved.torch_requirement],
             "project": tree_digest(opts.project), "excludes": config.build.auditwheel_exclude,
+            "cflags": list(config.build.extra_cflags),  # added to every compile
+            # cibuildwheel's build options (the passed variables by name only).
+            "build_options": config.build_options.key(),
             "index_url": config.pip.index_url, "offline": opts.offline,
             "wheelhouse": sorted(p.name for p in opts.wheelhouse.iterdir())
             if opts.wheelhouse and opts.wheelhouse.is_dir() else None,

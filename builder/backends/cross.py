@@ -15,6 +15,7 @@ from typing import Any
 
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.pipenv import pip_env
+from builder.backends.session import repair_with_command
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.cross.build import cross_build_wheel
@@ -28,6 +29,8 @@ from builder.cross.toolchain import (
     find_qemu,
     find_toolchain,
 )
+from builder.engines.host import HostEngine
+from builder.incell.steps import add_compile_flags
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
 from builder.release.manifest import sha256_file
@@ -146,12 +149,13 @@ class CrossBackend:
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
         env = {"AMP_LOCAL_VERSION": job.resolved.local_version or "", **opts.epoch_env()}
+        add_compile_flags(env, list(job.config.build.extra_cflags))  # build.extra_cflags
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(
             opts.project, stage / "raw", target.python, torch, target.toolchain,
             log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
-            ccache=opts.ccache))
+            ccache=opts.ccache, options=job.config.build_options))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
@@ -161,23 +165,34 @@ class CrossBackend:
         ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
         # auditwheel on this x86_64 host takes no explicit *_aarch64 plat (only auto): the
         # achieved tag is checked against the cell's resolved tag in verify instead.
-        repaired = steps("repair", lambda: repair_cross_wheel(
-            labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
-        job.normalize(repaired.wheel)
+        command = job.config.build_options.repair_wheel_command
+        if command is not None:  # the project's own repair (cibuildwheel's), on this host
+            def repair() -> Path:
+                with HostEngine().session(log=job.log, parent=stage) as session:
+                    return repair_with_command(session, str(labelled), stage / "repaired",
+                                               command, project=str(opts.project))
+
+            repaired_wheel = steps("repair", repair)
+            repaired_tag = oldest_tag(split_wheel_name(repaired_wheel.name)[4])
+        else:
+            repaired = steps("repair", lambda: repair_cross_wheel(
+                labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
+            repaired_wheel, repaired_tag = repaired.wheel, repaired.tag
+        job.normalize(repaired_wheel)
 
         def verify() -> dict[str, Any]:
-            check_no_bundled_torch(repaired.wheel)
-            check_tag_covers_own_code(repaired.wheel, ceiling)
+            check_no_bundled_torch(repaired_wheel)
+            check_tag_covers_own_code(repaired_wheel, ceiling)
             # The cell's own torch, never a substitute: require_cpu_torch made sure it can run.
-            return qemu_verify(job, repaired.wheel, target, torch)
+            return qemu_verify(job, repaired_wheel, target, torch)
 
         report = steps("verify (qemu)", verify)
-        return Built(wheel=repaired.wheel, torch=torch.full_version,
+        return Built(wheel=repaired_wheel, torch=torch.full_version,
                      compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
-                     tag=repaired.tag, modules=tuple(extension_modules(repaired.wheel)),
+                     tag=repaired_tag, modules=tuple(extension_modules(repaired_wheel)),
                      base_image=f"cross:{target.sysroot_id}",
                      extra={"verification": report,
-                            "platform": platform_record(repaired.tag, ceiling, needs),
+                            "platform": platform_record(repaired_tag, ceiling, needs),
                             **({"ccache": asdict(built.ccache)}
                                if built.ccache is not None else {})})
 

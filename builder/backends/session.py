@@ -3,8 +3,12 @@ compile, version label, repair, normalise, verify -- the same sequence wherever 
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
+import shlex
 import shutil
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,6 +19,7 @@ from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, copy_project_in, smoke_in_session
+from builder.wheel.modules import compiled_files
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
 from builder.wheel.wheelcheck import (
@@ -43,7 +48,8 @@ def build_in_cell(
     built = steps("compile", lambda: build_in_session(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
-        prepared=prepared))
+        prepared=prepared, cflags=config.build.extra_cflags, options=config.build_options,
+        passed=config.build_options.passed(os.environ)))
     if built.ccache is not None:
         job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 
@@ -62,12 +68,17 @@ def build_in_cell(
     (stage / "repaired").mkdir(parents=True, exist_ok=True)
     # The cell's resolved tag, explicitly: auditwheel adds every older tag the symbols allow
     # (manylinux_2_24_x86_64.manylinux_2_28_x86_64) and refuses anything newer.
-    repaired = steps("repair", lambda: repair_wheel(
-        session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
-        excludes=excludes, plat=job.resolved.plat))
-    job.normalize(repaired.wheel)
+    command = config.build_options.repair_wheel_command
+    if command is not None:  # the project's own repair (cibuildwheel's repair-wheel-command)
+        repaired_wheel = steps("repair", lambda: repair_with_command(
+            session, inside, stage / "repaired", command, project=built.project))
+    else:
+        repaired_wheel = steps("repair", lambda: repair_wheel(
+            session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
+            excludes=excludes, plat=job.resolved.plat)).wheel
+    job.normalize(repaired_wheel)
     checked = steps("verify", lambda: verify_cell_wheel(
-        session, repaired.wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
+        session, repaired_wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat,
         test=opts.test, project=built.project))
@@ -78,7 +89,35 @@ def build_in_cell(
                 extra={"platform": platform_record(checked.tag, job.resolved.plat, needs)})
     if built.ccache is not None:
         out.extra["ccache"] = asdict(built.ccache)
+    libraries = compiled_files(checked.wheel).libraries  # loaded by verification, not imported
+    if libraries:
+        out.extra["libraries"] = list(libraries)
     return out
+
+
+def repair_with_command(session: Session, wheel: str, out_dir: Path, command: str, *,
+                        project: str) -> Path:
+    """cibuildwheel's ``repair-wheel-command`` through ``sh -c`` in the session (``{wheel}``:
+    *wheel*, ``{dest_dir}``: an empty folder, ``{project}``/``{package}``: the project's copy);
+    exactly one wheel must come out, a manylinux one (verification then checks it as it checks
+    the builder's own repair). Returns it on the host, in *out_dir*."""
+    dest = posixpath.join(session.workdir, f"repair-command-{uuid.uuid4().hex[:8]}")
+    session.run(["mkdir", "-p", dest], step="repair-wheel-command")
+    values = {"wheel": shlex.quote(wheel), "dest_dir": shlex.quote(dest),
+              "project": shlex.quote(project), "package": shlex.quote(project)}
+    line = re.sub(r"\{(wheel|dest_dir|project|package)\}", lambda m: values[m.group(1)], command)
+    session.run(["sh", "-c", line], step="repair-wheel-command")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fetched = session.copy_out(dest, out_dir)
+    produced = sorted(fetched.glob("*.whl"))
+    if len(produced) != 1:
+        raise StepFailed(f"repair-wheel-command {command!r} wrote {[p.name for p in produced]} "
+                         "to {dest_dir}; expected exactly one wheel")
+    tags = split_wheel_name(produced[0].name)[4]
+    if not all(t.startswith("manylinux") for t in tags):
+        raise StepFailed(f"repair-wheel-command {command!r} gave {produced[0].name}, which is "
+                         "not a manylinux wheel")
+    return produced[0]
 
 
 def verify_shared_wheel(

@@ -129,6 +129,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it (default: used where the build environment has it; the cache lives "
                         "in the engine's ampforge-ccache volume, or $AMPFORGE_CACHE/ccache "
                         "for host builds)")
+    g.add_argument("--environment", metavar="ASSIGNMENTS", default=None,
+                   help="cibuildwheel's environment: 'NAME=value ...' set in the build "
+                        "environment, each value evaluated there by sh ($VAR, $(cmd)) "
+                        "(config environment; pyproject [tool.cibuildwheel] environment)")
+    g.add_argument("--environment-pass", metavar="NAMES", default=None,
+                   help="this machine's variables passed into the build environment "
+                        "(values never logged or recorded)")
+    g.add_argument("--before-all", metavar="CMD", default=None,
+                   help="run once per cell's build environment before anything is built")
+    g.add_argument("--before-build", metavar="CMD", default=None,
+                   help="run before the build, the build environment's python first on PATH")
+    g.add_argument("--config-settings", metavar="SETTINGS", default=None,
+                   help="PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
+                        "--config-settings=--build-option=--cpp_ext)")
+    g.add_argument("--build-frontend", metavar="FRONTEND", default=None,
+                   help="pip (default: pip wheel, the build environment's pip) or build "
+                        "(pypa/build, installed into the build environment)")
+    g.add_argument("--repair-wheel-command", metavar="CMD", default=None,
+                   help="replaces auditwheel repair: {wheel} and {dest_dir} placeholders")
     g.add_argument("--test-requires", metavar="REQS", default=None,
                    help="space-separated requirements installed next to the wheel before "
                         "--test-command runs, as cibuildwheel's (config test-requires; the "
@@ -234,7 +253,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                           "wheels (torch and its dependencies)", key="--find-links")
     project = _project(args)
     test = resolve_project_test(project, config.test, args.test_requires, args.test_command)
-    _, resolution = resolve_from_args(args, ctx, everything=args.all, settings=settings)
+    settings, resolution = resolve_from_args(args, ctx, everything=args.all,
+                                             settings=settings)
     if args.print_build_identifiers:
         for c in resolution.here:
             ctx.output.out(c.identifier)
@@ -334,6 +354,8 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     err(f"source date epoch: {epoch.describe()}")
     err(f"test-command: {test.describe()}")
+    for line in config.build_options.describe():
+        err(f"build option {line}")
     if test.requires and not test.enabled:
         err(f"note: test-requires ({test.requires_origin}) without a test-command: "
             "nothing would use them, so they are not installed")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.arch import arch_name
-from builder.config import projecttest, values
+from builder.config import buildoptions, projecttest, values
 from builder.config.checks import _AXIS_WORDS, _as_tuple, _merge, load_config_file
 from builder.config.model import (
     DEFAULT_CONFIG,
@@ -371,6 +371,11 @@ def load_settings(
         merged, origin=file_origin, file=doc.file,
         lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)})
 
+    # cibuildwheel's build options (the file's layer; builder.config.buildoptions has the others)
+    build_options = buildoptions.layer(
+        merged, origin=file_origin, file=doc.file,
+        lines={k: doc.line((k,)) for k in buildoptions.KEYS})
+
     config = BuildConfig(
         source=Path(os.path.abspath(config_path)),
         source_name=doc.file,
@@ -390,6 +395,7 @@ def load_settings(
         base_image=base_image,
         runners=dict(merged["runners"]),
         test=test,
+        build_options=build_options,
     )
     if merged["publish"]["repository_url"] is not None:
         origins["publish.repository_url"] = origin_of("publish", "repository_url")[0]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
@@ -158,6 +159,9 @@ class BuildConfig:
     #: The config file's test-requires/test-command (the project's pyproject.toml below it and
     #: the command line above it are merged by the build command: builder.config.projecttest)
     test: ProjectTest = NO_TEST
+    #: cibuildwheel's build options (builder.config.buildoptions): the config file's layer when
+    #: loaded; the build and plan commands replace it with all layers resolved.
+    build_options: CibwOptions = NO_OPTIONS
 
 
 @dataclass(frozen=True)

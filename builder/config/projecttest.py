@@ -126,11 +126,12 @@ def expand(command: str, *, project: str, package: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), command)
 
 
-def from_pyproject(project: Path) -> ProjectTest:
-    """The project's ``[tool.cibuildwheel]`` test keys (none when it has no pyproject.toml)."""
+def cibuildwheel_section(project: Path) -> tuple[dict[str, Any], str]:
+    """The project's ``pyproject.toml`` ``[tool.cibuildwheel]`` table (empty without one) and
+    the file's name; ConfigError (exit 2) when it cannot be read as one."""
     pyproject = project / "pyproject.toml"
     if not pyproject.is_file():
-        return ProjectTest()
+        return {}, str(pyproject)
     import tomllib  # noqa: PLC0415 - Python >= 3.11, as the builder runs on
 
     try:
@@ -140,7 +141,13 @@ def from_pyproject(project: Path) -> ProjectTest:
     section = doc.get("tool", {}).get("cibuildwheel", {})
     if not isinstance(section, dict):
         raise ConfigError("expected a table", file=str(pyproject), key="tool.cibuildwheel")
-    return layer(section, origin=f"{pyproject} [tool.cibuildwheel]", file=str(pyproject),
+    return section, str(pyproject)
+
+
+def from_pyproject(project: Path) -> ProjectTest:
+    """The project's ``[tool.cibuildwheel]`` test keys (none when it has no pyproject.toml)."""
+    section, file = cibuildwheel_section(project)
+    return layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
                  key_prefix="tool.cibuildwheel.")
 
 

@@ -115,6 +115,20 @@ CONFIG_SCHEMA: dict[str, Any] = {
                                     {"type": "array", "items": {"type": "string"}}]},
         "test-command": {"anyOf": [{"type": "string"}, {"type": "null"},
                                    {"type": "array", "items": {"type": "string"}}]},
+        # cibuildwheel's build options (builder.config.buildoptions checks the values).
+        "environment": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                  {"type": "object", "additionalProperties": {
+                                      "type": ["string", "number"]}}]},
+        "environment-pass": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                       {"type": "array", "items": {"type": "string"}}]},
+        "before-all": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                 {"type": "array", "items": {"type": "string"}}]},
+        "before-build": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                   {"type": "array", "items": {"type": "string"}}]},
+        "config-settings": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "object"}]},
+        "build-frontend": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "repair-wheel-command": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                           {"type": "array", "items": {"type": "string"}}]},
         "publish": {
             "type": "object",
             "additionalProperties": False,

@@ -47,12 +47,22 @@ from pathlib import Path
 from packaging.tags import Tag
 
 from builder.cache import cache_root
+from builder.config.buildoptions import NO_OPTIONS, CibwOptions
+from builder.config.projecttest import expand
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell import CcacheStats, ccache_stats
-from builder.incell.steps import LIBM_FLOOR_HEADER, libm_floor_shim
+from builder.incell.steps import (
+    COMPILER_ERROR,
+    LIBM_FLOOR_HEADER,
+    CcacheSetupError,
+    ccache_masquerade,
+    evaluate_environment,
+    frontend_argv,
+    libm_floor_shim,
+)
 from builder.release.shared import tag_serves
 
 HOOK_DIR = Path(__file__).with_name("hook")
@@ -85,7 +95,7 @@ class CrossBuildResult:
 def _failure_excerpt(log: Path) -> str:
     """The compiler's error lines (pip's own summary buries them), then the log's last lines."""
     lines = log.read_text(errors="replace").splitlines()
-    errors = [ln for ln in lines if re.search(r"(error|Error):|undefined reference", ln)]
+    errors = [ln for ln in lines if COMPILER_ERROR.search(ln)]
     parts = []
     if errors:
         parts.append("compiler errors:\n" + "\n".join(errors[:15]))
@@ -178,14 +188,17 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
                       toolchain: CrossToolchain, *, isolate: bool = True,
                       log_path: Path | None = None,
                       extra_env: dict[str, str] | None = None,
-                      ccache: bool | None = None) -> CrossBuildResult:
+                      ccache: bool | None = None,
+                      options: CibwOptions = NO_OPTIONS) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
     the checkout's in-tree build folders are never shared with another build. Raises
     :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
     ccache (None: when installed; True: required), its cache under the cache root, shared with
-    the host backend's.
+    the host backend's. *options*: cibuildwheel's build options, run on this host as the
+    in-cell step runs them in a session (environment evaluated by sh, before-all,
+    before-build, config-settings, the frontend).
     """
     project = Path(project).resolve()
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
@@ -201,6 +214,10 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
         env = cross_build_env(python, torch, toolchain, scratch)
         env.update(extra_env or {})
+        try:
+            env.update(evaluate_environment(list(options.environment), env))
+        except ValueError as exc:
+            raise StepFailed(f"cross build: {exc}") from None
         stats_log = scratch / "ccache-stats.log"
         use_ccache = ccache is not False and shutil.which("ccache") is not None
         if ccache and not use_ccache:
@@ -209,29 +226,38 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         if ccache is False:  # torch's cpp_extension would put ccache in front by itself
             env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
         if use_ccache:
-            # ccache in masquerade: links named like the cross compilers, so CC/CXX stay one
-            # word (torch's ninja path takes CXX as a single token and CC's words after the
-            # first as flags: "ccache gcc" breaks it); ccache finds the real compiler of that
-            # name further down PATH. The compile only: LDSHARED stays the bare toolchain.
-            # Paths under the scratch folder hash relative to it, so other builds still hit.
-            masq = scratch / "ccache-bin"
-            masq.mkdir()
-            for var in ("CC", "CXX"):
-                real = Path(env[var])
-                (masq / real.name).symlink_to(shutil.which("ccache") or "ccache")
-                env[var] = str(masq / real.name)
-                env["PATH"] = os.pathsep.join([str(real.parent), env.get("PATH", "")])
-            env.update(CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(scratch),
-                       CCACHE_NOHASHDIR="1", CCACHE_STATSLOG=str(stats_log))
+            # The in-cell builds' mechanism (links named like the cross compilers); the compile
+            # only: LDSHARED stays the bare toolchain. The cache is shared with the host
+            # backend's.
+            try:
+                env.update(ccache_masquerade(
+                    env, scratch / "ccache-bin", ccache=shutil.which("ccache") or "ccache",
+                    basedir=str(scratch), statslog=str(stats_log)))
+            except CcacheSetupError as exc:
+                raise StepFailed(f"cross build: ccache: {exc}") from None
+            env["CCACHE_DIR"] = str(cache_root() / "ccache")
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
-        cmd = [host, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-               "--no-cache-dir", "-v", "-w", str(wheel_dir), str(src)]
+        cmd = frontend_argv(host, options.build_frontend, str(src), str(wheel_dir),
+                            list(options.config_settings))
+        if options.build_frontend == "pip":
+            cmd[3:3] = ["--no-cache-dir", "-v"]
         start = time.monotonic()
         with open(log, "w") as fh:
-            fh.write("$ " + " ".join(cmd) + "\n")
-            fh.flush()
-            proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.CompletedProcess(cmd, 0)
+            for what, command in (("before-all", options.before_all),
+                                  ("before-build", options.before_build)):
+                if command and proc.returncode == 0:
+                    line = expand(command, project=str(src), package=str(src))
+                    fh.write(f"$ {what}: {line}\n")
+                    fh.flush()
+                    proc = subprocess.run(["sh", "-c", line], cwd=src, env=env, stdout=fh,
+                                          stderr=subprocess.STDOUT)
+            if proc.returncode == 0:
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh,
+                                      stderr=subprocess.STDOUT)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise StepFailed(f"cross build of {project} for {python.arch} failed "

@@ -29,6 +29,7 @@ from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import find_qemu
 from builder.errors import StepFailed
+from builder.wheel.modules import compiled_files
 
 
 @dataclass(frozen=True)
@@ -110,15 +111,8 @@ def _run_checked(wheel: Path, python: TargetPython, pythonpath: list[Path], scri
 
 
 def extension_modules(wheel: Path) -> list[str]:
-    """Dotted names of the compiled modules in ``wheel`` (grafted libraries excluded)."""
-    import zipfile
-
-    names = []
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if name.endswith(".so") and ".libs/" not in name and "/" in name:
-                names.append(name[: -len(".so")].split(".")[0].replace("/", "."))
-    return sorted(set(names))
+    """Dotted names of the extension modules in ``wheel`` (builder.wheel.modules)."""
+    return list(compiled_files(wheel).modules)
 
 
 def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
@@ -134,12 +128,16 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
     Raises StepFailed with the output's tail when anything fails."""
     import json
 
-    modules = extension_modules(wheel)
-    script = ("import json, torch\n" + "".join(f"import {m}\n" for m in modules)
-              + f"print('IMPORT-VERIFY ' + json.dumps({{'modules': {modules!r}, 'ok': True, "
-                "'torch': torch.__version__}))\n")
+    compiled = compiled_files(wheel)
+    modules, libraries = list(compiled.modules), list(compiled.libraries)
     with tempfile.TemporaryDirectory(prefix="ampforge-qemu-") as tmp:
         site = install_for_target(wheel, Path(tmp) / "site", python)
+        # The other shared objects are loaded as their packages do, from the install.
+        loads = "".join(f"torch.ops.load_library({str(site / lib)!r})\n" for lib in libraries)
+        script = ("import json, torch\n" + "".join(f"import {m}\n" for m in modules) + loads
+                  + f"print('IMPORT-VERIFY ' + json.dumps({{'modules': {modules!r}, "
+                    f"'libraries': {libraries!r}, 'ok': True, "
+                    "'torch': torch.__version__}))\n")
         result = _run_checked(wheel, python, [site, torch.site], script, Path(tmp), timeout)
         report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
         report["qemu_wall_s"] = result.seconds

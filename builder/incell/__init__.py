@@ -13,14 +13,16 @@ import os
 import posixpath
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.config.projecttest import NO_TEST, ProjectTest
+from builder.config.buildoptions import NO_OPTIONS, CibwOptions
+from builder.config.projecttest import NO_TEST, ProjectTest, expand
 from builder.engines.base import RunResult, Session
 from builder.errors import StepFailed
+from builder.wheel.modules import compiled_files
 
 STEPS_SCRIPT = Path(__file__).with_name("steps.py")
 RESULT_PREFIX = "AMPFORGE_RESULT "
@@ -121,6 +123,9 @@ def build_in_session(
     extra_requirements: Sequence[str] = ("setuptools", "wheel"),
     make_venv: bool = True,
     prepared: Optional[str] = None,
+    cflags: Sequence[str] = (),
+    options: CibwOptions = NO_OPTIONS,
+    passed: Optional[Mapping[str, str]] = None,
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
@@ -129,7 +134,10 @@ def build_in_session(
     turns the check off (for projects that do not read ``AMP_LOCAL_VERSION``).
     ``make_venv=False`` builds with *python* itself. *prepared*: the interpreter of a torch
     environment made (and cached) beforehand (builder.backends.torchenv); nothing is installed,
-    its torch and site-packages are only read back.
+    its torch and site-packages are only read back. *cflags*: added to every compile
+    (``build.extra_cflags``). *options*: cibuildwheel's build options
+    (builder.config.buildoptions); *passed*: the ``environment-pass`` variables, given to the
+    build step's process only (never in its command line or the log).
     """
     work = session.workdir
     project_in = copy_project_in(session, project)
@@ -146,6 +154,13 @@ def build_in_session(
             vpy = str(made["python"])
         installed = install_torch(session, vpy, steps, torch=torch, wheelhouse=wheelhouse,
                                   index_url=index_url, extra_requirements=extra_requirements)
+    if prepared is not None and (options.before_build or options.build_frontend == "build"):
+        # before-build's installs and pypa/build go into a venv of this build layered on the
+        # prepared (cached, shared) torch environment, never into that environment itself.
+        made = parse_result(session.run(
+            [python, steps, "venv", posixpath.join(work, "build-venv"),
+             "--layer", os.pathsep.join(installed.get("sites", ()))], step="create build venv"))
+        vpy = str(made["python"])
     label = local_version(torch) if local_version_label is None else local_version_label
     argv = [vpy, steps, "build-wheel", "--project", project_in,
             "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
@@ -153,7 +168,13 @@ def build_in_session(
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
-    built = parse_result(session.run(argv, step="build wheel"))
+    argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
+    argv += build_option_args(options, project_in)
+    if wheelhouse:  # where the build frontend `build` is installed from
+        argv += ["--wheelhouse", wheelhouse]
+    elif index_url:
+        argv += ["--index-url", index_url]
+    built = parse_result(session.run(argv, env=dict(passed or {}) or None, step="build wheel"))
     stats = None
     if built.get("ccache"):
         with tempfile.TemporaryDirectory(prefix="ampforge-ccache-") as tmp:
@@ -166,6 +187,19 @@ def build_in_session(
                      shim=bool(built["shim"]), ccache=stats,
                      torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "",
                      project=project_in)
+
+
+def build_option_args(options: CibwOptions, project: str) -> list[str]:
+    """The build step's arguments for cibuildwheel's options (``{project}``/``{package}``
+    naming *project*, the project's copy in the session); "=" forms, as values may start with
+    "-"."""
+    argv = [f"--environment={name}={raw}" for name, raw in options.environment]
+    for flag, command in (("--before-all", options.before_all),
+                          ("--before-build", options.before_build)):
+        if command:
+            argv.append(f"{flag}={expand(command, project=project, package=project)}")
+    argv += [f"--config-setting={k}={v}" for k, v in options.config_settings]
+    return [*argv, "--frontend", options.build_frontend]
 
 
 def copy_project_in(session: Session, project: Path) -> str:
@@ -207,10 +241,11 @@ def smoke_in_session(
     project: str = "",
 ) -> list[str]:
     """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
-    *python* (layered on *torch_site*, a prepared torch install, when given), import its
-    modules and run the project's *test* (its placeholders naming *project*, the project's
-    copy inside the session); returns the extension modules imported. Raises StepFailed with
-    the output tail when anything fails (the full output is in the cell's log)."""
+    *python* (layered on *torch_site*, a prepared torch install, when given), import every
+    extension module it ships and load its other shared objects (builder.wheel.modules), and
+    run the project's *test* (its placeholders naming *project*, the project's copy inside the
+    session); returns the modules imported. Raises StepFailed with the output tail when
+    anything fails (the full output is in the cell's log)."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
     argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
@@ -221,6 +256,11 @@ def smoke_in_session(
         argv += ["--index-url", index_url]
     if torch_site:
         argv += ["--torch-site", torch_site]
+    compiled = compiled_files(wheel)
+    for module in compiled.modules:
+        argv += ["--module", module]
+    for library in compiled.libraries:
+        argv += ["--library", library]
     step = "smoke test"
     if test.enabled:
         assert project, "a test-command needs the project's copy in the session"

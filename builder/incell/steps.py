@@ -13,8 +13,9 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
-                                         [--no-libm-floor]
+                                         [--no-libm-floor] [--cflag FLAG ...]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
+                          [--module NAME ...] [--library PATH ...]
                           [--test-command CMD [--test-requires REQ ...]]
 """
 
@@ -26,13 +27,13 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
 import venv
-import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -80,6 +81,116 @@ def libm_floor_shim(machine: str) -> str:
             f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
 
 
+#: The variables naming the C and C++ compilers, and what a build uses when they are unset.
+CCACHE_COMPILERS: tuple[tuple[str, str], ...] = (("CC", "gcc"), ("CXX", "g++"))
+
+
+class CcacheSetupError(Exception):
+    """The compiler the cache is to stand in front of cannot be found."""
+
+
+def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedir: str,
+                      statslog: str) -> dict[str, str]:
+    """The variables that compile every C/C++ file of a build through *ccache*, whatever drives
+    the compiler: the one mechanism of every backend (the in-cell step and the cross build).
+
+    ccache in *masquerade*: *bin_dir* gets links named like the compilers (``gcc``, ``g++``,
+    ``aarch64-linux-gnu-g++``) pointing at ccache, which runs the real compiler of that name
+    found further down ``PATH``. ``CC``/``CXX`` name the links, so they stay one word each:
+    torch's ninja ``BuildExtension`` takes ``CXX`` as a single token (``CXX="ccache g++"``
+    fails with ``Could not find compiler "-MMD"``), setuptools, ``use_ninja=False`` and CMake
+    take ``CC``/``CXX`` as given, and whatever calls ``gcc`` from ``PATH`` finds the link first.
+    torch's cpp_extension would put ccache in front once more (``_wrap_compiler``);
+    ``TORCH_NO_COMPILER_WRAPPER`` leaves the wrapping to the links, so each compile is counted
+    once. Paths under *basedir* hash relative to it (another build folder still hits); each
+    compile's statistic goes to *statslog* (counted per cell by the host side). *env* is the
+    build's environment (``CC``/``CXX``/``PATH`` as the build would see them); raises
+    :class:`CcacheSetupError` when a compiler is not found.
+    """
+    search = env.get("PATH", os.defpath)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    real_dirs: list[str] = []
+    for var, default in CCACHE_COMPILERS:
+        words = shlex.split(env.get(var) or default)
+        if words and Path(words[0]).name == "ccache":  # someone's CC="ccache gcc"
+            words = words[1:]
+        real = shutil.which(words[0], path=search) if words else None
+        if real is None:
+            raise CcacheSetupError(f"{var}={env.get(var) or default!r}: no such compiler on "
+                                   f"PATH ({search})")
+        link = bin_dir / Path(words[0]).name
+        if not link.is_symlink():
+            link.symlink_to(ccache)
+        out[var] = shlex.join([str(link), *words[1:]])
+        folder = str(Path(real).parent)
+        if folder not in real_dirs:
+            real_dirs.append(folder)
+    # ccache looks the real compiler up by the link's name on PATH, skipping itself: the
+    # compilers' own folders (an absolute CC's too) come right after the links.
+    out["PATH"] = os.pathsep.join([str(bin_dir), *real_dirs, search])
+    out.update(TORCH_NO_COMPILER_WRAPPER="1", CCACHE_BASEDIR=basedir, CCACHE_NOHASHDIR="1",
+               CCACHE_STATSLOG=statslog)
+    return out
+
+
+def add_compile_flags(env: dict[str, str], flags: list[str],
+                      base: Optional[dict[str, str]] = None) -> None:
+    """Append *flags* to ``CFLAGS`` and ``CXXFLAGS`` in *env* (starting from *base*'s, this
+    process's environment by default): setuptools, torch's BuildExtension (ninja or not) and
+    CMake all add them to every compile."""
+    if not flags:
+        return
+    start = os.environ if base is None else base
+    for var in ("CFLAGS", "CXXFLAGS"):
+        env[var] = " ".join([env.get(var, start.get(var, "")), *flags]).strip()
+
+
+def evaluate_environment(assignments: list[tuple[str, str]], env: dict[str, str]) -> dict[str, str]:
+    """cibuildwheel's ``environment``: each ``NAME=value`` (the value as written) evaluated in
+    order by ``sh`` as an assignment -- ``$VAR``, ``${VAR}``, ``$(cmd)`` and quotes, no word
+    splitting -- against *env* and the assignments before it. Returns the variables set. A
+    failing evaluation names the variable, never its value (it may hold a passed secret)."""
+    current = dict(env)
+    out: dict[str, str] = {}
+    for name, raw in assignments:
+        proc = subprocess.run(["sh", "-c", f'{name}={raw}\nprintf "%s" "${name}"'],
+                              env=current, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ValueError(f"environment: {name}={raw} failed in the build environment "
+                             f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+        current[name] = out[name] = proc.stdout
+    return out
+
+
+def frontend_argv(python: str, frontend: str, project: str, out: str,
+                  config_settings: list[tuple[str, str]]) -> list[str]:
+    """The command that builds *project*'s wheel into *out* without build isolation: pip's
+    ``pip wheel`` or pypa/build's ``python -m build``, with the PEP 517 config settings.
+    pip reads config settings only on the PEP 517 path (``--use-pep517``: a ``setup.py``-only
+    project would otherwise run ``setup.py bdist_wheel`` and drop them, pip 23 silently)."""
+    if frontend == "build":  # pypa/build spells it in the singular
+        return [python, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                "--outdir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
+                project]
+    settings = [f"--config-settings={k}={v}" for k, v in config_settings]
+    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+            "--disable-pip-version-check", "--no-input",
+            *(["--use-pep517"] if settings else []), *settings, "-w", out,
+            # A bare name would be looked up on the index: always pass a path.
+            project]
+
+
+def layer_sites(python: str, sites: list[str]) -> None:
+    """Put *sites* (another environment's site-packages) on *python*'s ``sys.path`` after its
+    own, with a ``.pth`` file: pip and the build see what is installed there (torch) and
+    install into this environment, never into the other."""
+    purelib = subprocess.check_output(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
+    Path(purelib.strip(), "ampforge-torch.pth").write_text(
+        "".join(folder + "\n" for folder in sites if folder))
+
+
 def _result(**fields: object) -> None:
     print(RESULT_PREFIX + json.dumps(fields, sort_keys=True), flush=True)
 
@@ -100,6 +211,45 @@ def _run(argv: list[str], env: Optional[dict[str, str]] = None, cwd: Optional[st
         _fail(f"command failed with exit code {code}: {' '.join(argv)}")
 
 
+#: The lines of a build's output that are the compiler's (or linker's) own errors: a failing
+#: build's traceback (torch's ninja path: ``RuntimeError: Error compiling objects``) pushes them
+#: out of the output's tail, so they are repeated last. The cross build uses it too.
+COMPILER_ERROR = re.compile(r": (?:fatal )?error:|undefined reference")
+
+
+def _run_build(argv: list[str], env: dict[str, str]) -> None:
+    """:func:`_run` for the build frontend: on failure, the compiler's error lines again."""
+    print("+ " + " ".join(argv), flush=True)
+    start = time.monotonic()
+    errors: list[str] = []
+    context = False  # gcc prints the offending source line right after its error line
+    with subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            if (context or COMPILER_ERROR.search(line)) and len(errors) < 8:
+                errors.append(line.strip())
+                context = not context
+    sys.stdout.flush()
+    print(f"+ exit {proc.returncode} after {time.monotonic() - start:.1f}s", flush=True)
+    if proc.returncode != 0:
+        if errors:
+            print("compiler errors:\n" + "\n".join(errors), flush=True)
+        _fail(f"command failed with exit code {proc.returncode}: {' '.join(argv)}")
+
+
+def _shell(what: str, command: str, env: dict[str, str], cwd: str) -> None:
+    """A before-all/before-build command through ``sh -c`` in the project's folder."""
+    print(f"+ {what}: {command}", flush=True)
+    full = {**os.environ, **env}
+    start = time.monotonic()
+    code = subprocess.call(["sh", "-c", command], env=full, cwd=cwd)
+    print(f"+ {what} exit {code} after {time.monotonic() - start:.1f}s", flush=True)
+    if code != 0:
+        _fail(f"{what} failed with exit code {code}: {command}")
+
+
 def _pip_source_args(args: argparse.Namespace) -> list[str]:
     if args.wheelhouse:
         # Offline: only what the wheelhouse holds; pip names the missing requirement.
@@ -111,9 +261,13 @@ def _pip_source_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_venv(args: argparse.Namespace) -> None:
-    venv.create(args.dest, with_pip=True, clear=True,
+    # Layered on another environment: its pip and setuptools serve, none of the venv's own
+    # would shadow them.
+    venv.create(args.dest, with_pip=not args.layer, clear=True,
                 system_site_packages=args.system_site_packages)
     exe = Path(args.dest) / "bin" / "python"
+    if args.layer:
+        layer_sites(str(exe), args.layer.split(os.pathsep))
     _result(python=str(exe), version="{}.{}".format(*sys.version_info[:2]))
 
 
@@ -242,29 +396,36 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.whl"))
     env = {"AMP_LOCAL_VERSION": args.local_version} if args.local_version else {}
+    # cibuildwheel's environment first: the builder's flags and compiler cache then apply on
+    # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang). Names and values as written are
+    # logged, never the evaluated values (they may use a passed secret).
+    assignments = [tuple(a.split("=", 1)) for a in args.environment]
+    for name, raw in assignments:
+        print(f"+ environment: {name}={raw}", flush=True)
+    try:
+        env.update(evaluate_environment(assignments, {**os.environ, **env}))  # type: ignore[arg-type]
+    except ValueError as exc:
+        _fail(str(exc))
     use_shim = args.shim == "on" or (args.shim == "auto" and _glibc_has_single_threaded())
     if use_shim:
         shim_dir = (Path(args.out).resolve().parent / "shim").resolve()
         (shim_dir / "sys").mkdir(parents=True, exist_ok=True)
         (shim_dir / "sys" / "single_threaded.h").write_text(_SHIM)
         # An absolute -I path: the compiler runs from temporary build directories.
-        flag = "-I" + str(shim_dir)
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (os.environ.get(var, "") + " " + flag).strip()
+        add_compile_flags(env, ["-I" + str(shim_dir)])
     libm_shim = libm_floor_shim(platform.machine()) if args.libm_floor else ""
     if libm_shim:
         header = (Path(args.out).resolve().parent / "shim" / LIBM_FLOOR_HEADER).resolve()
         header.parent.mkdir(parents=True, exist_ok=True)
         header.write_text(libm_shim)
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (env.get(var, os.environ.get(var, "")) + f" -include {header}").strip()
+        add_compile_flags(env, ["-include", str(header)])
     for mapping in args.prefix_map:
         # Reproducible builds: the session's directory differs per build (the host backend's
         # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
         # Mapping it to one fixed name makes the compiled module independent of where it was built.
-        flag = "-ffile-prefix-map=" + mapping
-        for var in ("CFLAGS", "CXXFLAGS"):
-            env[var] = (env.get(var, os.environ.get(var, "")) + " " + flag).strip()
+        add_compile_flags(env, ["-ffile-prefix-map=" + mapping])
+    # The build config's extra_cflags (build.extra_cflags), after the builder's own flags.
+    add_compile_flags(env, args.cflag)
     use_ccache = args.ccache == "on" or (args.ccache == "auto" and shutil.which("ccache"))
     if args.ccache == "on" and not shutil.which("ccache"):
         _fail("--ccache on: ccache is not installed in this build environment")
@@ -274,18 +435,37 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # makes any ccache that still runs call the compiler directly).
         env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
     if use_ccache:
-        env["CC"] = "ccache gcc"
-        env["CXX"] = "ccache g++"
-        # Paths under the session's directory are hashed relative to it, so a build in another
-        # temporary folder (the host backend's) still hits; the statistics of this build alone
-        # go to a log the host side counts (hits/misses per cell).
-        env["CCACHE_BASEDIR"] = str(Path(args.project).resolve().parent)
-        env["CCACHE_NOHASHDIR"] = "1"
-        env["CCACHE_STATSLOG"] = str(Path(args.out).resolve().parent / "ccache-stats.log")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-          "--disable-pip-version-check", "--no-input", "-w", str(out),
-          # A bare name would be looked up on the index: always pass a path.
-          str(Path(args.project).resolve())], env=env)
+        # The session's directory is the base (a build in another temporary folder, the host
+        # backend's, still hits); this build's statistics go to a log the host side counts.
+        work = Path(args.out).resolve().parent
+        try:
+            env.update(ccache_masquerade(
+                {**os.environ, **env}, work / "ccache-bin", ccache=str(shutil.which("ccache")),
+                basedir=str(Path(args.project).resolve().parent),
+                statslog=str(work / "ccache-stats.log")))
+        except CcacheSetupError as exc:
+            _fail(f"ccache: {exc}")
+    project = str(Path(args.project).resolve())
+    if args.before_all:
+        _shell("before-all", args.before_all, env, project)
+    bindir = str(Path(sys.executable).parent)
+    if args.before_build:
+        # The build environment's python and pip first on PATH, as cibuildwheel's.
+        path = bindir + os.pathsep + env.get("PATH", os.environ.get("PATH", ""))
+        _shell("before-build", args.before_build, {**env, "PATH": path}, project)
+    if args.frontend == "build":
+        try:
+            subprocess.check_call([sys.executable, "-c", "import build"],
+                                  stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+                  "--no-input", *_pip_source_args(args), "build"], env=env)
+    pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"],
+                                 capture_output=True, text=True).stdout.split(" from ")[0]
+    print(f"+ build frontend: {args.frontend} ({pip_version or 'no pip'})", flush=True)
+    settings = [tuple(c.split("=", 1)) for c in args.config_setting]
+    _run_build(frontend_argv(sys.executable, args.frontend, project, str(out),
+                             settings), env=env)  # type: ignore[arg-type]
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
@@ -295,17 +475,8 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         _fail(f"the wheel's version {version!r} does not carry the local version "
               f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
               "to its version")
-    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim))
-
-
-def _extension_modules(wheel: Path) -> list[str]:
-    mods = []
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if name.endswith(".so") and ".libs/" not in name and "/" in name:
-                stem = name[: -len(".so")].split(".")[0]
-                mods.append(stem.replace("/", "."))
-    return sorted(set(mods))
+    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim),
+            frontend=args.frontend, pip=pip_version)
 
 
 def cmd_smoke(args: argparse.Namespace) -> None:
@@ -316,21 +487,28 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         # A fresh venv layered on the cell's prepared torch (a .pth line puts its site-packages
         # on sys.path, after the venv's own): pip sees torch==X installed and resolves the
         # wheel's requirements against it instead of downloading torch a second time.
-        purelib = subprocess.check_output(
-            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
-        lines = "".join(folder + "\n" for folder in args.torch_site.split(os.pathsep) if folder)
-        Path(purelib.strip(), "ampforge-torch.pth").write_text(lines)
+        layer_sites(py, args.torch_site.split(os.pathsep))
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
-    mods = _extension_modules(wheel)
+    mods, libs = sorted(set(args.module)), sorted(set(args.library))
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
+    # The other shared objects are loaded as their packages do (torch.ops.load_library), from
+    # where the wheel installed them.
     code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
-    code += f"print('smoke: imported', {mods!r})\n"
+    if libs:
+        code += ("import os, sysconfig\n"
+                 f"for lib in {libs!r}:\n"
+                 "    found = [os.path.join(sysconfig.get_paths()[k], lib)\n"
+                 "             for k in ('platlib', 'purelib')]\n"
+                 "    found = [f for f in found if os.path.exists(f)]\n"
+                 "    assert found, 'not installed: ' + lib\n"
+                 "    torch.ops.load_library(found[0])\n")
+    code += f"print('smoke: imported', {mods!r}, 'loaded', {libs!r})\n"
     _run([py, "-c", code], cwd=args.venv)
     tested = None
     if args.test_command:
         tested = _project_test(args, py)
-    _result(modules=mods, test_seconds=tested)
+    _result(modules=mods, libraries=libs, test_seconds=tested)
 
 
 def _project_test(args: argparse.Namespace, py: str) -> float:
@@ -366,6 +544,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("dest")
     p.add_argument("--system-site-packages", action="store_true",
                    help="the venv sees this interpreter's own packages (its torch)")
+    p.add_argument("--layer", default="", metavar="SITES",
+                   help="layer the venv (without a pip of its own) on these site-packages "
+                        "folders (os.pathsep-separated), after its own")
     p.set_defaults(func=cmd_venv)
 
     def sources(q: argparse.ArgumentParser) -> None:
@@ -401,6 +582,16 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
                    help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
+    p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
+                   help="cibuildwheel's environment: evaluated by sh in order (repeatable)")
+    p.add_argument("--before-all", default="", metavar="CMD")
+    p.add_argument("--before-build", default="", metavar="CMD")
+    p.add_argument("--config-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a PEP 517 config setting for the build backend (repeatable)")
+    p.add_argument("--frontend", choices=("pip", "build"), default="pip")
+    sources(p)
+    p.add_argument("--cflag", action="append", default=[], metavar="FLAG",
+                   help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)")
     p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
                    help="compile with -ffile-prefix-map=OLD=NEW (repeatable)")
     p.set_defaults(func=cmd_build_wheel)
@@ -417,6 +608,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "sh -c in an empty folder with the venv first on PATH")
     p.add_argument("--test-requires", action="append", default=[],
                    help="a requirement installed before --test-command (repeatable)")
+    p.add_argument("--module", action="append", default=[],
+                   help="an extension module the wheel ships, imported (repeatable)")
+    p.add_argument("--library", action="append", default=[],
+                   help="another shared object the wheel installs (site-packages-relative "
+                        "path), loaded with torch.ops.load_library (repeatable)")
     sources(p)
     p.set_defaults(func=cmd_smoke)
 

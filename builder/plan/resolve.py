@@ -149,7 +149,9 @@ def _settings(config: BuildConfig) -> dict[str, Any]:
     index = {"index_url": red(config.pip.index_url) if config.pip.index_url else None,
              "extra_index_urls": [red(u) for u in config.pip.extra_index_urls]}
     pull = {"policy": config.pull, "source": config.origins.get("pull", "?")}
-    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline, "pull": pull}
+    return {"proxy": proxy, "ca_bundle": ca, "index": index, "offline": offline, "pull": pull,
+            # cibuildwheel's options (the passed variables by name only)
+            "build_options": config.build_options.record()}
 
 
 def _network(config: BuildConfig, backend: str) -> str:

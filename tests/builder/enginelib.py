@@ -93,6 +93,8 @@ def _download_wheelhouse(dest: Path) -> None:
     assert torch_wheels and not big, f"expected a CPU torch wheel in {dest}, got {torch_wheels}"
 
 
+# torch's default BuildExtension (ninja where installed, as CI provisions it): the way most
+# published extensions build, so every backend's tiny build goes through it with ccache.
 TINY_SETUP = '''\
 import os
 from setuptools import setup
@@ -106,7 +108,7 @@ setup(
     ext_modules=[CppExtension("tinyext._C", ["tinyext/ext.cpp"],
                               extra_compile_args=["-O1", "-g0", "-fopenmp"],
                               extra_link_args=["-fopenmp", "-s"])],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    cmdclass={"build_ext": BuildExtension},
 )
 '''
 

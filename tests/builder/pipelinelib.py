@@ -117,10 +117,20 @@ def manifest(dist: Path) -> dict:
     return json.loads((dist / "manifest.json").read_text())
 
 
+SMOKE_BROKEN_TOP = """\
+#include <Python.h>
+extern "C" int smoke_sentinel_undefined(void);
+static PyObject *f(PyObject *, PyObject *) { return PyLong_FromLong(smoke_sentinel_undefined()); }
+static PyMethodDef methods[] = {{"f", f, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tinyext_top", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_tinyext_top(void) { return PyModule_Create(&module); }
+"""
+
+
 def broken_project(root: Path, kind: str) -> Path:
     """tinyext with one defect: ``compile`` (a C++ error), ``repair`` (links a library outside
     the manylinux policy), ``glibc`` (needs a newer glibc than its torch's tag allows),
-    ``smoke`` (the package fails at import)."""
+    ``smoke`` (a top-level compiled module fails at import)."""
     project = write_tiny_extension(root)
     if kind == "compile":
         (project / "tinyext" / "ext.cpp").write_text(
@@ -142,8 +152,12 @@ def broken_project(root: Path, kind: str) -> Path:
             "#include <unistd.h>\nint closer() { return close_range(1u << 30, 1u << 30, 0); }\n"
             "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"closer\", &closer);"))
     elif kind == "smoke":
-        (project / "tinyext" / "__init__.py").write_text(
-            'raise ImportError("smoke-sentinel: this package refuses to import")\n')
+        # A second, top-level module (as apex's apex_C) whose import fails: it calls a function
+        # nothing defines, which the loader (RTLD_NOW) refuses. The package itself imports.
+        (project / "tinyext_top.cpp").write_text(SMOKE_BROKEN_TOP)
+        setup = (project / "setup.py").read_text().replace(
+            "ext_modules=[", 'ext_modules=[CppExtension("tinyext_top", ["tinyext_top.cpp"]), ')
+        (project / "setup.py").write_text(setup)
     else:
         raise ValueError(kind)
     return project

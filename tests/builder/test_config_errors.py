@@ -25,7 +25,8 @@ CASES = [
         BASE + "colour: red\n",
         6,
         "colour",
-        "unknown key 'colour'; expected one of: build, ca_bundle, images, matrix",
+        "unknown key 'colour'; expected one of: before-all, before-build, build, build-frontend, "
+        "ca_bundle, config-settings, environment, environment-pass, images, matrix",
     ),
     (
         "unknown-matrix-key",

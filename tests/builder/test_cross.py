@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
+from enginelib import missing
 from indexlib import make_wheel
 
 from builder.config.projecttest import ProjectTest
@@ -330,3 +332,31 @@ def test_host_build_environment_does_not_leak(target_python, target_torch, toolc
     assert out[1] == "linux-aarch64"
     assert out[2] == str(target_torch.torch_dir / "include")
     assert out[3] == str(target_torch.lib_dir)
+
+
+def test_ninja_build_goes_through_the_same_ccache_links(tmp_path, monkeypatch, target_python,
+                                                        target_torch, toolchain):
+    """torch's default ninja BuildExtension, cross-compiled twice through ccache (the in-cell
+    builds' masquerade links, builder.incell.steps.ccache_masquerade) into a private cache: the
+    first misses, the second hits every compile and gives the same module bytes."""
+    from stylelib import package_name, write_style_project
+
+    if shutil.which("ccache") is None:
+        missing("ccache is not installed", ".ci/run installs the ccache package")
+    monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))  # only ccache reads it here
+    built = []
+    for run in ("one", "two"):
+        project = write_style_project(tmp_path / run / "proj", "ninja")
+        built.append(cross_build_wheel(project, tmp_path / run / "out", target_python,
+                                       target_torch, toolchain, ccache=True))
+    cold, warm = built[0].ccache, built[1].ccache
+    assert cold is not None and warm is not None
+    assert cold.misses >= 1 and cold.hits == 0
+    assert (warm.hits, warm.misses) == (cold.misses, 0)
+    modules = []
+    for one in built:
+        with zipfile.ZipFile(one.wheel) as zf:
+            (so,) = [n for n in zf.namelist() if n.endswith(target_python.ext_suffix)]
+            assert so.startswith(package_name("ninja") + "/_C")
+            modules.append(zf.read(so))
+    assert modules[0] == modules[1]

@@ -1,0 +1,247 @@
+"""cibuildwheel's build options, with its names, meanings and precedence.
+
+Layers, lowest to highest, each replacing the one below key by key: the project's
+``pyproject.toml`` ``[tool.cibuildwheel]``; the build config file (top-level keys, the same
+names); the environment (``BUILDER_ENVIRONMENT``, ``BUILDER_ENVIRONMENT_PASS``,
+``BUILDER_BEFORE_ALL``, ``BUILDER_BEFORE_BUILD``, ``BUILDER_CONFIG_SETTINGS``,
+``BUILDER_BUILD_FRONTEND``, ``BUILDER_REPAIR_WHEEL_COMMAND``); the command line
+(``--environment`` ... ``--repair-wheel-command``).
+
+* ``environment`` -- ``NAME=value`` assignments (a string, cibuildwheel's spelling, or a table),
+  applied in order in the build environment before ``before-all``, ``before-build`` and the
+  build; each value is evaluated there as a shell assignment would be (``$VAR``/``${VAR}``,
+  ``$(cmd)``, quotes), so it may use the environment's own variables and earlier assignments.
+* ``environment-pass`` -- names of this machine's variables whose values are passed into the
+  build environment. Only the names are recorded: the values never reach a log, an image, a
+  record or the manifest.
+* ``before-all`` -- a shell command run once per cell's build environment, before anything is
+  built (cibuildwheel: once per container; here every cell has its own).
+* ``before-build`` -- a shell command run before the build, with the build environment's Python
+  first on ``PATH`` (``pip install`` installs into it).
+* ``config-settings`` -- PEP 517 config settings for the project's build backend (``KEY=VALUE``
+  words, or a table whose values may be lists), e.g. ``--build-option=--cpp_ext``.
+* ``build-frontend`` -- ``pip`` (``pip wheel --no-build-isolation``: the build environment's own
+  pip, whose version the cell's log records) or ``build`` (pypa/build, ``python -m build --wheel
+  --no-isolation``: installed into the build environment first; it calls the backend itself,
+  no pip involved in the build).
+* ``repair-wheel-command`` -- replaces the builder's ``auditwheel repair`` (``{wheel}``: the
+  wheel, ``{dest_dir}``: the folder the repaired wheel must be written to); verification
+  checks its result as it checks the builder's own.
+
+Commands take the placeholders ``{project}`` and ``{package}`` (the project's copy in the
+build environment), as test-command does.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from builder.config.projecttest import PLACEHOLDERS, cibuildwheel_section, parse_command
+from builder.errors import ConfigError
+
+KEYS: tuple[str, ...] = ("environment", "environment-pass", "before-all", "before-build",
+                         "config-settings", "build-frontend", "repair-wheel-command")
+FRONTENDS: tuple[str, ...] = ("pip", "build")
+#: The environment variable of each key (the builder's namespace, as its other settings).
+ENV: dict[str, str] = {k: "BUILDER_" + k.upper().replace("-", "_") for k in KEYS}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: One shell word: quoted parts, escapes and plain characters up to unquoted whitespace.
+_WORD = re.compile(r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|\$\([^)]*\)|[^\s'"\\])+""")
+REPAIR_PLACEHOLDERS: tuple[str, ...] = ("wheel", "dest_dir")
+
+
+@dataclass(frozen=True)
+class CibwOptions:
+    """The resolved options (defaults: none of them, the pip frontend)."""
+
+    environment: tuple[tuple[str, str], ...] = ()  # (name, value as written), in order
+    environment_pass: tuple[str, ...] = ()
+    before_all: Optional[str] = None
+    before_build: Optional[str] = None
+    config_settings: tuple[tuple[str, str], ...] = ()
+    build_frontend: str = "pip"
+    repair_wheel_command: Optional[str] = None
+    #: Where each key's value came from, e.g. {"environment": "command line --environment"}.
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    def key(self) -> dict[str, Any]:
+        """The part of a cell's input key: everything that shapes the wheel, the passed
+        variables by name only."""
+        return {"environment": [list(a) for a in self.environment],
+                "environment_pass": list(self.environment_pass),
+                "before_all": self.before_all, "before_build": self.before_build,
+                "config_settings": [list(s) for s in self.config_settings],
+                "build_frontend": self.build_frontend,
+                "repair_wheel_command": self.repair_wheel_command}
+
+    def record(self) -> dict[str, Any]:
+        """What ``plan`` and the manifest show: the values and their sources."""
+        return {**self.key(), "sources": dict(sorted(self.origins.items()))}
+
+    def describe(self) -> list[str]:
+        """One line per option set, with its source (passed variables by name)."""
+        values = self.key()
+        return [f"{key}: {values[key.replace('-', '_')]!r} ({self.origins[key]})"
+                for key in KEYS if key in self.origins]
+
+    def passed(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The ``environment-pass`` variables *env* has (a name it lacks is not passed)."""
+        return {name: env[name] for name in self.environment_pass if name in env}
+
+
+NO_OPTIONS = CibwOptions()
+
+
+def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
+    """``'A=1 B="$A x"'`` or ``{"A": "1"}`` -> ``(("A", "1"), ("B", '"$A x"'))``: the values
+    as written, evaluated later in the build environment; raises ValueError."""
+    if isinstance(value, Mapping):
+        out = []
+        for name, raw in value.items():
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a variable name; expected e.g. CFLAGS")
+            if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+                raise ValueError(f"{name}: {raw!r} is not a value; expected a string")
+            out.append((name, shlex.quote(str(raw)) if isinstance(raw, (int, float))
+                        else raw))
+        return tuple(out)
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not an environment; expected 'NAME=value NAME2=value' "
+                         "or a table of NAME = value")
+    out = []
+    rest = value.strip()
+    while rest:
+        found = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", rest)
+        if found is None:
+            raise ValueError(f"expected NAME=value at {rest[:40]!r} in {value!r}; e.g. "
+                             "'PATH=\"$PATH:/opt/bin\" FORCE_CUDA=0'")
+        rest = rest[found.end():]
+        word = _WORD.match(rest)
+        raw = word.group(0) if word else ""
+        out.append((found.group(1), raw))
+        rest = rest[len(raw):]
+        if rest and not rest[0].isspace():
+            raise ValueError(f"unbalanced quote or stray character after {found.group(1)}= "
+                             f"in {value!r}; expected NAME=value words, quotes closed")
+        rest = rest.lstrip()
+    return tuple(out)
+
+
+def parse_names(value: Any) -> tuple[str, ...]:
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{value!r} is not a list of variable names; expected e.g. "
+                         "'HF_TOKEN PIP_INDEX_URL' or a list")
+    for name in items:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a variable name; expected e.g. HF_TOKEN")
+    return tuple(items)
+
+
+def parse_config_settings(value: Any) -> tuple[tuple[str, str], ...]:
+    """``'KEY=VALUE KEY2=VALUE'`` or a table (list values repeat the key); raises ValueError."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for key, raw in value.items():
+            for one in raw if isinstance(raw, (list, tuple)) else [raw]:
+                if not isinstance(one, (str, int, float)) or isinstance(one, bool):
+                    raise ValueError(f"{key}: {one!r} is not a value; expected a string")
+                pairs.append((str(key), str(one)))
+    elif isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        for word in words:
+            key, eq, one = word.partition("=")
+            if not eq or not key:
+                raise ValueError(f"{word!r} is not KEY=VALUE; expected e.g. "
+                                 "'--build-option=--cpp_ext'")
+            pairs.append((key, one))
+    else:
+        raise ValueError(f"{value!r} is not config settings; expected 'KEY=VALUE ...' or a "
+                         "table")
+    if not pairs:
+        raise ValueError("no settings; expected 'KEY=VALUE ...' (leave the key out for none)")
+    return tuple(pairs)
+
+
+def parse_frontend(value: Any) -> str:
+    if value not in FRONTENDS:
+        raise ValueError(f"{value!r} is not a build frontend; expected one of "
+                         f"{', '.join(FRONTENDS)}")
+    return str(value)
+
+
+def parse_repair(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        value = " && ".join(parse_repair(v) for v in value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} is not a command; expected e.g. 'auditwheel repair "
+                         "--exclude libtorch.so -w {dest_dir} {wheel}'")
+    unknown = sorted({m.group(1) for m in re.finditer(r"\{([A-Za-z_]\w*)\}", value)}
+                     - set(REPAIR_PLACEHOLDERS) - set(PLACEHOLDERS))
+    if unknown:
+        raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)} in "
+                         f"{value!r}; expected {{wheel}} and {{dest_dir}}")
+    if "{wheel}" not in value or "{dest_dir}" not in value:
+        raise ValueError(f"{value!r} does not name both placeholders; expected {{wheel}} (the "
+                         "wheel to repair) and {dest_dir} (where the repaired wheel goes)")
+    return value.strip()
+
+
+_PARSERS = {"environment": parse_environment, "environment-pass": parse_names,
+            "before-all": parse_command, "before-build": parse_command,
+            "config-settings": parse_config_settings, "build-frontend": parse_frontend,
+            "repair-wheel-command": parse_repair}
+
+
+def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
+          key_prefix: str = "", lines: Optional[Mapping[str, Optional[int]]] = None,
+          base: CibwOptions = NO_OPTIONS, name: Optional[str] = None) -> CibwOptions:
+    """*base* with the keys *data* sets (absent or null: not set here) replaced; ConfigError
+    (exit 2) naming the file, line and key of a bad value (*name*: the key's name in
+    messages, when it is a variable or a flag)."""
+    out = base
+    for key in KEYS:
+        if data.get(key) is None:
+            continue
+        try:
+            parsed = _PARSERS[key](data[key])
+        except ValueError as exc:
+            raise ConfigError(str(exc), file=file, line=(lines or {}).get(key),
+                              key=name or key_prefix + key) from None
+        out = replace(out, **{key.replace("-", "_"): parsed},
+                      origins={**out.origins, key: origin})
+    return out
+
+
+def from_pyproject(project: Path) -> CibwOptions:
+    """The project's ``[tool.cibuildwheel]`` build options (none without a pyproject.toml)."""
+    section, file = cibuildwheel_section(project)
+    return layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
+                 key_prefix="tool.cibuildwheel.")
+
+
+def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping[str, str],
+                          cli: Mapping[str, Optional[str]]) -> CibwOptions:
+    """pyproject < config file < ``BUILDER_*`` < command line (*cli*: key -> value or None)."""
+    out = from_pyproject(project)
+    for key in KEYS:  # the config file's layer replaces key by key
+        if key in config_layer.origins:
+            out = replace(out, **{key.replace("-", "_"):
+                                  getattr(config_layer, key.replace("-", "_"))},
+                          origins={**out.origins, key: config_layer.origins[key]})
+    for key, var in ENV.items():
+        if env.get(var):
+            out = layer({key: env[var]}, origin=f"environment {var}", name=var, base=out)
+    for key in KEYS:
+        if cli.get(key) is not None:
+            out = layer({key: cli[key]}, origin=f"command line --{key}", name=f"--{key}",
+                        base=out)
+    return out
