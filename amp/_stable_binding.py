@@ -41,7 +41,14 @@ def _call(op: Callable[..., Any], *args: Any) -> Any:
         if m is None:
             raise
         # torch may append its own context after the kernel's message: keep the first line.
-        raise _ERRORS[m.group(1)](m.group(2).splitlines()[0]) from None
+        raise _ERRORS[m.group(1)](_device_names(m.group(2).splitlines()[0])) from None
+
+
+def _device_names(message: str) -> str:
+    """The stable ABI knows PrivateUse1 only by its generic name; a backend that renamed it
+    (torch_npu: "npu") is named as its users know it, as the pybind11 binding names it."""
+    name = torch._C._get_privateuse1_backend_name()
+    return message if name == "privateuseone" else message.replace("privateuseone", name)
 
 
 def _flat(tensor_lists: Sequence[Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[int]]:

@@ -42,6 +42,7 @@ from builder.config.projecttest import from_pyproject
 from builder.cross.apt_suite import derive_sources, host_sources, source_apt
 from builder.images.aptsources import parse_deb822
 from builder.incell import STEPS_SCRIPT
+from builder.wheel.modules import compiled_files
 from builder.wheel.wheelcheck import glibc_floor, version_needs
 
 #: The first test to run builds the bullseye image and the interpreter when they are not
@@ -235,7 +236,12 @@ def test_the_docker_amp_wheel_runs_on_bullseye_glibc_2_31(tmp_path: Path,
     # amp's own test command, read as the build reads it (pyproject.toml defines it).
     test_command = from_pyproject(REPO_ROOT).command
     assert test_command, "amp's pyproject.toml has no [tool.cibuildwheel] test-command"
-    script = (f"set -e; {py.python} /steps.py smoke --wheel /dist/{wheel.name} --torch {TORCH} "
+    # The compiled modules to import, found in the wheel as every backend finds them.
+    compiled = compiled_files(wheel)
+    modules = "".join(f" --module {m}" for m in compiled.modules) + "".join(
+        f" --library {shlex.quote(lib)}" for lib in compiled.libraries)
+    script = (f"set -e; {py.python} /steps.py smoke --wheel /dist/{wheel.name} --torch {TORCH}"
+              f"{modules} "
               f"--venv /v --wheelhouse /house --torch-site {py.site}{os.pathsep}{lib} "
               f"--test-command {shlex.quote(test_command)}; "
               "cd / && LD_BIND_NOW=1 /v/bin/python /check.py")
