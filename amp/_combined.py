@@ -30,7 +30,13 @@ import torch
 from torch import Tensor
 
 from ._amp_state import maybe_log
-from .combine_tensors import _storage_span, get_aligned_storage_size, is_combined_tensor_valid
+from .combine_tensors import (
+    _storage_span,
+    combine_with_offsets,
+    get_aligned_storage_size,
+    is_combined_tensor_valid,
+    repoint,
+)
 
 GRADS_DESTROYED = (
     "Combined grad has been destroyed and will be recombined afterwards, please check if there "
@@ -90,24 +96,11 @@ class _Buffer:
         return not deep or is_combined_tensor_valid(self.flat, self.tensors)
 
 
-def _alias(tensor: Tensor, flat: Tensor, offset: int, like: Tensor, copy: bool) -> None:
-    """Re-point ``tensor`` at ``flat[offset:]`` with ``like``'s shape and strides."""
-    old = tensor.detach().clone() if copy else None
-    tensor.set_(flat.untyped_storage(), offset, like.shape, like.stride())
-    if old is not None:
-        tensor.copy_(old)
-
-
 @torch.no_grad()
-def _combine(tensors: list[Tensor], owners: list[_Entry], copy: bool = True) -> _Buffer:
-    """Like ``combine_npu``, keeping each tensor's offset (the layout other buffers follow)."""
-    sizes = [get_aligned_storage_size(t) for t in tensors]
-    flat = torch.zeros(sum(sizes), dtype=tensors[0].dtype, device=tensors[0].device)
-    offsets, offset = [], 0
-    for tensor, size in zip(tensors, sizes):
-        _alias(tensor, flat, offset, tensor, copy)
-        offsets.append(offset)
-        offset += size
+def _combine(tensors: list[Tensor], owners: list[_Entry]) -> _Buffer:
+    """``combine_npu``, keeping each tensor's offset (the layout other buffers follow)."""
+    flat, offsets = combine_with_offsets(tensors)
+    assert flat is not None  # every tensor has at least its padding
     return _Buffer(flat, list(tensors), offsets, list(owners))
 
 
@@ -117,7 +110,7 @@ def _follow(layout: _Buffer, tensors: list[Tensor], dtype: torch.dtype, copy: bo
     shape, strides) of ``layout.tensors[i]``, so one elementwise op maps one onto the other."""
     flat = torch.zeros(layout.flat.numel(), dtype=dtype, device=layout.flat.device)
     for tensor, like, offset in zip(tensors, layout.tensors, layout.offsets):
-        _alias(tensor, flat, offset, like, copy)
+        repoint(tensor, flat, offset, like, copy)
     return _Buffer(flat, list(tensors), list(layout.offsets), list(layout.owners))
 
 

@@ -79,7 +79,39 @@ def _check_same_kind(tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
+def repoint(tensor: torch.Tensor, flat: torch.Tensor, offset: int, like: torch.Tensor,
+            copy: bool) -> None:
+    """Re-point ``tensor`` at ``flat``'s memory from element ``offset``, with ``like``'s shape
+    and strides, keeping its values when ``copy``. ``set_`` keeps the tensor object (an
+    optimizer or autograd may hold it)."""
+    old = tensor.detach().clone() if copy else None
+    tensor.set_(flat.untyped_storage(), offset, like.shape, like.stride())
+    if old is not None:
+        tensor.copy_(old)
+
+
 @torch.no_grad()
+def combine_with_offsets(
+    tensors: Sequence[torch.Tensor], require_copy_value: bool = True
+) -> tuple[Optional[torch.Tensor], list[int]]:
+    """``combine_npu``, also returning where each tensor starts in the buffer (in elements)."""
+    tensors = list(tensors)
+    if not tensors:
+        return None, []
+    _check_same_kind(tensors)
+    sizes = [get_aligned_storage_size(t) for t in tensors]
+    if sum(sizes) == 0:
+        return None, []
+    first = tensors[0]
+    combined = torch.zeros(sum(sizes), dtype=first.dtype, device=first.device)
+    offsets, offset = [], 0
+    for tensor, size in zip(tensors, sizes):
+        repoint(tensor, combined, offset, tensor, require_copy_value)
+        offsets.append(offset)
+        offset += size
+    return combined, offsets
+
+
 def combine_npu(
     list_of_tensor: Sequence[torch.Tensor], require_copy_value: bool = True
 ) -> Optional[torch.Tensor]:
@@ -90,26 +122,7 @@ def combine_npu(
     ``get_aligned_storage_size`` elements. With ``require_copy_value=False`` the values are not
     copied (the tensors read zeros afterwards): for buffers that are about to be overwritten.
     Returns None when there is nothing to combine (no tensors, or only empty ones)."""
-    tensors = list(list_of_tensor)
-    if not tensors:
-        return None
-    _check_same_kind(tensors)
-    sizes = [get_aligned_storage_size(t) for t in tensors]
-    total = sum(sizes)
-    if total == 0:
-        return None
-    first = tensors[0]
-    combined = torch.zeros(total, dtype=first.dtype, device=first.device)
-    storage = combined.untyped_storage()
-    offset = 0
-    for tensor, size in zip(tensors, sizes):
-        old = tensor.detach().clone() if require_copy_value else None
-        # set_ keeps the tensor object (an optimizer or autograd may hold it) and re-points it.
-        tensor.set_(storage, offset, tensor.shape, tensor.stride())
-        if old is not None:
-            tensor.copy_(old)
-        offset += size
-    return combined
+    return combine_with_offsets(list_of_tensor, require_copy_value)[0]
 
 
 def get_part_combined_tensor(

@@ -58,7 +58,7 @@ class OptimizerStash:
     """What amp keeps on an optimizer (``optimizer._amp_stash``)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, master_weights: bool,
-                 defer_unscale: bool = False) -> None:
+                 defer_unscale: bool = False, check_combined: bool = False) -> None:
         self.master_weights = master_weights
         self.fused = is_fused(optimizer)
         # deferred: grads stay scaled until the optimizer's kernel reads them (opt-in);
@@ -79,7 +79,7 @@ class OptimizerStash:
         self.masters_synced = False
         # Apex for Ascend's combined gradients (combine_grad / NpuFused optimizers); used while
         # combining(optimizer) holds, built after the first backward pass.
-        self.combined: Optional[CombinedGrads] = None
+        self.combined = CombinedGrads(check=check_combined)
         self.original_step: Any = optimizer.step
         self.original_zero_grad: Any = optimizer.zero_grad
         self.original_state_dict: Any = optimizer.state_dict
@@ -97,10 +97,9 @@ def combining(optimizer: Any) -> bool:
     (``optimizer.accelerate = False``)."""
     stash: OptimizerStash = optimizer._amp_stash
     wanted = bool(getattr(optimizer, "accelerate", False)) or is_npu_fused(optimizer)
-    combined = stash.combined
-    if combined is not None and not wanted and combined.valid:
-        combined.reset(quiet=True)  # the gradients stay where they are, as plain tensors
-    return wanted and combined is not None
+    if not wanted and stash.combined.valid:
+        stash.combined.reset(quiet=True)  # the gradients stay where they are, as plain tensors
+    return wanted
 
 
 def is_npu_fused(optimizer: Any) -> bool:
@@ -149,7 +148,8 @@ def process_optimizer(
         )
     check_ascend_rules(optimizer, props)
     master_weights = bool(props.master_weights)
-    stash = OptimizerStash(optimizer, master_weights, wants_deferred_unscale(optimizer, props))
+    stash = OptimizerStash(optimizer, master_weights, wants_deferred_unscale(optimizer, props),
+                           check_combined=props.check_combined_tensors)
     # Ascend's per-optimizer switches, read at every step (scripts change them after initialize).
     optimizer.accelerate = props.combine_grad
     optimizer.check_combined_tensors = props.check_combined_tensors
@@ -157,7 +157,6 @@ def process_optimizer(
     optimizer.ddp_replica_count = props.ddp_replica_count
     if not is_npu_fused(optimizer):
         optimizer.is_npu_fused_optimizer = False
-    stash.combined = CombinedGrads(check=props.check_combined_tensors)
     had_state = len(optimizer.state) > 0
     for group in optimizer.param_groups:
         if master_weights:
@@ -249,9 +248,9 @@ def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
     sync_masters_once(optimizer)
     if stash.params_have_scaled_gradients:
         return  # accumulating with delay_unscale: keep adding scaled grads
-    if combining(optimizer) and stash.combined.still_valid():  # type: ignore[union-attr]
+    if combining(optimizer) and stash.combined.still_valid():
         # Gradients accumulate into the buffers; unscaled ones already there are set aside.
-        stash.combined.save_existing()  # type: ignore[union-attr]
+        stash.combined.save_existing()
         stash.use_fused = False
         stash.unscaled_fused = False
         return
@@ -327,7 +326,7 @@ def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.
     None when this pass must take the per-parameter path (gradients set aside before it
     could be combined: they are combined after a zero_grad)."""
     stash: OptimizerStash = optimizer._amp_stash
-    combined: CombinedGrads = stash.combined  # type: ignore[assignment]
+    combined = stash.combined
     if not combined.still_valid():
         if stash.stash is not None or stash.pending_inv_scale is not None:
             return None
@@ -349,7 +348,7 @@ def _drop_master_grads(optimizer: Any) -> None:
     model.zero_grad() does not reach, are dropped -- zeroed in their buffer when combined."""
     stash: OptimizerStash = optimizer._amp_stash
     combined = stash.combined
-    if combined is not None and combined.valid and combined.master_grads is not None:
+    if combined.valid and combined.master_grads is not None:
         combined.zero_masters_()
         return
     for _, master in _separate_pairs(optimizer):
@@ -390,7 +389,7 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
     result = stash.original_step() if closure is None else stash.original_step(closure)
     if separate:
         combined = stash.combined
-        if combined is None or not combined.valid or not combined.copy_masters_to_model():
+        if not combined.valid or not combined.copy_masters_to_model():
             copy_masters_to_model(self)
         # As apex: drop the master grads, which model.zero_grad() would not reach.
         _drop_master_grads(self)
@@ -399,10 +398,10 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
 
 def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
     stash: OptimizerStash = self._amp_stash
-    if combining(self) and stash.combined.still_valid():  # type: ignore[union-attr]
+    if combining(self) and stash.combined.still_valid():
         # Combined: in place whatever set_to_none says (as Ascend), one op per buffer, so
         # autograd keeps accumulating into the buffers.
-        stash.combined.zero_()  # type: ignore[union-attr]
+        stash.combined.zero_()
         stash.params_have_scaled_gradients = False
         stash.unscaled_fused = False
         return
@@ -461,8 +460,7 @@ def _load_state_dict(self: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 def _add_param_group(self: torch.optim.Optimizer, param_group: dict[str, Any]) -> None:
     stash: OptimizerStash = self._amp_stash
     stash.original_add_param_group(param_group)
-    if stash.combined is not None:
-        stash.combined.reset(quiet=True)  # combined again, new group included, after a backward
+    stash.combined.reset(quiet=True)  # combined again, new group included, after a backward
     group = self.param_groups[-1]
     if stash.master_weights:
         stash.model_params.append(_make_masters(group, self, {}))
