@@ -61,12 +61,6 @@ class Segment:
     offsets: list[int]
     numels: list[int]
 
-    def parts(self, flat: Tensor) -> Iterator[Tensor]:
-        """Each parameter's slice of ``flat`` (a view laid out like ``param``), as 1-D views
-        over exactly that parameter's elements when it is contiguous (per-tensor norms)."""
-        for offset, numel in zip(self.offsets, self.numels):
-            yield flat.narrow(0, offset, numel)
-
 
 @dataclass
 class _Entry:
