@@ -181,6 +181,7 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
     # would be committed into the layer's config (and with it any proxy password).
     pip_env = {} if opts.offline else dict(job.proxy_env)
     pip_env["PIP_NO_CACHE_DIR"] = "1"  # the download cache would bloat the layer
+    pip_env.update(job.config.pip.network.env())
     with engine.container(cell_image, binds=wheelhouse_bind, network=not opts.offline,
                           network_name=opts.network,
                           labels={f"{CONTAINER_LABEL}.run": job.run_id,

@@ -15,6 +15,7 @@ from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
+from builder.netpip import NetworkOptions
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: Installed from the ampforge-builder wheel (builder-dist/), the package carries its own copy of
@@ -113,6 +114,8 @@ class BuildOptions:
 class PipOptions:
     index_url: str | None
     extra_index_urls: tuple[str, ...]
+    #: pip's --retries / --timeout for every download (:mod:`builder.netpip`)
+    network: NetworkOptions
 
 
 @dataclass(frozen=True)
