@@ -78,8 +78,12 @@ builder-lock:
 	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
 	$(PYTHON) -m builder.lockfile requirements > build/lock-venv/requirements.in
 	build/lock-venv/bin/python -m pip install --quiet -r build/lock-venv/requirements.in
-	{ sed -n '/^#/p' $(BUILDER_LOCK); build/lock-venv/bin/python -m pip freeze --all \
-		| grep -v -e '^setuptools==' -e '^wheel=='; } > $(BUILDER_LOCK).new
+	build/lock-venv/bin/python -m pip freeze --all | grep -v -e '^setuptools==' -e '^wheel==' \
+		> build/lock-venv/frozen.txt
+	# each pin with the sha256 of its files (pip downloads them for the lock venv's Python),
+	# kept with the earlier ones of an unchanged pin: installs use --require-hashes
+	$(PYTHON) -m builder.lockfile pin --frozen build/lock-venv/frozen.txt \
+		--python build/lock-venv/bin/python > $(BUILDER_LOCK).new
 	mv $(BUILDER_LOCK).new $(BUILDER_LOCK) && rm -rf build/lock-venv
 
 # The development tools on top (a newer pip is part of the lock already).
