@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import lockfile
 from builder.errors import StepFailed
-from builder.netpip import NetworkOptions
+from builder.netpip import NetworkOptions, run_pip
 from builder.offline.bundle import BUILDER_WHEELS_DIR
 
 
