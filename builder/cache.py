@@ -67,6 +67,20 @@ def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+def discard_entry(final: Path) -> None:
+    """Remove the entry *final*: renamed aside first (atomic), so that no process finds it
+    half-deleted, then deleted."""
+    if not final.exists():
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.discarded.", dir=final.parent))
+    try:
+        os.rename(final, aside / final.name)
+    except OSError:
+        if final.exists():
+            raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def file_digest(path: Path) -> str:
     """sha256 of *path*'s bytes, remembered per (path, size, mtime) under the cache root: a
     wheelhouse of multi-GB torch wheels is hashed once, not on every build."""

@@ -38,7 +38,17 @@ from typing import Any, Optional
 from builder.atomicfile import atomic_write
 from builder.backends.base import CellJob
 from builder.backends.downloadsize import announce_large_download
-from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
+from builder.cache import (
+    TREE_MANIFEST,
+    cache_root,
+    content_key,
+    discard_entry,
+    ensure_entry,
+    file_digest,
+    folder_digest,
+    tree_problems,
+    write_tree_manifest,
+)
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.incell import STEPS_SCRIPT, install_torch, parse_result
@@ -91,9 +101,17 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     last = root / f"py{cell.python}-torch{cell.torch}.json"
     venv_python = final / "venv" / "bin" / "python"
     if final.is_dir():
-        job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
-                      f"(key {key})")
-    else:
+        damage = tree_problems(final / "venv", final / TREE_MANIFEST)
+        if damage:
+            # A cache that lies (a file deleted or truncated by hand, a disk error, a tool
+            # that wrote into the venv): never build against it; make it again.
+            job.warn(f"the cached torch {cell.torch} environment {final} is damaged "
+                     f"({'; '.join(damage)}): removing it and making it again")
+            discard_entry(final)
+        else:
+            job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
+                         f"(key {key}; its files match their record)")
+    if not final.is_dir():
         previous = _read_json(last)
         why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
                else "first build of this cell here")
@@ -115,6 +133,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                               if job.opts.wheelhouse else None,
                               index_url=job.config.pip.index_url)
             (tmp / "key.json").write_text(json.dumps(parts, sort_keys=True, indent=1) + "\n")
+            # What the environment holds, so that the next build can tell it was not changed.
+            write_tree_manifest(tmp / "venv", tmp / TREE_MANIFEST)
 
         ensure_entry(final, fill)
         _write_json(last, parts)

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         resolve,
     )
     from builder.release.manifest import utc_now  # noqa: PLC0415
+    from builder.wheel.integrity import damaged_wheels  # noqa: PLC0415
 
     err = ctx.output.err
     start = time.monotonic()
@@ -211,6 +212,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             images.append(BundleImage(ref, image_id, rel, ref_cells[0].arch, tuple(ids)))
             image_files[rel] = set(ids)
 
+    # Whatever pip left in the folders -- a file from an interrupted earlier fetch that pip
+    # took as "already downloaded" included -- must be a whole wheel before bundle.json vouches
+    # for it with its sha256.
+    damaged = damaged_wheels([*sorted(wheels_dir.glob("*.whl")),
+                              *(root / w["file"] for w in builder_env["wheels"])])
+    if damaged:
+        raise StepFailed(f"damaged wheels in bundle {root} (no bundle.json written):\n  "
+                         + "\n  ".join(damaged) + "\ndelete them and run fetch again")
     files = []
     reused = 0
     for whl in sorted(wheels_dir.glob("*.whl")):
