@@ -113,8 +113,9 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                          f"(key {key}; its files match their record)")
     if not final.is_dir():
         previous = _read_json(last)
-        why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
-               else "first build of this cell here")
+        changed = changed_parts(previous, parts) if previous else []
+        why = (f"changed: {', '.join(changed)}" if changed
+               else "same inputs as the last one" if previous else "first build of this cell here")
         job.log.note(f"ampforge: making the torch {cell.torch} environment {final} ({why})")
 
         def fill(tmp: Path) -> None:
