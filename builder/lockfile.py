@@ -68,8 +68,9 @@ def _entries(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def read_locked(path: Path = LOCK_FILE) -> dict[str, tuple[str, tuple[str, ...]]]:
+def read_locked(path: Optional[Path] = None) -> dict[str, tuple[str, tuple[str, ...]]]:
     """canonical name -> (version, sha256s); ValueError naming a line that is no pin."""
+    path = path or LOCK_FILE  # read when called: tests point LOCK_FILE at a throwaway lock
     locked: dict[str, tuple[str, tuple[str, ...]]] = {}
     for number, text in _entries(path):
         m = _PIN.match(text)
@@ -80,12 +81,12 @@ def read_locked(path: Path = LOCK_FILE) -> dict[str, tuple[str, tuple[str, ...]]
     return locked
 
 
-def read_pins(path: Path = LOCK_FILE) -> dict[str, str]:
+def read_pins(path: Optional[Path] = None) -> dict[str, str]:
     """The lock's pins, canonical name -> version; ValueError naming a line that is not one."""
     return {name: version for name, (version, _h) in read_locked(path).items()}
 
 
-def unhashed(path: Path = LOCK_FILE) -> list[str]:
+def unhashed(path: Optional[Path] = None) -> list[str]:
     """The pins that carry no hash (``--require-hashes`` would refuse the whole lock)."""
     return sorted(f"{n}=={v}" for n, (v, hashes) in read_locked(path).items() if not hashes)
 
@@ -287,7 +288,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     where = f"offline bundle {args.bundle}" if args.bundle else "pip's configured index"
     print(f"builder environment: {len(pins)} pinned distributions ({LOCK_FILE.name} "
           f"{digest()[:12]}) from {where}", file=sys.stderr)
-    return subprocess.run(cmd).returncode
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        from builder.netpip import explain_hashes  # noqa: PLC0415  (stdlib-only, like this)
+
+        hint = explain_hashes(proc.stdout + proc.stderr)
+        if hint:
+            print(f"error: {LOCK_FILE.name}: {hint}", file=sys.stderr)
+    return proc.returncode
 
 
 if __name__ == "__main__":

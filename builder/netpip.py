@@ -52,17 +52,26 @@ _RESET = ("ConnectionResetError", "Connection reset by peer", "RemoteDisconnecte
           "ProxyError", "Max retries exceeded")
 
 
+def explain_hashes(output: str) -> Optional[str]:
+    """One sentence for pip's hash refusal in *output* (naming the files), or None."""
+    if "DO NOT MATCH THE HASHES" not in output and "HashMismatch" not in output:
+        return None
+    files = sorted({m.group(2).rsplit("/", 1)[-1] for m in _HASH_FILE.finditer(output)})
+    expected, got = _EXPECTED.search(output), _GOT.search(output)
+    what = ", ".join(files) or "a downloaded file"
+    sums = (f" (expected sha256 {expected.group(1)}, got {got.group(1)})"
+            if expected and got and len(files) <= 1 else "")
+    return (f"hash mismatch: {what} is not the file its sha256 names{sums}; pip refused it "
+            "and nothing was installed or kept. The index, a mirror, a proxy or a bundle "
+            "holds other bytes: clear the proxy's cache, use another mirror or fetch the "
+            "bundle again -- never drop the hash")
+
+
 def explain(output: str, net: NetworkOptions) -> Optional[str]:
     """One sentence for a network fault in pip's *output*, or None when it shows none."""
-    if "DO NOT MATCH THE HASHES" in output or "HashMismatch" in output:
-        files = [m.group(2).rsplit("/", 1)[-1] for m in _HASH_FILE.finditer(output)]
-        expected, got = _EXPECTED.search(output), _GOT.search(output)
-        what = ", ".join(files) or "a downloaded file"
-        sums = (f" (expected sha256 {expected.group(1)}, got {got.group(1)})"
-                if expected and got else "")
-        return (f"hash mismatch: {what} is not the file its sha256 names{sums}; pip refused "
-                "it and nothing was kept. The index, a mirror or a proxy served other bytes: "
-                "clear the proxy's cache or use another mirror, never drop the hash")
+    hashes = explain_hashes(output)
+    if hashes:
+        return hashes
     if any(s in output for s in _STALL):
         return (f"the network stalled: no answer within {net.timeout:g} s, {net.retries} "
                 "retries (pip.timeout / BUILDER_PIP_TIMEOUT, pip.retries / "

@@ -14,8 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from indexlib import clean_pip_env, make_wheel
 from packaging.requirements import Requirement
 from pipelinelib import builder_env
+from proxylib import serve_index, write_index
 
 from builder import lockfile
 from builder.config import REPO_ROOT
@@ -200,6 +202,86 @@ def test_complete_bundle_installs_with_no_index_from_its_builder_wheels(tmp_path
     assert argv[-3:] == ["--no-index", "--find-links", str(bundle.builder_wheels)]
     assert ["-r", str(lockfile.LOCK_FILE)] == argv[argv.index("-r"):argv.index("-r") + 2]
     assert read_bundle(tmp_path / "B").builder["lock_sha256"] == lockfile.digest()
+
+
+# ------------------------------------------------------- hashes (issue 27, part 6)
+
+
+def test_every_pin_of_the_lock_carries_its_sha256s() -> None:
+    locked = lockfile.read_locked()
+    assert locked and lockfile.unhashed() == []
+    for name, (_version, hashes) in locked.items():
+        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    # Online and from a bundle alike, pip installs only files with those hashes.
+    for bundle in (None, Path("/b")):
+        argv = lockfile.install_argv(sys.executable, None, bundle is not None, {})
+        assert "--require-hashes" in argv and "--no-deps" in argv
+
+
+def test_a_lock_with_an_unhashed_pin_is_refused(tmp_path: Path, monkeypatch) -> None:
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# header\nrich==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\nidna==3.0\n")
+    assert lockfile.read_locked(lock) == {"rich": ("1.0", ("a" * 64,)), "idna": ("3.0", ())}
+    monkeypatch.setattr(lockfile, "LOCK_FILE", lock)
+    assert lockfile.unhashed() == ["idna==3.0"]
+    assert lockfile.main(["install", "--python", str(tmp_path / "none")]) == 2
+
+
+@pytest.fixture(scope="module")
+def throwaway_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with pip, whose site-packages the refused installs must leave as they were."""
+    venv = tmp_path_factory.mktemp("lock-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    return venv / "bin" / "python"
+
+
+def site_listing(python: Path) -> list[str]:
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    return sorted(p.name for p in site.iterdir())
+
+
+def lock_install(python: Path, *more: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "builder.lockfile", "install", "--python",
+                           str(python), *more], capture_output=True, text=True, timeout=300,
+                          env=clean_pip_env(PYTHONPATH=str(REPO_ROOT), **env))
+
+
+@pytest.mark.promise(
+    promise="the builder's own environment installs from a bundle only the files its lock's "
+            "sha256s name, whatever bundle.json says",
+    fault="a bundle whose builder wheels are other files than the locked ones, with a "
+          "bundle.json rewritten to match them",
+    result="pip refuses them (--require-hashes), the file is named, nothing is installed")
+def test_bundle_builder_wheels_must_match_the_lock(tmp_path: Path,
+                                                   throwaway_venv: Path) -> None:
+    builder_bundle(tmp_path / "B", lockfile.read_pins())  # stand-ins: bundle.json vouches
+    before = site_listing(throwaway_venv)
+    r = lock_install(throwaway_venv, "--bundle", str(tmp_path / "B"))
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "DO NOT MATCH THE HASHES" in r.stderr
+    assert "requirements.lock: hash mismatch: " in r.stderr
+    first = sorted(lockfile.read_pins())[0]
+    assert f"{first.replace('-', '_')}-{lockfile.read_pins()[first]}-py3-none-any.whl" in r.stderr
+    assert site_listing(throwaway_venv) == before
+
+
+@pytest.mark.promise(
+    promise="the builder's own environment installs online only the files its lock's sha256s "
+            "name",
+    fault="an index (on loopback) serving other builds of every pinned version, each with "
+          "its own correct sha256 on the page",
+    result="pip refuses them (--require-hashes) naming the file; nothing is installed")
+def test_online_builder_install_refuses_other_bytes(tmp_path: Path,
+                                                    throwaway_venv: Path) -> None:
+    for name, version in lockfile.read_pins().items():
+        make_wheel(tmp_path / "house", name, version)
+    before = site_listing(throwaway_venv)
+    with serve_index(write_index(tmp_path / "house", tmp_path / "index")) as index:
+        r = lock_install(throwaway_venv, PIP_INDEX_URL=index.url)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "DO NOT MATCH THE HASHES" in r.stderr
+    assert "requirements.lock: hash mismatch: " in r.stderr and "-py3-none-any.whl" in r.stderr
+    assert site_listing(throwaway_venv) == before
 
 
 # ---------------------------------------------------------------------------- make
