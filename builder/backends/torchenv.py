@@ -100,6 +100,11 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     final = root / f"py{cell.python}-torch{cell.torch}-{key}"
     last = root / f"py{cell.python}-torch{cell.torch}.json"
     venv_python = final / "venv" / "bin" / "python"
+    if final.is_dir() and not (final / TREE_MANIFEST).is_file():
+        # Made by a builder that kept no record of its files: nothing to check it against.
+        job.log.note(f"ampforge: the torch {cell.torch} environment {final} has no record of "
+                     "its files (made by an earlier builder): making it again")
+        discard_entry(final)
     if final.is_dir():
         damage = tree_problems(final / "venv", final / TREE_MANIFEST)
         if damage:
