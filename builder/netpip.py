@@ -46,10 +46,11 @@ class NetworkOptions:
 _HASH_FILE = re.compile(r"^\s+(\S+) from (\S+?)(?:#\S*)?(?: \(from .*\))?:\s*$", re.M)
 _EXPECTED = re.compile(r"Expected sha256 ([0-9a-f]{64})")
 _GOT = re.compile(r"Got\s+([0-9a-f]{64})")
-_STALL = ("ReadTimeoutError", "Read timed out", "ConnectTimeoutError", "timed out")
+# urllib3's words, as pip prints them (specific enough not to match a step's other output).
+_STALL = ("ReadTimeoutError", "ConnectTimeoutError", "Read timed out.")
 _RESET = ("ConnectionResetError", "Connection reset by peer", "RemoteDisconnected",
-          "ProtocolError", "Connection aborted", "ConnectionRefusedError",
-          "ProxyError", "Max retries exceeded")
+          "ProtocolError('Connection aborted", "NewConnectionError", "ProxyError",
+          "Max retries exceeded")
 
 
 def explain_hashes(output: str) -> Optional[str]:
@@ -67,20 +68,22 @@ def explain_hashes(output: str) -> Optional[str]:
             "bundle again -- never drop the hash")
 
 
-def explain(output: str, net: NetworkOptions) -> Optional[str]:
-    """One sentence for a network fault in pip's *output*, or None when it shows none."""
+def explain(output: str, net: Optional[NetworkOptions] = None) -> Optional[str]:
+    """One sentence for a network fault in pip's *output*, or None when it shows none. With
+    *net* (the settings pip ran with) it says their values."""
     hashes = explain_hashes(output)
     if hashes:
         return hashes
     if any(s in output for s in _STALL):
-        return (f"the network stalled: no answer within {net.timeout:g} s, {net.retries} "
-                "retries (pip.timeout / BUILDER_PIP_TIMEOUT, pip.retries / "
-                "BUILDER_PIP_RETRIES); check the proxy and the index, or raise the timeout "
-                "for a slow one")
+        within = f"within {net.timeout:g} s, {net.retries} retries " if net else ""
+        return (f"the network stalled: no answer {within}(pip.timeout / BUILDER_PIP_TIMEOUT, "
+                "pip.retries / BUILDER_PIP_RETRIES); check the proxy and the index, or raise "
+                "the timeout for a slow one")
     if any(s in output for s in _RESET):
-        return (f"connections kept failing after {net.retries} retries with backoff "
-                "(pip.retries / BUILDER_PIP_RETRIES): check the proxy and the index, or "
-                "raise the retries for a flaky one")
+        after = f"after {net.retries} retries " if net else ""
+        return (f"connections kept failing {after}with backoff (pip.retries / "
+                "BUILDER_PIP_RETRIES): check the proxy and the index, or raise the retries "
+                "for a flaky one")
     return None
 
 

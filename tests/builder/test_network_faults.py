@@ -15,6 +15,7 @@ from indexlib import clean_pip_env, make_wheel
 from netfaultlib import faulty_proxy, lying_index
 from proxylib import serve_index, write_index
 
+from builder.backends.pipenv import pip_env
 from builder.config import load_settings
 from builder.errors import StepFailed
 from builder.netpip import NetworkOptions, run_pip
@@ -46,6 +47,16 @@ def test_defaults_suit_a_flaky_proxy() -> None:
     net = network()
     assert (net.retries, net.timeout) == (10, 60.0)  # builder/config/defaults.yaml
     assert net.env() == {"PIP_RETRIES": "10", "PIP_TIMEOUT": "60", "PIP_DEFAULT_TIMEOUT": "60"}
+
+
+def test_the_settings_reach_every_pip_the_builds_run(tmp_path: Path) -> None:
+    """The host, cross and smoke steps' pip environment (builder.backends.pipenv) carries
+    them; the real pip honouring them is what the tests below show."""
+    config = load_settings(env={"BUILDER_PIP_RETRIES": "3", "BUILDER_PIP_TIMEOUT": "2.5"}).config
+    env = pip_env(config, {}, tmp_path / "ca")
+    assert (env["PIP_RETRIES"], env["PIP_TIMEOUT"], env["PIP_DEFAULT_TIMEOUT"]) == (
+        "3", "2.5", "2.5")
+    assert config.origins["pip_retries"] == "environment BUILDER_PIP_RETRIES"
 
 
 @pytest.mark.parametrize("var,value,fragment", [
