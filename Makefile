@@ -73,6 +73,8 @@ builder-env: $(BUILDER_STAMP)
 
 # builder-lock: re-pin the builder's environment from pyproject.toml's `builder` extra (the one
 # place its dependencies are declared) in a throwaway venv with the newest pip.
+# Each pin gets the sha256 of its files (pip downloads them for the lock venv's Python), kept
+# with the earlier ones of an unchanged pin: every install of the lock uses --require-hashes.
 builder-lock:
 	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
@@ -80,8 +82,6 @@ builder-lock:
 	build/lock-venv/bin/python -m pip install --quiet -r build/lock-venv/requirements.in
 	build/lock-venv/bin/python -m pip freeze --all | grep -v -e '^setuptools==' -e '^wheel==' \
 		> build/lock-venv/frozen.txt
-	# each pin with the sha256 of its files (pip downloads them for the lock venv's Python),
-	# kept with the earlier ones of an unchanged pin: installs use --require-hashes
 	$(PYTHON) -m builder.lockfile pin --frozen build/lock-venv/frozen.txt \
 		--python build/lock-venv/bin/python > $(BUILDER_LOCK).new
 	mv $(BUILDER_LOCK).new $(BUILDER_LOCK) && rm -rf build/lock-venv

@@ -227,6 +227,34 @@ def test_a_lock_with_an_unhashed_pin_is_refused(tmp_path: Path, monkeypatch) -> 
     assert lockfile.main(["install", "--python", str(tmp_path / "none")]) == 2
 
 
+def test_pin_writes_each_pins_sha256_and_keeps_an_unchanged_pins_others(
+        tmp_path: Path, monkeypatch) -> None:
+    """``make builder-lock``'s last step: the files pip downloads for the pins, hashed; the
+    current lock's other hashes of a pin whose version stays (another Python's wheel) kept."""
+    import hashlib  # noqa: PLC0415
+
+    alpha = make_wheel(tmp_path / "house", "Alpha_Pkg", "1.0")
+    beta = make_wheel(tmp_path / "house", "beta", "2.0")
+    old = tmp_path / "old.lock"
+    old.write_text("# the header\nalpha-pkg==1.0 \\\n    --hash=sha256:" + "b" * 64
+                   + "\nbeta==1.0 \\\n    --hash=sha256:" + "c" * 64 + "\n")
+    monkeypatch.setattr(lockfile, "LOCK_FILE", old)
+    frozen = tmp_path / "frozen.txt"
+    frozen.write_text("Alpha_Pkg==1.0\nbeta==2.0\n")
+    with serve_index(write_index(tmp_path / "house", tmp_path / "index")) as index:
+        for k, v in clean_pip_env(PIP_INDEX_URL=index.url, PIP_NO_CACHE_DIR="1").items():
+            monkeypatch.setenv(k, v)
+        text = lockfile.pin_lock(frozen, sys.executable)
+    sha = {w: hashlib.sha256(w.read_bytes()).hexdigest() for w in (alpha, beta)}
+    first, second = sorted([sha[alpha], "b" * 64])
+    assert text == (f"# the header\nAlpha_Pkg==1.0 \\\n    --hash=sha256:{first} \\\n"
+                    f"    --hash=sha256:{second}\nbeta==2.0 \\\n"
+                    f"    --hash=sha256:{sha[beta]}\n")  # beta's 1.0 hash is gone with 1.0
+    new = tmp_path / "new.lock"
+    new.write_text(text)
+    assert lockfile.read_pins(new) == {"alpha-pkg": "1.0", "beta": "2.0"}
+
+
 @pytest.fixture(scope="module")
 def throwaway_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with pip, whose site-packages the refused installs must leave as they were."""
