@@ -27,7 +27,6 @@ def wheel_problem(path: Path) -> Optional[str]:
     try:
         with zipfile.ZipFile(path) as zf:
             members = zf.infolist()
-            names = {m.filename for m in members}
             with path.open("rb") as fh:
                 for m in members:
                     fh.seek(m.header_offset)
@@ -40,8 +39,6 @@ def wheel_problem(path: Path) -> Optional[str]:
                         return f"member {m.filename} is cut off or overwritten"
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         return f"not a readable zip ({exc})"
-    if not any(n.endswith(".dist-info/RECORD") for n in names):
-        return "no .dist-info/RECORD (not a wheel)"
     return None
 
 
