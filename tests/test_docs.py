@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import markdown
 
 from builder.cli import build_parser
+from builder.config.schema import CONFIG_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -114,6 +115,26 @@ def test_the_reference_lists_every_command_and_option_the_parser_has() -> None:
                     "not an option of the command": sorted(documented[name] - actual[name])}
              for name in actual if actual[name] != documented[name]}
     assert not drift, f"docs/reference.md differs from `python -m builder CMD --help`: {drift}"
+
+
+def _schema_keys(schema: dict, prefix: str = "") -> set[str]:
+    """Every key of the configuration file, as dotted paths (``images.ARCH.base``)."""
+    keys: set[str] = set()
+    for name, sub in schema.get("properties", {}).items():
+        path = prefix + ("ARCH" if prefix == "images." else name)
+        keys |= _schema_keys(sub, path + ".") if "properties" in sub else {path}
+    return keys
+
+
+def test_the_reference_lists_every_key_of_the_configuration_file() -> None:
+    section = _section(REFERENCE.read_text(), "## Configuration file keys")
+    documented = {k for row in re.findall(r"^\|([^|\n]*)\|", section, re.M)
+                  for k in re.findall(r"`([a-z][\w.-]*(?:\.ARCH\.[a-z_]+)?)`", row)}
+    actual = _schema_keys(CONFIG_SCHEMA)
+    assert {"matrix.python", "images.ARCH.base", "build.backend"} <= actual
+    assert documented == actual, (
+        f"docs/reference.md, Configuration file keys: missing {sorted(actual - documented)}; "
+        f"not in builder/config/schema.py {sorted(documented - actual)}")
 
 
 MAKEFILE = (ROOT / "Makefile").read_text()
