@@ -1,8 +1,9 @@
 """The documentation holds together: the docs/ site builds with ``mkdocs build --strict`` (a
 broken link between pages, a link to a missing heading, a page left out of the nav all fail),
 README.md's links into docs/ reach real files and headings, and docs/reference.md lists exactly
-the builder's commands and options (read from its argument parser) and the Makefile's targets
-and variables -- so neither can change without the reference following."""
+the builder's commands and options (read from its argument parser), the configuration file's
+keys (its schema), the ``BUILDER_*`` variables and the Makefile's targets and variables -- so
+none of them can change without the reference following."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from urllib.parse import unquote
 import markdown
 
 from builder.cli import build_parser
+from builder.config import buildoptions, load
 from builder.config.schema import CONFIG_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +137,15 @@ def test_the_reference_lists_every_key_of_the_configuration_file() -> None:
     assert documented == actual, (
         f"docs/reference.md, Configuration file keys: missing {sorted(actual - documented)}; "
         f"not in builder/config/schema.py {sorted(documented - actual)}")
+
+
+def test_the_reference_lists_every_builder_variable() -> None:
+    section = _section(REFERENCE.read_text(), "## Environment variables")
+    documented = set(re.findall(r"`(BUILDER_[A-Z_]+)`", section))
+    actual = set(load.ENV.values()) | set(buildoptions.ENV.values())
+    assert documented == actual, (
+        f"docs/reference.md, Environment variables: missing {sorted(actual - documented)}; "
+        f"read by no setting {sorted(documented - actual)}")
 
 
 MAKEFILE = (ROOT / "Makefile").read_text()
