@@ -27,7 +27,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test lint docs bench bench-ascend bench-build bench-arm demo clean distclean
+.PHONY: help setup test promises lint docs bench bench-ascend bench-build bench-arm demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -35,6 +35,7 @@ help:
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make lint                   ruff over the tree"
+	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
 	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
@@ -104,6 +105,10 @@ setup: $(VENV)/.installed
 
 test: setup
 	$(PY_VENV) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# promises: rewrite docs/promises.md from the tests' `promise` markers (a test checks it is current).
+promises:
+	python3 tests/promises_page.py --write
 
 lint: setup
 	$(PY_VENV) -m ruff check .
