@@ -75,6 +75,15 @@ def base_image_step(job: CellJob, engine: DockerEngine, make_base: str, other: s
     return job.steps("base image", base)
 
 
+def container_key(job: CellJob, base_id: str) -> dict[str, Any]:
+    """What decides a container-built wheel besides the cell and the project: the recipe, the
+    base image's id, and the pinned digest on its own too (the recipe's FROM line has it
+    already), so a rebuild after ``update-images`` names it as the input that changed."""
+    assert job.recipe is not None
+    return {"recipe": job.recipe.digest, "base_image": base_id,
+            "base_digest": job.cell.image.digest}
+
+
 def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Built:
     """The cell's image (reused when recipe and base image are unchanged), then the in-cell steps
     in one container."""
@@ -163,8 +172,7 @@ class DockerBackend:
     def input_key(self, job: CellJob) -> dict[str, Any]:
         engine = _engine(job)
         base_id = base_image_step(job, engine, "python -m builder base-image", "--backend host")
-        assert job.recipe is not None
-        return {"recipe": job.recipe.digest, "base_image": base_id}
+        return container_key(job, base_id)
 
     def build(self, job: CellJob) -> Built:
         engine = _engine(job)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 from builder.backends.base import Host
 from builder.config import Settings
+from builder.config.pins import parse_ref, unpinned_reason
 from builder.doctor.report import FAIL, OK, WARN, Check
 from builder.errors import BuilderError
 from builder.plan.resolve import Resolution, ResolvedCell
@@ -185,6 +186,7 @@ def base_images(scope: Scope) -> list[Check]:
             checks.append(Check(name, WARN, "no engine to ask (see engine)"))
             continue
         ref = mine[0].cell.image.ref
+        checks.append(_pin_check(f"base image pin {mine[0].cell.arch}", ref, LOCAL_PREFIX))
         local = BaseImageSpec(arch=machine).tag
         have = {r: scope.host.image_id(r) for r in dict.fromkeys((ref, local))}
         containers = [c for c in mine if c.backend in ("docker", "emulated") and c.buildable]
@@ -217,6 +219,20 @@ def base_images(scope: Scope) -> list[Check]:
                                 f"python -m builder base-image{arch_flag} and --base-image "
                                 "local"))
     return checks
+
+
+def _pin_check(name: str, ref: str, local_prefix: str) -> Check:
+    """WARN for a base image not pinned by digest: the same config builds on another image
+    once its tag moves. Images built here by ``base-image`` are tagged by their content."""
+    if ref.startswith(local_prefix):
+        return Check(name, OK, f"{ref}: built on this machine, tagged by its content key")
+    why = unpinned_reason(ref)
+    if why is not None:
+        return Check(name, WARN, why, "python -m builder update-images (rewrites "
+                     "images.<ARCH>.base in the config with tag and digest)")
+    pin = parse_ref(ref)
+    tag = f"tag {pin.tag}" if pin.tag else "no tag, so update-images has nothing to follow"
+    return Check(name, OK, f"pinned: digest {pin.digest} ({tag})")
 
 
 def emulation(scope: Scope) -> list[Check]:

@@ -116,6 +116,11 @@ class DockerEngine:
         except docker.errors.NotFound:
             return None
 
+    def repo_digests(self, ref: str) -> list[str]:
+        """The ``name@sha256:...`` references the engine has for *ref*: set by a pull or a
+        push (what a registry serves), empty for an image built here or ``docker load``-ed."""
+        return [str(d) for d in self.api.inspect_image(ref).get("RepoDigests") or []]
+
     def pull(self, ref: str) -> Iterator[dict[str, Any]]:
         """``docker pull ref``: the engine's progress events as they come (dicts with
         ``status``, ``id``, ``progressDetail``). A failure raises :class:`PullError` with the

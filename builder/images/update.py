@@ -1,0 +1,153 @@
+"""``update-images``: move each base image's pin to the digest its tag names now.
+
+Per arch: pull ``repository:tag`` through the engine (its daemon reaches the registry, with its
+own proxy: :mod:`builder.engines.pull` explains a failure), read the digest the registry served
+from the image's ``RepoDigests``, and rewrite ``images.<ARCH>.base`` to ``repository:tag@digest``
+in the file that set it. Every pull comes first; the files are written only when all of them
+succeeded, each checked again and written atomically, so a failure leaves every file as it was.
+
+Which file: the config file when it names the image; the built-in defaults
+(``builder/config/defaults.yaml``) when the image comes from there and the builder runs from a
+checkout. The built-in defaults also move when they hold the very pin the config file's does,
+so the repository's two copies of the default images never drift apart. An installed builder's
+own defaults are never rewritten: the user names the image in the config file instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from builder.atomicfile import atomic_write
+from builder.backends.docker import LOCAL_PREFIX
+from builder.config import DEFAULTS_FILE, display_path
+from builder.config.checks import load_config_file, parse_config_text
+from builder.config.model import INSTALLED
+from builder.config.pins import ImageRef, parse_ref, repo_digest, rewrite_scalar
+from builder.config.proxy import ProxySettings
+from builder.config.yamlfile import YamlDocument
+from builder.engines.pull import PullFailed, pull_image
+from builder.errors import ConfigError
+
+if TYPE_CHECKING:
+    from builder.engines.docker import DockerEngine
+
+@dataclass(frozen=True)
+class Site:
+    """Where one arch's ``images.<ARCH>.base`` is written."""
+
+    arch: str
+    path: Path
+    doc: YamlDocument
+    old: str
+
+    @property
+    def line(self) -> int:
+        line = self.doc.line(("images", self.arch, "base"))
+        assert line is not None, "the value was read from this document"
+        return line
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Change:
+    arch: str
+    old: str
+    new: str
+    sites: tuple[Site, ...]
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+def _base(doc: YamlDocument, arch: str) -> Optional[str]:
+    image = ((doc.data or {}).get("images") or {}).get(arch) or {}
+    value = image.get("base")
+    return value if isinstance(value, str) else None
+
+
+def sites(config: Path, arches: Optional[Sequence[str]]) -> dict[str, list[Site]]:
+    """Per arch (all the configuration has, or *arches*), the files to rewrite."""
+    defaults, doc = load_config_file(config)
+    found: dict[str, list[Site]] = {}
+    for arch in sorted(set((defaults.data or {}).get("images") or {})
+                       | set((doc.data or {}).get("images") or {})):
+        if arches is not None and arch not in arches:
+            continue
+        mine, builtin = _base(doc, arch), _base(defaults, arch)
+        here: list[Site] = []
+        if mine is not None:
+            here.append(Site(arch, config, doc, mine))
+        if builtin is not None and (mine is None or builtin == mine):
+            if not INSTALLED:
+                here.append(Site(arch, DEFAULTS_FILE, defaults, builtin))
+            elif mine is None:
+                raise ConfigError(
+                    f"images.{arch}.base comes from the installed builder's built-in defaults "
+                    f"({builtin}), which update-images does not rewrite; expected the image "
+                    f"named in the config file: add images.{arch}.base to {doc.file}",
+                    file=doc.file, key=f"images.{arch}.base")
+        if here:
+            found[arch] = here
+    return found
+
+
+def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
+                  say: Callable[[str], None]) -> str:
+    """The digest the registry serves for *ref*'s tag now (the image is pulled: it is then
+    in the engine under its pin, and the next build needs no network)."""
+    pull_image(engine, ref.tagged, proxy, say)
+    digest = repo_digest(ref.repository, engine.repo_digests(ref.tagged))
+    if digest is None:
+        raise PullFailed(f"pulled {ref.tagged}, but the engine records no registry digest for "
+                         f"{ref.repository} (RepoDigests: "
+                         f"{', '.join(engine.repo_digests(ref.tagged)) or 'none'}); expected "
+                         "an image served by a registry")
+    return digest
+
+
+def plan_changes(engine: DockerEngine, found: Mapping[str, Sequence[Site]],
+                 proxy: ProxySettings, say: Callable[[str], None]) -> list[Change]:
+    """Every arch's new pin (pulls only; nothing is written)."""
+    changes = []
+    for arch, here in found.items():
+        old = here[0].old
+        if old.startswith(LOCAL_PREFIX):
+            say(f"images.{arch}.base: {old} is built on this machine (base-image), not "
+                "pulled: left as it is")
+            continue
+        ref = parse_ref(old)
+        tagged = ref if ref.tag else ImageRef(ref.repository, "latest", ref.digest)
+        digest = newest_digest(engine, tagged, proxy, say)
+        changes.append(Change(arch, old, str(tagged.with_digest(digest)), tuple(here)))
+    return changes
+
+
+def write_changes(changes: Sequence[Change]) -> list[Path]:
+    """Rewrite every changed pin in place; each file is checked before it is replaced."""
+    texts: dict[Path, str] = {}
+    for change in changes:
+        if not change.changed:
+            continue
+        for site in change.sites:
+            text = texts.get(site.path) or site.path.read_text("utf-8")
+            try:
+                text = rewrite_scalar(text, site.line, change.old, change.new)
+            except ValueError as exc:
+                raise ConfigError(f"cannot rewrite images.{change.arch}.base in place: {exc}; "
+                                  f"expected `base: {change.old}` on one line -- write "
+                                  f"{change.new} there by hand", file=site.doc.file,
+                                  line=site.line, key=f"images.{change.arch}.base") from None
+            texts[site.path] = text
+    for path, text in texts.items():
+        # The same checks a load makes: a rewrite that broke the file is never written.
+        parse_config_text(text, display_path(path), require_matrix=path != DEFAULTS_FILE)
+    for path, text in texts.items():
+        atomic_write(path, text.encode("utf-8"))
+    return list(texts)
