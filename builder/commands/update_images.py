@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="the build configuration YAML to rewrite (default: configs/matrix.yaml)")
     p.add_argument("--arch", metavar="A",
-                   help="X86 or ARM (comma-separated for both; default: every image)")
+                   help="X86 or ARM (comma-separated for both; default: every image the "
+                        "config file names)")
     p.add_argument("--check", action="store_true",
                    help="pull and compare, write nothing; exit 1 when a pin would move (for CI)")
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             arches = [arch_name(a.strip()) for a in args.arch.split(",") if a.strip()]
         except ValueError as exc:
             raise ConfigError(str(exc), key="--arch") from None
-    found = sites(config, arches)
+    found = sites(config, arches, ctx.output.err)
     engine = DockerEngine(redactor=ctx.output.redact)
     changes = plan_changes(engine, found, settings.config.proxy, ctx.output.err)
     for c in changes:

@@ -182,11 +182,13 @@ def base_images(scope: Scope) -> list[Check]:
     for machine in scope.machines():
         mine = [c for c in scope.resolution.cells if c.cell.machine == machine]
         name = f"base image {mine[0].cell.arch}"
+        # the pin is the config's: said with or without an engine
+        checks.append(_pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref,
+                                 LOCAL_PREFIX))
         if scope.engine is None:
             checks.append(Check(name, WARN, "no engine to ask (see engine)"))
             continue
         ref = mine[0].cell.image.ref
-        checks.append(_pin_check(f"base image pin {mine[0].cell.arch}", ref, LOCAL_PREFIX))
         local = BaseImageSpec(arch=machine).tag
         have = {r: scope.host.image_id(r) for r in dict.fromkeys((ref, local))}
         containers = [c for c in mine if c.backend in ("docker", "emulated") and c.buildable]

@@ -6,11 +6,11 @@ from the image's ``RepoDigests``, and rewrite ``images.<ARCH>.base`` to ``reposi
 in the file that set it. Every pull comes first; the files are written only when all of them
 succeeded, each checked again and written atomically, so a failure leaves every file as it was.
 
-Which file: the config file when it names the image; the built-in defaults
-(``builder/config/defaults.yaml``) when the image comes from there and the builder runs from a
-checkout. The built-in defaults also move when they hold the very pin the config file's does,
-so the repository's two copies of the default images never drift apart. An installed builder's
-own defaults are never rewritten: the user names the image in the config file instead.
+Which file: the config file, for each image it names (an image it leaves to the built-in
+defaults is not the user's to pin: name it in the config file). In a checkout the built-in
+defaults (``builder/config/defaults.yaml``) move too when they hold the very pin the config
+file's does, so the repository's two copies of the default images never drift apart; an
+installed builder's own files are never rewritten.
 """
 
 from __future__ import annotations
@@ -72,29 +72,26 @@ def _base(doc: YamlDocument, arch: str) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def sites(config: Path, arches: Optional[Sequence[str]]) -> dict[str, list[Site]]:
-    """Per arch (all the configuration has, or *arches*), the files to rewrite."""
+def sites(config: Path, arches: Optional[Sequence[str]],
+          say: Callable[[str], None]) -> dict[str, list[Site]]:
+    """Per arch the config file names (or *arches* of them), the files to rewrite: the config
+    file, and the built-in defaults too when they hold the same pin (checkout only)."""
     defaults, doc = load_config_file(config)
+    named = (doc.data or {}).get("images") or {}
     found: dict[str, list[Site]] = {}
-    for arch in sorted(set((defaults.data or {}).get("images") or {})
-                       | set((doc.data or {}).get("images") or {})):
+    for arch in sorted(set((defaults.data or {}).get("images") or {}) | set(named)):
         if arches is not None and arch not in arches:
             continue
         mine, builtin = _base(doc, arch), _base(defaults, arch)
-        here: list[Site] = []
-        if mine is not None:
-            here.append(Site(arch, config, doc, mine))
-        if builtin is not None and (mine is None or builtin == mine):
-            if not INSTALLED:
-                here.append(Site(arch, DEFAULTS_FILE, defaults, builtin))
-            elif mine is None:
-                raise ConfigError(
-                    f"images.{arch}.base comes from the installed builder's built-in defaults "
-                    f"({builtin}), which update-images does not rewrite; expected the image "
-                    f"named in the config file: add images.{arch}.base to {doc.file}",
-                    file=doc.file, key=f"images.{arch}.base")
-        if here:
-            found[arch] = here
+        if mine is None:
+            if arches is not None:
+                say(f"images.{arch}.base comes from the built-in defaults ({builtin}), which "
+                    f"update-images does not rewrite on their own: name the image in "
+                    f"{doc.file} to pin your own")
+            continue
+        found[arch] = [Site(arch, config, doc, mine)]
+        if builtin == mine and not INSTALLED and config.resolve() != DEFAULTS_FILE:
+            found[arch].append(Site(arch, DEFAULTS_FILE, defaults, builtin))
     return found
 
 
