@@ -183,7 +183,7 @@ def base_images(scope: Scope) -> list[Check]:
         mine = [c for c in scope.resolution.cells if c.cell.machine == machine]
         name = f"base image {mine[0].cell.arch}"
         # the pin is the config's: said with or without an engine
-        checks.append(_pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref,
+        checks.append(pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref,
                                  LOCAL_PREFIX))
         if scope.engine is None:
             checks.append(Check(name, WARN, "no engine to ask (see engine)"))
@@ -223,11 +223,17 @@ def base_images(scope: Scope) -> list[Check]:
     return checks
 
 
-def _pin_check(name: str, ref: str, local_prefix: str) -> Check:
+def pin_check(name: str, ref: str, local_prefix: str) -> Check:
     """WARN for a base image not pinned by digest: the same config builds on another image
-    once its tag moves. Images built here by ``base-image`` are tagged by their content."""
+    once its tag moves. Images built here by ``base-image`` are tagged by their content; a
+    bundle's pinned image is loaded under a tag, its image id checked against bundle.json."""
+    from builder.offline.bundle import PINNED_PREFIX  # noqa: PLC0415
+
     if ref.startswith(local_prefix):
         return Check(name, OK, f"{ref}: built on this machine, tagged by its content key")
+    if ref.startswith(PINNED_PREFIX):
+        return Check(name, OK, f"{ref}: a pinned image loaded from a bundle (its image id "
+                     "was checked against bundle.json)")
     why = unpinned_reason(ref)
     if why is not None:
         return Check(name, WARN, why, "python -m builder update-images (rewrites "

@@ -25,9 +25,12 @@ from builder_testlib import BASE_CONFIG, run_cli, write_config
 from enginelib import docker_engine, missing
 from registrylib import Registry, local_registry, push
 
+from builder.backends.docker import LOCAL_PREFIX
 from builder.config import DEFAULT_CONFIG, DEFAULTS_FILE
 from builder.config.pins import parse_ref, rewrite_scalar
+from builder.doctor.checks import pin_check
 from builder.engines.docker import DockerEngine
+from builder.offline.bundle import Bundle, BundleImage, load_images, save_image
 
 D1 = "sha256:" + "1" * 64
 
@@ -272,3 +275,30 @@ def test_update_images_pins_an_unpinned_tag_and_refuses_a_missing_one(
     r = run_cli("update-images", "--config", str(gone))
     assert r.rc == 1 and "no such image or tag" in r.err
     assert gone.read_text() == text
+
+
+@pytest.mark.docker
+def test_a_pinned_image_travels_in_a_bundle(pushed: Pushed, tmp_path: Path) -> None:
+    """``docker save`` keeps no digest reference, so ``fetch --bundle`` saves a pin under a
+    tag of its own; on the air-gapped engine ``docker load`` restores that tag, and the image
+    id recorded in bundle.json is what is checked."""
+    engine = pushed.engine
+    pin = f"{pushed.repository}:stable@{pushed.v1}"
+    for _ in engine.pull(pin):
+        pass
+    image_id = engine.image_id(pin)
+    assert image_id is not None
+    tar = tmp_path / "images" / "base.tar"
+    tar.parent.mkdir()
+    name = save_image(engine, pin, tar)
+    assert name == f"ampforge/pinned/pin-base:stable-{pushed.v1[7:23]}"
+    engine.remove_image(image_id)  # every name of it: the engine of an air-gapped machine
+    assert engine.image_id(pin) is None and engine.image_id(name) is None
+    bundle = Bundle(root=tmp_path, images=[BundleImage(name, image_id, "images/base.tar",
+                                                       "X86", pin=pin)])
+    said: list[str] = []
+    assert load_images(engine, bundle, ["X86"], said.append) == [name]
+    assert engine.image_id(name) == image_id
+    assert engine.image_id(pin) is None  # why the bundle names it by a tag
+    check = pin_check("base image pin X86", name, LOCAL_PREFIX)
+    assert check.status == "OK" and "loaded from a bundle" in check.detail
