@@ -93,7 +93,9 @@ class Bundle:
         return {
             "format": FORMAT, "builder_version": self.builder_version, "created": self.created,
             "cells": [asdict(c) for c in self.cells],
-            "images": [asdict(i) for i in self.images],
+            # "pin" only for a pinned image: an unpinned one's entry reads as it always did
+            "images": [{k: v for k, v in asdict(i).items() if k != "pin" or v}
+                       for i in self.images],
             "files": [asdict(f) for f in self.files],
             **({"builder": self.builder} if self.builder is not None else {}),
         }
