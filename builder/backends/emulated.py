@@ -83,7 +83,7 @@ class EmulatedBackend:
         base_id = base_image_step(job, job.engine,
                                   f"python -m builder base-image --arch {job.cell.arch}",
                                   "--backend cross")
-        return container_key(job, base_id)
+        return container_key(job.recipe, job.cell.image, base_id)
 
     def build(self, job: CellJob) -> Built:
         assert job.engine is not None

@@ -25,12 +25,18 @@ from builder_testlib import BASE_CONFIG, run_cli, write_config
 from enginelib import docker_engine, missing
 from registrylib import Registry, local_registry, push
 
-from builder.backends.docker import LOCAL_PREFIX
-from builder.config import DEFAULT_CONFIG, DEFAULTS_FILE
+from builder.backends import registry as backend_registry
+from builder.backends.base import Host
+from builder.backends.docker import LOCAL_PREFIX, container_key
+from builder.config import DEFAULT_CONFIG, DEFAULTS_FILE, CliOverrides, load_settings
 from builder.config.pins import parse_ref, rewrite_scalar
 from builder.doctor.checks import pin_check
 from builder.engines.docker import DockerEngine
+from builder.images.render import render_recipe
+from builder.inputkey import input_key
 from builder.offline.bundle import Bundle, BundleImage, load_images, save_image
+from builder.plan.resolve import resolve
+from builder.redact import Redactor
 
 D1 = "sha256:" + "1" * 64
 
@@ -179,6 +185,7 @@ SELECT = ("--arch", "X86", "--python", "3.11", "--torch", "2.13.0", "--backend",
 
 
 def _config(tmp_path: Path, base: str) -> Path:
+    tmp_path.mkdir(exist_ok=True)
     support = yaml.safe_load(BASE_CONFIG)["support"]
     return write_config(tmp_path, CONFIG.format(support=support, base=base))
 
@@ -214,11 +221,25 @@ def test_update_images_moves_the_pin_from_v1_to_v2(pushed: Pushed, tmp_path: Pat
     assert record["base_image_id"] == engine.image_id("ampforge-test/pin-tiny:v2")
     r = run_cli("plan", "--config", str(cfg), *SELECT)
     assert f"image:   {pin2} (pinned by digest)" in r.out
-    # render writes the new pin into FROM (and so a new recipe digest: a new cell key).
+    # render writes the new pin into FROM ...
     r = run_cli("render", "--config", str(cfg), *SELECT, "--out", str(tmp_path / "r2"))
     assert r.rc == 0, r.err
     [dockerfile] = (tmp_path / "r2").glob("*/Dockerfile")
     assert f"\nFROM {pin2}\n" in dockerfile.read_text()
+    # ... and the cell's input key is a new one, naming the digest that changed.
+    old_key, new_key = (_cell_key(_config(tmp_path / n, pin), engine)
+                        for n, pin in (("k1", pin1), ("k2", pin2)))
+    assert (old_key["base_digest"], new_key["base_digest"]) == (pushed.v1, v2)
+    assert old_key["recipe"] != new_key["recipe"] and input_key(old_key) != input_key(new_key)
+
+
+def _cell_key(cfg: Path, engine: DockerEngine) -> dict[str, object]:
+    """The docker backend's part of the cell's input key, for the one cell of *cfg*."""
+    settings = load_settings(CliOverrides(config=str(cfg), arch="X86", python="3.11",
+                                          torch="2.13.0", backend="docker"), {})
+    [cell] = resolve(settings, Host(Redactor()), backend_registry(), out=cfg.parent).cells
+    recipe = render_recipe(cell.cell, settings.config)
+    return container_key(recipe, cell.cell.image, engine.image_id(cell.image.ref) or "")
 
 
 @pytest.mark.docker
@@ -269,7 +290,6 @@ def test_update_images_pins_an_unpinned_tag_and_refuses_a_missing_one(
                         rf"{re.escape(pushed.repository)}:stable@sha256:[0-9a-f]{{64}}", line)
     assert parse_ref(yaml.safe_load(cfg.read_text())["images"]["X86"]["base"]).pinned
     # A tag the registry lacks: exit 1, the file as it was.
-    (tmp_path / "gone").mkdir()
     gone = _config(tmp_path / "gone", f"{pushed.repository}:no-such-tag@{D1}")
     text = gone.read_text()
     r = run_cli("update-images", "--config", str(gone))
