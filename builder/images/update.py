@@ -24,7 +24,7 @@ from builder.atomicfile import atomic_write
 from builder.backends.docker import LOCAL_PREFIX
 from builder.config import DEFAULTS_FILE, display_path
 from builder.config.checks import load_config_file, parse_config_text
-from builder.config.model import INSTALLED
+from builder.config.model import INSTALLED, INSTALLED_DATA
 from builder.config.pins import ImageRef, parse_ref, repo_digest, rewrite_scalar
 from builder.config.proxy import ProxySettings
 from builder.config.yamlfile import YamlDocument
@@ -76,6 +76,10 @@ def sites(config: Path, arches: Optional[Sequence[str]],
           say: Callable[[str], None]) -> dict[str, list[Site]]:
     """Per arch the config file names (or *arches* of them), the files to rewrite: the config
     file, and the built-in defaults too when they hold the same pin (checkout only)."""
+    if INSTALLED and INSTALLED_DATA in config.resolve().parents:
+        raise ConfigError(f"{config} is the installed builder's own copy of the default config, "
+                          "which update-images does not rewrite; expected your config file: "
+                          "--config FILE (copy that one to start)", key="--config")
     defaults, doc = load_config_file(config)
     named = (doc.data or {}).get("images") or {}
     found: dict[str, list[Site]] = {}
