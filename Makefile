@@ -232,6 +232,7 @@ base-image: builder-env
 
 # Re-pin each base image to the digest its tag names now, rewriting the config in place
 # (docs/base-images.md); CHECK=1 only compares (exit 1 when a pin would move).
+CHECK ?=
 .PHONY: update-images
 update-images: builder-env
 	$(BUILDER) update-images $(BUILDER_CONFIG_ARG) $(call _flag,ARCH,--arch) $(if $(CHECK),--check)
