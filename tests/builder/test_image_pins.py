@@ -155,15 +155,19 @@ def _tiny_image(engine: DockerEngine, tag: str, version: str) -> None:
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
     engine = docker_engine()
+    ids = []
     for version in ("v1", "v2"):
         _tiny_image(engine, f"ampforge-test/pin-tiny:{version}", version)
+        ids.append(engine.image_id(f"ampforge-test/pin-tiny:{version}") or "")
     with local_registry(tmp_path_factory.mktemp("registry")) as reg:
         repository = reg.ref("ampforge/pin-base")
         v1 = push(engine, "ampforge-test/pin-tiny:v1", f"{repository}:stable")
         yield Pushed(engine, reg, repository, v1,
                      lambda: push(engine, "ampforge-test/pin-tiny:v2", f"{repository}:stable"))
-    for version in ("v1", "v2"):
-        engine.remove_image(f"ampforge-test/pin-tiny:{version}")
+    # Every name the tests gave them (pulled tags, digest references, a bundle's tag) goes
+    # with the image: removed by id.
+    for image_id in ids:
+        engine.remove_image(image_id)
 
 
 CONFIG = """\
