@@ -17,7 +17,9 @@ comments, quoting and every other line of the file stay as they were. An image w
 digest gets one; without a tag, `latest` is written out. Every pull happens before any file
 is written; a failed pull changes nothing.
 
-The image is left in the engine under its new pin, so the next build needs no network for it.
+An image of this host's arch is left in the engine under its new pin, so the next build
+needs no network for it; another arch's image (aarch64 on an x86_64 host) is not pulled: the
+engine only asks the registry for its manifest digest.
 The engine's daemon makes the pull with its own proxy settings (`python -m builder doctor`
 checks them); an air-gapped machine cannot update pins: update them on a connected one and
 carry the images over (`python -m builder fetch --bundle DIR`).

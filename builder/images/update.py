@@ -15,11 +15,13 @@ installed builder's own files are never rewritten.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from builder.arch import ARCHES
 from builder.atomicfile import atomic_write
 from builder.backends.docker import LOCAL_PREFIX
 from builder.config import DEFAULTS_FILE, display_path
@@ -28,7 +30,8 @@ from builder.config.model import INSTALLED, INSTALLED_DATA
 from builder.config.pins import ImageRef, parse_ref, repo_digest, rewrite_scalar
 from builder.config.proxy import ProxySettings
 from builder.config.yamlfile import YamlDocument
-from builder.engines.pull import PullFailed, pull_image
+from builder.engines.docker import PullError
+from builder.engines.pull import PullFailed, explain, pull_image
 from builder.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,9 +103,18 @@ def sites(config: Path, arches: Optional[Sequence[str]],
 
 
 def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
-                  say: Callable[[str], None]) -> str:
-    """The digest the registry serves for *ref*'s tag now (the image is pulled: it is then
-    in the engine under its pin, and the next build needs no network)."""
+                  say: Callable[[str], None], *, native: bool = True) -> str:
+    """The digest the registry serves for *ref*'s tag now. An image of this host's arch is
+    pulled: it is then in the engine under its pin, and the next build needs no network. One of
+    another arch (*native* false) is only asked for its manifest: it is as big, and this host
+    runs it only under emulation (its builds come from ``base-image --arch`` or a bundle)."""
+    if not native:
+        try:
+            digest = engine.registry_digest(ref.tagged)
+        except PullError as exc:
+            raise PullFailed(explain(engine, ref.tagged, exc.message, proxy)) from exc
+        say(f"registry: {ref.tagged} is {digest} (another arch's image: not pulled)")
+        return digest
     pull_image(engine, ref.tagged, proxy, say)
     digest = repo_digest(ref.repository, engine.repo_digests(ref.tagged))
     if digest is None:
@@ -116,6 +128,7 @@ def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
 def plan_changes(engine: DockerEngine, found: Mapping[str, Sequence[Site]],
                  proxy: ProxySettings, say: Callable[[str], None]) -> list[Change]:
     """Every arch's new pin (pulls only; nothing is written)."""
+    host_machine = platform.machine()
     changes = []
     for arch, here in found.items():
         old = here[0].old
@@ -125,7 +138,8 @@ def plan_changes(engine: DockerEngine, found: Mapping[str, Sequence[Site]],
             continue
         ref = parse_ref(old)
         tagged = ref if ref.tag else ImageRef(ref.repository, "latest", ref.digest)
-        digest = newest_digest(engine, tagged, proxy, say)
+        digest = newest_digest(engine, tagged, proxy, say,
+                               native=ARCHES[arch].machine == host_machine)
         changes.append(Change(arch, old, str(tagged.with_digest(digest)), tuple(here)))
     return changes
 

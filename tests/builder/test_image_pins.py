@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -326,3 +327,38 @@ def test_a_pinned_image_travels_in_a_bundle(pushed: Pushed, tmp_path: Path) -> N
     assert engine.image_id(pin) is None  # why the bundle names it by a tag
     check = pin_check("base image pin X86", name, LOCAL_PREFIX)
     assert check.status == "OK" and "loaded from a bundle" in check.detail
+
+
+@pytest.mark.docker
+def test_another_arch_is_repinned_without_pulling_it(pushed: Pushed, tmp_path: Path) -> None:
+    """The other arch's image (aarch64 on an x86_64 host): its digest is asked of the registry,
+    the image is not pulled (it is as big, and runs here only under emulation)."""
+    engine = pushed.engine
+    arch, machine = ("ARM", "aarch64") if platform.machine() == "x86_64" else ("X86", "x86_64")
+    repo = pushed.registry.ref("ampforge/pin-other-arch")
+    ids = []
+    for version in ("o1", "o2"):  # its own: another test removes v1 with every name of it
+        _tiny_image(engine, f"ampforge-test/pin-tiny:{version}", version)
+        ids.append(engine.image_id(f"ampforge-test/pin-tiny:{version}") or "")
+    try:
+        old = push(engine, "ampforge-test/pin-tiny:o1", f"{repo}:stable")
+        new = push(engine, "ampforge-test/pin-tiny:o2", f"{repo}:stable")
+        _update_other_arch(engine, tmp_path, arch, machine, repo, old, new)
+    finally:
+        for image_id in ids:
+            engine.remove_image(image_id)
+
+
+def _update_other_arch(engine: DockerEngine, tmp_path: Path, arch: str, machine: str, repo: str,
+                       old: str, new: str) -> None:
+    support = yaml.safe_load(BASE_CONFIG)["support"]
+    cfg = write_config(tmp_path, f"support: {support}\nmatrix:\n  arch: [{arch}]\n"
+                       f"  python: ['3.11']\n  torch: ['2.13.0']\nimages:\n  {arch}:\n"
+                       f"    base: {repo}:stable@{old}  # the other arch\n"
+                       f"    family: debian\n    plat: manylinux_2_36_{machine}\n")
+    r = run_cli("update-images", "--config", str(cfg), "--arch", arch)
+    assert r.rc == 0, r.err
+    assert r.out.strip().endswith(f"{repo}:stable@{old} -> {repo}:stable@{new}")
+    assert "another arch's image: not pulled" in r.err and "pull " not in r.err
+    assert engine.image_id(f"{repo}:stable@{new}") is None
+    assert cfg.read_text().count(f"{repo}:stable@{new}  # the other arch\n") == 1
