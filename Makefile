@@ -44,6 +44,7 @@ help:
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
+	@echo "make update-images [CONFIG= ARCH= CHECK=1]   re-pin the base images (tag@sha256:digest) in the config"
 	@echo "make wheel OFFLINE=1 BUNDLE=DIR   build from the bundle, no network"
 	@echo "make index [OUT= INDEX_DIR=] PEP 503 index of OUT (dist/) for pip --index-url"
 	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
@@ -228,6 +229,13 @@ matrix: builder-env
 
 base-image: builder-env
 	$(BUILDER) base-image $(call _flag,ARCH,--arch)
+
+# Re-pin each base image to the digest its tag names now, rewriting the config in place
+# (docs/base-images.md); CHECK=1 only compares (exit 1 when a pin would move).
+CHECK ?=
+.PHONY: update-images
+update-images: builder-env
+	$(BUILDER) update-images $(BUILDER_CONFIG_ARG) $(call _flag,ARCH,--arch) $(if $(CHECK),--check)
 
 fetch: builder-env
 	$(if $(BUNDLE),,$(error make fetch needs BUNDLE=DIR, the folder to fill))
