@@ -1,4 +1,4 @@
-# The front door. Contract names (targets and variables) are documented in README.md
+# The front door. Contract names (targets and variables) are documented in docs/reference.md
 # and relied upon by users and CI: keep them, extend them.
 
 SHELL := /bin/bash
@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs everything in one process (e.g. to debug with pdb).
 TEST_WORKERS ?= 2
 
-# Builder front door variables (see README): left empty so the builder's own
+# Builder front door variables (docs/reference.md): left empty so the builder's own
 # precedence (defaults < config < environment < command line) decides.
 ARCH ?=
 PY ?=
@@ -27,7 +27,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test lint bench bench-ascend bench-build bench-arm demo clean distclean
+.PHONY: help setup test promises lint docs bench bench-ascend bench-build bench-arm demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -35,6 +35,8 @@ help:
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make lint                   ruff over the tree"
+	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
+	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
@@ -42,6 +44,7 @@ help:
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
+	@echo "make update-images [CONFIG= ARCH= CHECK=1]   re-pin the base images (tag@sha256:digest) in the config"
 	@echo "make wheel OFFLINE=1 BUNDLE=DIR   build from the bundle, no network"
 	@echo "make index [OUT= INDEX_DIR=] PEP 503 index of OUT (dist/) for pip --index-url"
 	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
@@ -108,8 +111,17 @@ setup: $(VENV)/.installed
 test: setup
 	$(PY_VENV) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
+# promises: rewrite docs/promises.md from the tests' `promise` markers (a test checks it is current).
+promises:
+	python3 tests/promises_page.py --write
+
 lint: setup
 	$(PY_VENV) -m ruff check .
+
+# docs: the documentation site (mkdocs.yml, docs/*.md); --strict fails on any warning, a broken
+# link between pages or to a heading included. tests/test_docs.py runs the same build.
+docs: setup
+	$(PY_VENV) -m mkdocs build --strict --site-dir build/site
 
 # bench: the optimizer-step benchmark (amp vs torch's best sequence and vs a limit probe with
 # the step's own memory access pattern, the machine line first). BENCH_ARGS: more options,
@@ -221,6 +233,13 @@ matrix: builder-env
 
 base-image: builder-env
 	$(BUILDER) base-image $(call _flag,ARCH,--arch)
+
+# Re-pin each base image to the digest its tag names now, rewriting the config in place
+# (docs/base-images.md); CHECK=1 only compares (exit 1 when a pin would move).
+CHECK ?=
+.PHONY: update-images
+update-images: builder-env
+	$(BUILDER) update-images $(BUILDER_CONFIG_ARG) $(call _flag,ARCH,--arch) $(if $(CHECK),--check)
 
 fetch: builder-env
 	$(if $(BUNDLE),,$(error make fetch needs BUNDLE=DIR, the folder to fill))

@@ -16,6 +16,10 @@ import torch
 from ._device import collective_device
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
+# The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
+# past it would reach subnormals, whose reciprocal (the unscale factor) is inf in float32, and
+# then 0: every later step would overflow and the run could never recover.
+_F32_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 def _f32(x: float) -> float:
@@ -43,7 +47,9 @@ class LossScaler:
     Dynamic: starts at ``min(max_loss_scale, init_scale)``; multiplied by ``scale_growth_factor``
     after ``scale_window`` consecutive steps with finite gradients and by ``scale_backoff_factor``
     on a step with non-finite gradients (that step is skipped); always clamped to
-    ``[min_loss_scale, max_loss_scale]``. A static scale never changes and never skips (apex's
+    ``[min_loss_scale, max_loss_scale]``. Without a ``min_loss_scale`` the scale stops at the
+    smallest normal float32 (2**-126) rather than reaching 0 as GradScaler's would after about
+    150 consecutive overflows. A static scale never changes and never skips (apex's
     behaviour). The constructor is Apex for Ascend's; NVIDIA apex's positional order differs
     after ``init_scale`` (its third is ``scale_factor``, its fourth ``scale_window``), so pass
     those by keyword.
@@ -103,8 +109,8 @@ class LossScaler:
             return False
         if found_inf:
             scale = _f32(self._loss_scale * self._backoff_factor)
-            if self._min_loss_scale is not None:
-                scale = max(self._min_loss_scale, scale)
+            floor = _F32_TINY if self._min_loss_scale is None else self._min_loss_scale
+            scale = max(floor, scale)
             self._loss_scale = scale
             self._unskipped = 0
             return True

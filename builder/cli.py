@@ -40,6 +40,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.publish",
     "builder.commands.doctor",
     "builder.commands.clean",
+    "builder.commands.update_images",
 )
 
 

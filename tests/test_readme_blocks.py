@@ -1,8 +1,10 @@
-"""The README's command blocks are true: each ```bash block says, in an HTML comment on the line
-before it, which tests run its commands (``<!-- checked-by: path::test ... -->``) or why none can
-on a machine like CI's (``<!-- not-run: reason -->``). This test holds the README to that: a block
-without the comment, or naming a test that does not exist, fails; and every ``make`` command in a
-block names a real target of the Makefile (``make -n``, which runs nothing).
+"""The documentation's command blocks are true: each ```bash block of README.md and of every
+docs/*.md page says, in an HTML comment on the line before it, which tests run its commands
+(``<!-- checked-by: path::test ... -->``) or why none can on a machine like CI's
+(``<!-- not-run: reason -->``). This test holds every page to that: a block without the comment,
+or naming a test that does not exist, fails; and every ``make`` command in a block names a real
+target of the Makefile (``make -n``, which runs nothing). Each docs page starts with its
+``# Title``.
 """
 
 from __future__ import annotations
@@ -18,19 +20,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+#: Every page whose blocks are held to the rule: the front door and the docs site's pages.
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 MARK = re.compile(r"^<!-- (checked-by|not-run): (.+?) -->$")
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # relative to the repository: README.md, docs/arm.md
     line: int  # of the opening fence, 1-based
     mark: str | None  # "checked-by" / "not-run"
     detail: str
     commands: tuple[str, ...]  # the block's lines without comments, continuation-joined
 
 
-def readme_blocks() -> list[Block]:
-    lines = README.read_text().splitlines()
+def page_blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    name = page.relative_to(ROOT).as_posix()
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
@@ -44,7 +50,7 @@ def readme_blocks() -> list[Block]:
         while j < len(lines) and lines[j].strip() != "```":
             body.append(lines[j])
             j += 1
-        blocks.append(Block(i + 1, m.group(1) if m else None, m.group(2) if m else "",
+        blocks.append(Block(name, i + 1, m.group(1) if m else None, m.group(2) if m else "",
                             tuple(_commands(body))))
         i = j + 1
     return blocks
@@ -60,7 +66,7 @@ def _commands(body: list[str]) -> list[str]:
     return out
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [b for page in PAGES for b in page_blocks(page)]
 
 
 def _test_exists(ref: str) -> bool:
@@ -74,28 +80,39 @@ def _test_exists(ref: str) -> bool:
 
 def test_the_readme_has_command_blocks() -> None:
     assert len(BLOCKS) >= 10
+    assert len([b for b in BLOCKS if b.page == "README.md"]) >= 3
+    assert len({b.page for b in BLOCKS}) >= 10, "the docs pages' blocks are not being read"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"README:{b.line}" for b in BLOCKS])
+@pytest.mark.parametrize("page", PAGES[1:], ids=[p.name for p in PAGES[1:]])
+def test_each_docs_page_starts_with_its_title(page: Path) -> None:
+    first = page.read_text().split("\n", 1)[0]
+    assert first.startswith("# ") and first[2:].strip(), (
+        f"{page.relative_to(ROOT)}:1: a page starts with its '# Title' line, not {first!r}")
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])
 def test_each_block_says_which_tests_run_it(block: Block) -> None:
-    assert block.mark, (f"README.md:{block.line}: a ```bash block without '<!-- checked-by: "
+    where = f"{block.page}:{block.line}"
+    assert block.mark, (f"{where}: a ```bash block without '<!-- checked-by: "
                         "tests/...::test_... -->' or '<!-- not-run: reason -->' on the line "
                         "before it")
     if block.mark == "not-run":
-        assert len(block.detail.split()) >= 3, f"README.md:{block.line}: say why it cannot run"
+        assert len(block.detail.split()) >= 3, f"{where}: say why it cannot run"
         return
     refs = block.detail.split()
     missing = [r for r in refs if not _test_exists(r)]
-    assert refs and not missing, f"README.md:{block.line}: no such test: {missing}"
+    assert refs and not missing, f"{where}: no such test: {missing}"
 
 
-MAKE_LINES = [(b.line, c) for b in BLOCKS for c in b.commands if c.startswith("make ")]
+MAKE_LINES = [(f"{b.page}:{b.line}", c) for b in BLOCKS for c in b.commands
+              if c.startswith("make ")]
 
 
-@pytest.mark.parametrize(("line", "command"), MAKE_LINES,
-                         ids=[f"README:{line}:{c.split()[1]}" for line, c in MAKE_LINES])
-def test_make_commands_name_real_targets(line: int, command: str) -> None:
+@pytest.mark.parametrize(("where", "command"), MAKE_LINES,
+                         ids=[f"{where}:{c.split()[1]}" for where, c in MAKE_LINES])
+def test_make_commands_name_real_targets(where: str, command: str) -> None:
     argv = [a for a in shlex.split(command.replace("…", "x")) if not a.startswith("[")]
     r = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
-    assert "No rule to make target" not in r.stderr, f"README.md:{line}: {command}: {r.stderr}"
+    assert "No rule to make target" not in r.stderr, f"{where}: {command}: {r.stderr}"

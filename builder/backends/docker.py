@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
-from builder.config import BuildConfig
+from builder.config import BaseImage, BuildConfig
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
@@ -23,6 +23,7 @@ from builder.plan.cells import Cell
 from builder.wheel.repair import CONTAINER_AUDITWHEEL
 
 if TYPE_CHECKING:
+    from builder.images.render import Recipe
     from builder.plan.resolve import ResolvedCell
 
 #: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
@@ -73,6 +74,14 @@ def base_image_step(job: CellJob, engine: DockerEngine, make_base: str, other: s
         return found
 
     return job.steps("base image", base)
+
+
+def container_key(recipe: Optional[Recipe], image: BaseImage, base_id: str) -> dict[str, Any]:
+    """What decides a container-built wheel besides the cell and the project: the recipe, the
+    base image's id, and the pinned digest on its own too (the recipe's FROM line has it
+    already), so a rebuild after ``update-images`` names it as the input that changed."""
+    assert recipe is not None, "docker cells are rendered before they are keyed"
+    return {"recipe": recipe.digest, "base_image": base_id, "base_digest": image.digest}
 
 
 def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Built:
@@ -164,8 +173,7 @@ class DockerBackend:
     def input_key(self, job: CellJob) -> dict[str, Any]:
         engine = _engine(job)
         base_id = base_image_step(job, engine, "python -m builder base-image", "--backend host")
-        assert job.recipe is not None
-        return {"recipe": job.recipe.digest, "base_image": base_id}
+        return container_key(job.recipe, job.cell.image, base_id)
 
     def build(self, job: CellJob) -> Built:
         engine = _engine(job)

@@ -15,6 +15,7 @@ from builder.backends.docker import (
     DockerBackend,
     base_image_step,
     build_in_container,
+    container_key,
     image_choice,
 )
 from builder.config import BuildConfig
@@ -82,7 +83,7 @@ class EmulatedBackend:
         base_id = base_image_step(job, job.engine,
                                   f"python -m builder base-image --arch {job.cell.arch}",
                                   "--backend cross")
-        return {"recipe": job.recipe.digest, "base_image": base_id}
+        return container_key(job.recipe, job.cell.image, base_id)
 
     def build(self, job: CellJob) -> Built:
         assert job.engine is not None

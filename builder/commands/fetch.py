@@ -106,6 +106,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         describe_file,
         safe_name,
         save_image,
+        saved_name,
         write_bundle,
     )
     from builder.offline.preflight import (  # noqa: PLC0415
@@ -200,16 +201,19 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                 raise StepFailed(f"base image {ref} (cells {names}) is not in the engine "
                                  f"at {engine.base_url}; nothing is pulled implicitly: "
                                  "`docker pull` it first, or pass --base-image local")
-            rel = f"{IMAGES_DIR}/{safe_name(ref)}.tar"
+            name = saved_name(ref)  # a pin travels under a tag (docker save keeps no digest)
+            rel = f"{IMAGES_DIR}/{safe_name(name)}.tar"
             tar = root / rel
             ids = [c.identifier for c in ref_cells]
-            if (old.get(f"image:{ref}") == image_id and tar.is_file()
+            if (old.get(f"image:{name}") == image_id and tar.is_file()
                     and describe_file(root, rel, ids).sha256 == old.get(rel)):
                 err(f"fetch: image {ref}: unchanged, reusing {rel}")
             else:
-                err(f"fetch: image {ref}: docker save -> {rel}")
+                err(f"fetch: image {ref}: docker save -> {rel}"
+                    + (f" (as {name})" if name != ref else ""))
                 save_image(engine, ref, tar)
-            images.append(BundleImage(ref, image_id, rel, ref_cells[0].arch, tuple(ids)))
+            images.append(BundleImage(name, image_id, rel, ref_cells[0].arch, tuple(ids),
+                                      pin=ref if name != ref else ""))
             image_files[rel] = set(ids)
 
     # Whatever pip left in the folders -- a file from an interrupted earlier fetch that pip

@@ -15,6 +15,7 @@ from builder.cli import (
 )
 from builder.commands.build import plan_document
 from builder.config import Settings
+from builder.config.pins import unpinned_reason
 from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
 
 NAME = "plan"
@@ -91,12 +92,13 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     )
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
     lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
+    lines += _image_lines(resolution)
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",
               "WHERE")
     rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none", build_column(c),
                         c.backend if c.buildable else "-",
-                        c.image.ref if c.buildable else "-", c.plat,
+                        _short(c.image.ref) if c.buildable else "-", c.plat,
                         THIS_HOST if c.buildable else f"runner {c.runner}")
                        for c in resolution.cells]
     lines += _columns(rows)
@@ -124,6 +126,23 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
         for d in resolution.dropped:
             lines.append(f"  {d.identifier.ljust(width)}  {d.reason}")
     return lines
+
+
+def _image_lines(resolution: Resolution) -> list[str]:
+    """Each base image the cells are built in, whole (the table shortens the digest), and
+    whether it is pinned."""
+    lines = []
+    for ref in dict.fromkeys(c.image.ref for c in resolution.cells
+                             if c.buildable and c.image.family):  # docker, emulated
+        pinned = unpinned_reason(ref) is None
+        lines.append(f"image:   {ref} ({'pinned by digest' if pinned else 'NOT pinned'})")
+    return lines
+
+
+def _short(ref: str) -> str:
+    """*ref* with its digest cut to 12 hex digits, for the table."""
+    name, at, digest = ref.partition("@")
+    return f"{name}@{digest[:19]}" if at else ref
 
 
 def build_column(cell: ResolvedCell) -> str:

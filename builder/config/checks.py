@@ -165,7 +165,7 @@ def _check_values(doc: YamlDocument) -> None:
     for name, image in (data.get("images") or {}).items():
         machine = ARCHES[name].machine
         if "base" in image:
-            check(("images", name, "base"), values.image_ref, image["base"])
+            check(("images", name, "base"), values.image_pin, image["base"])
         if "plat" in image:
             check(("images", name, "plat"), lambda v, m=machine: values.plat(v, m), image["plat"])
         if "python_path" in image:
@@ -219,9 +219,11 @@ def load_config_file(path: Path) -> tuple[YamlDocument, YamlDocument]:
 
 
 
-def parse_config_text(text: str, name: str = "<config>") -> YamlDocument:
-    """Parse and check a configuration given as text (used by tests and tools)."""
+def parse_config_text(text: str, name: str = "<config>", *,
+                      require_matrix: bool = True) -> YamlDocument:
+    """Parse and check a configuration given as text (used by tests and tools; the built-in
+    defaults have no matrix)."""
     doc = parse_yaml(text, name)
-    _check_schema(doc, require_matrix=True)
+    _check_schema(doc, require_matrix=require_matrix)
     _check_values(doc)
     return doc

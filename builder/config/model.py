@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.config.buildoptions import NO_OPTIONS, CibwOptions
+from builder.config.pins import parse_ref
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
@@ -101,6 +102,11 @@ class BaseImage:
     #: offline): missing | always | never. Carried by the image so that the backends' answer
     #: (can this cell be built, after a pull?) needs nothing but the cell.
     pull: str = "missing"
+
+    @property
+    def digest(self) -> str | None:
+        """The pinned digest (``sha256:...``) of :attr:`ref`; None for an unpinned image."""
+        return parse_ref(self.ref).digest
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
 
+from builder.config.pins import config_pin, parse_ref
 from builder.config.proxy import with_scheme
 
 PYTHON_VERSION = re.compile(r"3\.(?:[0-9]|[1-9][0-9])")
@@ -73,12 +74,18 @@ def torch_key(value: str) -> Version:
 
 
 def image_ref(value: str) -> str:
+    parse_ref(value)  # a malformed digest is said as such, not as a malformed reference
     if not IMAGE_REF.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an image reference; expected [registry/]name[:tag][@sha256:digest]"
             " in lower case, e.g. quay.io/pypa/manylinux_2_28_x86_64"
         )
     return value
+
+
+def image_pin(value: str) -> str:
+    """A config file's base image: a reference whose digest, if any, comes with its tag."""
+    return config_pin(image_ref(value))
 
 
 def plat(value: str, machine: str) -> str:

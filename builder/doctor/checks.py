@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 from builder.backends.base import Host
 from builder.config import Settings
+from builder.config.pins import parse_ref, unpinned_reason
 from builder.doctor.report import FAIL, OK, WARN, Check
 from builder.errors import BuilderError
 from builder.plan.resolve import Resolution, ResolvedCell
@@ -181,6 +182,9 @@ def base_images(scope: Scope) -> list[Check]:
     for machine in scope.machines():
         mine = [c for c in scope.resolution.cells if c.cell.machine == machine]
         name = f"base image {mine[0].cell.arch}"
+        # the pin is the config's: said with or without an engine
+        checks.append(pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref,
+                                 LOCAL_PREFIX))
         if scope.engine is None:
             checks.append(Check(name, WARN, "no engine to ask (see engine)"))
             continue
@@ -217,6 +221,26 @@ def base_images(scope: Scope) -> list[Check]:
                                 f"python -m builder base-image{arch_flag} and --base-image "
                                 "local"))
     return checks
+
+
+def pin_check(name: str, ref: str, local_prefix: str) -> Check:
+    """WARN for a base image not pinned by digest: the same config builds on another image
+    once its tag moves. Images built here by ``base-image`` are tagged by their content; a
+    bundle's pinned image is loaded under a tag, its image id checked against bundle.json."""
+    from builder.offline.bundle import PINNED_PREFIX  # noqa: PLC0415
+
+    if ref.startswith(local_prefix):
+        return Check(name, OK, f"{ref}: built on this machine, tagged by its content key")
+    if ref.startswith(PINNED_PREFIX):
+        return Check(name, OK, f"{ref}: a pinned image loaded from a bundle (its image id "
+                     "was checked against bundle.json)")
+    why = unpinned_reason(ref)
+    if why is not None:
+        return Check(name, WARN, why, "python -m builder update-images (rewrites "
+                     "images.<ARCH>.base in the config with tag and digest)")
+    pin = parse_ref(ref)
+    tag = f"tag {pin.tag}" if pin.tag else "no tag, so update-images has nothing to follow"
+    return Check(name, OK, f"pinned: digest {pin.digest} ({tag})")
 
 
 def emulation(scope: Scope) -> list[Check]:

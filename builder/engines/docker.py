@@ -116,6 +116,20 @@ class DockerEngine:
         except docker.errors.NotFound:
             return None
 
+    def repo_digests(self, ref: str) -> list[str]:
+        """The ``name@sha256:...`` references the engine has for *ref*: set by a pull or a
+        push (what a registry serves), empty for an image built here or ``docker load``-ed."""
+        return [str(d) for d in self.api.inspect_image(ref).get("RepoDigests") or []]
+
+    def registry_digest(self, ref: str) -> str:
+        """The digest the registry serves for *ref* now, asked through the daemon (``GET
+        /distribution``: the manifest only, nothing pulled). :class:`PullError` as a pull."""
+        docker = _docker_module()
+        try:
+            return str(self.api.inspect_distribution(ref)["Descriptor"]["digest"])
+        except docker.errors.APIError as exc:
+            raise PullError(self.redactor(str(exc.explanation or exc))) from exc
+
     def pull(self, ref: str) -> Iterator[dict[str, Any]]:
         """``docker pull ref``: the engine's progress events as they come (dicts with
         ``status``, ``id``, ``progressDetail``). A failure raises :class:`PullError` with the

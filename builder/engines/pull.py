@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from builder.config.pins import parse_ref
 from builder.config.proxy import ProxySettings
 from builder.engines.daemon_proxy import diagnose
 from builder.engines.docker import PullError
@@ -131,6 +132,15 @@ def explain(engine: DockerEngine, ref: str, message: str, proxy: ProxySettings) 
     local = ("or build a base image here instead: python -m builder base-image, then "
              "--base-image local (make wheel BASE_IMAGE=local); or build without a container "
              "on this machine: --backend host (make wheel BACKEND=host)")
+    pin = parse_ref(ref)
+    if kind == "not found" and pin.digest is not None:
+        return (f"{head}\n  the registry has no image with digest {pin.digest} in "
+                f"{pin.repository}: the pin is wrong (a typo, or copied from another "
+                "repository) or that image was deleted. Docker pulls a pinned image by its "
+                f"digest alone; `python -m builder update-images` pins what {pin.tagged} "
+                "names now and rewrites images.<ARCH>.base in the config "
+                f"(`docker images --digests {pin.repository}` shows what the engine has); "
+                f"{local}")
     if kind == "not found":
         return (f"{head}\n  the registry answered: it has no such image or tag (or does not "
                 "show it to you). Expected an image:tag the registry lists -- check the "

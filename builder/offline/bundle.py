@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Callable, Optional
 
 # One atomic-write routine for every file the builder publishes (builder.release.manifest's).
 from builder.atomicfile import atomic_replace, atomic_write
+from builder.config.pins import parse_ref
 from builder.errors import ConfigError, StepFailed
 from builder.release.manifest import sha256_file
 
@@ -54,6 +55,7 @@ class BundleImage:
     file: str  # relative path of the tarball (also listed in files)
     arch: str  # X86 | ARM
     cells: tuple[str, ...] = ()
+    pin: str = ""  # the config's pinned ref (repo:tag@sha256:...) it was saved from, if any
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,9 @@ class Bundle:
         return {
             "format": FORMAT, "builder_version": self.builder_version, "created": self.created,
             "cells": [asdict(c) for c in self.cells],
-            "images": [asdict(i) for i in self.images],
+            # "pin" only for a pinned image: an unpinned one's entry reads as it always did
+            "images": [{k: v for k, v in asdict(i).items() if k != "pin" or v}
+                       for i in self.images],
             "files": [asdict(f) for f in self.files],
             **({"builder": self.builder} if self.builder is not None else {}),
         }
@@ -128,7 +132,8 @@ def read_bundle(root: Path) -> Bundle:
             files=[BundleFile(f["path"], f["sha256"], int(f["size"]), tuple(f.get("cells", ())))
                    for f in doc["files"]],
             images=[BundleImage(i["ref"], i["image_id"], i["file"], i["arch"],
-                                tuple(i.get("cells", ()))) for i in doc["images"]],
+                                tuple(i.get("cells", ())), str(i.get("pin", "")))
+                    for i in doc["images"]],
             cells=[BundleCell(**c) for c in doc["cells"]],
             builder_version=str(doc.get("builder_version", "")),
             created=str(doc.get("created", "")),
@@ -194,14 +199,38 @@ def describe_file(root: Path, rel: str, cells: Sequence[str]) -> BundleFile:
 # ------------------------------------------------------------------ images
 
 
-def save_image(engine: Any, ref: str, dest: Path) -> None:
-    """``docker save REF > DEST``, through a temporary file: DEST is whole or absent."""
+#: The names pinned images are saved under (:func:`saved_name`).
+PINNED_PREFIX = "ampforge/pinned/"
+
+
+def saved_name(ref: str) -> str:
+    """The name a bundle saves *ref*'s image under, the one ``docker load`` restores: *ref*
+    itself, except for a pin (``repo:tag@sha256:...``): ``docker save`` of a digest reference
+    writes no name at all (Docker 20.10: ``RepoTags: null``), and no engine lets a digest
+    reference be made without a registry. So a pin travels as
+    ``ampforge/pinned/<name>:<tag>-<16 hex of its digest>``; the image id recorded next to it
+    (a digest of the image's config, which names every layer) is checked after the load."""
+    pin = parse_ref(ref)
+    if pin.digest is None:
+        return ref
+    name = pin.repository.rsplit("/", 1)[-1]
+    return f"{PINNED_PREFIX}{name}:{pin.tag or 'latest'}-{pin.digest[len('sha256:'):][:16]}"
+
+
+def save_image(engine: Any, ref: str, dest: Path) -> str:
+    """``docker save`` *ref* (under :func:`saved_name`) to *dest*, through a temporary file:
+    *dest* is whole or absent. Returns the name ``docker load`` restores."""
+    name = saved_name(ref)
+    if name != ref:
+        repository, _, tag = name.rpartition(":")
+        engine.api.tag(ref, repository, tag)
 
     def write(fh: BinaryIO) -> None:
-        for chunk in engine.api.get_image(ref, chunk_size=1 << 20):
+        for chunk in engine.api.get_image(name, chunk_size=1 << 20):
             fh.write(chunk)
 
     atomic_replace(dest, write)
+    return name
 
 
 def load_images(engine: Any, bundle: Bundle, arches: Sequence[str],

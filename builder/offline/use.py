@@ -67,7 +67,9 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
         return base_ref  # auto will choose the host backend and say why
     load_images(engine, bundle, [arch], lambda m: say(f"bundle: {m}"))
     if base_ref is None:
-        say(f"base image: {image.ref} (from the bundle)")
+        pinned = (f", the pin {image.pin} (its image id checked after the load)"
+                  if image.pin else "")
+        say(f"base image: {image.ref} (from the bundle{pinned})")
         return image.ref
     return base_ref
 

@@ -72,7 +72,7 @@ class Cell:
 
     @property
     def torch_local(self) -> str:
-        """The wheel's local version label, ``torch2.13`` (see the README, "wheel names")."""
+        """The wheel's local version label, ``torch2.13`` (README.md's contract, "wheel names")."""
         major, minor, _ = self.torch.split(".")
         return f"torch{major}.{minor}"
 

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from builder.backends.base import Backend, Host, ImageChoice
 from builder.backends.choose import choose
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
+from builder.config.pins import parse_ref
 from builder.errors import BuilderError
 from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select
@@ -85,6 +86,9 @@ class ResolvedCell:
             "buildable_here": self.buildable, "runner": self.runner,
             "runner_reason": self.runner_reason,
             "base_image": self.image.ref, "base_image_id": self.image.image_id,
+            # the digest the ref pins (a new one is a new recipe, so a new cell key); None:
+            # unpinned, or no image (host, cross)
+            "base_image_digest": parse_ref(self.image.ref).digest,
             "family": c.image.family, "python_path": c.python_path,
             "plat": self.plat, "plat_reason": self.plat_reason,
             "docker_platform": c.docker_platform, "network": self.network,

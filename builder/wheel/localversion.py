@@ -1,7 +1,7 @@
 """Give a built wheel the torch it was built against as a PEP 440 local version label.
 
 ``--project`` builds any PEP 517 project, and most projects know nothing of our
-``+torch2.13`` convention (README, wheel names). Rather than asking each project to read an
+``+torch2.13`` convention (README.md, wheel names). Rather than asking each project to read an
 environment variable, the pipeline rewrites the finished wheel: the ``.dist-info`` folder's
 name, ``Version:`` in ``METADATA``, the file name, and a fresh ``RECORD`` (hashes per PEP 376 /
 the wheel spec). A version that already has a local label gets ours appended with a dot

@@ -1,5 +1,5 @@
 """Helpers for the air-gapped walkthrough (test_airgapped.py, test_airgapped_host.py): a fresh
-clone, ``make fetch`` on this connected machine, and the README's commands run inside a network
+clone, ``make fetch`` on this connected machine, and the documented commands run inside a network
 namespace that has nothing but loopback (``unshare --net``, root)."""
 
 from __future__ import annotations

@@ -88,14 +88,20 @@ def _wait_answering(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"docker-registry did not answer {url}:\n{log.read_text(errors='replace')}")
 
 
-def push(engine: DockerEngine, source: str, target: str) -> None:
+def push(engine: DockerEngine, source: str, target: str) -> str:
     """Tag *source* as *target* and push it; the tag is removed again afterwards (the image
-    stays under *source*), so the engine lacks *target* as a user's engine would."""
+    stays under *source*), so the engine lacks *target* as a user's engine would. Returns the
+    manifest digest the registry stored (what a pin names)."""
     repository, _, tag = target.rpartition(":")
     engine.api.tag(source, repository, tag)
+    digest = ""
     try:
         for event in engine.api.push(repository, tag, stream=True, decode=True):
             if "error" in event:
                 raise RuntimeError(f"push of {target} failed: {event['error']}")
+            digest = (event.get("aux") or {}).get("Digest") or digest
     finally:
         engine.api.remove_image(target)  # untags only: *source* still names the image
+    if not digest:
+        raise RuntimeError(f"push of {target}: the engine reported no digest")
+    return str(digest)

@@ -6,7 +6,7 @@ bundle, and no network at all, builds the same wheel as a connected machine.
    pinned wheels; then the tag leaves the engine, so the offline build can only have the image
    back by ``docker load``-ing the bundle.
 2. Air-gapped: ``unshare --net`` (a new network namespace with nothing but loopback) around the
-   README's command on a fresh ``git clone`` with no ``.venv``: ``make wheel OFFLINE=1 BUNDLE=b
+   documented command on a fresh ``git clone`` with no ``.venv``: ``make wheel OFFLINE=1 BUNDLE=b
    ARCH=X86 PY=3.11`` -- the builder set up from the bundle (pip ``--no-index``; pip's own
    configuration switched off, ``PIP_CONFIG_FILE=/dev/null``), the engine reached through its
    Unix socket, the containers without network. The wheel is byte-identical to the same cell

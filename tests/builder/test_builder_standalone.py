@@ -32,7 +32,7 @@ from builder.offline.bundle import (
 )
 
 COMMANDS = ("plan", "render", "build", "base-image", "fetch", "index", "publish", "doctor",
-            "clean")
+            "clean", "update-images")
 #: Modules a builder environment may lack without any --help breaking: the cell's torch and amp
 #: (never the builder's), and the optional pieces imported where they are used.
 OPTIONAL = ("torch", "amp", "elftools", "rich", "jinja2", "docker", "twine", "auditwheel")

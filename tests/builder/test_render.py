@@ -103,8 +103,9 @@ def test_arch_templates_differ_only_in_arch_comments() -> None:
     _, (arm,) = _recipes(None, arch="ARM", python="3.11", torch="2.13.0")
 
     def strip(t: str, machine: str, other: str) -> list[str]:
+        # each arch's image has its own digest (its pin): the digest is not an arch word
         return [
-            ln.replace(machine, "M").replace(other, "M")
+            re.sub(r"sha256:[0-9a-f]{64}", "D", ln).replace(machine, "M").replace(other, "M")
             for ln in t.splitlines()
             if not ln.startswith("#")
         ]

@@ -151,7 +151,7 @@ def test_the_npu_extra_of_a_stable_wheel_pairs_with_the_torch_pip_ends_up_with(
                    "tpkg[npu]", *keep)
         assert r.returncode == 0, r.stderr
         got = [installed_version(venv, d) for d in ("tpkg", "torch", "torch-npu")]
-        if keep:  # the user names their torch (as the README says): its torch-npu comes
+        if keep:  # the user names their torch (as docs/stable-wheels.md says): its torch-npu comes
             assert got == ["0.1", "2.10.0", "2.10.0"]
         else:  # pip may move to the newest pair, but a pair it is: the torch-npu built for
             # the torch it ends up with

@@ -7,7 +7,7 @@
 # see them, and they stay out of the image's layers, history and environment as long as
 # this file never declares them with ARG or copies them into ENV.
 
-FROM quay.io/pypa/manylinux_2_28_x86_64
+FROM quay.io/pypa/manylinux_2_28_x86_64:2025.08.15-1@sha256:6f42f4382bc73e9584206e6722e001922c0d4846c932fccaa04c0e35903b717d
 
 # What this image is for; the engine reads these back (docker inspect) and the build steps
 # read the ENV below, so no cell value is ever spliced into a shell command.
@@ -17,7 +17,7 @@ LABEL io.ampforge.cell="cp311-manylinux_x86_64-torch2.13.0" \
       io.ampforge.torch="2.13.0" \
       io.ampforge.plat="manylinux_2_28_x86_64" \
       io.ampforge.family="manylinux" \
-      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_x86_64" \
+      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_x86_64:2025.08.15-1@sha256:6f42f4382bc73e9584206e6722e001922c0d4846c932fccaa04c0e35903b717d" \
       io.ampforge.config="configs/matrix.yaml"
 
 ENV AMPFORGE_CELL="cp311-manylinux_x86_64-torch2.13.0" \

@@ -7,7 +7,7 @@
 # see them, and they stay out of the image's layers, history and environment as long as
 # this file never declares them with ARG or copies them into ENV.
 
-FROM quay.io/pypa/manylinux_2_28_aarch64
+FROM quay.io/pypa/manylinux_2_28_aarch64:2025.08.15-1@sha256:52bb58d1da822eb682d7d4e6c0d61383e9388a7195ae1bde904f2f4a7b33c983
 
 # What this image is for; the engine reads these back (docker inspect) and the build steps
 # read the ENV below, so no cell value is ever spliced into a shell command.
@@ -17,7 +17,7 @@ LABEL io.ampforge.cell="cp39-manylinux_aarch64-torch2.8.0" \
       io.ampforge.torch="2.8.0" \
       io.ampforge.plat="manylinux_2_28_aarch64" \
       io.ampforge.family="manylinux" \
-      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_aarch64" \
+      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_aarch64:2025.08.15-1@sha256:52bb58d1da822eb682d7d4e6c0d61383e9388a7195ae1bde904f2f4a7b33c983" \
       io.ampforge.config="configs/matrix.yaml"
 
 ENV AMPFORGE_CELL="cp39-manylinux_aarch64-torch2.8.0" \

@@ -8,7 +8,7 @@
 # this file never declares them with ARG or copies them into ENV.
 # Offline recipe: nothing below downloads; pip only reads the wheelhouse at /wheelhouse.
 
-FROM quay.io/pypa/manylinux_2_28_x86_64
+FROM quay.io/pypa/manylinux_2_28_x86_64:2025.08.15-1@sha256:6f42f4382bc73e9584206e6722e001922c0d4846c932fccaa04c0e35903b717d
 
 # What this image is for; the engine reads these back (docker inspect) and the build steps
 # read the ENV below, so no cell value is ever spliced into a shell command.
@@ -18,7 +18,7 @@ LABEL io.ampforge.cell="cp310-manylinux_x86_64-torch2.9.1" \
       io.ampforge.torch="2.9.1" \
       io.ampforge.plat="manylinux_2_28_x86_64" \
       io.ampforge.family="manylinux" \
-      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_x86_64" \
+      io.ampforge.base-image="quay.io/pypa/manylinux_2_28_x86_64:2025.08.15-1@sha256:6f42f4382bc73e9584206e6722e001922c0d4846c932fccaa04c0e35903b717d" \
       io.ampforge.config="tests/builder/golden/offline.yaml"
 
 ENV AMPFORGE_CELL="cp310-manylinux_x86_64-torch2.9.1" \
