@@ -100,9 +100,13 @@ $(VENV)/.torch-$(TORCH): | $(VENV)/.devtools
 
 # Dependencies and the project itself (editable, compiling amp._C against the
 # venv's torch: hence --no-build-isolation); the builder's dependencies stay at the lock's pins.
+# The pins go in without their hashes (`lockfile constraints`): a constraints file with hashes
+# turns on pip's hash-checking mode, which refuses an editable install; the builder's own
+# distributions were installed with --require-hashes by $(BUILDER_STAMP) already.
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH) \
 		$(BUILDER_STAMP)
-	$(PIP) install --no-build-isolation -c $(BUILDER_LOCK) -e ".[dev]"
+	$(PYTHON) -m builder.lockfile constraints > $(VENV)/builder-constraints.txt
+	$(PIP) install --no-build-isolation -c $(VENV)/builder-constraints.txt -e ".[dev]"
 	$(PY_VENV) setup.py --quiet apex_pth --site "$$($(PY_VENV) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 

@@ -7,7 +7,8 @@ Precedence, lowest to highest (each layer overrides the ones before it):
 3. the environment -- the builder's own variables are namespaced (``BUILDER_ARCH``,
    ``BUILDER_PYTHON``, ``BUILDER_TORCH``, ``BUILDER_JOBS``, ``BUILDER_OFFLINE``,
    ``BUILDER_BUNDLE``, ``BUILDER_BACKEND``, ``BUILDER_BASE_IMAGE``, ``BUILDER_NETWORK``,
-   ``BUILDER_PULL``, ``BUILDER_CA_BUNDLE``: see :data:`ENV`), so a shell whose ``ARCH`` means
+   ``BUILDER_PULL``, ``BUILDER_CA_BUNDLE``, ``BUILDER_PIP_RETRIES``, ``BUILDER_PIP_TIMEOUT``: see
+   :data:`ENV`), so a shell whose ``ARCH`` means
    something else (conda-forge sets ``ARCH=64``) does not steer a build; the standard proxy
    variables ``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, ``ALL_PROXY`` in either case
    (lower case wins when both are set); empty variables count as unset;

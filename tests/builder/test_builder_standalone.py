@@ -346,7 +346,10 @@ def test_setup_is_the_builder_env_plus_torch_and_the_project(tmp_path: Path) -> 
     torch = next(i for i, ln in enumerate(lines) if "install \"torch==" in ln)
     editable = next(i for i, ln in enumerate(lines) if "-e \".[dev]\"" in ln)
     assert first < torch < editable
-    assert "-c builder/requirements.lock" in lines[editable]
+    # The lock's pins without their hashes: pip's hash-checking mode refuses an editable install.
+    assert "-m builder.lockfile constraints > " in lines[editable - 1]
+    constraints = lines[editable - 1].split(" > ", 1)[1]
+    assert f"-c {constraints}" in lines[editable]
 
 
 def test_every_module_the_builder_imports_is_declared() -> None:
