@@ -76,13 +76,17 @@ builder-env: $(BUILDER_STAMP)
 
 # builder-lock: re-pin the builder's environment from pyproject.toml's `builder` extra (the one
 # place its dependencies are declared) in a throwaway venv with the newest pip.
+# Each pin gets the sha256 of its files (pip downloads them for the lock venv's Python), kept
+# with the earlier ones of an unchanged pin: every install of the lock uses --require-hashes.
 builder-lock:
 	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
 	$(PYTHON) -m builder.lockfile requirements > build/lock-venv/requirements.in
 	build/lock-venv/bin/python -m pip install --quiet -r build/lock-venv/requirements.in
-	{ sed -n '/^#/p' $(BUILDER_LOCK); build/lock-venv/bin/python -m pip freeze --all \
-		| grep -v -e '^setuptools==' -e '^wheel=='; } > $(BUILDER_LOCK).new
+	build/lock-venv/bin/python -m pip freeze --all | grep -v -e '^setuptools==' -e '^wheel==' \
+		> build/lock-venv/frozen.txt
+	$(PYTHON) -m builder.lockfile pin --frozen build/lock-venv/frozen.txt \
+		--python build/lock-venv/bin/python > $(BUILDER_LOCK).new
 	mv $(BUILDER_LOCK).new $(BUILDER_LOCK) && rm -rf build/lock-venv
 
 # The development tools on top (a newer pip is part of the lock already).
@@ -96,9 +100,13 @@ $(VENV)/.torch-$(TORCH): | $(VENV)/.devtools
 
 # Dependencies and the project itself (editable, compiling amp._C against the
 # venv's torch: hence --no-build-isolation); the builder's dependencies stay at the lock's pins.
+# The pins go in without their hashes (`lockfile constraints`): a constraints file with hashes
+# turns on pip's hash-checking mode, which refuses an editable install; the builder's own
+# distributions were installed with --require-hashes by $(BUILDER_STAMP) already.
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(KERNEL_SOURCES) $(VENV)/.torch-$(TORCH) \
 		$(BUILDER_STAMP)
-	$(PIP) install --no-build-isolation -c $(BUILDER_LOCK) -e ".[dev]"
+	$(PYTHON) -m builder.lockfile constraints > $(VENV)/builder-constraints.txt
+	$(PIP) install --no-build-isolation -c $(VENV)/builder-constraints.txt -e ".[dev]"
 	$(PY_VENV) setup.py --quiet apex_pth --site "$$($(PY_VENV) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 

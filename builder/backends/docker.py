@@ -110,6 +110,7 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
     torch_tag = job.steps("torch", lambda: docker_torch_image(
         job, engine, tag, image_id, binds or None, wheelhouse))
     env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
+    env.update(job.config.pip.network.env())  # the exec's, so a changed retry is no new image
     env.update(opts.epoch_env())
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)

@@ -33,9 +33,9 @@ def merged_ca_bundle(extra: Path, folder: Path) -> Path:
 
 
 def pip_env(config: BuildConfig, proxy_env: Mapping[str, str], folder: Path) -> dict[str, str]:
-    """Environment variables for pip here: proxies, indexes (not offline: then the wheelhouse is
-    the only source), and the CA bundle merged into *folder*."""
-    env = dict(proxy_env)
+    """Environment variables for pip here: proxies, retries and timeout, indexes (not offline:
+    then the wheelhouse is the only source), and the CA bundle merged into *folder*."""
+    env = {**proxy_env, **config.pip.network.env()}
     if not config.offline.enabled:
         if config.pip.index_url:
             env["PIP_INDEX_URL"] = config.pip.index_url

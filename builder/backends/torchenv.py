@@ -38,7 +38,17 @@ from typing import Any, Optional
 from builder.atomicfile import atomic_write
 from builder.backends.base import CellJob
 from builder.backends.downloadsize import announce_large_download
-from builder.cache import cache_root, content_key, ensure_entry, file_digest, folder_digest
+from builder.cache import (
+    TREE_MANIFEST,
+    cache_root,
+    content_key,
+    discard_entry,
+    ensure_entry,
+    file_digest,
+    folder_digest,
+    tree_problems,
+    write_tree_manifest,
+)
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.incell import STEPS_SCRIPT, install_torch, parse_result
@@ -90,13 +100,27 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     final = root / f"py{cell.python}-torch{cell.torch}-{key}"
     last = root / f"py{cell.python}-torch{cell.torch}.json"
     venv_python = final / "venv" / "bin" / "python"
+    if final.is_dir() and not (final / TREE_MANIFEST).is_file():
+        # Made by a builder that kept no record of its files: nothing to check it against.
+        job.log.note(f"ampforge: the torch {cell.torch} environment {final} has no record of "
+                     "its files (made by an earlier builder): making it again")
+        discard_entry(final)
     if final.is_dir():
-        job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
-                      f"(key {key})")
-    else:
+        damage = tree_problems(final / "venv", final / TREE_MANIFEST)
+        if damage:
+            # A cache that lies (a file deleted or truncated by hand, a disk error, a tool
+            # that wrote into the venv): never build against it; make it again.
+            job.warn(f"the cached torch {cell.torch} environment {final} is damaged "
+                     f"({'; '.join(damage)}): removing it and making it again")
+            discard_entry(final)
+        else:
+            job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
+                         f"(key {key}; its files match their record)")
+    if not final.is_dir():
         previous = _read_json(last)
-        why = (f"changed: {', '.join(changed_parts(previous, parts))}" if previous
-               else "first build of this cell here")
+        changed = changed_parts(previous, parts) if previous else []
+        why = (f"changed: {', '.join(changed)}" if changed
+               else "same inputs as the last one" if previous else "first build of this cell here")
         job.log.note(f"ampforge: making the torch {cell.torch} environment {final} ({why})")
 
         def fill(tmp: Path) -> None:
@@ -115,6 +139,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                               if job.opts.wheelhouse else None,
                               index_url=job.config.pip.index_url)
             (tmp / "key.json").write_text(json.dumps(parts, sort_keys=True, indent=1) + "\n")
+            # What the environment holds, so that the next build can tell it was not changed.
+            write_tree_manifest(tmp / "venv", tmp / TREE_MANIFEST)
 
         ensure_entry(final, fill)
         _write_json(last, parts)
@@ -181,6 +207,7 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
     # would be committed into the layer's config (and with it any proxy password).
     pip_env = {} if opts.offline else dict(job.proxy_env)
     pip_env["PIP_NO_CACHE_DIR"] = "1"  # the download cache would bloat the layer
+    pip_env.update(job.config.pip.network.env())
     with engine.container(cell_image, binds=wheelhouse_bind, network=not opts.offline,
                           network_name=opts.network,
                           labels={f"{CONTAINER_LABEL}.run": job.run_id,

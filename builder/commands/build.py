@@ -236,6 +236,18 @@ def _bundle(config: BuildConfig, wheelhouse: Optional[Path],
     return bundle, config, bundle.wheels
 
 
+def _refuse_damaged_wheels(wheelhouse: Path) -> None:
+    """A truncated or spliced wheel in the wheelhouse stops the build before anything is made
+    from it (a torch environment with files missing would be built against)."""
+    from builder.wheel.integrity import damaged_wheels  # noqa: PLC0415
+
+    damaged = damaged_wheels(sorted(wheelhouse.glob("*.whl")))
+    if damaged:
+        raise ConfigError(f"wheelhouse {wheelhouse} holds damaged wheels (nothing was built):\n  "
+                          + "\n  ".join(damaged) + "\ndownload them again (pip download, or "
+                          "`python -m builder fetch`) or remove them", key="--find-links")
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     settings = load_from_args(args, ctx)
     config = settings.config
@@ -251,6 +263,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise ConfigError(f"wheelhouse {wheelhouse} is not a directory; expected a folder of "
                           "wheels (torch and its dependencies)", key="--find-links")
+    if wheelhouse is not None and bundle is None:  # a bundle's were checked by sha256
+        _refuse_damaged_wheels(wheelhouse)
     project = _project(args)
     test = resolve_project_test(project, config.test, args.test_requires, args.test_command)
     settings, resolution = resolve_from_args(args, ctx, everything=args.all,

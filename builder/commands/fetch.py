@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import sys
 import sysconfig
 import time
@@ -94,6 +93,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder import __version__  # noqa: PLC0415
     from builder.config import default_project  # noqa: PLC0415
     from builder.errors import ConfigError, EngineUnavailable, StepFailed  # noqa: PLC0415
+    from builder.netpip import run_pip  # noqa: PLC0415
     from builder.offline.builderwheels import fetch_builder_wheels  # noqa: PLC0415
     from builder.offline.bundle import (  # noqa: PLC0415
         BUILDER_WHEELS_DIR,
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         resolve,
     )
     from builder.release.manifest import utc_now  # noqa: PLC0415
+    from builder.wheel.integrity import damaged_wheels  # noqa: PLC0415
 
     err = ctx.output.err
     start = time.monotonic()
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     log_file = Path("build/ampforge/logs/fetch.log").resolve()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     env = pip_env(ctx.env, config.proxy.build_args())
+    net = config.pip.network
+    err(f"fetch: network: {net.describe()}")
     needed: dict[str, set[str]] = {}
     with log_file.open("w") as log:
         for cell in cells:
@@ -169,15 +172,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                      reqs, args.find_links, args.pip_arg)
             err(f"fetch: {cell.identifier}: pip download {' '.join(reqs)} for "
                 f"{target.describe()}")
-            log.write(ctx.output.redact("+ " + " ".join(argv)) + "\n")
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-            output = ctx.output.redact(proc.stdout + proc.stderr)
-            log.write(output + "\n")
-            log.flush()
-            if proc.returncode != 0:
-                tail = "\n".join(output.strip().splitlines()[-15:])
-                raise StepFailed(f"pip download for {cell.identifier} failed (exit "
-                                 f"{proc.returncode}; full output in {log_file}):\n{tail}")
+            run_pip(argv, env, net, log, ctx.output.redact,
+                    f"pip download for {cell.identifier}")
             # What pip fetched must be exactly enough for the offline build's pre-flight.
             res = resolve(index_wheelhouse(wheels_dir), target, reqs)
             if not res.ok:
@@ -188,7 +184,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         # The builder's own pinned environment, for the machine that has only the bundle.
         err(f"fetch: the builder's environment: pip download -r {BUILDER_LOCK_NAME} for "
             f"Python {platform.python_version()} ({sysconfig.get_platform()})")
-        builder_env = fetch_builder_wheels(root, env, args.find_links, args.pip_arg, log,
+        builder_env = fetch_builder_wheels(root, env, net, args.find_links, args.pip_arg, log,
                                            ctx.output.redact)
 
     images: list[BundleImage] = []
@@ -220,6 +216,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                       pin=ref if name != ref else ""))
             image_files[rel] = set(ids)
 
+    # Whatever pip left in the folders -- a file from an interrupted earlier fetch that pip
+    # took as "already downloaded" included -- must be a whole wheel before bundle.json vouches
+    # for it with its sha256.
+    damaged = damaged_wheels([*sorted(wheels_dir.glob("*.whl")),
+                              *(root / w["file"] for w in builder_env["wheels"])])
+    if damaged:
+        raise StepFailed(f"damaged wheels in bundle {root} (no bundle.json written):\n  "
+                         + "\n  ".join(damaged) + "\ndelete them and run fetch again")
     files = []
     reused = 0
     for whl in sorted(wheels_dir.glob("*.whl")):

@@ -7,7 +7,8 @@ Precedence, lowest to highest (each layer overrides the ones before it):
 3. the environment -- the builder's own variables are namespaced (``BUILDER_ARCH``,
    ``BUILDER_PYTHON``, ``BUILDER_TORCH``, ``BUILDER_JOBS``, ``BUILDER_OFFLINE``,
    ``BUILDER_BUNDLE``, ``BUILDER_BACKEND``, ``BUILDER_BASE_IMAGE``, ``BUILDER_NETWORK``,
-   ``BUILDER_PULL``, ``BUILDER_CA_BUNDLE``: see :data:`ENV`), so a shell whose ``ARCH`` means
+   ``BUILDER_PULL``, ``BUILDER_CA_BUNDLE``, ``BUILDER_PIP_RETRIES``, ``BUILDER_PIP_TIMEOUT``: see
+   :data:`ENV`), so a shell whose ``ARCH`` means
    something else (conda-forge sets ``ARCH=64``) does not steer a build; the standard proxy
    variables ``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, ``ALL_PROXY`` in either case
    (lower case wins when both are set); empty variables count as unset;
@@ -54,6 +55,7 @@ from builder.config.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
 from builder.config.support import load_support
 from builder.config.yamlfile import YamlDocument, format_path
 from builder.errors import ConfigError
+from builder.netpip import NetworkOptions
 from builder.redact import redact_url_credentials
 
 # ------------------------------------------------------------------ layers
@@ -98,6 +100,28 @@ def _parse_jobs(raw: str, origin: str) -> int:
     return jobs
 
 
+def _parse_retries(raw: str, origin: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 100:
+        raise ConfigError(f"expected a whole number of retries from 0 to 100, got {raw!r}",
+                          key=origin)
+    return value
+
+
+def _parse_timeout(raw: str, origin: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:  # NaN fails this too
+        raise ConfigError(f"expected a timeout in seconds above 0 and at most 3600, got "
+                          f"{raw!r}", key=origin)
+    return value
+
+
 def _ca_bundle(path: Path, origin: str, doc: YamlDocument | None = None) -> Path:
     """A readable PEM file; resolved to an absolute path."""
     line = doc.line(("ca_bundle",)) if doc is not None else None
@@ -132,6 +156,7 @@ ENV: dict[str, str] = {
     "jobs": "BUILDER_JOBS", "offline": "BUILDER_OFFLINE", "bundle": "BUILDER_BUNDLE",
     "backend": "BUILDER_BACKEND", "base_image": "BUILDER_BASE_IMAGE",
     "network": "BUILDER_NETWORK", "ca_bundle": "BUILDER_CA_BUNDLE", "pull": "BUILDER_PULL",
+    "pip_retries": "BUILDER_PIP_RETRIES", "pip_timeout": "BUILDER_PIP_TIMEOUT",
 }
 BACKENDS = ("auto", "docker", "host", "cross", "emulated")
 #: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
@@ -268,9 +293,15 @@ def load_settings(
         extra_cflags=tuple(merged["build"]["extra_cflags"]),
         auditwheel_exclude=tuple(merged["build"]["auditwheel_exclude"]),
     )
+    net = {}
+    for key, parse in (("retries", _parse_retries), ("timeout", _parse_timeout)):
+        origins[f"pip_{key}"] = origin_of("pip", key)[0]
+        net[key], origins[f"pip_{key}"] = _layered(
+            f"pip_{key}", merged["pip"][key], origins[f"pip_{key}"], env, None, parse)
     pip = PipOptions(
         index_url=merged["pip"]["index_url"],
         extra_index_urls=tuple(merged["pip"]["extra_index_urls"]),
+        network=NetworkOptions(retries=int(net["retries"]), timeout=float(net["timeout"])),
     )
 
     # offline

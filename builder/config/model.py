@@ -16,6 +16,7 @@ from builder.config.pins import parse_ref
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
 from builder.config.support import SupportTable
+from builder.netpip import NetworkOptions
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: Installed from the ampforge-builder wheel (builder-dist/), the package carries its own copy of
@@ -119,6 +120,8 @@ class BuildOptions:
 class PipOptions:
     index_url: str | None
     extra_index_urls: tuple[str, ...]
+    #: pip's --retries / --timeout for every download (:mod:`builder.netpip`)
+    network: NetworkOptions
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "properties": {
                 "index_url": _NULLABLE_STRING,
                 "extra_index_urls": {"type": "array", "items": {"type": "string"}},
+                "retries": {"type": "integer", "minimum": 0, "maximum": 100},
+                "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
             },
         },
         "proxy": {

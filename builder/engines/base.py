@@ -18,6 +18,7 @@ from typing import Callable, Optional, Protocol, TextIO
 
 from builder.engines.tls_hint import tls_failure_hint
 from builder.errors import StepFailed
+from builder.netpip import explain
 from builder.redact import Redactor
 
 #: Receives each redacted output line (without its newline), e.g. a progress display.
@@ -139,7 +140,8 @@ def check_result(
         f"step '{name}' failed in {where} with exit code {result.exit_code}\n"
         f"  command: {' '.join(result.argv)}\n  last lines:\n{shown}{log}"
     )
-    hint = tls_failure_hint(result.tail)
+    # pip inside the step: a TLS failure, a stall, a reset storm or a hash mismatch in one line
+    hint = tls_failure_hint(result.tail) or explain("\n".join(result.tail))
     if hint:
         message += f"\n  hint: {hint}"
     raise StepFailed((redactor or Redactor())(message))

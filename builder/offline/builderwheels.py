@@ -11,7 +11,6 @@ every other file) and, under ``builder``, which pin each one is.
 from __future__ import annotations
 
 import platform
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import lockfile
 from builder.errors import StepFailed
+from builder.netpip import NetworkOptions, run_pip
 from builder.offline.bundle import BUILDER_WHEELS_DIR
 
 
@@ -36,24 +36,16 @@ def download_argv(dest: Path, find_links: Sequence[str] = (),
     return [*argv, *pip_args]
 
 
-def fetch_builder_wheels(root: Path, env: Mapping[str, str], find_links: Sequence[str],
-                         pip_args: Sequence[str], log: TextIO,
+def fetch_builder_wheels(root: Path, env: Mapping[str, str], net: NetworkOptions,
+                         find_links: Sequence[str], pip_args: Sequence[str], log: TextIO,
                          redact: Callable[[str], str]) -> dict[str, Any]:
     """Download the lock's wheels into ``root/builder-wheels``; the ``builder`` section of
     bundle.json. StepFailed naming the pins pip did not deliver as wheels."""
     dest = root / BUILDER_WHEELS_DIR
     dest.mkdir(parents=True, exist_ok=True)
-    argv = download_argv(dest, find_links, pip_args)
-    log.write(redact("+ " + " ".join(argv)) + "\n")
-    proc = subprocess.run(argv, env=dict(env), capture_output=True, text=True)
-    output = redact(proc.stdout + proc.stderr)
-    log.write(output + "\n")
-    log.flush()
-    if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-15:])
-        raise StepFailed(f"pip download of the builder's own environment "
-                         f"({lockfile.LOCK_FILE.name}) failed (exit {proc.returncode}; full "
-                         f"output in {log.name}):\n{tail}")
+    # The lock carries every pin's sha256s: pip checks each download against them.
+    run_pip(download_argv(dest, find_links, pip_args), env, net, log, redact,
+            f"pip download of the builder's own environment ({lockfile.LOCK_FILE.name})")
     pins = lockfile.read_pins()
     found: dict[str, str] = {}
     for whl in sorted(dest.glob("*.whl")):

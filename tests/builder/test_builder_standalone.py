@@ -14,8 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from indexlib import clean_pip_env, make_wheel
 from packaging.requirements import Requirement
 from pipelinelib import builder_env
+from proxylib import serve_index, write_index
 
 from builder import lockfile
 from builder.config import REPO_ROOT
@@ -202,6 +204,113 @@ def test_complete_bundle_installs_with_no_index_from_its_builder_wheels(tmp_path
     assert read_bundle(tmp_path / "B").builder["lock_sha256"] == lockfile.digest()
 
 
+# ------------------------------------------------------- hashes (issue 27, part 6)
+
+
+def test_every_pin_of_the_lock_carries_its_sha256s() -> None:
+    locked = lockfile.read_locked()
+    assert locked and lockfile.unhashed() == []
+    for name, (_version, hashes) in locked.items():
+        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    # Online and from a bundle alike, pip installs only files with those hashes.
+    for offline in (False, True):  # (a bundle's: test_bundle_builder_wheels_must_match_...)
+        argv = lockfile.install_argv(sys.executable, None, offline, {})
+        assert "--require-hashes" in argv and "--no-deps" in argv
+
+
+def test_a_lock_with_an_unhashed_pin_is_refused(tmp_path: Path, monkeypatch) -> None:
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# header\nrich==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\nidna==3.0\n")
+    assert lockfile.read_locked(lock) == {"rich": ("1.0", ("a" * 64,)), "idna": ("3.0", ())}
+    monkeypatch.setattr(lockfile, "LOCK_FILE", lock)
+    assert lockfile.unhashed() == ["idna==3.0"]
+    assert lockfile.main(["install", "--python", str(tmp_path / "none")]) == 2
+
+
+def test_pin_writes_each_pins_sha256_and_keeps_an_unchanged_pins_others(
+        tmp_path: Path, monkeypatch) -> None:
+    """``make builder-lock``'s last step: the files pip downloads for the pins, hashed; the
+    current lock's other hashes of a pin whose version stays (another Python's wheel) kept."""
+    import hashlib  # noqa: PLC0415
+
+    alpha = make_wheel(tmp_path / "house", "Alpha_Pkg", "1.0")
+    beta = make_wheel(tmp_path / "house", "beta", "2.0")
+    old = tmp_path / "old.lock"
+    old.write_text("# the header\nalpha-pkg==1.0 \\\n    --hash=sha256:" + "b" * 64
+                   + "\nbeta==1.0 \\\n    --hash=sha256:" + "c" * 64 + "\n")
+    monkeypatch.setattr(lockfile, "LOCK_FILE", old)
+    frozen = tmp_path / "frozen.txt"
+    frozen.write_text("Alpha_Pkg==1.0\nbeta==2.0\n")
+    with serve_index(write_index(tmp_path / "house", tmp_path / "index")) as index:
+        for k, v in clean_pip_env(PIP_INDEX_URL=index.url, PIP_NO_CACHE_DIR="1").items():
+            monkeypatch.setenv(k, v)
+        text = lockfile.pin_lock(frozen, sys.executable)
+    sha = {w: hashlib.sha256(w.read_bytes()).hexdigest() for w in (alpha, beta)}
+    first, second = sorted([sha[alpha], "b" * 64])
+    assert text == (f"# the header\nAlpha_Pkg==1.0 \\\n    --hash=sha256:{first} \\\n"
+                    f"    --hash=sha256:{second}\nbeta==2.0 \\\n"
+                    f"    --hash=sha256:{sha[beta]}\n")  # beta's 1.0 hash is gone with 1.0
+    new = tmp_path / "new.lock"
+    new.write_text(text)
+    assert lockfile.read_pins(new) == {"alpha-pkg": "1.0", "beta": "2.0"}
+
+
+@pytest.fixture(scope="module")
+def throwaway_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with pip, whose site-packages the refused installs must leave as they were."""
+    venv = tmp_path_factory.mktemp("lock-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    return venv / "bin" / "python"
+
+
+def site_listing(python: Path) -> list[str]:
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    return sorted(p.name for p in site.iterdir())
+
+
+def refused_lock_install(python: Path, *more: str, **env: str) -> str:
+    """``lockfile install`` into *python*'s venv, which must fail on the hashes and leave the
+    venv as it was; its stderr."""
+    before = site_listing(python)
+    r = subprocess.run([sys.executable, "-m", "builder.lockfile", "install", "--python",
+                        str(python), *more], capture_output=True, text=True, timeout=300,
+                       env=clean_pip_env(PYTHONPATH=str(REPO_ROOT), **env))
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "DO NOT MATCH THE HASHES" in r.stderr
+    assert "requirements.lock: hash mismatch: " in r.stderr
+    assert site_listing(python) == before
+    return r.stderr
+
+
+@pytest.mark.promise(
+    promise="the builder's own environment installs from a bundle only the files its lock's "
+            "sha256s name, whatever bundle.json says",
+    fault="a bundle whose builder wheels are other files than the locked ones, with a "
+          "bundle.json rewritten to match them",
+    result="pip refuses them (--require-hashes), the file is named, nothing is installed")
+def test_bundle_builder_wheels_must_match_the_lock(tmp_path: Path,
+                                                   throwaway_venv: Path) -> None:
+    builder_bundle(tmp_path / "B", lockfile.read_pins())  # stand-ins: bundle.json vouches
+    err = refused_lock_install(throwaway_venv, "--bundle", str(tmp_path / "B"))
+    first = sorted(lockfile.read_pins())[0]
+    assert f"{first.replace('-', '_')}-{lockfile.read_pins()[first]}-py3-none-any.whl" in err
+
+
+@pytest.mark.promise(
+    promise="the builder's own environment installs online only the files its lock's sha256s "
+            "name",
+    fault="an index (on loopback) serving other builds of every pinned version, each with "
+          "its own correct sha256 on the page",
+    result="pip refuses them (--require-hashes) naming the file; nothing is installed")
+def test_online_builder_install_refuses_other_bytes(tmp_path: Path,
+                                                    throwaway_venv: Path) -> None:
+    for name, version in lockfile.read_pins().items():
+        make_wheel(tmp_path / "house", name, version)
+    with serve_index(write_index(tmp_path / "house", tmp_path / "index")) as index:
+        err = refused_lock_install(throwaway_venv, PIP_INDEX_URL=index.url)
+    assert "-py3-none-any.whl" in err.rsplit("hash mismatch: ", 1)[1]
+
+
 # ---------------------------------------------------------------------------- make
 
 
@@ -237,7 +346,10 @@ def test_setup_is_the_builder_env_plus_torch_and_the_project(tmp_path: Path) -> 
     torch = next(i for i, ln in enumerate(lines) if "install \"torch==" in ln)
     editable = next(i for i, ln in enumerate(lines) if "-e \".[dev]\"" in ln)
     assert first < torch < editable
-    assert "-c builder/requirements.lock" in lines[editable]
+    # The lock's pins without their hashes: pip's hash-checking mode refuses an editable install.
+    assert "-m builder.lockfile constraints > " in lines[editable - 1]
+    constraints = lines[editable - 1].split(" > ", 1)[1]
+    assert f"-c {constraints}" in lines[editable]
 
 
 def test_every_module_the_builder_imports_is_declared() -> None:
