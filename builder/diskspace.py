@@ -24,7 +24,7 @@ from builder.errors import DiskFull
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: What tools print for those errnos (strerror), in their own lines of output.
 FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
-_PATH_IN_LINE = re.compile(r"(/[^\s:'\"]+)")
+_PATH_IN_LINE = re.compile(r"(?:^|(?<=[\s'\"]))(/[^\s:'\"]+)")
 
 
 def human(n: int) -> str:
@@ -93,10 +93,11 @@ def full_line(lines: Iterable[str]) -> Optional[str]:
     return next((line.strip() for line in lines if any(t in line for t in FULL_TEXTS)), None)
 
 
-def path_in_line(line: str) -> Optional[Path]:
-    """The file a tool's no-space line names (``error writing to /x/y.o: No space left``)."""
-    found = [m.group(1) for m in _PATH_IN_LINE.finditer(line.split("No space left")[0])]
-    return Path(found[-1]) if found else None
+def paths_in_line(line: str) -> list[Path]:
+    """The absolute paths a tool's no-space line names (``/tmp/cc1.s: Fatal error: can't
+    write /x/y.o: No space left``): some are read, one was being written -- the one on the
+    fullest file system (:func:`fullest`)."""
+    return [Path(m.group(1)) for m in _PATH_IN_LINE.finditer(line)]
 
 
 def disk_full(path: Path, *, needed: Optional[int] = None, what: str = "",
@@ -128,3 +129,22 @@ def fullest(paths: Iterable[Path]) -> Path:
     """Of the places a step writes to, the one with the least free space: where a write that
     failed without naming its file most likely went."""
     return min((Path(p) for p in paths), key=free_bytes)
+
+
+def files_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of each file directly in *folder*: what :func:`remove_changed` compares."""
+    if not folder.is_dir():
+        return {}
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.iterdir() if p.is_file()}
+
+
+def remove_changed(folder: Path, before: dict[str, tuple[int, int]]) -> list[str]:
+    """Remove the files of *folder* that are new or changed since *before*: after a tool that
+    writes in place failed (``pip download`` copies straight to its ``--dest``), any of them
+    may be cut short, and a later run would take it as downloaded. Returns their names."""
+    gone = sorted(name for name, state in files_state(folder).items()
+                  if before.get(name) != state)
+    for name in gone:
+        (folder / name).unlink(missing_ok=True)
+    return gone

@@ -39,7 +39,7 @@ from builder.diskspace import (
     human,
     is_disk_full,
     mount_point,
-    path_in_line,
+    paths_in_line,
     tree_size,
 )
 from builder.engines.base import OutputLog
@@ -97,9 +97,10 @@ def _disk_full(exc: BaseException, opts: PipelineOptions, step: str,
     else:
         text = exc.message if isinstance(exc, BuilderError) else str(exc)
         line = full_line(text.splitlines())
-        named = getattr(exc, "filename", None) or (path_in_line(line) if line else None)
+        named = getattr(exc, "filename", None)
         where = Path(named) if named else fullest(
-            [opts.work, opts.out, cache_root(), Path(tempfile.gettempdir())])
+            [*paths_in_line(line or ""), opts.work, opts.out, cache_root(),
+             Path(tempfile.gettempdir())])
         error = disk_full(where, detail=f"  {line}" if line else "")
     message = f"step '{step}': {error.message}"
     same_disk = (stage is not None and isinstance(error.path, Path)

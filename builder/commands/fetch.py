@@ -10,6 +10,7 @@ import sysconfig
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Optional
 
 from builder.cli import (
     HOST_CELL,
@@ -18,6 +19,7 @@ from builder.cli import (
     add_selection_options,
     resolve_from_args,
 )
+from builder.diskspace import files_state
 from builder.lockfile import LOCK_FILE
 
 BUILDER_LOCK_NAME = f"builder/{LOCK_FILE.name}"
@@ -88,6 +90,32 @@ def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str,
     env = dict(base)
     env.update(proxy_args)
     return env
+
+
+def _download_failed(what: str, code: Optional[int], output: str, log_file: Path,
+                     dest: Path, before: dict[str, tuple[int, int]]) -> Exception:
+    """The error for a failed ``pip download`` into *dest*. pip copies each file straight to
+    its final name there, so whatever it wrote in this run may be cut short (a full disk, a
+    kill) and a later fetch would take it as "already downloaded": those files go first."""
+    from builder.diskspace import (  # noqa: PLC0415
+        disk_full,
+        full_line,
+        fullest,
+        paths_in_line,
+        remove_changed,
+    )
+    from builder.errors import StepFailed  # noqa: PLC0415
+
+    removed = remove_changed(dest, before)
+    dropped = (f"\n(removed what it had written in this run, which may be cut short: "
+               f"{', '.join(removed)})" if removed else "")
+    line = full_line(output.splitlines())
+    if line is not None:
+        return disk_full(fullest([*paths_in_line(line), dest]), what=f"{what} into",
+                         detail=f"  {line[-300:]}{dropped}\n  full output in {log_file}")
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    exit_code = f"exit {code}; " if code is not None else ""
+    return StepFailed(f"{what} failed ({exit_code}full output in {log_file}):\n{tail}{dropped}")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -169,14 +197,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             err(f"fetch: {cell.identifier}: pip download {' '.join(reqs)} for "
                 f"{target.describe()}")
             log.write(ctx.output.redact("+ " + " ".join(argv)) + "\n")
+            before = files_state(wheels_dir)
             proc = subprocess.run(argv, env=env, capture_output=True, text=True)
             output = ctx.output.redact(proc.stdout + proc.stderr)
             log.write(output + "\n")
             log.flush()
             if proc.returncode != 0:
-                tail = "\n".join(output.strip().splitlines()[-15:])
-                raise StepFailed(f"pip download for {cell.identifier} failed (exit "
-                                 f"{proc.returncode}; full output in {log_file}):\n{tail}")
+                raise _download_failed(f"pip download for {cell.identifier}", proc.returncode,
+                                       output, log_file, wheels_dir, before)
             # What pip fetched must be exactly enough for the offline build's pre-flight.
             res = resolve(index_wheelhouse(wheels_dir), target, reqs)
             if not res.ok:
@@ -187,8 +215,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         # The builder's own pinned environment, for the machine that has only the bundle.
         err(f"fetch: the builder's environment: pip download -r {BUILDER_LOCK_NAME} for "
             f"Python {platform.python_version()} ({sysconfig.get_platform()})")
-        builder_env = fetch_builder_wheels(root, env, args.find_links, args.pip_arg, log,
-                                           ctx.output.redact)
+        before = files_state(root / BUILDER_WHEELS_DIR)
+        try:
+            builder_env = fetch_builder_wheels(root, env, args.find_links, args.pip_arg, log,
+                                               ctx.output.redact)
+        except StepFailed as exc:
+            raise _download_failed("pip download of the builder's environment", None,
+                                   exc.message, log_file, root / BUILDER_WHEELS_DIR,
+                                   before) from exc
 
     images: list[BundleImage] = []
     image_files: dict[str, set[str]] = {}
