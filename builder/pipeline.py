@@ -87,7 +87,7 @@ def report_nothing(_line: str) -> None:
 
 
 def _disk_full(exc: BaseException, opts: PipelineOptions, step: str,
-               stage: Optional[Path] = None) -> BuilderError:
+               stage: Optional[Path] = None, line: Optional[str] = None) -> BuilderError:
     """*exc* (a full disk, in any of its shapes) as the error the person reads: the step, the
     path, the free space. A tool's own no-space line names its file; a write of the builder's
     own names it in the exception; else the fullest of the places a cell writes to. What the
@@ -96,7 +96,7 @@ def _disk_full(exc: BaseException, opts: PipelineOptions, step: str,
         error = exc
     else:
         text = exc.message if isinstance(exc, BuilderError) else str(exc)
-        line = full_line(text.splitlines())
+        line = full_line(text.splitlines()) or line
         named = getattr(exc, "filename", None)
         where = Path(named) if named else fullest(
             [*paths_in_line(line or ""), opts.work, opts.out, cache_root(),
@@ -110,6 +110,16 @@ def _disk_full(exc: BaseException, opts: PipelineOptions, step: str,
         message += (f"\n  the cell had written {human(written)} to {stage} when the disk "
                     "filled: its build needs more than that in the work folder")
     return DiskFull(message, path=error.path, free=error.free, needed=error.needed)
+
+
+def _log_tail(log: Path, size: int = 64 << 10) -> list[str]:
+    """The last *size* bytes of the cell's log, as lines (what the failing step wrote)."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(max(0, log.stat().st_size - size))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 def _build_cell(
@@ -224,9 +234,11 @@ def _build_cell(
         result.status = BUILT
         shared.add(cell, result.wheel, reuse.built_by if reuse is not None else cell.identifier)
     except BuilderError as exc:
-        if isinstance(exc, DiskFull) or full_line(exc.message.splitlines()):
+        # The error shows a tool's last lines; its no-space line may be further up the log.
+        line = full_line(exc.message.splitlines()) or full_line(_log_tail(log_path))
+        if isinstance(exc, DiskFull) or line:
             exc = _disk_full(exc, opts, result.steps[-1].name if result.steps else "start",
-                             stage)
+                             stage, line)
         result.status, result.error = FAILED, redactor(exc.message)
     except Exception as exc:  # noqa: BLE001 - a bug must not stop the other cells
         result.status = FAILED
