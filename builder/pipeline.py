@@ -253,9 +253,12 @@ def _build_cell(
             log.close()
         if type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker"):
             # The engine went away mid-build (daemon stopped or restarted).
-            result.error = redactor(f"the container engine stopped answering during step "
-                                    f"'{step}' ({type(exc).__name__}: {exc}); is it still "
-                                    f"running? Details in {log_path}")
+            where = f" at {engine.base_url}" if engine is not None else ""
+            result.error = redactor(f"the container engine{where} stopped answering during "
+                                    f"step '{step}' ({type(exc).__name__}: {exc}); is it "
+                                    f"still running? Once it is back, `python -m builder "
+                                    f"clean` removes this build's container and a rerun "
+                                    f"builds. Details in {log_path}")
         else:
             result.error = redactor(f"unexpected {type(exc).__name__}: {exc} "
                                     f"(traceback in {log_path})")
