@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from enginelib import missing
 
 from builder.diskspace import free_bytes
@@ -101,6 +102,20 @@ def write_c_project(root: Path, blob: int = 1, version: str = "0.0.1") -> Path:
     (root / "cext" / "__init__.py").write_text("")
     (root / "cext" / "c.c").write_text(C_SOURCE)
     return root
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Return once *path* holds *text* (a condition the test waits on, not a delay); fail the
+    test, killing *proc*, if *proc* ends first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    seen = path.read_text()[-3000:] if path.exists() else "(nothing)"
+    pytest.fail(f"never saw {text!r} in {path}: {seen}")
 
 
 def no_partial_files(*folders: Path) -> list[Path]:

@@ -13,12 +13,11 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from enginelib import wheelhouse_cp311
-from faultlib import C_CELL, write_c_project
+from faultlib import C_CELL, wait_for_text, write_c_project
 from pipelinelib import build_argv, builder_env, manifest, seed_dist, wait_until_building
 
 pytestmark = pytest.mark.slow
@@ -62,15 +61,6 @@ def _popen(argv: list[str], cwd: Path, stderr: Path) -> subprocess.Popen:
                             stderr=stderr.open("w"), text=True)
 
 
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if text in path.read_text():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"never saw {text!r}: {path.read_text()[-3000:]}")
-
-
 @pytest.mark.promise(
     promise="two builders of the same cell on one dist/ never race: the second waits, says "
             "for whom, then finds the first one's wheel up to date",
@@ -98,7 +88,7 @@ def test_the_same_cell_twice_at_once_waits_then_is_up_to_date(tmp_path: Path) ->
     try:
         wait_until_building(first, tmp_path / "work" / "logs" / f"{C_CELL}.log")
         second = _popen(argv, tmp_path, tmp_path / "second.err")
-        _wait_for(tmp_path / "second.err", f"waiting: the builder with pid {first.pid}", second)
+        wait_for_text(tmp_path / "second.err", f"waiting: the builder with pid {first.pid}", second)
         release.touch()
         assert first.wait(timeout=600) == 0, (tmp_path / "first.err").read_text()[-3000:]
         assert second.wait(timeout=600) == 0, (tmp_path / "second.err").read_text()[-3000:]

@@ -14,13 +14,19 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from enginelib import wheelhouse_cp311
-from faultlib import C_CELL, CELL_MARK, PrivateDockerd, fake_base_image, write_c_project
+from faultlib import (
+    C_CELL,
+    CELL_MARK,
+    PrivateDockerd,
+    fake_base_image,
+    wait_for_text,
+    write_c_project,
+)
 from pipelinelib import build_argv, builder_env, dist_state, run_subprocess, seed_dist
 
 pytestmark = pytest.mark.slow
@@ -37,17 +43,6 @@ def engine(tmp_path: Path) -> Iterator[PrivateDockerd]:
         yield daemon
     finally:
         daemon.stop()
-
-
-def _wait_in_cell(proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and CELL_MARK in log.read_text():
-            return
-        time.sleep(0.2)
-    if proc.poll() is None:
-        proc.kill()
-    pytest.fail(f"the build never ran in its container: {proc.communicate()[1][-3000:]}")
 
 
 @pytest.mark.promise(
@@ -69,7 +64,7 @@ def test_an_engine_stopped_mid_cell_fails_naming_it_and_clean_leaves_nothing(
     log = tmp_path / "work" / "logs" / f"{C_CELL}.log"
 
     proc = run_subprocess(argv, tmp_path, **env)
-    _wait_in_cell(proc, log)
+    wait_for_text(log, CELL_MARK, proc)
     assert len(engine.containers()) == 1
     engine.stop_daemon()
     _out, err = proc.communicate(timeout=300)
@@ -89,7 +84,7 @@ def test_an_engine_stopped_mid_cell_fails_naming_it_and_clean_leaves_nothing(
 
     log.unlink()  # it holds the first run's mark
     rerun = run_subprocess(argv, tmp_path, **env)
-    _wait_in_cell(rerun, log)
+    wait_for_text(log, CELL_MARK, rerun)
     rerun.send_signal(signal.SIGINT)
     _out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 130, err
