@@ -13,7 +13,9 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Optional
+
+from builder.diskspace import disk_full, is_disk_full
 
 
 def public_mode() -> int:
@@ -27,10 +29,19 @@ def public_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_replace(target: Path, write: Callable[[BinaryIO], None]) -> None:
+def atomic_replace(target: Path, write: Callable[[BinaryIO], None],
+                   size: Optional[int] = None) -> None:
     """Write *target* through *write* into a temporary file in its folder, fsync it, then
-    rename it over the final name: readers see the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    rename it over the final name: readers see the old file or the whole new one.
+
+    A full file system raises :class:`~builder.errors.DiskFull` naming *target* and *size*
+    (the bytes the write needs, when the caller knows them), with the temporary file gone."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:  # no inode left is a full disk too
+        if is_disk_full(exc):
+            raise disk_full(target, needed=size) from exc
+        raise
     os.fchmod(fd, public_mode())
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -38,11 +49,13 @@ def atomic_replace(target: Path, write: Callable[[BinaryIO], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            raise disk_full(target, needed=size) from exc
         raise
 
 
 def atomic_write(target: Path, data: bytes) -> None:
-    atomic_replace(target, lambda fh: fh.write(data))
+    atomic_replace(target, lambda fh: fh.write(data), size=len(data))

@@ -54,3 +54,17 @@ class EngineUnavailable(BuilderError):
     """The container engine does not answer (not installed / not running). Exit code 1."""
 
     return_code = 1
+
+
+class DiskFull(StepFailed):
+    """A write did not fit on its file system (builder.diskspace builds the message: the path,
+    its free space and what was needed). Exit code 1."""
+
+    return_code = 1
+
+    def __init__(self, message: str, *, path: object = None, free: int | None = None,
+                 needed: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.free = free
+        self.needed = needed

@@ -16,7 +16,9 @@ Ctrl-C anywhere leaves ``dist/`` and ``manifest.json`` as they were.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import tempfile
 import time
 import traceback
 import uuid
@@ -28,17 +30,28 @@ from typing import Any, Callable, Optional
 from builder import __version__, lockfile
 from builder.backends.base import Backend, CellJob, PipelineOptions, Steps
 from builder.backends.docker import RUN_LABEL
+from builder.cache import cache_root
 from builder.config import BuildConfig
+from builder.diskspace import (
+    disk_full,
+    full_line,
+    fullest,
+    human,
+    is_disk_full,
+    mount_point,
+    paths_in_line,
+    tree_size,
+)
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine
-from builder.errors import BuilderError, StepFailed
+from builder.errors import BuilderError, DiskFull, StepFailed
 from builder.images.render import Recipe
 from builder.inputkey import builder_digest, find_up_to_date, input_key, rebuild_reason, tree_digest
 from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult
 from builder.plan.builds import min_torch
 from builder.plan.resolve import ResolvedCell
 from builder.redact import Redactor
-from builder.release.manifest import ManifestEntry, publish_wheel, record_wheel, utc_now
+from builder.release.manifest import ManifestEntry, building, publish_recorded, utc_now
 from builder.release.shared import SharedWheels
 from builder.wheel.stableabi import check_stable_wheel, stable_report
 
@@ -53,7 +66,68 @@ def build_cell(
 ) -> CellResult:
     """Build one resolved cell. Step failures become a failed CellResult; Ctrl-C propagates
     (after the container and the staging folder are removed). *shared*: the run's abi3 wheels
-    (builder.release.shared): a cell one of them serves verifies it instead of building."""
+    (builder.release.shared): a cell one of them serves verifies it instead of building.
+
+    Another builder building the same cell into the same ``dist/`` is waited for (and said
+    so): then this one usually finds its wheel up to date."""
+    cell = resolved.cell.identifier
+    try:
+        with building(opts.out, cell, lambda line: (say or report_nothing)(f"{cell}: {line}")):
+            return _build_cell(resolved, recipe, config, opts, backends, engine, redactor,
+                               report, run_id, shared, say)
+    except (BuilderError, OSError) as exc:  # the lock's folder or the log could not be made
+        if isinstance(exc, OSError) and not is_disk_full(exc):
+            raise
+        error = exc if isinstance(exc, BuilderError) else _disk_full(exc, opts, "start")
+        return CellResult(cell=cell, status=FAILED, error=redactor(error.message))
+
+
+def report_nothing(_line: str) -> None:
+    pass
+
+
+def _disk_full(exc: BaseException, opts: PipelineOptions, step: str,
+               stage: Optional[Path] = None, line: Optional[str] = None) -> BuilderError:
+    """*exc* (a full disk, in any of its shapes) as the error the person reads: the step, the
+    path, the free space. A tool's own no-space line names its file; a write of the builder's
+    own names it in the exception; else the fullest of the places a cell writes to. What the
+    cell had written to its staging folder is a lower bound of what it needs there."""
+    if isinstance(exc, DiskFull):
+        error = exc
+    else:
+        text = exc.message if isinstance(exc, BuilderError) else str(exc)
+        line = full_line(text.splitlines()) or line
+        named = getattr(exc, "filename", None)
+        where = Path(named) if named else fullest(
+            [*paths_in_line(line or ""), opts.work, opts.out, cache_root(),
+             Path(tempfile.gettempdir())])
+        error = disk_full(where, detail=f"  {line}" if line else "")
+    message = f"step '{step}': {error.message}"
+    same_disk = (stage is not None and isinstance(error.path, Path)
+                 and mount_point(error.path) == mount_point(stage))
+    written = tree_size(stage) if stage is not None and same_disk else 0
+    if written:
+        message += (f"\n  the cell had written {human(written)} to {stage} when the disk "
+                    "filled: its build needs more than that in the work folder")
+    return DiskFull(message, path=error.path, free=error.free, needed=error.needed)
+
+
+def _log_tail(log: Path, size: int = 64 << 10) -> list[str]:
+    """The last *size* bytes of the cell's log, as lines (what the failing step wrote)."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(max(0, log.stat().st_size - size))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def _build_cell(
+    resolved: ResolvedCell, recipe: Optional[Recipe], config: BuildConfig,
+    opts: PipelineOptions, backends: Mapping[str, Backend], engine: Optional[DockerEngine],
+    redactor: Redactor, report: Callable[[str, str], None], run_id: str,
+    shared: Optional[SharedWheels], say: Optional[Callable[[str], None]],
+) -> CellResult:
     shared = shared if shared is not None else SharedWheels([resolved.cell])
     cell = resolved.cell
     result = CellResult(cell=cell.identifier)
@@ -138,9 +212,9 @@ def build_cell(
                              f"{opts.out} builds it once per arch")
 
         def publish() -> Path:
-            final = publish_wheel(built.wheel, opts.out, cells=shared.group(cell))
+            # The entry is made from the staged wheel: dist/ gets the same name and bytes.
             entry = ManifestEntry.for_wheel(
-                final, cell=cell.identifier, torch=built.torch, python=cell.python,
+                built.wheel, cell=cell.identifier, torch=built.torch, python=cell.python,
                 base_image=built.base_image, compiler=built.compiler,
                 builder_version=__version__, started_at=started_at, finished_at=utc_now(),
                 extra={"input_key": key, "inputs": inputs,
@@ -152,31 +226,39 @@ def build_cell(
                        **({"source_date_epoch": asdict(opts.source_date_epoch)}
                           if opts.source_date_epoch is not None else {}),
                        **stable_abi, **built.extra})
-            try:
-                record_wheel(opts.out, entry)
-            except BaseException:
-                # The manifest must describe dist/: a wheel it does not list is taken back.
-                final.unlink(missing_ok=True)
-                raise
-            return final
+            # Wheel and manifest entry together or not at all (a full disk included): the
+            # manifest must describe dist/.
+            return publish_recorded(built.wheel, opts.out, entry, cells=shared.group(cell))
 
         result.wheel = job.steps("publish", publish)
         result.status = BUILT
         shared.add(cell, result.wheel, reuse.built_by if reuse is not None else cell.identifier)
     except BuilderError as exc:
+        # The error shows a tool's last lines; its no-space line may be further up the log.
+        line = full_line(exc.message.splitlines()) or full_line(_log_tail(log_path))
+        if isinstance(exc, DiskFull) or line:
+            exc = _disk_full(exc, opts, result.steps[-1].name if result.steps else "start",
+                             stage, line)
         result.status, result.error = FAILED, redactor(exc.message)
     except Exception as exc:  # noqa: BLE001 - a bug must not stop the other cells
-        log.open()
-        for line in traceback.format_exc().splitlines():
-            log.write_line(line)
-        log.close()
         result.status = FAILED
+        step = result.steps[-1].name if result.steps else "start"
+        if is_disk_full(exc):
+            result.error = redactor(_disk_full(exc, opts, step, stage).message)
+            return result
+        with contextlib.suppress(OSError, ValueError):  # the log's own disk may be the fault
+            log.open()
+            for line in traceback.format_exc().splitlines():
+                log.write_line(line)
+            log.close()
         if type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker"):
             # The engine went away mid-build (daemon stopped or restarted).
-            step = result.steps[-1].name if result.steps else "start"
-            result.error = redactor(f"the container engine stopped answering during step "
-                                    f"'{step}' ({type(exc).__name__}: {exc}); is it still "
-                                    f"running? Details in {log_path}")
+            where = f" at {engine.base_url}" if engine is not None else ""
+            result.error = redactor(f"the container engine{where} stopped answering during "
+                                    f"step '{step}' ({type(exc).__name__}: {exc}); is it "
+                                    f"still running? Once it is back, `python -m builder "
+                                    f"clean` removes this build's container and a rerun "
+                                    f"builds. Details in {log_path}")
         else:
             result.error = redactor(f"unexpected {type(exc).__name__}: {exc} "
                                     f"(traceback in {log_path})")

@@ -17,6 +17,7 @@ from builder.cli import (
     add_selection_options,
     resolve_from_args,
 )
+from builder.diskspace import files_state
 from builder.lockfile import LOCK_FILE
 
 BUILDER_LOCK_NAME = f"builder/{LOCK_FILE.name}"
@@ -87,6 +88,31 @@ def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str,
     env = dict(base)
     env.update(proxy_args)
     return env
+
+
+def _download_failed(what: str, message: str, log_file: Path, dest: Path,
+                     before: dict[str, tuple[int, int]]) -> Exception:
+    """The error for a failed ``pip download`` into *dest* (*message*: the failure as pip's
+    runner worded it, with pip's last lines). pip copies each file straight to its final name
+    there, so whatever it wrote in this run may be cut short (a full disk, a kill) and a later
+    fetch would take it as "already downloaded": those files go first."""
+    from builder.diskspace import (  # noqa: PLC0415
+        disk_full,
+        full_line,
+        fullest,
+        paths_in_line,
+        remove_changed,
+    )
+    from builder.errors import StepFailed  # noqa: PLC0415
+
+    removed = remove_changed(dest, before)
+    dropped = (f"\n(removed what it had written in this run, which may be cut short: "
+               f"{', '.join(removed)})" if removed else "")
+    line = full_line(message.splitlines())
+    if line is not None:
+        return disk_full(fullest([*paths_in_line(line), dest]), what=f"{what} into",
+                         detail=f"  {line[-300:]}{dropped}\n  full output in {log_file}")
+    return StepFailed(message + dropped)
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -172,8 +198,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                      reqs, args.find_links, args.pip_arg)
             err(f"fetch: {cell.identifier}: pip download {' '.join(reqs)} for "
                 f"{target.describe()}")
-            run_pip(argv, env, net, log, ctx.output.redact,
-                    f"pip download for {cell.identifier}")
+            before = files_state(wheels_dir)
+            try:
+                run_pip(argv, env, net, log, ctx.output.redact,
+                        f"pip download for {cell.identifier}")
+            except StepFailed as exc:
+                raise _download_failed(f"pip download for {cell.identifier}", exc.message,
+                                       log_file, wheels_dir, before) from exc
             # What pip fetched must be exactly enough for the offline build's pre-flight.
             res = resolve(index_wheelhouse(wheels_dir), target, reqs)
             if not res.ok:
@@ -184,8 +215,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         # The builder's own pinned environment, for the machine that has only the bundle.
         err(f"fetch: the builder's environment: pip download -r {BUILDER_LOCK_NAME} for "
             f"Python {platform.python_version()} ({sysconfig.get_platform()})")
-        builder_env = fetch_builder_wheels(root, env, net, args.find_links, args.pip_arg, log,
-                                           ctx.output.redact)
+        before = files_state(root / BUILDER_WHEELS_DIR)
+        try:
+            builder_env = fetch_builder_wheels(root, env, net, args.find_links, args.pip_arg,
+                                               log, ctx.output.redact)
+        except StepFailed as exc:
+            raise _download_failed("pip download of the builder's environment", exc.message,
+                                   log_file, root / BUILDER_WHEELS_DIR, before) from exc
 
     images: list[BundleImage] = []
     image_files: dict[str, set[str]] = {}

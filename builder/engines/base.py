@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, TextIO
 
+from builder.diskspace import disk_full, is_disk_full
 from builder.engines.tls_hint import tls_failure_hint
 from builder.errors import StepFailed
 from builder.netpip import explain
@@ -87,8 +88,12 @@ class OutputLog:
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None  # closed even when its last flush fails
+            try:
+                fh.close()
+            except OSError as exc:
+                self._raise_if_full(exc)
+                raise
 
     def note(self, line: str) -> None:
         """One line of the builder's own into the log, outside any running step."""
@@ -101,11 +106,20 @@ class OutputLog:
     def write_line(self, line: str) -> str:
         clean = self.redactor(line.rstrip("\r\n"))
         if self._fh is not None:
-            self._fh.write(clean + "\n")
-            self._fh.flush()
+            try:
+                self._fh.write(clean + "\n")
+                self._fh.flush()
+            except OSError as exc:
+                self._raise_if_full(exc)
+                raise
         if self.sink is not None:
             self.sink(clean)
         return clean
+
+    def _raise_if_full(self, exc: OSError) -> None:
+        """A failed write to the log: a full disk names the log file (builder.diskspace)."""
+        if self.log_file is not None and is_disk_full(exc):
+            raise disk_full(self.log_file, what="the log") from exc
 
     def capture(self, lines: Iterable[str], keep: int = TAIL_LINES) -> tuple[str, ...]:
         """Write every line; return the last *keep* of them (redacted)."""

@@ -263,8 +263,15 @@ def _pip_source_args(args: argparse.Namespace) -> list[str]:
 def cmd_venv(args: argparse.Namespace) -> None:
     # Layered on another environment: its pip and setuptools serve, none of the venv's own
     # would shadow them.
-    venv.create(args.dest, with_pip=not args.layer, clear=True,
-                system_site_packages=args.system_site_packages)
+    try:
+        venv.create(args.dest, with_pip=not args.layer, clear=True,
+                    system_site_packages=args.system_site_packages)
+    except subprocess.CalledProcessError as exc:
+        # venv runs ensurepip with its output captured: without it here, the log would show
+        # only "returned non-zero exit status 1" (a full disk, for one, would go unsaid).
+        sys.stderr.write(exc.output.decode(errors="replace") if isinstance(exc.output, bytes)
+                         else str(exc.output or ""))
+        raise
     exe = Path(args.dest) / "bin" / "python"
     if args.layer:
         layer_sites(str(exe), args.layer.split(os.pathsep))
