@@ -186,23 +186,38 @@ def fake_base_image(engine_host: str, workdir: Path, tag: str) -> str:
 
 class PrivateDockerd:
     """A dockerd of the test's own (data root, exec root, pid file and socket under one short
-    folder; no bridge, no iptables rules, so it never touches the shared engine's network),
-    started and killed at will. Never the engine other tests use."""
+    folder; a bridge of its own and no iptables rules, so it never touches the shared engine's
+    network), started and killed at will. Never the engine other tests use.
+
+    Not ``--bridge=none``: a dockerd with its bridge disabled deletes the interface named
+    ``docker0`` at start-up -- the shared engine's, whose every later container then fails
+    ("could not find bridge docker0"). So the daemon gets a bridge made for it, removed in
+    :meth:`stop`, and :meth:`stop` checks that the shared engine's bridge is still there."""
 
     def __init__(self) -> None:
         # A Unix socket path must stay under 108 bytes: not under pytest's long tmp_path.
         self.root = Path(tempfile.mkdtemp(prefix="afd-", dir="/tmp"))
         self.host = f"unix://{self.root}/sock"
         self.proc: subprocess.Popen | None = None
+        # An interface name has at most 15 characters; the address block is one no default
+        # Docker pool hands out (those are 172.17-31.x and 192.168.x).
+        self.bridge = f"afd{os.getpid() % 100000}{self.root.name[-3:]}"[:15]
+        self.shared_bridge_before = _link_exists("docker0")
 
     def start(self, wait: float = 60) -> None:
         if shutil.which("dockerd") is None:
             missing("dockerd is not installed", ".ci/run installs docker.io")
         log = (self.root / "log").open("a")
+        if not _link_exists(self.bridge):
+            for argv in (["ip", "link", "add", self.bridge, "type", "bridge"],
+                         ["ip", "addr", "add", f"10.254.{os.getpid() % 250}.1/24", "dev",
+                          self.bridge],
+                         ["ip", "link", "set", self.bridge, "up"]):
+                subprocess.run(argv, check=True, capture_output=True)
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.root / "data"), "--exec-root",
              str(self.root / "exec"), "--pidfile", str(self.root / "pid"), "-H", self.host,
-             "--bridge=none", "--iptables=false", "--ip-masq=false",
+             f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
              # A container's pid 1 that ignores SIGTERM would hold a stop for 15 s.
              "--shutdown-timeout=1"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -247,3 +262,11 @@ class PrivateDockerd:
         subprocess.run(["umount", "-R", "-l", str(self.root / "data")], capture_output=True,
                        check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        assert _link_exists("docker0") == self.shared_bridge_before, (
+            "the private dockerd removed the shared engine's docker0 bridge")
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True,
+                          check=False).returncode == 0
