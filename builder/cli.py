@@ -142,6 +142,33 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: cibuildwheel's build options as flags (builder.config.buildoptions.KEYS): (metavar, help).
+BUILD_OPTION_FLAGS: dict[str, tuple[str, str]] = {
+    "environment": ("ASSIGNMENTS", "cibuildwheel's environment: 'NAME=value ...' set in the build "
+                    "environment and the verification's (test-command, repair-wheel-command), "
+                    "each value evaluated there by sh ($VAR, $(cmd)) (config environment; "
+                    "pyproject [tool.cibuildwheel] environment)"),
+    "environment-pass": ("NAMES", "this machine's variables passed into the build and "
+                         "verification environments (values never logged or recorded)"),
+    "before-all": ("CMD", "run once per cell's build environment before anything is built"),
+    "before-build": ("CMD", "run before the build, the build environment's python first on "
+                     "PATH"),
+    "config-settings": ("SETTINGS", "PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
+                        "--config-settings=--build-option=--cpp_ext)"),
+    "build-frontend": ("FRONTEND", "pip (default: pip wheel, the build environment's pip) or "
+                       "build (pypa/build, installed into the build environment)"),
+    "repair-wheel-command": ("CMD", "replaces auditwheel repair: {wheel} and {dest_dir} "
+                             "placeholders"),
+}
+
+
+def add_build_option_flags(g: argparse._ArgumentGroup) -> None:
+    """cibuildwheel's build options as flags: one definition for ``build`` and ``plan``
+    (each above BUILDER_*, the config file and pyproject's [tool.cibuildwheel])."""
+    for key, (metavar, text) in BUILD_OPTION_FLAGS.items():
+        g.add_argument(f"--{key}", metavar=metavar, default=None, help=text)
+
+
 #: What each command selects when no arch, Python, torch or selector is named.
 EVERY_CELL = "default: every cell of the matrix"
 HOST_CELL = ("default: this host's one cell -- its arch and the builder's Python, with the "

@@ -105,7 +105,8 @@ def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTor
 
     opts = job.opts
     return verify_wheel(wheel, target.python, torch, test=opts.test, project=opts.project,
-                        pip_env=download_env(job), wheelhouse=opts.wheelhouse, log=log)
+                        pip_env=download_env(job), wheelhouse=opts.wheelhouse, log=log,
+                        environment=job.config.build_options.environment)
 
 
 class CrossBackend:
@@ -170,7 +171,8 @@ class CrossBackend:
             def repair() -> Path:
                 with HostEngine().session(log=job.log, parent=stage) as session:
                     return repair_with_command(session, str(labelled), stage / "repaired",
-                                               command, project=str(opts.project))
+                                               command, project=str(opts.project),
+                                               options=job.config.build_options)
 
             repaired_wheel = steps("repair", repair)
             repaired_tag = oldest_tag(split_wheel_name(repaired_wheel.name)[4])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from builder.backends.base import Built, CellJob
+from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import Session
 from builder.errors import StepFailed
@@ -71,7 +72,8 @@ def build_in_cell(
     command = config.build_options.repair_wheel_command
     if command is not None:  # the project's own repair (cibuildwheel's repair-wheel-command)
         repaired_wheel = steps("repair", lambda: repair_with_command(
-            session, inside, stage / "repaired", command, project=built.project))
+            session, inside, stage / "repaired", command, project=built.project,
+            options=config.build_options))
     else:
         repaired_wheel = steps("repair", lambda: repair_wheel(
             session, inside, stage / "repaired", auditwheel=auditwheel, env=auditwheel_env,
@@ -81,7 +83,7 @@ def build_in_cell(
         session, repaired_wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat,
-        test=opts.test, project=built.project))
+        test=opts.test, project=built.project, options=config.build_options))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
@@ -96,7 +98,7 @@ def build_in_cell(
 
 
 def repair_with_command(session: Session, wheel: str, out_dir: Path, command: str, *,
-                        project: str) -> Path:
+                        project: str, options: CibwOptions = NO_OPTIONS) -> Path:
     """cibuildwheel's ``repair-wheel-command`` through ``sh -c`` in the session (``{wheel}``:
     *wheel*, ``{dest_dir}``: an empty folder, ``{project}``/``{package}``: the project's copy);
     exactly one wheel must come out, a manylinux one (verification then checks it as it checks
@@ -106,7 +108,11 @@ def repair_with_command(session: Session, wheel: str, out_dir: Path, command: st
     values = {"wheel": shlex.quote(wheel), "dest_dir": shlex.quote(dest),
               "project": shlex.quote(project), "package": shlex.quote(project)}
     line = re.sub(r"\{(wheel|dest_dir|project|package)\}", lambda m: values[m.group(1)], command)
-    session.run(["sh", "-c", line], step="repair-wheel-command")
+    # cibuildwheel runs the repair in the build's environment: its assignments, as written,
+    # evaluated by the same sh first (a passed variable is referred to by name only).
+    assign = "".join(f"{name}={raw}; export {name}\n" for name, raw in options.environment)
+    session.run(["sh", "-c", assign + line], env=dict(options.passed(os.environ)) or None,
+                step="repair-wheel-command")
     out_dir.mkdir(parents=True, exist_ok=True)
     fetched = session.copy_out(dest, out_dir)
     produced = sorted(fetched.glob("*.whl"))
@@ -135,7 +141,7 @@ def verify_shared_wheel(
         session, wheel, python=python, torch=job.cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=tuple(job.config.build.auditwheel_exclude),
         wheelhouse=wheelhouse, index_url=job.config.pip.index_url, ceiling=job.resolved.plat,
-        test=job.opts.test, project=project))
+        test=job.opts.test, project=project, options=job.config.build_options))
     return Built(wheel=checked.wheel, torch=job.cell.torch, compiler="(not compiled: shared)",
                  tag=checked.tag, modules=checked.modules, base_image="",
                  extra={"platform": platform_record(checked.tag, job.resolved.plat,
@@ -147,10 +153,12 @@ def verify_cell_wheel(
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
     wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
     ceiling: Optional[str] = None, test: ProjectTest = NO_TEST, project: str = "",
+    options: CibwOptions = NO_OPTIONS,
 ) -> Verification:
     """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
     the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag),
-    and the project's own *test* (builder.config.projecttest) in the verification venv.
+    and the project's own *test* (builder.config.projecttest) in the verification venv, with
+    cibuildwheel's ``environment`` and ``environment-pass`` (*options*) applied as in the build.
 
     ``check_name_against_audit`` compares the name with ``auditwheel show``'s symbol tag,
     which counts the excluded libraries' own glibc needs (see builder.wheel.wheelcheck); when only
@@ -172,5 +180,6 @@ def verify_cell_wheel(
         check_name_against_audit(wheel.name, replace(audit, sym_tag=tags[0]), excludes)
     modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
                                wheelhouse=wheelhouse, index_url=index_url,
-                               torch_site=torch_site or None, test=test, project=project)
+                               torch_site=torch_site or None, test=test, project=project,
+                               options=options, passed=options.passed(os.environ))
     return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))

@@ -16,6 +16,7 @@ from builder.cli import (
     HOST_CELL,
     Context,
     RenamedOption,
+    add_build_option_flags,
     add_config_options,
     add_print_identifiers_option,
     add_selection_options,
@@ -129,25 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it (default: used where the build environment has it; the cache lives "
                         "in the engine's ampforge-ccache volume, or $AMPFORGE_CACHE/ccache "
                         "for host builds)")
-    g.add_argument("--environment", metavar="ASSIGNMENTS", default=None,
-                   help="cibuildwheel's environment: 'NAME=value ...' set in the build "
-                        "environment, each value evaluated there by sh ($VAR, $(cmd)) "
-                        "(config environment; pyproject [tool.cibuildwheel] environment)")
-    g.add_argument("--environment-pass", metavar="NAMES", default=None,
-                   help="this machine's variables passed into the build environment "
-                        "(values never logged or recorded)")
-    g.add_argument("--before-all", metavar="CMD", default=None,
-                   help="run once per cell's build environment before anything is built")
-    g.add_argument("--before-build", metavar="CMD", default=None,
-                   help="run before the build, the build environment's python first on PATH")
-    g.add_argument("--config-settings", metavar="SETTINGS", default=None,
-                   help="PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
-                        "--config-settings=--build-option=--cpp_ext)")
-    g.add_argument("--build-frontend", metavar="FRONTEND", default=None,
-                   help="pip (default: pip wheel, the build environment's pip) or build "
-                        "(pypa/build, installed into the build environment)")
-    g.add_argument("--repair-wheel-command", metavar="CMD", default=None,
-                   help="replaces auditwheel repair: {wheel} and {dest_dir} placeholders")
+    add_build_option_flags(g)
     g.add_argument("--test-requires", metavar="REQS", default=None,
                    help="space-separated requirements installed next to the wheel before "
                         "--test-command runs, as cibuildwheel's (config test-requires; the "

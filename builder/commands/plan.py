@@ -8,6 +8,7 @@ import json
 from builder.cli import (
     EVERY_CELL,
     Context,
+    add_build_option_flags,
     add_config_options,
     add_print_identifiers_option,
     add_selection_options,
@@ -71,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the project to plan for, as `build --project` (default: this "
                         "repository): cells outside its requires-python or torch bound are "
                         "dropped")
+    add_build_option_flags(p.add_argument_group(
+        "cibuildwheel's build options (as `build` takes them; shown resolved, with sources)"))
     add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
@@ -92,6 +95,8 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     )
     lines.append(f"backend: {cfg.backend} ({cfg.origins.get('backend')})")
     lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
+    for option in cfg.build_options.describe():
+        lines.append(f"option:  {option}")
     lines += _image_lines(resolution)
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",

@@ -29,6 +29,7 @@ from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import find_qemu
 from builder.errors import StepFailed
+from builder.incell.steps import evaluate_environment
 from builder.wheel.modules import compiled_files
 
 
@@ -119,12 +120,14 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
                  timeout: float = 900, test: ProjectTest = NO_TEST,
                  project: Optional[Path] = None, pip_env: Optional[dict[str, str]] = None,
                  wheelhouse: Optional[Path] = None,
-                 log: Optional[Callable[[Sequence[str]], None]] = None) -> dict:
+                 log: Optional[Callable[[Sequence[str]], None]] = None,
+                 environment: Sequence[tuple[str, str]] = ()) -> dict:
     """Verify any cross-built torch-extension wheel on the emulated target: torch and every
     compiled module it ships import, then the project's *test* runs (test-requires installed
     for the target by this host's pip, with *pip_env* and only from *wheelhouse* when given;
     test-command through ``sh -c`` with ``python`` the target interpreter under QEMU and
-    ``{project}``/``{package}`` naming *project*). *log* receives the test's whole output.
+    ``{project}``/``{package}`` naming *project*; cibuildwheel's *environment* evaluated on
+    this host for it, as for the build). *log* receives the test's whole output.
     Raises StepFailed with the output's tail when anything fails."""
     import json
 
@@ -145,7 +148,8 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
             assert project is not None, "a test-command needs the project's folder"
             report["test"] = run_test_under_qemu(
                 test, python, [site, torch.site], Path(tmp), project=project,
-                pip_env=pip_env, wheelhouse=wheelhouse, timeout=timeout, log=log)
+                pip_env=pip_env, wheelhouse=wheelhouse, timeout=timeout, log=log,
+                environment=environment)
     return report
 
 
@@ -187,8 +191,15 @@ def run_test_under_qemu(test: ProjectTest, python: TargetPython, pythonpath: Seq
                         scratch: Path, *, project: Path,
                         pip_env: Optional[dict[str, str]] = None,
                         wheelhouse: Optional[Path] = None, timeout: float = 900,
-                        log: Optional[Callable[[Sequence[str]], None]] = None) -> dict:
+                        log: Optional[Callable[[Sequence[str]], None]] = None,
+                        environment: Sequence[tuple[str, str]] = ()) -> dict:
     """The project's test-command on the target (see :func:`verify_wheel`)."""
+    try:
+        # cibuildwheel's test environment starts from the build's: its environment first,
+        # then the target interpreter's folder and the install in front of what it set.
+        base = {**os.environ, **evaluate_environment(list(environment), dict(os.environ))}
+    except ValueError as exc:
+        raise StepFailed(f"test-command under qemu-{python.arch}: {exc}") from None
     path = list(pythonpath)
     if test.requires:
         path.insert(0, install_test_requires(test.requires, scratch / "test-requires", python,
@@ -198,9 +209,9 @@ def run_test_under_qemu(test: ProjectTest, python: TargetPython, pythonpath: Seq
     cwd = scratch / "test-cwd"
     cwd.mkdir(parents=True)
     command = test.command_for(str(project))
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+    env = {**base, "PATH": f"{bindir}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
            "PYTHONPATH": os.pathsep.join(str(p) for p in path), "PYTHONNOUSERSITE": "1",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+           "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "2")}
     env.pop("VIRTUAL_ENV", None)
     start = time.monotonic()
     try:

@@ -193,13 +193,19 @@ def build_option_args(options: CibwOptions, project: str) -> list[str]:
     """The build step's arguments for cibuildwheel's options (``{project}``/``{package}``
     naming *project*, the project's copy in the session); "=" forms, as values may start with
     "-"."""
-    argv = [f"--environment={name}={raw}" for name, raw in options.environment]
+    argv = environment_args(options)
     for flag, command in (("--before-all", options.before_all),
                           ("--before-build", options.before_build)):
         if command:
             argv.append(f"{flag}={expand(command, project=project, package=project)}")
     argv += [f"--config-setting={k}={v}" for k, v in options.config_settings]
     return [*argv, "--frontend", options.build_frontend]
+
+
+def environment_args(options: CibwOptions) -> list[str]:
+    """cibuildwheel's ``environment`` as the in-cell steps take it (values as written: each
+    step evaluates them in its own environment)."""
+    return [f"--environment={name}={raw}" for name, raw in options.environment]
 
 
 def copy_project_in(session: Session, project: Path) -> str:
@@ -239,13 +245,17 @@ def smoke_in_session(
     torch_site: Optional[str] = None,
     test: ProjectTest = NO_TEST,
     project: str = "",
+    options: CibwOptions = NO_OPTIONS,
+    passed: Optional[Mapping[str, str]] = None,
 ) -> list[str]:
     """Copy host *wheel* in, install it with ``torch==torch`` into a fresh venv made by
     *python* (layered on *torch_site*, a prepared torch install, when given), import every
     extension module it ships and load its other shared objects (builder.wheel.modules), and
     run the project's *test* (its placeholders naming *project*, the project's copy inside the
-    session); returns the modules imported. Raises StepFailed with the output tail when
-    anything fails (the full output is in the cell's log)."""
+    session); returns the modules imported. cibuildwheel's ``environment`` (*options*) and the
+    ``environment-pass`` variables (*passed*, given to the step's process only) apply to all of
+    it, as they do to the build. Raises StepFailed with the output tail when anything fails
+    (the full output is in the cell's log)."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
     argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
@@ -256,6 +266,7 @@ def smoke_in_session(
         argv += ["--index-url", index_url]
     if torch_site:
         argv += ["--torch-site", torch_site]
+    argv += environment_args(options)
     compiled = compiled_files(wheel)
     for module in compiled.modules:
         argv += ["--module", module]
@@ -268,4 +279,5 @@ def smoke_in_session(
         for req in test.requires:
             argv += ["--test-requires", req]
         step = "smoke test + test-command"
-    return list(parse_result(session.run(argv, step=step))["modules"])
+    return list(parse_result(session.run(argv, env=dict(passed or {}) or None,
+                                         step=step))["modules"])

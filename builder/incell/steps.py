@@ -35,7 +35,7 @@ import sysconfig
 import time
 import venv
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 RESULT_PREFIX = "AMPFORGE_RESULT "
 
@@ -195,7 +195,7 @@ def _result(**fields: object) -> None:
     print(RESULT_PREFIX + json.dumps(fields, sort_keys=True), flush=True)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print("error: " + message, file=sys.stderr, flush=True)
     raise SystemExit(1)
 
@@ -248,6 +248,19 @@ def _shell(what: str, command: str, env: dict[str, str], cwd: str) -> None:
     print(f"+ {what} exit {code} after {time.monotonic() - start:.1f}s", flush=True)
     if code != 0:
         _fail(f"{what} failed with exit code {code}: {command}")
+
+
+def _cibw_environment(assignments: list[str], env: dict[str, str]) -> dict[str, str]:
+    """cibuildwheel's ``environment`` (``NAME=value`` words as written) evaluated over this
+    process's environment and *env*. Names and values as written are logged, never the
+    evaluated values (they may use a passed secret)."""
+    pairs = [(a.split("=", 1)[0], a.split("=", 1)[1]) for a in assignments]
+    for name, raw in pairs:
+        print(f"+ environment: {name}={raw}", flush=True)
+    try:
+        return evaluate_environment(pairs, {**os.environ, **env})
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _pip_source_args(args: argparse.Namespace) -> list[str]:
@@ -404,15 +417,8 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     before = set(out.glob("*.whl"))
     env = {"AMP_LOCAL_VERSION": args.local_version} if args.local_version else {}
     # cibuildwheel's environment first: the builder's flags and compiler cache then apply on
-    # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang). Names and values as written are
-    # logged, never the evaluated values (they may use a passed secret).
-    assignments = [tuple(a.split("=", 1)) for a in args.environment]
-    for name, raw in assignments:
-        print(f"+ environment: {name}={raw}", flush=True)
-    try:
-        env.update(evaluate_environment(assignments, {**os.environ, **env}))  # type: ignore[arg-type]
-    except ValueError as exc:
-        _fail(str(exc))
+    # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang).
+    env.update(_cibw_environment(args.environment, env))
     use_shim = args.shim == "on" or (args.shim == "auto" and _glibc_has_single_threaded())
     if use_shim:
         shim_dir = (Path(args.out).resolve().parent / "shim").resolve()
@@ -488,6 +494,10 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
 
 def cmd_smoke(args: argparse.Namespace) -> None:
     wheel = Path(args.wheel)
+    # cibuildwheel's environment applies to the tests as to the build (its test venv starts
+    # from the build's environment): evaluated here again, in the verification's environment,
+    # for the install, the import check, test-requires and test-command.
+    env = _cibw_environment(args.environment, {})
     venv.create(args.venv, with_pip=True, clear=True)
     py = str(Path(args.venv) / "bin" / "python")
     if args.torch_site:
@@ -496,7 +506,7 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         # wheel's requirements against it instead of downloading torch a second time.
         layer_sites(py, args.torch_site.split(os.pathsep))
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)])
+          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)], env=env)
     mods, libs = sorted(set(args.module)), sorted(set(args.library))
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
     # The other shared objects are loaded as their packages do (torch.ops.load_library), from
@@ -511,25 +521,26 @@ def cmd_smoke(args: argparse.Namespace) -> None:
                  "    assert found, 'not installed: ' + lib\n"
                  "    torch.ops.load_library(found[0])\n")
     code += f"print('smoke: imported', {mods!r}, 'loaded', {libs!r})\n"
-    _run([py, "-c", code], cwd=args.venv)
+    _run([py, "-c", code], env=env, cwd=args.venv)
     tested = None
     if args.test_command:
-        tested = _project_test(args, py)
+        tested = _project_test(args, py, env)
     _result(modules=mods, libraries=libs, test_seconds=tested)
 
 
-def _project_test(args: argparse.Namespace, py: str) -> float:
+def _project_test(args: argparse.Namespace, py: str, environment: dict[str, str]) -> float:
     """cibuildwheel's test step: test-requires into the verification venv, then test-command
-    through ``sh -c`` from an empty folder, the venv's bin first on PATH (the host side
-    expanded the placeholders). Returns the command's seconds; a non-zero exit fails."""
+    through ``sh -c`` from an empty folder, with the cibuildwheel *environment* and the venv's
+    bin first on PATH (the host side expanded the placeholders). Returns the command's
+    seconds; a non-zero exit fails."""
     if args.test_requires:
         _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-              "--no-compile", *_pip_source_args(args), *args.test_requires])
+              "--no-compile", *_pip_source_args(args), *args.test_requires], env=environment)
     cwd = Path(args.venv).resolve().parent / "test-cwd"
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     bindir = str(Path(py).parent)
-    env = dict(os.environ)
+    env = {**os.environ, **environment}
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["VIRTUAL_ENV"] = str(Path(args.venv).resolve())
     env.pop("PYTHONHOME", None)
@@ -615,6 +626,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "sh -c in an empty folder with the venv first on PATH")
     p.add_argument("--test-requires", action="append", default=[],
                    help="a requirement installed before --test-command (repeatable)")
+    p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
+                   help="cibuildwheel's environment, as build-wheel's (repeatable)")
     p.add_argument("--module", action="append", default=[],
                    help="an extension module the wheel ships, imported (repeatable)")
     p.add_argument("--library", action="append", default=[],

@@ -33,12 +33,15 @@ _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 
 Version = tuple[int, ...]
 
 #: glibc of a manylinux tag -> the newest (GLIBCXX, CXXABI) versions its C++ runtime has: the
-#: libstdc++ of the distribution each policy was defined from (CentOS 7's GCC 4.8 for 2_17,
+#: libstdc++ of the distribution each policy was defined from (x86 only: CentOS 5's GCC 4.1
+#: for 2_5 (manylinux1), CentOS 6's GCC 4.4 for 2_12 (manylinux2010); CentOS 7's GCC 4.8 for 2_17,
 #: Debian 9's GCC 6 for 2_24, Ubuntu 18.04 / RHEL 8's for 2_27 / 2_28, Ubuntu 20.04's GCC 9-10
 #: for 2_31, RHEL 9's GCC 11 for 2_34, Ubuntu 22.04 / Debian 12's GCC 12 for 2_35 / 2_36, Ubuntu
 #: 24.04's GCC 14 for 2_39). A tag between two rows gets the lower row's limits. The table
 #: agrees with the manylinux policies (tests/builder/test_glibc_floor.py checks it).
 CXX_LIMITS: tuple[tuple[Version, Version, Version], ...] = (
+    ((2, 5), (3, 4, 8), (1, 3, 1)),
+    ((2, 12), (3, 4, 13), (1, 3, 3)),
     ((2, 17), (3, 4, 19), (1, 3, 7)),
     ((2, 24), (3, 4, 22), (1, 3, 10)),
     ((2, 27), (3, 4, 24), (1, 3, 11)),
@@ -132,9 +135,20 @@ def needs_glibc(need: VersionNeed) -> Version:
     return (99, 99)  # newer than any C++ runtime in the table: no manylinux tag allows it
 
 
-def glibc_floor(needs: Iterable[VersionNeed]) -> Version:
-    """The oldest manylinux glibc (X, Y) whose tag allows every need (2.17 at the least)."""
-    return max([(2, 17), *(needs_glibc(n) for n in needs)])
+#: The machines whose manylinux policies start at manylinux1 (glibc 2.5); every other
+#: machine's first policy is manylinux2014 (glibc 2.17).
+_SINCE_MANYLINUX1 = ("x86_64", "i686")
+
+
+def lowest_glibc(machine: str | None = None) -> Version:
+    """The glibc of the oldest manylinux policy for *machine* (None: any machine's, 2.17)."""
+    return (2, 5) if machine in _SINCE_MANYLINUX1 else (2, 17)
+
+
+def glibc_floor(needs: Iterable[VersionNeed], machine: str | None = None) -> Version:
+    """The oldest manylinux glibc (X, Y) whose tag allows every need: never below the oldest
+    policy of *machine* (2.17, manylinux2014, when no machine is named)."""
+    return max([lowest_glibc(machine), *(needs_glibc(n) for n in needs)])
 
 
 def tag_glibc(tag: str) -> tuple[Version, str]:
@@ -149,7 +163,7 @@ def tag_glibc(tag: str) -> tuple[Version, str]:
 
 
 def floor_tag(needs: Iterable[VersionNeed], machine: str) -> str:
-    glibc = glibc_floor(needs)
+    glibc = glibc_floor(needs, machine)
     return f"manylinux_{glibc[0]}_{glibc[1]}_{machine}"
 
 
@@ -189,22 +203,27 @@ def need_summary(needs: Iterable[VersionNeed]) -> dict[str, str]:
 def check_tag_covers_own_code(wheel: Path, ceiling_tag: str | None = None) -> str:
     """Every manylinux tag in the name must allow what the wheel's own code needs (GLIBC_,
     GLIBCXX_, CXXABI_ versions), and none may be above *ceiling_tag* (torch's own tag, when
-    given). Returns the oldest tag the code allows."""
+    given). Returns the oldest tag the code allows.
+
+    A tag is refused only for a need it does not allow, and the refusal names it: a module
+    that binds no versioned glibc symbol at all (auditwheel tags it manylinux1 on x86_64)
+    meets every tag of its machine."""
     tags = split_wheel_name(wheel.name)[4]
     needs = version_needs(wheel)
-    floor = glibc_floor(needs)
     machine = ""
     for tag in tags:
         glibc, machine = tag_glibc(tag)
-        if glibc < floor:
-            over = "\n".join("    " + n.describe() for n in pushers(needs, glibc))
+        over = pushers(needs, glibc)
+        if over:
+            floor = glibc_floor(needs, machine)
+            listed = "\n".join("    " + n.describe() for n in over)
             raise StepFailed(f"{wheel.name}: claims {tag}, but its own code needs glibc "
-                             f"{_dotted(floor)} or newer:\n{over}")
+                             f"{_dotted(floor)} or newer:\n{listed}")
         if ceiling_tag is not None and glibc > tag_glibc(ceiling_tag)[0]:
             raise StepFailed(f"{wheel.name}: tagged {tag}, above {ceiling_tag} (the tag of the "
                              "torch it pairs with): it would refuse to install where its torch "
                              "installs")
-    return f"manylinux_{floor[0]}_{floor[1]}_{machine}"
+    return floor_tag(needs, machine)
 
 
 def platform_record(tag: str, ceiling: str, needs: Iterable[VersionNeed]) -> dict[str, object]:

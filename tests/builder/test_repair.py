@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -284,3 +285,42 @@ def test_cell_in_container_builds_repairs_and_verifies(tmp_path: Path) -> None:
     assert checked.tag == repaired.tag and int(repaired.tag.split("_")[2]) < 32
     assert repaired.wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
     assert "smoke: imported ['tinyext._C']" in (tmp_path / "cell.log").read_text()
+
+
+# -- a module that binds no versioned glibc symbol ------------------------------------------
+
+#: A CPython extension that calls no C library function: its only versioned symbol, if any,
+#: is the compiler's weak __cxa_finalize@GLIBC_2.2.5, so auditwheel tags it manylinux1.
+BARE_C = """\
+#include <Python.h>
+static struct PyModuleDef bare = {PyModuleDef_HEAD_INIT, "bare_c", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_bare_c(void) { return PyModule_Create(&bare); }
+"""
+
+
+@pytest.mark.promise(
+    promise="a wheel whose compiled code needs no particular glibc passes the tag check",
+    fault="a C module binding no versioned glibc symbol, which auditwheel tags manylinux1",
+    result="the repaired wheel's every tag is accepted and the oldest, manylinux_2_5, reported")
+def test_a_module_without_versioned_glibc_symbols_meets_every_tag(
+        session: HostSession, tmp_path: Path) -> None:
+    project = tmp_path / "bare"
+    project.mkdir()
+    (project / "bare_c.c").write_text(BARE_C)
+    (project / "setup.py").write_text(
+        "from setuptools import Extension, setup\n"
+        "setup(name='bare-c', version='1.0', ext_modules=[Extension('bare_c', ['bare_c.c'])])\n")
+    raw = tmp_path / "raw"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                    "--quiet", "-w", str(raw), str(project)], check=True, timeout=300)
+    (wheel,) = raw.glob("*.whl")
+    assert glibc_floor(version_needs(wheel)) == (2, 17)  # none of its own: the policy's floor
+    out = tmp_path / "repaired"
+    out.mkdir()
+    result = _repair(session, wheel, out, plat=TORCH_TAG)
+    tags = split_wheel_name(result.wheel.name)[4]
+    assert "manylinux1_x86_64" in tags and TORCH_TAG in tags, result.wheel.name
+    # Before the fix: "claims manylinux1_x86_64, but its own code needs glibc 2.17 or newer:"
+    # with nothing after the colon.
+    assert check_tag_covers_own_code(result.wheel, TORCH_TAG) == "manylinux_2_5_x86_64"
+    assert result.tag in ("manylinux1_x86_64", "manylinux_2_5_x86_64"), result.tag

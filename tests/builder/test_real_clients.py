@@ -1,0 +1,158 @@
+"""Real clients (issue 28): torch C++ extensions as their authors publish them on the package
+index, built through ``--project`` as a release engineer would, with ccache installed.
+
+Nothing of theirs is in this repository: the test downloads each sdist at run time (``pip
+download`` from the default index, once per session) and builds it unchanged. The two are the
+smallest real torch extensions found whose sdists build against a CPU torch
+(docs/third-party-projects.md lists the candidates and their build times):
+
+* torchsort 0.1.10 -- one C++ file (``torchsort.isotonic_cpu``), torch's default ninja
+  ``BuildExtension``; its setup.py builds a CUDA extension whenever an ``nvcc`` is on PATH, so
+  on a machine with a CUDA toolkit it needs cibuildwheel's ``environment`` to hide it;
+* quad-iou 0.2.0 -- two C++ files, a *top-level* extension module (``quad_iou_cpu``) next to
+  its package, OpenMP in compile and link.
+
+One build per backend: torchsort on the host and cross (aarch64) backends, quad-iou on the
+docker backend. Each wheel is installed into a fresh venv (under QEMU for aarch64) with the
+cell's torch, and its test-command round-trips the project's ops.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from enginelib import docker_engine, missing, wheelhouse_cp311
+from pipelinelib import CELL, manifest, run_build
+
+from builder.images.base_image import build_base_image
+
+#: (requirement, the sdist's folder) of each client.
+TORCHSORT = ("torchsort==0.1.10", "torchsort-0.1.10")
+QUAD_IOU = ("quad-iou==0.2.0", "quad_iou-0.2.0")
+
+#: cibuildwheel's environment that hides every ``nvcc`` from the build: each PATH folder
+#: holding one is dropped (evaluated by sh in the build environment, wherever it runs).
+HIDE_NVCC = ("PATH=\"$(echo $PATH | tr : '\\n' | while read -r d; do test -x $d/nvcc "
+             "|| echo $d; done | paste -sd: -)\"")
+
+#: Round trips of each project's ops in the verification venv. torchsort: soft ranks and
+#: sorts of distinct values at a small regularization are the hard ones, and the sort is
+#: differentiable; quad-iou: a unit square against itself and against its half-shifted copy.
+TORCHSORT_TEST = (
+    "python -c \"import shutil, torch, torchsort; "
+    "x = torch.tensor([[8., 0., 5., 3., 2., 1., 6., 7., 9., 4.]], requires_grad=True); "
+    "r = torchsort.soft_rank(x, regularization_strength=1e-3); "
+    "assert torch.equal(r.detach().round(), (x.detach().argsort().argsort() + 1).float()), r; "
+    "s = torchsort.soft_sort(x, regularization_strength=1e-3); "
+    "assert torch.allclose(s.detach(), x.detach().sort().values, atol=1e-3), s; "
+    "s.sum().backward(); assert x.grad is not None and x.grad.shape == x.shape; "
+    "assert shutil.which('nvcc') is None, 'environment: nvcc still on PATH'; "
+    "print('torchsort round trip ok')\"")
+QUAD_IOU_TEST = (
+    "python -c \"import torch, quad_iou; "
+    "a = torch.tensor([[[0., 0.], [1., 0.], [1., 1.], [0., 1.]]]); "
+    "r = quad_iou.calculate_iou(a, torch.cat([a, a + torch.tensor([0.5, 0.])])); "
+    "assert torch.allclose(r.flatten(), torch.tensor([1., 1. / 3.]), atol=1e-4), r; "
+    "assert torch.get_num_threads() == 1, 'environment: OMP_NUM_THREADS'; "
+    "print('quad-iou round trip ok')\"")
+
+
+def _without_nvcc(path: str) -> str:
+    """PATH minus the folders that hold an ``nvcc`` (what HIDE_NVCC does in the build)."""
+    return ":".join(d for d in path.split(":") if d and not (Path(d) / "nvcc").exists())
+
+
+@pytest.fixture(scope="session")
+def sdists(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both clients' sdists from the default index, once per session. pip prepares each
+    sdist's metadata by running its setup.py: with this venv's torch (no build isolation,
+    which would download another torch) and no nvcc on PATH (torchsort's would ask for CUDA).
+    """
+    if shutil.which("ccache") is None:
+        missing("ccache is not installed", ".ci/run installs the ccache package")
+    dest = tmp_path_factory.mktemp("client-sdists")
+    env = {**os.environ, "PATH": _without_nvcc(os.environ["PATH"])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         "--no-build-isolation", "--disable-pip-version-check", "--dest", str(dest),
+         TORCHSORT[0], QUAD_IOU[0]],
+        capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        missing(f"the package index is not reachable: pip download {TORCHSORT[0]} "
+                f"{QUAD_IOU[0]} failed:\n{proc.stderr[-1500:]}",
+                "CI needs the package index for the real-client tests")
+    return dest
+
+
+def _unpack(sdists: Path, client: tuple[str, str], dest: Path) -> Path:
+    (archive,) = sdists.glob(client[1] + ".tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / client[1]
+
+
+def _entry(dist: Path, cell: str) -> dict:
+    (entry,) = [e for e in manifest(dist)["wheels"] if e["cell"] == cell]
+    return entry
+
+
+def _compiled_through_ccache(entry: dict) -> None:
+    stats = entry["extra"]["ccache"]
+    assert stats["hits"] + stats["misses"] >= 1, stats
+
+
+@pytest.mark.slow
+def test_torchsort_on_the_host_backend(sdists: Path, tmp_path: Path) -> None:
+    project = _unpack(sdists, TORCHSORT, tmp_path / "src")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
+                  "--find-links", str(wheelhouse_cp311()), "--environment", HIDE_NVCC,
+                  "--test-command", TORCHSORT_TEST)
+    assert r.rc == 0, r.err[-4000:]
+    entry = _entry(tmp_path / "dist", CELL)
+    assert entry["file"].startswith("torchsort-0.1.10+torch2.13-cp311-cp311-manylinux_"), entry
+    assert entry["extra"]["modules"] == ["torchsort.isotonic_cpu"]
+    _compiled_through_ccache(entry)
+    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
+    assert "torchsort round trip ok" in log and "+ environment: PATH=" in log
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_quad_iou_on_the_docker_backend(sdists: Path, tmp_path: Path) -> None:
+    project = _unpack(sdists, QUAD_IOU, tmp_path / "src")
+    base = build_base_image(docker_engine())
+    r = run_build(tmp_path, "--backend", "docker", "--base-image", base.tag, "--arch", "X86",
+                  "--python", "3.11", "--find-links", str(wheelhouse_cp311()),
+                  "--project", str(project), "--environment", "OMP_NUM_THREADS=1",
+                  "--test-command", QUAD_IOU_TEST)
+    assert r.rc == 0, r.err[-4000:]
+    entry = _entry(tmp_path / "dist", CELL)
+    assert entry["file"].startswith("quad_iou-0.2.0+torch2.13-cp311-cp311-manylinux_"), entry
+    assert entry["extra"]["modules"] == ["quad_iou_cpu"]  # top level: imported, listed
+    _compiled_through_ccache(entry)
+    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
+    assert "quad-iou round trip ok" in log
+
+
+@pytest.mark.slow
+def test_torchsort_cross_built_for_arm(sdists: Path, tmp_path: Path) -> None:
+    cell = "cp311-manylinux_aarch64-torch2.9.1"
+    project = _unpack(sdists, TORCHSORT, tmp_path / "src")
+    r = run_build(tmp_path, "--backend", "cross", "--arch", "ARM", "--python", "3.11",
+                  "--torch", "2.9.1", "--project", str(project), "--environment", HIDE_NVCC,
+                  "--test-command", TORCHSORT_TEST)
+    assert r.rc == 0, r.err[-4000:]
+    entry = _entry(tmp_path / "dist", cell)
+    assert entry["file"].startswith("torchsort-0.1.10+torch2.9-cp311-cp311-manylinux_"), entry
+    assert entry["file"].endswith("_aarch64.whl"), entry
+    assert entry["extra"]["modules"] == ["torchsort.isotonic_cpu"]
+    _compiled_through_ccache(entry)
+    report = entry["extra"]["verification"]
+    assert report["torch"] == "2.9.1+cpu" and report["test"]["exit"] == 0, report
+    assert report["test"]["tail"][-1] == "torchsort round trip ok", report
