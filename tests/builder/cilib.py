@@ -32,6 +32,7 @@ class JobRun:
     workdir: Path
     seconds: float
     steps: list[str] = field(default_factory=list)  # "name: ran" / "name: skipped (why)"
+    seconds_per_step: dict[str, float] = field(default_factory=dict)
 
 
 def fill(text: str, context: Mapping[str, Any]) -> str:
@@ -97,6 +98,7 @@ class Runner:
                 continue
             step_env = {**env, **{k: fill(str(v), context) for k, v in
                                   step.get("env", {}).items()}}
+            began = time.monotonic()
             if "uses" in step:
                 self._action(step, context, work)
             else:
@@ -111,6 +113,7 @@ class Runner:
                     key, _, value = line.partition("=")
                     env[key] = value
             run.steps.append(f"{label}: ran")
+            run.seconds_per_step[label] = time.monotonic() - began
         run.seconds = time.monotonic() - start
         return run
 
