@@ -120,6 +120,14 @@ def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
     assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
 
 
+def test_the_docs_page_shows_what_render_writes() -> None:
+    page = (REPO_ROOT / "docs" / "ci-fleets.md").read_text()
+    shown = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    res = run_cli("render", "--ci", "github")
+    assert res.rc == 0, res.err
+    assert res.out == shown, "docs/ci-fleets.md: re-render its workflow block"
+
+
 def test_render_ci_usage_errors_exit_2_naming_the_option(tmp_path: Path) -> None:
     res = run_cli("render", "--ci", "github", "--print")
     assert res.rc == 2 and "--print" in res.err, res.err
