@@ -200,3 +200,18 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
     for run in (job, release):  # where the time goes (pytest -s shows it)
         print(run.cell, f"{run.seconds:.1f} s:", {k: round(v, 1) for k, v in
                                                   run.seconds_per_step.items()})
+
+
+def test_builder_index_url_is_the_environment_layer_of_pip_index_url(tmp_path: Path) -> None:
+    """What the jobs' BUILDER_INDEX_URL variable feeds: over the config file, checked alike."""
+    config = tmp_path / "matrix.yaml"
+    config.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+                      "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
+                      "pip: {index_url: 'https://file.example/simple/'}\n")
+    args = ("plan", "--format", "json", "--config", str(config))
+    index = [json.loads(run_cli(*args, env=env).out)["cells"][0]["index"]["index_url"]
+             for env in ({}, {"BUILDER_INDEX_URL": "https://ci.example/simple/"})]
+    assert index == ["https://file.example/simple/", "https://ci.example/simple/"]
+    res = run_cli(*args, env={"BUILDER_INDEX_URL": "https://u:pw@ci.example/simple/"})
+    assert res.rc == 2 and "environment BUILDER_INDEX_URL" in res.err, res.err
+    assert "credentials" in res.err and "pw@" not in res.err
