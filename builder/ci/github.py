@@ -108,7 +108,7 @@ def _release_job(wf: Workflow, needs: list[str]) -> dict[str, Any]:
     steps = _setup_steps(cell=False)
     steps.append({"name": "every job's dist/", "uses": DOWNLOAD,
                   "with": {"pattern": "dist-*", "path": ARTIFACTS}})
-    steps += [{"name": cmd.split()[3], "run": cmd} for cmd in release_commands()]
+    steps += [{"name": cmd.split(" -m builder ", 1)[1], "run": cmd} for cmd in release_commands()]
     steps.append({"name": "upload the release", "uses": UPLOAD,
                   "with": {"name": "release", "path": f"{RELEASE}/\n{INDEX}/\n"}})
     steps.append({"name": "publish", "if": "startsWith(github.ref, 'refs/tags/')",

@@ -149,8 +149,12 @@ def set_up_commands(job: CiJob) -> list[str]:
 
 def release_commands() -> list[str]:
     """The fan-in job's steps after every artifact is in ARTIFACTS/<name>/."""
+    # One index per torch series (safe next to the index torch comes from), and one of every
+    # wheel (build/index/simple/): a stable-ABI wheel is on every series page its range admits,
+    # which may be none when every newer torch's cells take it.
     return [f"{VENV_PYTHON} -m builder merge {ARTIFACTS}/dist-* --out {RELEASE}",
-            f"{VENV_PYTHON} -m builder index {RELEASE} --per-torch --out {INDEX}"]
+            f"{VENV_PYTHON} -m builder index {RELEASE} --per-torch --out {INDEX}",
+            f"{VENV_PYTHON} -m builder index {RELEASE} --out {INDEX}"]
 
 
 PUBLISH_COMMAND = f"{VENV_PYTHON} -m builder publish {RELEASE}"

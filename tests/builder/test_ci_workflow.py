@@ -82,6 +82,7 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
     runs = [s["run"] for s in release["steps"] if "run" in s]
     assert ".venv/bin/python -m builder merge artifacts/dist-* --out release" in runs
     assert ".venv/bin/python -m builder index release --per-torch --out build/index" in runs
+    assert ".venv/bin/python -m builder index release --out build/index" in runs
     publish = release["steps"][-1]
     assert publish["if"] == "startsWith(github.ref, 'refs/tags/')"
     assert publish["env"]["TWINE_PASSWORD"] == "${{ secrets.TWINE_PASSWORD }}"
@@ -193,8 +194,9 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
                                            "cp311-manylinux_x86_64-torch2.13.0",
                                  "sources": ["dist-cp311-manylinux_x86_64-torch2.13.0"]}
     assert (merged / wheel.name).read_bytes() == wheel.read_bytes()
-    page = release.workdir / "build/index/torch2.13/simple/tinyext" / wheel.name
-    assert page.read_bytes() == wheel.read_bytes()
+    for index in ("torch2.13/simple", "simple"):  # per torch series, and all in one
+        page = release.workdir / "build/index" / index / "tinyext" / wheel.name
+        assert page.read_bytes() == wheel.read_bytes()
     uploaded = runner.artifacts / "release"
     assert (uploaded / "release" / "manifest.json").is_file()
     for run in (job, release):  # where the time goes (pytest -s shows it)

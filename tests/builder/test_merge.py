@@ -133,6 +133,13 @@ def test_merge_joins_the_runners_folders_and_index_pip_and_publish_take_the_rele
                      "torch2.13": sorted([
                          "fleetpkg-1.0+torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl",
                          "fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl"])}
+    # Without a torch >= 2.10 series, the stable wheel is on no page: said, not dropped quietly.
+    partial = tmp_path / "partial"
+    assert _merge(folders["arm"], folders["builder"], "--out", partial)[0] == 0
+    res = run_cli("index", str(partial), "--per-torch", "--out", str(tmp_path / "index2"))
+    assert res.rc == 0, res.err
+    assert ("warning: fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl: on no per-torch page"
+            in res.err), res.err
     python = fresh_venv(tmp_path / "venv")
     r = pip_in(python, "install", "--no-deps", "--index-url",
                (index / "torch2.13" / "simple").as_uri(), "fleetpkg==1.0+torch2.13")
