@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from builder.atomicfile import atomic_write
@@ -94,13 +95,15 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     config = in_checkout(args.config, "--config")
     project = in_checkout(args.project, "--project")
     settings = load_from_args(args, ctx)
-    if settings.config.origins.get("backend") == "built-in default":
+    cfg = settings.config
+    if cfg.origins.get("backend") == "built-in default":
         # CI runners are fresh machines with an engine: they build in the base images. What
         # this host would pick (its local Pythons, its cross toolchain) says nothing of them.
-        args.backend = "docker"
+        origins = {**cfg.origins, "backend": "render --ci: the CI runners build in the "
+                                             "manylinux base images"}
+        settings = replace(settings, config=replace(cfg, backend="docker", origins=origins))
         ctx.output.err("note: --ci: BACKEND=docker for every job (the CI runners build in "
                        "the manylinux base images); name --backend for another")
-        settings = load_from_args(args, ctx)
     # The records name the jobs' output folder, dist/ (as `plan`'s do), not the workflow file.
     jobs_args = argparse.Namespace(**{**vars(args), "out": "dist"})
     settings, resolution = resolve_from_args(jobs_args, ctx, everything=True, settings=settings)

@@ -175,8 +175,7 @@ def _manifest_bytes(entries: Sequence[Mapping[str, Any]], updated_at: str) -> by
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _unchanged(out: Path, manifest: bytes, wheels: Mapping[str, Path],
-               sha: Mapping[str, str]) -> bool:
+def _unchanged(out: Path, manifest: bytes, wheels: Mapping[str, Path]) -> bool:
     try:
         if (out / MANIFEST_NAME).read_bytes() != manifest:
             return False
@@ -198,9 +197,8 @@ def merge(dirs: Sequence[Path], out: Path, *, link: bool = False) -> Merged:
         paths.append(out)  # the release so far: kept, and checked like every input
     sources = [read_source(p) for p in paths]
     wheels, entries = combine(sources)
-    sha = {n: s.sha256[n] for s in sources for n in s.sha256}
     manifest = _manifest_bytes(entries, max(s.updated_at for s in sources))
-    if _unchanged(out, manifest, wheels, sha):
+    if _unchanged(out, manifest, wheels):
         return Merged(out, tuple(wheels), tuple(entries), changed=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
