@@ -24,6 +24,9 @@ CHECKOUT = "actions/checkout@v4"
 SETUP_PYTHON = "actions/setup-python@v5"
 UPLOAD = "actions/upload-artifact@v4"
 DOWNLOAD = "actions/download-artifact@v4"
+CACHE = "actions/cache@v4"
+VENV_KEY = ("builder-env-${{ runner.os }}-${{ runner.arch }}-"
+            "${{ hashFiles('builder/requirements.lock') }}")
 
 # The CA arrives as PEM text; the builder takes a file (BUILDER_CA_BUNDLE), and the runner's own
 # pip (make builder-env) trusts it next to the system's CAs. The index reaches that pip too.
@@ -83,6 +86,9 @@ def _setup_steps(cell: bool) -> list[dict[str, Any]]:
         steps.append({"name": "cross / emulation tools",
                       "if": "matrix.backend == 'cross' || matrix.backend == 'emulated'",
                       "run": CROSS_SETUP})
+    # The builder's pinned environment, restored when the lock is unchanged (make builder-env
+    # then finds its stamp and installs nothing).
+    steps.append({"uses": CACHE, "with": {"path": ".venv", "key": VENV_KEY}})
     steps.append({"name": "set up", "run": "make builder-env"})
     return steps
 

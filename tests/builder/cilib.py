@@ -6,7 +6,8 @@ the test (a new construct must be taught here, not skipped): ``run:`` steps go t
 ``${{ matrix.* }}``, ``${{ secrets.* }}`` and ``${{ vars.* }}`` are filled in (secrets and
 variables from this machine's environment: the CI's settings holding this machine's proxy), and
 the actions the workflow uses are done by hand: ``checkout`` is a fresh ``git clone`` per job,
-``setup-python`` checks the interpreters are on PATH, ``upload-artifact`` and
+``setup-python`` checks the interpreters are on PATH, ``cache`` restores ``.venv`` (a link to
+this machine's builder environment), ``upload-artifact`` and
 ``download-artifact`` copy folders to and from one artifact store.
 """
 
@@ -79,8 +80,8 @@ class Runner:
         start = time.monotonic()
         run = JobRun(job_id, name, work, 0.0)
         subprocess.run(["git", "clone", "-q", str(self.origin), str(work)], check=True)
-        # The builder's environment as a cache restore would bring it (make builder-env
-        # finds its stamp and does nothing).
+        # The builder's environment as the workflow's actions/cache step restores it (make
+        # builder-env finds its stamp and does nothing).
         (work / ".venv").symlink_to(self.venv)
         temp = self.root / "tmp" / name
         temp.mkdir(parents=True)
@@ -120,6 +121,9 @@ class Runner:
     def _action(self, step: Mapping[str, Any], context: Mapping[str, Any],
                 work: Path) -> None:
         uses = str(step["uses"]).split("@")[0]
+        if uses == "actions/cache":
+            assert step["with"]["path"] == ".venv", step
+            return  # restored: the job's .venv is this machine's builder environment
         args = {k: fill(str(v), context) for k, v in (step.get("with") or {}).items()}
         if uses == "actions/checkout":
             return  # the job's fresh clone
