@@ -9,6 +9,7 @@ from builder.ci.jobs import (
     BUILDER_PYTHON,
     INDEX,
     PUBLISH_COMMAND,
+    PROVISION,
     PUBLISH_SETTINGS,
     RELEASE,
     SETTINGS,
@@ -41,9 +42,6 @@ if [ -n "$BUILDER_INDEX_URL" ]; then
   echo "PIP_INDEX_URL=$BUILDER_INDEX_URL" >> "$GITHUB_ENV"
 fi
 """
-
-
-CROSS_SETUP = "sudo builder/cross/provision.sh"  # toolchain, QEMU, binfmt_misc (idempotent)
 
 
 def _ref(s: Setting) -> str:
@@ -85,7 +83,7 @@ def _setup_steps(cell: bool) -> list[dict[str, Any]]:
     if cell:
         steps.append({"name": "cross / emulation tools",
                       "if": "matrix.backend == 'cross' || matrix.backend == 'emulated'",
-                      "run": CROSS_SETUP})
+                      "run": PROVISION})
     # The builder's pinned environment, restored when the lock is unchanged (make builder-env
     # then finds its stamp and installs nothing).
     steps.append({"uses": CACHE, "with": {"path": ".venv", "key": VENV_KEY}})

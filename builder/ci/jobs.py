@@ -137,12 +137,15 @@ def artifact_name(cell: str) -> str:
     return f"dist-{cell}"
 
 
+#: The aarch64 cross toolchain, QEMU and binfmt_misc (idempotent; needs root).
+PROVISION = "sudo builder/cross/provision.sh"
+
+
 def set_up_commands(job: CiJob) -> list[str]:
     """The README's set-up for a job's backend: the cross/emulated tools, the builder's env."""
     steps = []
     if job.backend in ("cross", "emulated"):
-        # aarch64 cross toolchain, QEMU and binfmt_misc (idempotent; needs root)
-        steps.append("sudo builder/cross/provision.sh")
+        steps.append(PROVISION)
     steps.append("make builder-env")
     return steps
 
