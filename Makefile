@@ -40,7 +40,7 @@ help:
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
-	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG=]   repaired, verified wheel(s) in dist/"
+	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG= PROJECT=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
@@ -217,8 +217,10 @@ BUNDLE ?=
 OUT ?= dist
 STRICT ?=
 PARALLEL ?=
+# PROJECT=PATH: another PEP 517 project with torch extensions (--project; default: this one).
+PROJECT ?=
 BUILD_FLAGS = $(BUILDER_CONFIG_ARG) $(SELECT_FLAGS) $(SETTING_FLAGS) \
-	$(if $(WHEELHOUSE),--find-links $(WHEELHOUSE)) \
+	$(if $(WHEELHOUSE),--find-links $(WHEELHOUSE)) $(call _flag,PROJECT,--project) \
 	$(if $(BUNDLE),--bundle $(BUNDLE)) --out $(OUT)
 
 # `make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]` (on a connected machine): every

@@ -38,6 +38,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.fetch",
     "builder.commands.index",
     "builder.commands.publish",
+    "builder.commands.merge",
     "builder.commands.doctor",
     "builder.commands.clean",
     "builder.commands.update_images",

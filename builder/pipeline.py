@@ -17,6 +17,7 @@ Ctrl-C anywhere leaves ``dist/`` and ``manifest.json`` as they were.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -52,6 +53,7 @@ from builder.plan.builds import min_torch
 from builder.plan.resolve import ResolvedCell
 from builder.redact import Redactor
 from builder.release.manifest import ManifestEntry, building, publish_recorded, utc_now
+from builder.release.provenance import built_on
 from builder.release.shared import SharedWheels
 from builder.wheel.stableabi import check_stable_wheel, stable_report
 
@@ -223,6 +225,8 @@ def _build_cell(
                        "modules": list(built.modules), "project": opts.project.name,
                        # The decisions this wheel was built from: what `plan` printed.
                        "resolved": resolved.to_dict(),
+                       # The machine and CI runner that did it: `merge` keeps it per wheel.
+                       "built_on": built_on(os.environ),
                        **({"source_date_epoch": asdict(opts.source_date_epoch)}
                           if opts.source_date_epoch is not None else {}),
                        **stable_abi, **built.extra})

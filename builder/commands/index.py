@@ -60,6 +60,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         for series, result in results.items():
             ctx.output.err(f"{series}: {len(result.files)} wheel(s) into {result.simple}")
             ctx.output.out(result.url)
+        listed = {w.filename for result in results.values() for w in result.files}
+        for wheel in found.wheels:
+            if wheel.name not in listed:
+                # e.g. a stable-ABI wheel (torch>=2.10) next to labelled wheels of older
+                # torches only: no series page admits it. It is still released (publish).
+                ctx.output.err(f"warning: {wheel.name}: on no per-torch page (its torch range "
+                               f"admits none of {', '.join(results)}); a plain `index` or "
+                               "`publish` carries it")
         ctx.output.err(f"indexed {len(found.wheels)} wheel(s) from {found.dist} ({check}) "
                        f"into {len(results)} per-torch indexes; install with "
                        "--extra-index-url <the URL of your torch's series>")

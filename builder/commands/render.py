@@ -3,35 +3,61 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
+from builder.atomicfile import atomic_write
 from builder.cli import (
     EVERY_CELL,
     Context,
     add_config_options,
     add_selection_options,
+    load_from_args,
     resolve_from_args,
 )
+from builder.errors import ConfigError
 from builder.images.render import render_all, write_recipes
 
 NAME = "render"
-HELP = "write each selected cell's Dockerfile into OUT/<cell id>/"
+HELP = ("write each selected cell's Dockerfile into OUT/<cell id>/, or (--ci) a CI workflow "
+        "that builds every wheel on its runner")
 DESCRIPTION = """\
 Render docker/<ARCH>/Dockerfile.j2 for every selected cell (default: all buildable
 cells) and write OUT/<cell id>/Dockerfile, plus the CA bundle when one is configured,
 so each folder is a complete build context. Every recipe is rendered before anything
 is written: a bad value writes nothing. Output is deterministic (same inputs, same bytes).
 
-Proxies are never written: they are passed to the engine as build arguments."""
+Proxies are never written: they are passed to the engine as build arguments.
+
+--ci github|gitlab writes a complete CI workflow instead (to --out FILE, or stdout), from the
+same resolved records `plan` prints: one build job per wheel (`plan --format github
+--github-jobs build`) on the runner its record names, running the README's set-up and the
+cell's `make wheel ARCH= PY= TORCH= BACKEND= PULL=` from its record, its dist/ uploaded as the
+artifact dist-<cell id>; one verify job per cell served by another job's stable-ABI wheel
+(after that job, with its dist/); and one release job that takes every artifact, runs `merge`
+and `index --per-torch`, and `publish` on tags. Proxy, CA and index come from the CI's secrets
+and variables by name (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, BUILDER_INDEX_URL, BUILDER_CA_PEM;
+TWINE_* for publish), never by value. With no backend named (--backend, BUILDER_BACKEND,
+build.backend), the jobs use docker: the runners build in the manylinux base images.
+
+  python -m builder render --ci github --out .github/workflows/wheels.yml
+  python -m builder render --ci gitlab --out .gitlab-ci.yml"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         metavar="DIR",
-        default="build/dockerfiles",
-        help="output folder (default: build/dockerfiles)",
+        default=None,
+        help="output folder (default: build/dockerfiles); with --ci the workflow file "
+        "(default: stdout)",
     )
+    p.add_argument("--ci", choices=("github", "gitlab"), default=None,
+                   help="write a CI workflow that builds every selected cell's wheel on its "
+                   "runner, merges and indexes them (see above)")
+    p.add_argument("--project", metavar="PATH", default=None,
+                   help="the project the jobs build, as `build --project` (a path inside "
+                   "this checkout; default: this repository)")
     p.add_argument(
         "--print",
         dest="print_only",
@@ -43,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    if args.ci:
+        return _render_ci(args, ctx)
+    args.out = args.out or "build/dockerfiles"
     settings, resolution = resolve_from_args(args, ctx, everything=True)
     recipes = render_all([c.cell for c in resolution.cells], settings.config)
     if args.print_only:
@@ -53,4 +82,45 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     for folder in write_recipes(recipes, out):
         ctx.output.out(f"wrote {folder / 'Dockerfile'}")
     ctx.output.out(f"{len(recipes)} Dockerfile{'s' if len(recipes) != 1 else ''} in {out}")
+    return 0
+
+
+def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
+    from builder.ci import github, gitlab  # noqa: PLC0415 -- only this path needs them
+    from builder.ci.jobs import in_checkout, workflow  # noqa: PLC0415
+
+    if args.print_only:
+        raise ConfigError("--print writes Dockerfiles; --ci writes the workflow to --out FILE "
+                          "or stdout: use one of them")
+    config = in_checkout(args.config, "--config")
+    project = in_checkout(args.project, "--project")
+    settings = load_from_args(args, ctx)
+    cfg = settings.config
+    if cfg.origins.get("backend") == "built-in default":
+        # CI runners are fresh machines with an engine: they build in the base images. What
+        # this host would pick (its local Pythons, its cross toolchain) says nothing of them.
+        origins = {**cfg.origins, "backend": "render --ci: the CI runners build in the "
+                                             "manylinux base images"}
+        settings = replace(settings, config=replace(cfg, backend="docker", origins=origins))
+        ctx.output.err("note: --ci: BACKEND=docker for every job (the CI runners build in "
+                       "the manylinux base images); name --backend for another")
+    # The records name the jobs' output folder, dist/ (as `plan`'s do), not the workflow file.
+    jobs_args = argparse.Namespace(**{**vars(args), "out": "dist"})
+    settings, resolution = resolve_from_args(jobs_args, ctx, everything=True, settings=settings)
+    argv = ["python -m builder render --ci", args.ci]
+    argv += [f"--config {config}"] if config else []
+    argv += [f"--project {project}"] if project else []
+    wf = workflow(settings, resolution, config=config, project=project, source=" ".join(argv))
+    text = (github if args.ci == "github" else gitlab).render(wf)
+    builds = sum(j.kind == "build" for j in wf.jobs)
+    summary = (f"{builds} build job(s), {len(wf.jobs) - builds} verify job(s), 1 release job "
+               f"({args.ci})")
+    if args.out is None:
+        ctx.output.out(text.rstrip("\n"))
+        ctx.output.err(summary)
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, text.encode())
+    ctx.output.out(f"wrote {out}: {summary}")
     return 0

@@ -157,6 +157,8 @@ ENV: dict[str, str] = {
     "backend": "BUILDER_BACKEND", "base_image": "BUILDER_BASE_IMAGE",
     "network": "BUILDER_NETWORK", "ca_bundle": "BUILDER_CA_BUNDLE", "pull": "BUILDER_PULL",
     "pip_retries": "BUILDER_PIP_RETRIES", "pip_timeout": "BUILDER_PIP_TIMEOUT",
+    # pip.index_url: a CI variable names the index without editing the config file
+    "index_url": "BUILDER_INDEX_URL",
 }
 BACKENDS = ("auto", "docker", "host", "cross", "emulated")
 #: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
@@ -188,6 +190,13 @@ def _parse_backend(raw: str, origin: str) -> str:
         raise ConfigError(f"unknown backend {raw!r}; expected one of {', '.join(BACKENDS)}",
                           key=origin)
     return raw
+
+
+def _parse_index_url(raw: str, origin: str) -> str:
+    try:
+        return values.index_url(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key=origin) from None
 
 
 def _parse_pull(raw: str, origin: str) -> str:
@@ -298,8 +307,11 @@ def load_settings(
         origins[f"pip_{key}"] = origin_of("pip", key)[0]
         net[key], origins[f"pip_{key}"] = _layered(
             f"pip_{key}", merged["pip"][key], origins[f"pip_{key}"], env, None, parse)
+    index_url, origins["index_url"] = _layered(
+        "index_url", merged["pip"]["index_url"], origin_of("pip", "index_url")[0], env, None,
+        _parse_index_url)
     pip = PipOptions(
-        index_url=merged["pip"]["index_url"],
+        index_url=index_url,
         extra_index_urls=tuple(merged["pip"]["extra_index_urls"]),
         network=NetworkOptions(retries=int(net["retries"]), timeout=float(net["timeout"])),
     )

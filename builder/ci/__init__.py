@@ -1,0 +1,1 @@
+"""CI workflows rendered from the resolved plan (``python -m builder render --ci``)."""

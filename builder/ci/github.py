@@ -1,0 +1,143 @@
+"""A GitHub Actions workflow (``.github/workflows/wheels.yml``) for a :class:`Workflow`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.ci.jobs import (
+    ARTIFACTS,
+    BUILDER_PYTHON,
+    INDEX,
+    PROVISION,
+    PUBLISH_COMMAND,
+    PUBLISH_SETTINGS,
+    RELEASE,
+    SETTINGS,
+    CiJob,
+    Setting,
+    Workflow,
+    header,
+    release_commands,
+)
+from builder.ci.yamltext import Row, dump
+
+CHECKOUT = "actions/checkout@v4"
+SETUP_PYTHON = "actions/setup-python@v5"
+UPLOAD = "actions/upload-artifact@v4"
+DOWNLOAD = "actions/download-artifact@v4"
+CACHE = "actions/cache@v4"
+VENV_KEY = ("builder-env-${{ runner.os }}-${{ runner.arch }}-"
+            "${{ hashFiles('builder/requirements.lock') }}")
+
+# The CA arrives as PEM text; the builder takes a file (BUILDER_CA_BUNDLE), and the runner's own
+# pip (make builder-env) trusts it next to the system's CAs. The index reaches that pip too.
+SETTINGS_SCRIPT = """\
+if [ -n "$BUILDER_CA_PEM" ]; then
+  printf '%s\\n' "$BUILDER_CA_PEM" > "$RUNNER_TEMP/builder-ca.pem"
+  cat /etc/ssl/certs/ca-certificates.crt "$RUNNER_TEMP/builder-ca.pem" > "$RUNNER_TEMP/pip-ca.pem"
+  echo "BUILDER_CA_BUNDLE=$RUNNER_TEMP/builder-ca.pem" >> "$GITHUB_ENV"
+  echo "PIP_CERT=$RUNNER_TEMP/pip-ca.pem" >> "$GITHUB_ENV"
+fi
+if [ -n "$BUILDER_INDEX_URL" ]; then
+  echo "PIP_INDEX_URL=$BUILDER_INDEX_URL" >> "$GITHUB_ENV"
+fi
+"""
+
+
+def _ref(s: Setting) -> str:
+    return "${{ " + ("secrets" if s.secret else "vars") + "." + s.name + " }}"
+
+
+#: The cell's fields each matrix row carries (the record's), and the `make wheel` they give.
+MATRIX_FIELDS = ("cell", "runs-on", "arch", "python", "torch", "backend", "pull")
+MAKE_WHEEL = ("make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} "
+              "TORCH=${{ matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}")
+
+
+def _row(job: CiJob) -> Row:
+    values = dict(a.split("=", 1) for a in job.make_args)
+    row = Row({"cell": job.cell, "runs-on": job.runs_on, "arch": values["ARCH"],
+           "python": values["PY"], "torch": values["TORCH"], "backend": values["BACKEND"],
+           "pull": values["PULL"]})
+    if job.builder_artifact:
+        row["built_by"] = job.builder_artifact
+    return row
+
+
+def make_wheel(job: CiJob) -> str:
+    """The build step's command: the record's arguments through the matrix, the config's and
+    project's (the same for every job) as written."""
+    fixed = [a for a in job.make_args if a.split("=", 1)[0] in ("CONFIG", "PROJECT")]
+    return " ".join([MAKE_WHEEL, *fixed])
+
+
+def _setup_steps(cell: bool) -> list[dict[str, Any]]:
+    # The host backend builds with the cell's own Python, the builder runs on 3.11: the last
+    # version listed is the default python3.
+    versions = ("${{ matrix.python }}\n" if cell else "") + BUILDER_PYTHON + "\n"
+    steps: list[dict[str, Any]] = [
+        {"uses": CHECKOUT},
+        {"uses": SETUP_PYTHON, "with": {"python-version": versions}},
+        {"name": "proxy, CA and index", "run": SETTINGS_SCRIPT},
+    ]
+    if cell:
+        steps.append({"name": "cross / emulation tools",
+                      "if": "matrix.backend == 'cross' || matrix.backend == 'emulated'",
+                      "run": PROVISION})
+    # The builder's pinned environment, restored when the lock is unchanged (make builder-env
+    # then finds its stamp and installs nothing).
+    steps.append({"uses": CACHE, "with": {"path": ".venv", "key": VENV_KEY}})
+    steps.append({"name": "set up", "run": "make builder-env"})
+    return steps
+
+
+def _cell_jobs(jobs: list[CiJob], kind: str, needs: list[str]) -> dict[str, Any]:
+    steps = _setup_steps(cell=True)
+    if kind == "verify":
+        steps.append({"name": "the stable-ABI wheel its build job made", "uses": DOWNLOAD,
+                      "with": {"name": "${{ matrix.built_by }}", "path": "dist"}})
+    steps.append({"name": kind, "run": make_wheel(jobs[0])})
+    steps.append({"name": "upload dist/", "uses": UPLOAD,
+                  "with": {"name": "dist-${{ matrix.cell }}", "path": "dist/",
+                           "if-no-files-found": "error"}})
+    doc: dict[str, Any] = {"name": kind + " ${{ matrix.cell }}", "runs-on": "${{ matrix.runs-on }}"}
+    if needs:
+        doc["needs"] = needs
+    doc["strategy"] = {"fail-fast": False, "matrix": {"include": [_row(j) for j in jobs]}}
+    doc["steps"] = steps
+    return doc
+
+
+def _release_job(wf: Workflow, needs: list[str]) -> dict[str, Any]:
+    steps = _setup_steps(cell=False)
+    steps.append({"name": "every job's dist/", "uses": DOWNLOAD,
+                  "with": {"pattern": "dist-*", "path": ARTIFACTS}})
+    steps += [{"name": cmd.split(" -m builder ", 1)[1], "run": cmd} for cmd in release_commands()]
+    steps.append({"name": "upload the release", "uses": UPLOAD,
+                  "with": {"name": "release", "path": f"{RELEASE}/\n{INDEX}/\n"}})
+    steps.append({"name": "publish", "if": "startsWith(github.ref, 'refs/tags/')",
+                  "env": {s.name: _ref(s) for s in PUBLISH_SETTINGS},
+                  "run": PUBLISH_COMMAND})
+    return {"name": "merge, index and publish", "runs-on": wf.release_runs_on,
+            "needs": needs, "steps": steps}
+
+
+def render(wf: Workflow) -> str:
+    """One matrix job of the build jobs (a job per wheel), one of the verify jobs after it
+    (a verify job needs its builder's artifact; a matrix can only wait for a whole matrix),
+    then the release job."""
+    jobs: dict[str, Any] = {}
+    for kind in ("build", "verify"):
+        cells = [j for j in wf.jobs if j.kind == kind]
+        if cells:
+            jobs[kind] = _cell_jobs(cells, kind, needs=list(jobs))
+    jobs["release"] = _release_job(wf, needs=list(jobs))
+    doc: dict[str, Any] = {
+        "name": "wheels",
+        "on": {"push": {"branches": ["main"], "tags": ["v*"]}, "pull_request": {},
+               "workflow_dispatch": {}},
+        "permissions": {"contents": "read"},
+        "env": {s.name: _ref(s) for s in SETTINGS},
+        "jobs": jobs,
+    }
+    return header(wf, "github") + dump(doc)

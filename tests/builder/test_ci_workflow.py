@@ -1,0 +1,219 @@
+"""``render --ci github|gitlab``: a CI workflow a user can commit, from the resolved plan.
+
+The default matrix's files validate against the GitHub-workflow and GitLab-CI schemas that
+check-jsonschema bundles (no network), and say what ``plan`` says: one build job per wheel on
+its record's runner with the record's ``make wheel`` arguments, a verify job per cell another
+job's stable-ABI wheel serves (with that job's artifact), one release job over every artifact;
+proxies by name, never by value. Then a tiny project's workflow is run here: its jobs' steps as
+written, each job in its own fresh clone (tests/builder/cilib.py), the release job over their
+artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from builder_testlib import run_cli
+from cilib import Runner, base_env, commit_all, source_repository
+from enginelib import write_tiny_extension
+
+from builder.config import REPO_ROOT
+
+PASSWORD = "Pr0xy-s3cret-9d2e"
+PROXY_ENV = {"HTTPS_PROXY": f"http://ci:{PASSWORD}@proxy.example:3128"}
+SCHEMAS = {"github": "vendor.github-workflows", "gitlab": "vendor.gitlab-ci"}
+
+
+def _render(tmp_path: Path, ci: str) -> tuple[str, dict]:
+    out = tmp_path / f"{ci}.yml"
+    res = run_cli("render", "--ci", ci, "--out", str(out), env=PROXY_ENV)
+    assert res.rc == 0, res.err
+    assert res.out.startswith(f"wrote {out}: 20 build job(s), 6 verify job(s), 1 release job")
+    assert "note: --ci: BACKEND=docker for every job" in res.err
+    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                            SCHEMAS[ci], str(out)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    text = out.read_text()
+    assert PASSWORD not in text and "proxy.example" not in text
+    return text, yaml.safe_load(text)
+
+
+def _plan_jobs(kind: str) -> list[dict]:
+    res = run_cli("plan", "--format", "github", "--github-jobs", kind, "--backend", "docker")
+    assert res.rc == 0, res.err
+    return json.loads(res.out)["include"]
+
+
+def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
+        tmp_path: Path) -> None:
+    text, doc = _render(tmp_path, "github")
+    jobs = doc["jobs"]
+    assert list(jobs) == ["build", "verify", "release"]
+    fields = ("cell", "runs-on", "arch", "python", "torch", "backend")
+    for kind in ("build", "verify"):
+        rows = jobs[kind]["strategy"]["matrix"]["include"]
+        plan = _plan_jobs(kind)
+        assert [{k: r[k] for k in fields} for r in rows] == \
+            [{k: str(p[k]) for k in fields} for p in plan]
+        assert {r["pull"] for r in rows} == {"missing"}
+        assert jobs[kind]["runs-on"] == "${{ matrix.runs-on }}"
+        run = [s["run"] for s in jobs[kind]["steps"] if s.get("name") == kind]
+        assert run == ["make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} TORCH=${{ "
+                       "matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}"]
+        upload = jobs[kind]["steps"][-1]
+        assert upload["with"] == {"name": "dist-${{ matrix.cell }}", "path": "dist/",
+                                  "if-no-files-found": "error"}
+    # 8 of 26 cells need an arm64 runner; the stable wheel's verifiers take its builder's dist/.
+    build_rows = jobs["build"]["strategy"]["matrix"]["include"]
+    assert sum(r["runs-on"] == "ubuntu-24.04-arm" for r in build_rows) == 10
+    for row, plan in zip(jobs["verify"]["strategy"]["matrix"]["include"], _plan_jobs("verify")):
+        assert row["built_by"] == f"dist-{plan['built_by']}"
+    assert jobs["verify"]["needs"] == ["build"]
+    download = [s for s in jobs["verify"]["steps"] if "download-artifact" in s.get("uses", "")]
+    assert download[0]["with"] == {"name": "${{ matrix.built_by }}", "path": "dist"}
+    release = jobs["release"]
+    assert release["needs"] == ["build", "verify"]
+    runs = [s["run"] for s in release["steps"] if "run" in s]
+    assert ".venv/bin/python -m builder merge artifacts/dist-* --out release" in runs
+    assert ".venv/bin/python -m builder index release --per-torch --out build/index" in runs
+    assert ".venv/bin/python -m builder index release --out build/index" in runs
+    publish = release["steps"][-1]
+    assert publish["if"] == "startsWith(github.ref, 'refs/tags/')"
+    assert publish["env"]["TWINE_PASSWORD"] == "${{ secrets.TWINE_PASSWORD }}"
+    # Settings by name: the proxy is a secret reference, whatever this shell held.
+    assert doc["env"]["HTTPS_PROXY"] == "${{ secrets.HTTPS_PROXY }}"
+    assert doc["env"]["BUILDER_INDEX_URL"] == "${{ vars.BUILDER_INDEX_URL }}"
+    assert text.startswith("# Rendered by `python -m builder render --ci github` from "
+                           "configs/matrix.yaml")
+    # Deterministic: the same plan gives the same bytes.
+    assert _render(tmp_path / "again", "github")[0] == text
+
+
+def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
+        tmp_path: Path) -> None:
+    _, doc = _render(tmp_path, "gitlab")
+    plan = {j["cell"]: j for j in _plan_jobs("build") + _plan_jobs("verify")}
+    cells = {k: v for k, v in doc.items() if k.startswith(("build-", "verify-"))}
+    assert len(cells) == 26
+    ids = {}
+    for job_id, job in cells.items():
+        (line,) = [s for s in job["script"] if s.startswith("make wheel")]
+        cell = line.rsplit("OUT=artifacts/dist-", 1)[1]
+        p = plan[cell]
+        ids[cell] = job_id
+        assert line == (f"make wheel ARCH={p['arch']} PY={p['python']} TORCH={p['torch']} "
+                        f"BACKEND=docker PULL=missing OUT=artifacts/dist-{cell}")
+        assert job["tags"] == [p["runs-on"]] and job["stage"] == p["job"]
+        assert job["artifacts"]["paths"] == [f"artifacts/dist-{cell}/"]
+    for cell, job_id in ids.items():
+        if plan[cell]["job"] == "verify":
+            builder = plan[cell]["built_by"]
+            assert cells[job_id]["needs"] == [{"job": ids[builder], "artifacts": True}]
+            assert cells[job_id]["script"][0] == (f"cp -a artifacts/dist-{builder} "
+                                                  f"artifacts/dist-{cell}")
+    assert sorted(n["job"] for n in doc["release"]["needs"]) == sorted(cells)
+    assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
+
+
+def test_the_docs_page_shows_what_render_writes() -> None:
+    page = (REPO_ROOT / "docs" / "ci-fleets.md").read_text()
+    shown = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    res = run_cli("render", "--ci", "github")
+    assert res.rc == 0, res.err
+    assert res.out == shown, "docs/ci-fleets.md: re-render its workflow block"
+
+
+def test_render_ci_usage_errors_exit_2_naming_the_option(tmp_path: Path) -> None:
+    res = run_cli("render", "--ci", "github", "--print")
+    assert res.rc == 2 and "--print" in res.err, res.err
+    outside = tmp_path / "matrix.yaml"
+    outside.write_text("matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n")
+    res = run_cli("render", "--ci", "gitlab", "--config", str(outside))
+    assert res.rc == 2 and "--config" in res.err and "outside this checkout" in res.err, res.err
+    # The Dockerfiles are still what a plain render writes.
+    res = run_cli("render", "--out", str(tmp_path / "df"), "--arch", "X86", "--python", "3.11",
+                  "--torch", "2.13.0")
+    assert res.rc == 0 and (tmp_path / "df" / "cp311-manylinux_x86_64-torch2.13.0" /
+                            "Dockerfile").is_file(), res.err
+
+
+TINY_CONFIG = """\
+# Two cells: one this x86_64 host builds, one only an arm64 runner can.
+support: configs/support.yaml
+matrix:
+  arch: [X86, ARM]
+  python: ["3.11"]
+  torch: ["2.13.0"]
+"""
+
+
+@pytest.mark.slow
+def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
+        tmp_path: Path) -> None:
+    if platform.machine() != "x86_64":
+        pytest.skip("the emitted jobs for this host are the x86_64 runner's")
+    origin = source_repository(REPO_ROOT, tmp_path / "origin")
+    write_tiny_extension(origin / "tinyext")
+    (origin / "ci.yaml").write_text(TINY_CONFIG)
+    commit_all(origin)
+    env = base_env()
+    render = subprocess.run(
+        [sys.executable, "-m", "builder", "render", "--ci", "github", "--config", "ci.yaml",
+         "--project", "tinyext", "--backend", "host", "--out", ".github/workflows/wheels.yml"],
+        cwd=origin, env=env, capture_output=True, text=True, timeout=300)
+    assert render.returncode == 0, render.stderr
+    workflow = yaml.safe_load((origin / ".github/workflows/wheels.yml").read_text())
+    rows = workflow["jobs"]["build"]["strategy"]["matrix"]["include"]
+    assert [(r["cell"], r["runs-on"]) for r in rows] == [
+        ("cp311-manylinux_x86_64-torch2.13.0", "ubuntu-24.04"),
+        ("cp311-manylinux_aarch64-torch2.13.0", "ubuntu-24.04-arm")]
+    assert "verify" not in workflow["jobs"]  # tinyext is not on torch's stable ABI
+
+    runner = Runner(origin, tmp_path / "runner", REPO_ROOT / ".venv", env)
+    here = [r for r in rows if r["runs-on"] == "ubuntu-24.04"]
+    ran = [runner.run_job(workflow, "build", row) for row in here]
+    (job,) = ran
+    assert "build: ran" in job.steps and "upload dist/: ran" in job.steps
+    assert "cross / emulation tools: skipped" in " ".join(job.steps)
+    dist = runner.artifacts / "dist-cp311-manylinux_x86_64-torch2.13.0"
+    (wheel,) = dist.glob("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_*_x86_64*.whl")
+
+    release = runner.run_job(workflow, "release")
+    assert "publish: skipped (if: startsWith(github.ref, 'refs/tags/'))" in release.steps
+    merged = release.workdir / "release"
+    doc = json.loads((merged / "manifest.json").read_text())
+    (entry,) = doc["wheels"]
+    assert entry["cell"] == "cp311-manylinux_x86_64-torch2.13.0"
+    assert entry["built_by"] == {"runner": "github runner emulated "
+                                           "cp311-manylinux_x86_64-torch2.13.0",
+                                 "sources": ["dist-cp311-manylinux_x86_64-torch2.13.0"]}
+    assert (merged / wheel.name).read_bytes() == wheel.read_bytes()
+    for index in ("torch2.13/simple", "simple"):  # per torch series, and all in one
+        page = release.workdir / "build/index" / index / "tinyext" / wheel.name
+        assert page.read_bytes() == wheel.read_bytes()
+    uploaded = runner.artifacts / "release"
+    assert (uploaded / "release" / "manifest.json").is_file()
+    for run in (job, release):  # where the time goes (pytest -s shows it)
+        print(run.cell, f"{run.seconds:.1f} s:", {k: round(v, 1) for k, v in
+                                                  run.seconds_per_step.items()})
+
+
+def test_builder_index_url_is_the_environment_layer_of_pip_index_url(tmp_path: Path) -> None:
+    """What the jobs' BUILDER_INDEX_URL variable feeds: over the config file, checked alike."""
+    config = tmp_path / "matrix.yaml"
+    config.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+                      "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
+                      "pip: {index_url: 'https://file.example/simple/'}\n")
+    args = ("plan", "--format", "json", "--config", str(config))
+    index = [json.loads(run_cli(*args, env=env).out)["cells"][0]["index"]["index_url"]
+             for env in ({}, {"BUILDER_INDEX_URL": "https://ci.example/simple/"})]
+    assert index == ["https://file.example/simple/", "https://ci.example/simple/"]
+    res = run_cli(*args, env={"BUILDER_INDEX_URL": "https://u:pw@ci.example/simple/"})
+    assert res.rc == 2 and "environment BUILDER_INDEX_URL" in res.err, res.err
+    assert "credentials" in res.err and "pw@" not in res.err
