@@ -45,8 +45,8 @@ def tiny_index(tmp_path_factory: pytest.TempPathFactory):
 
 def test_defaults_suit_a_flaky_proxy() -> None:
     net = network()
-    assert (net.retries, net.timeout) == (10, 60.0)  # builder/config/defaults.yaml
-    assert net.env() == {"PIP_RETRIES": "10", "PIP_TIMEOUT": "60", "PIP_DEFAULT_TIMEOUT": "60"}
+    assert (net.retries, net.timeout) == (6, 30.0)  # builder/config/defaults.yaml
+    assert net.env() == {"PIP_RETRIES": "6", "PIP_TIMEOUT": "30", "PIP_DEFAULT_TIMEOUT": "30"}
 
 
 def test_the_settings_reach_every_pip_the_builds_run(tmp_path: Path) -> None:

@@ -327,8 +327,9 @@ def test_cross_backend_downloads_get_the_pipelines_proxies_and_index(
                         lambda cell, step: None, "run-1")
     assert result.error == "fake: stopped after the downloads", result.error
     assert [s.name for s in result.steps][-1] == "target torch"
+    # The pipeline's network settings (pip.retries / pip.timeout) travel with the proxies.
     expected = {"HTTPS_PROXY": PROXY, "https_proxy": PROXY, "PIP_INDEX_URL": INDEX,
-                "PIP_EXTRA_INDEX_URL": EXTRA}
+                "PIP_EXTRA_INDEX_URL": EXTRA, **settings.config.pip.network.env()}
     assert seen == {"require_cpu_torch": (ARM_TORCH, expected),
                     "ensure_target_torch": (ARM_TORCH, expected)}
 
