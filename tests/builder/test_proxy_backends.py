@@ -154,7 +154,9 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
     # proxy cannot reach the index and fails at pip.
     control = tmp_path / "control"
     control.mkdir()
-    c = lab.run_in_netns(build_argv(control, *args), control, AMPFORGE_CACHE=cache)
+    # No retries: one try shows the index is out of reach; the backoff would only add time.
+    c = lab.run_in_netns(build_argv(control, *args), control, AMPFORGE_CACHE=cache,
+                         BUILDER_PIP_RETRIES="0")
     assert c.rc == 1, c.err[-3000:]
     assert f"error: {CELL}: step 'install torch==2.13.0' failed" in c.err, c.err[-3000:]
     assert "No matching distribution found for torch==2.13.0" in c.err, c.err[-3000:]
@@ -260,7 +262,9 @@ def test_cross_download_goes_through_the_proxy_to_the_configured_index(lab: Lab,
         control_cache = tmp_path / "control-cache"
         c = lab.run_in_netns([sys.executable, str(script),
                               str(_config(tmp_path, index, arch="ARM", torch=ARM_TORCH)),
-                              str(control_cache), ARM_TORCH], tmp_path, timeout=900)
+                              str(control_cache), ARM_TORCH], tmp_path, timeout=900,
+                             # One retry: pip names the refused connection only when it retries.
+                             BUILDER_PIP_RETRIES="1")
     assert c.rc == 3, c.err[-3000:]
     assert f"downloading torch=={ARM_TORCH} for cp311 manylinux_2_28_aarch64 failed" in c.err
     # pip tried the index itself, from a namespace where nothing listens on that port.

@@ -71,8 +71,10 @@ class Setup:
         path.write_text(text)
         return path
 
-    def build(self, tmp: Path, config: Path, *extra: str, proxy_env: bool = True) -> Run:
+    def build(self, tmp: Path, config: Path, *extra: str, proxy_env: bool = True,
+              **more_env: str) -> Run:
         env = {"HTTP_PROXY": self.proxy.url, "HTTPS_PROXY": self.proxy.url} if proxy_env else {}
+        env.update(more_env)
         return run_build(tmp, "--backend", "docker", "--base-image", self.base,
                          "--network", self.network.name, "--project", str(self.project),
                          "--config", str(config), "--jobs", "1", *extra, **env)
@@ -166,7 +168,9 @@ def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
     # without the proxy cannot reach the index and fails at pip.
     control = tmp_path / "control"
     control.mkdir()
-    c = setup.build(control, config, proxy_env=False)
+    # No retries: the control proves the index is out of reach, which one try shows; pip's
+    # backoff over the default retries would only add time.
+    c = setup.build(control, config, proxy_env=False, BUILDER_PIP_RETRIES="0")
     assert c.rc == 1, c.err[-3000:]
     assert f"error: {CELL}: step 'install torch==2.13.0' failed" in c.err, c.err[-3000:]
     assert "No matching distribution found for torch==2.13.0" in c.err, c.err[-3000:]
@@ -191,7 +195,7 @@ def test_https_index_through_the_proxy_needs_the_injected_ca(setup: Setup,
     config = setup.config(setup.https, proxy_in_config=True)
     without = tmp_path / "without-ca"
     without.mkdir()
-    r = setup.build(without, config, proxy_env=False)
+    r = setup.build(without, config, proxy_env=False, BUILDER_PIP_RETRIES="0")  # one try shows it
     assert r.rc == 1, r.err[-3000:]
     assert f"error: {CELL}: step 'install torch==2.13.0' failed" in r.err, r.err[-3000:]
     assert "hint: TLS verification failed inside the build" in r.err, r.err[-3000:]
