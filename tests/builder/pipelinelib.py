@@ -19,6 +19,7 @@ from enginelib import wheelhouse_cp311, write_tiny_extension
 
 from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
+from builder.release.manifest import LOCKS_DIR
 
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
 
@@ -111,6 +112,17 @@ def seed_dist(dist: Path) -> dict[str, bytes]:
         base_image="x", compiler="g++", builder_version="0", started_at="t0",
         finished_at="t1"))
     return dist_state(dist)
+
+
+def hidden_leftovers(dist: Path) -> list[str]:
+    """Hidden entries of *dist* other than the builder's own locks: the manifest's lock file
+    and the per-cell lock folder, whose lock files are empty once no build holds them (the
+    holder's name is written only while it builds). Anything else is a partial file."""
+    locks = dist / LOCKS_DIR
+    held = [f"{LOCKS_DIR}/{p.name}" for p in locks.iterdir()
+            if not p.name.endswith(".lock") or p.stat().st_size] if locks.is_dir() else []
+    return held + [p.name for p in dist.iterdir() if p.name.startswith(".")
+                   and p.name not in (".manifest.lock", LOCKS_DIR)]
 
 
 def manifest(dist: Path) -> dict:

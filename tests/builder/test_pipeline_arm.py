@@ -18,6 +18,7 @@ import pytest
 from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
 from pipelinelib import (
     dist_state,
+    hidden_leftovers,
     manifest,
     run_build,
     run_plan,
@@ -29,8 +30,7 @@ ARM_CELL = "cp311-manylinux_aarch64-torch2.9.1"
 
 
 def _no_hidden_leftovers(dist: Path) -> None:
-    assert not [p.name for p in dist.iterdir()
-                if p.name.startswith(".") and p.name != ".manifest.lock"]
+    assert not hidden_leftovers(dist)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from enginelib import docker_engine, wheelhouse_cp311, write_tiny_extension
 from npulib import assert_npu_extra, expected_torch_npu, wheel_metadata
-from pipelinelib import CELL, AmpBuild, dist_state, manifest, run_build, run_plan
+from pipelinelib import CELL, AmpBuild, dist_state, hidden_leftovers, manifest, run_build, run_plan
 
 from builder.config import REPO_ROOT
 from builder.engines.docker import CONTAINER_LABEL
@@ -65,8 +65,7 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert all((dist / n).read_bytes() == seeded[n] for n in earlier)
     assert any(w["cell"].startswith("cp310") for w in doc["wheels"])
     # No partial or hidden file left behind.
-    assert not [p.name for p in dist.iterdir() if p.name.startswith(".") and
-                p.name != ".manifest.lock"]
+    assert not hidden_leftovers(dist)
     return wheel
 
 
