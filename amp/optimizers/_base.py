@@ -18,6 +18,15 @@ from .. import multi_tensor as mt
 ParamGroups = list[list[Tensor]]
 
 
+
+def closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
+    """torch.optim's closure contract: re-evaluate the loss with gradients enabled (``step``
+    itself runs under ``no_grad``); None without a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
 @dataclass
 class Bucket:
     """Tensors of one param group that one kernel call can take together (same dtypes)."""
@@ -156,10 +165,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Standalone step: reads each param's .grad (inverse scale 1)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._amp_cached_norm = None
         params = [list(g["params"]) for g in self.param_groups]
         self._update(params, 1.0, grads_on_params=True)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .. import multi_tensor as mt
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from ._base import FusedOptimizer, ParamGroups, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -82,10 +82,7 @@ class FusedAdam(FusedOptimizer):
         found_inf = getattr(self, "found_inf", None)
         if grad_scale is None and found_inf is None:
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if found_inf is not None and bool(found_inf.item()):
             return loss  # an overflowed step is skipped (its step count too), as the scaler's
         params = [list(g["params"]) for g in self.param_groups]

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from ._base import Bucket, make_buckets
+from ._base import Bucket, closure_loss, make_buckets
 from .fused_lamb import FusedLAMB
 
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
@@ -92,10 +92,7 @@ class FusedMixedPrecisionLamb(FusedLAMB):
              grad_scaler: Any = None) -> Any:
         if grad_scaler is None:
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         # GradScaler's own check records found_inf for its update(); scale is its current one.
         found_inf = sum(float(v.item()) for v in grad_scaler._check_inf_per_device(self).values())
         if found_inf:

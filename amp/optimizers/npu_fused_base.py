@@ -27,6 +27,7 @@ from torch.optim.optimizer import Optimizer
 
 from .. import _combined
 from ..combine_tensors import combine_npu
+from ._base import closure_loss
 
 
 @dataclass
@@ -146,10 +147,7 @@ class ElementwiseOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._step_runs()
         return loss
 
