@@ -27,7 +27,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test promises lint docs bench bench-ascend bench-build bench-arm demo clean distclean
+.PHONY: help setup test promises lint docs bench bench-ascend bench-build bench-arm bench-matrix demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -39,6 +39,7 @@ help:
 	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
+	@echo "make bench-matrix [BEFORE=REV]   a whole matrix, the project at REV against now, side by side"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
 	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG= PROJECT=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
@@ -158,6 +159,16 @@ bench-build: builder-env
 
 bench-arm: builder-env
 	$(PY_VENV) benchmarks/build_arm.py
+
+# bench-matrix: every cell of benchmarks/matrix_cost.yaml built for the project as of git
+# revision BEFORE and as it is now, by this builder, side by side: builds, cells verified with
+# another cell's wheel, wheels, wall and step times. The default BEFORE is the last commit
+# before the stable-ABI binding. BENCH_MATRIX_ARGS: e.g. "--ccache" or "--json FILE".
+BEFORE ?= 85bfdd6
+BENCH_MATRIX_ARGS ?=
+
+bench-matrix: builder-env
+	$(PY_VENV) benchmarks/matrix_cost.py --before $(BEFORE) $(BENCH_MATRIX_ARGS)
 
 clean:
 	rm -rf build *.egg-info amp/_C*.so .pytest_cache .hypothesis

@@ -2,7 +2,7 @@
 touched, one kernel source touched; with each build's step times.
 
     .venv/bin/python benchmarks/build_cell.py [--backends host docker] [--base-image REF]
-                                              [--wheelhouse DIR]
+                                              [--wheelhouse DIR] [--before REV]
 
 A copy of this project (amp, kernels, setup.py, pyproject.toml, README) is built into a fresh
 dist/ per backend, so the repository is never touched. "Cold" is a first build on a machine:
@@ -12,6 +12,9 @@ cell (this cell's ``ampforge/torch`` layers are removed first). "Touched" append
 (a comment to the Python file; a declaration to the kernel source, since a comment-only change
 preprocesses to the same input and is a compiler-cache hit); a bare mtime touch is, correctly,
 still up to date.
+
+``--before REV`` measures the project as of git revision REV too, in the same run and with the
+same builder (this checkout's), each side from its own cold caches, and prints both side by side.
 
 Targets (issue 15): nothing changed < 1 s; kernel touched >= 5x faster than cold; Python file
 touched >= 10x faster than cold.
@@ -30,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from project_copy import copy_project
+from project_copy import copy_project, copy_project_at
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -71,18 +74,22 @@ def cold_docker(engine_cell: str) -> None:
         engine.remove_image(image["Id"])
 
 
-def run_backend(backend: str, args: argparse.Namespace, tmp: Path) -> list[tuple]:
+def run_backend(backend: str, args: argparse.Namespace, tmp: Path, rev: str | None = None
+                ) -> list[tuple]:
+    """The four cases for one backend, for the project now (*rev* None) or as of *rev*."""
     extra = ["--backend", backend]
     if backend == "docker":
         extra += ["--base-image", args.base_image]
     if args.wheelhouse:
         extra += ["--wheelhouse", args.wheelhouse]
     volume = f"ampforge-bench-ccache-{uuid.uuid4().hex[:8]}"
-    env = {"AMPFORGE_CACHE": str(tmp / f"cache-{backend}"), "AMPFORGE_CCACHE_VOLUME": volume}
+    side = f"{backend}-{rev or 'now'}"
+    env = {"AMPFORGE_CACHE": str(tmp / f"cache-{side}"), "AMPFORGE_CCACHE_VOLUME": volume}
     if backend == "docker":
         cold_docker(CELL)
-    work = tmp / backend
-    project = copy_project(work / "project")
+    work = tmp / side
+    project = (copy_project_at(rev, work / "project") if rev
+               else copy_project(work / "project"))
     rows = [("cold", *build(project, work, extra, env))]
     rows.append(("nothing changed", *build(project, work, extra, env)))
     py = project / "amp" / "scaler.py"
@@ -107,18 +114,23 @@ def main() -> None:
     ap.add_argument("--base-image", default="local",
                     help="docker backend's base image (default: local, built on first use)")
     ap.add_argument("--wheelhouse", default=None, help="find-links folder for torch")
+    ap.add_argument("--before", metavar="REV", default=None,
+                    help="also build the project as of this git revision (side by side)")
     args = ap.parse_args()
     print(f"build_cell: cell {CELL}; load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         for backend in args.backends:
-            rows = run_backend(backend, args, Path(tmp))
-            cold = rows[0][1]
-            print(f"\nbackend {backend}")
-            print(f"{'case':<24} {'seconds':>8} {'vs cold':>8} {'ccache':>8}  result, steps (s)")
-            for name, took, status, steps, ccache in rows:
-                detail = ", ".join(f"{k} {v}" for k, v in steps.items())
-                print(f"{name:<24} {took:8.1f} {cold / took:7.1f}x {ccache:>8}  {status}: "
-                      f"{detail}")
+            sides = [(args.before, f"before ({args.before})")] if args.before else []
+            for rev, label in [*sides, (None, "now" if args.before else "")]:
+                rows = run_backend(backend, args, Path(tmp), rev)
+                cold = rows[0][1]
+                print(f"\nbackend {backend}{', ' + label if label else ''}")
+                print(f"{'case':<24} {'seconds':>8} {'vs cold':>8} {'ccache':>8}  "
+                      "result, steps (s)")
+                for name, took, status, steps, ccache in rows:
+                    detail = ", ".join(f"{k} {v}" for k, v in steps.items())
+                    print(f"{name:<24} {took:8.1f} {cold / took:7.1f}x {ccache:>8}  {status}: "
+                          f"{detail}", flush=True)
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -59,9 +59,18 @@ static const char __libc_single_threaded = 0;
 # versions, so binding calls to the architecture's first symbol version keeps the wheel's floor
 # where its other symbols put it; the .symver of a function a file never calls adds nothing.
 # The cross path (builder/cross/build.py) uses the same header: this is its one definition.
+#
+# glibc 2.34 moved libdl into libc, where its functions got GLIBC_2.34 default versions; the old
+# ones stay exported (from libc.so.6 since 2.34, from libdl.so.2 before, which torch's
+# libtorch_cpu.so needs, so it is loaded wherever a torch extension is). torch 2.14's stable-ABI
+# headers call dlsym (torch/csrc/stable/macros.h looks up shims newer than the extension's
+# TORCH_TARGET_VERSION), so a stable build against them on a glibc >= 2.34 machine needed
+# manylinux_2_34 for that one symbol. Only functions whose first version is the machine's base
+# version belong here: a .symver naming a version the symbol never had fails the link.
 LIBM_FLOOR_FUNCTIONS: tuple[str, ...] = (
     "exp", "exp2", "log", "log2", "pow",  # GLIBC_2.29
     "expf", "exp2f", "logf", "log2f", "powf",  # GLIBC_2.27
+    "dlopen", "dlsym", "dlclose", "dlerror", "dladdr", "dlvsym",  # GLIBC_2.34
 )
 #: The first glibc symbol version of each machine: the versions the functions above had before.
 GLIBC_BASE_VERSION: dict[str, str] = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
@@ -75,8 +84,8 @@ def libm_floor_shim(machine: str) -> str:
         return ""
     directives = "\n".join(f'__asm__(".symver {f},{f}@{base}");'
                            for f in LIBM_FLOOR_FUNCTIONS)
-    return (f"/* ampforge build shim (builder/incell/steps.py): libm functions at their {base} "
-            "versions. */\n"
+    return (f"/* ampforge build shim (builder/incell/steps.py): libm and libdl functions at their "
+            f"{base} versions. */\n"
             "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
             f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
 

@@ -7,8 +7,11 @@ test_pipeline_failures.py, the cross cell on bullseye in test_cross_pythons.py.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import auditwheel.policy
@@ -22,6 +25,7 @@ from builder.wheel.repair import oldest_tag
 from builder.wheel.wheelcheck import (
     CXX_LIMITS,
     VersionNeed,
+    _elf_needs,
     glibc_floor,
     lowest_glibc,
     need_summary,
@@ -95,7 +99,9 @@ def test_libm_floor_binds_every_newly_versioned_function_to_the_base_version(
     shim = libm_floor_shim(machine)
     base = GLIBC_BASE_VERSION[machine]
     assert set(LIBM_FLOOR_FUNCTIONS) == {"exp", "exp2", "log", "log2", "pow",
-                                         "expf", "exp2f", "logf", "log2f", "powf"}
+                                         "expf", "exp2f", "logf", "log2f", "powf",
+                                         "dlopen", "dlsym", "dlclose", "dlerror", "dladdr",
+                                         "dlvsym"}
     for name in LIBM_FLOOR_FUNCTIONS:
         assert f'__asm__(".symver {name},{name}@{base}");' in shim
     assert "!defined(__ASSEMBLER__)" in shim  # harmless in a .S file's preprocessing
@@ -108,3 +114,42 @@ def test_every_torch_of_the_support_table_has_a_ceiling_at_or_above_manylinux201
         for machine in support.wheels[torch]:
             glibc, tag_machine = tag_glibc(support.torch_plat(torch, machine))
             assert tag_machine == machine and glibc >= (2, 17)
+
+
+# What torch 2.14's stable-ABI headers do (torch/csrc/stable/macros.h): look a shim up at run
+# time. Built on a glibc >= 2.34 machine, dlsym's default version is GLIBC_2.34.
+_DLSYM_CPP = """\
+#include <dlfcn.h>
+#include <cmath>
+extern "C" void* lookup(const char* name) { return dlsym(RTLD_DEFAULT, name); }
+extern "C" double power(double a, double b) { return std::pow(a, b); }
+"""
+
+
+@pytest.mark.parametrize("compiler, machine", [("g++", "x86_64"),
+                                               ("aarch64-linux-gnu-g++", "aarch64")])
+def test_a_compiled_dlsym_call_binds_to_the_base_version_and_still_resolves(
+        tmp_path: Path, compiler: str, machine: str) -> None:
+    """The real compiler and this machine's glibc (2.36: dlsym@@GLIBC_2.34, pow@@GLIBC_2.29),
+    with and without the floor header: with it, the module needs nothing above the machine's
+    base version from dlsym/pow, and (natively) still finds a symbol through dlsym."""
+    if shutil.which(compiler) is None:
+        pytest.fail(f"{compiler} is not installed (.ci/run installs the cross toolchain)")
+    src = tmp_path / "lookup.cpp"
+    src.write_text(_DLSYM_CPP)
+    (tmp_path / "floor.h").write_text(libm_floor_shim(machine))
+    built = {}
+    for name, extra in (("plain", []), ("floored", ["-include", str(tmp_path / "floor.h")])):
+        out = tmp_path / f"{name}.so"
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", *extra, str(src), "-o", str(out)],
+                       check=True)
+        built[name] = {sym: n.name for n in _elf_needs(out.name, out.read_bytes())
+                       for sym in n.symbols}
+    assert built["plain"]["dlsym"] == "GLIBC_2.34", built  # the fault, as torch 2.14 meets it
+    base = GLIBC_BASE_VERSION[machine]
+    assert built["floored"]["dlsym"] == built["floored"]["pow"] == base, built
+    if machine == "x86_64":
+        lib = ctypes.CDLL(str(tmp_path / "floored.so"))
+        lib.lookup.restype = ctypes.c_void_p
+        assert lib.lookup(b"malloc"), "dlsym bound to its old version found nothing"
+        assert lib.lookup(b"ampforge_no_such_symbol") is None

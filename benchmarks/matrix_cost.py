@@ -1,0 +1,131 @@
+"""What a whole matrix costs, before and after a change of the project, in one run: the same
+builder (this checkout's) builds every cell of a config for the project as of git revision
+BEFORE and as it is now, and prints builds, verifications, wheels, wall time and the time of
+each step, side by side.
+
+    .venv/bin/python benchmarks/matrix_cost.py --before REV [--config FILE] [--ccache]
+                                               [--json FILE] [--keep DIR]
+
+Each side builds into its own dist/ and work folder from a private copy of the project (the
+checkout is never touched), with ``--no-ccache`` unless ``--ccache``: a compile is a compile.
+The torch environments, sysroots and wheels come from the builder's shared caches, the same
+for both sides (the same builder makes the same keys), so warm them first (one run with
+``--ccache``) or the first side pays for them; the torch column shows whether it did.
+
+"Builds" are the cells that compiled a wheel; "verified" the cells a wheel built for another
+cell served (the manifest's ``extra.served_by``: a stable-ABI or abi3 wheel, installed and
+tested there, not compiled again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from project_copy import copy_project, copy_project_at
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "matrix_cost.yaml"
+# "[cell] step (Ns)": the builder's progress line when a cell starts a step, N seconds in.
+STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>[^(]+?) \((?P<at>\d+)s\)")
+END_STATES = ("built", "up-to-date", "failed", "skipped")
+
+
+def step_times(stderr: str) -> dict[str, dict[str, int]]:
+    """Per cell, seconds per step: a step lasts until the cell's next line."""
+    marks: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for m in map(STEP.match, stderr.splitlines()):
+        if m:
+            marks[m["cell"]].append((m["step"].strip(), int(m["at"])))
+    out: dict[str, dict[str, int]] = {}
+    for cell, seq in marks.items():
+        steps: dict[str, int] = {}
+        for (name, at), (_, nxt) in zip(seq, seq[1:]):
+            if name not in END_STATES:
+                steps[name] = steps.get(name, 0) + nxt - at
+        out[cell] = steps
+    return out
+
+
+def run_side(label: str, project: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    dist = work / "dist"
+    argv = [sys.executable, "-m", "builder", "build", "--all", "--keep-going",
+            "--config", str(args.config), "--project", str(project), "--out", str(dist),
+            "--work-dir", str(work / "work"), *([] if args.ccache else ["--no-ccache"])]
+    print(f"[{label}] {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=work,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.monotonic() - start
+    (work / "build.log").write_text(proc.stderr)
+    manifest = json.loads((dist / "manifest.json").read_text()) if (
+        dist / "manifest.json").exists() else {"wheels": []}
+    entries = manifest["wheels"]
+    served = [w for w in entries if w.get("extra", {}).get("served_by")]
+    steps = step_times(proc.stderr)
+    totals: dict[str, int] = defaultdict(int)
+    for per_cell in steps.values():
+        for name, secs in per_cell.items():
+            totals[name] += secs
+    return {
+        "side": label, "exit": proc.returncode, "wall_s": round(wall, 1),
+        "cells": len(entries), "builds": len(entries) - len(served), "verified": len(served),
+        "wheels": len(list(dist.glob("*.whl"))), "steps_s": dict(totals), "per_cell": steps,
+        "log": str(work / "build.log"),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", required=True, help="git revision of this repository")
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--ccache", action="store_true", help="let the compiler cache serve objects")
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--keep", type=Path, help="build here (kept) instead of a temporary folder")
+    args = ap.parse_args()
+    args.config = args.config.resolve()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
+        base = args.keep.resolve() if args.keep else Path(tmp)
+        sides = []
+        for label in ("before", "after"):
+            work = base / label
+            work.mkdir(parents=True, exist_ok=True)
+            project = (copy_project_at(args.before, work / "project") if label == "before"
+                       else copy_project(work / "project"))
+            sides.append(run_side(label, project, work, args))
+    head = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True).stdout.strip()
+    print(f"matrix_cost: config {args.config.name}; before = {args.before}, after = {head}; "
+          f"ccache {'on' if args.ccache else 'off'}; {os.cpu_count()} CPUs; load average "
+          f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end")
+    rows = [("cells", "cells"), ("builds (compiles)", "builds"),
+            ("verified with another cell's wheel", "verified"), ("wheels in dist/", "wheels"),
+            ("wall time (s)", "wall_s"), ("exit code", "exit")]
+    names = sorted({n for s in sides for n in s["steps_s"]},
+                   key=lambda n: -max(s["steps_s"].get(n, 0) for s in sides))
+    print(f"{'':<38} {'before':>9} {'after':>9} {'after/before':>13}")
+    for title, key in rows + [(f"  step '{n}' summed over cells (s)", n) for n in names]:
+        b, a = (s.get(key, s["steps_s"].get(key, 0)) for s in sides)
+        ratio = f"{a / b:12.2f}x" if isinstance(b, (int, float)) and b and key != "exit" else ""
+        print(f"{title:<38} {b:>9} {a:>9} {ratio:>13}")
+    for s in sides:
+        if s["exit"] != 0:
+            print(f"{s['side']}: the build exited {s['exit']}; its log: {s['log']}")
+    if args.json:
+        args.json.write_text(json.dumps({"before": args.before, "after": head, "sides": sides},
+                                        indent=1))
+    return 0 if all(s["exit"] == 0 for s in sides) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
