@@ -56,13 +56,26 @@ def torch_layers(engine: Any) -> list[Entry]:
         if not why and engine.image_id(str(parts["cell_image"])) is None:
             why = f"its cell image {str(parts['cell_image'])[:19]} is gone from the engine"
         meta = api.inspect_image(img["Id"]).get("Metadata") or {}
+        # The image's Size counts its cell image's layers too, which removing it never frees.
+        size = int(img.get("Size", 0)) - _size(api, str(parts.get("cell_image", "")))
         used = _epoch(str(meta.get("LastTagTime", ""))) or float(img.get("Created", 0))
         names = users.get(str(img["Id"]), [])
         out.append(Entry("torch-layer", tags[0] if tags else img["Id"][:19],
-                         int(img.get("Size", 0)), used, "superseded" if why else "current", why,
+                         max(size, 0), used, "superseded" if why else "current", why,
                          image=str(img["Id"]), tags=tags,
                          in_use=f"used by container {', '.join(names)}" if names else ""))
     return out
+
+
+def _size(api: Any, image: str) -> int:
+    from docker.errors import APIError  # noqa: PLC0415 - the docker SDK, with the engine
+
+    if not image:
+        return 0
+    try:
+        return int(api.inspect_image(image).get("Size", 0))
+    except APIError:
+        return 0
 
 
 def remove_layer(engine: Any, entry: Entry) -> str:
