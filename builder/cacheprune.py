@@ -352,6 +352,8 @@ def document(inv: Inventory, older_than: float) -> str:
 
 def summary(inv: Inventory, older_than: float) -> str:
     marked = [e for e in inv.entries if e.prune and not e.in_use]
-    return (f"cache {inv.root}: {human(inv.total)} in {len(inv.entries)} entries; `cache prune` "
+    where = str(inv.root) + (" and the engine's torch layers" if any(
+        e.image for e in inv.entries) else "")
+    return (f"caches ({where}): {human(inv.total)} in {len(inv.entries)} entries; `cache prune` "
             f"(superseded, or unused for {_age(older_than)}) would free {human(inv.freed)} "
             f"({len(marked)} entries)")

@@ -28,6 +28,8 @@ from pipelinelib import CELL
 from builder import cacheprune
 from builder.backends.torchenv import BUILD_REQUIREMENTS, CELL_LABEL, PARTS_LABEL
 from builder.cache import LAST_USED, content_key, file_digest, lock_path
+from builder.doctor.checks import CACHE_WARN_BYTES, PRUNABLE_WARN_BYTES, cache_check
+from builder.doctor.report import OK, WARN
 from builder.incell import STEPS_SCRIPT
 
 NO_ENGINE = "unix:///nonexistent/ampforge-test-docker.sock"
@@ -235,3 +237,17 @@ def test_prune_torch_layers_through_the_engine(tmp_path: Path) -> None:
         for tag in [*tags.values(), f"ampforge-test/cachebase:{cell}"]:
             if engine.image_id(tag) is not None:
                 engine.api.remove_image(tag)
+
+
+def test_doctor_warns_past_the_cache_limits(tmp_path: Path) -> None:
+    def inventory(size: int, state: str) -> cacheprune.Inventory:
+        inv = cacheprune.Inventory(tmp_path, [cacheprune.Entry(
+            "torch-env", "e", size, time.time(), state, path=tmp_path)])
+        cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
+        return inv
+
+    assert cache_check(inventory(CACHE_WARN_BYTES // 2, "current")).status == OK
+    big = cache_check(inventory(CACHE_WARN_BYTES + 1, "current"))
+    assert big.status == WARN and "cache prune" in big.fix
+    dead = cache_check(inventory(PRUNABLE_WARN_BYTES + 1, "superseded"))
+    assert dead.status == WARN and "would free 5.0 GB (1 entries)" in dead.detail
