@@ -45,7 +45,10 @@ def torch_layers(engine: Any) -> list[Entry]:
             str((c.get("Names") or [c["Id"][:12]])[0]).lstrip("/"))
     out = []
     for img in api.images(filters={"label": CELL_LABEL}):
-        tags = tuple(t for t in img.get("RepoTags") or () if t.startswith(TORCH_REPOSITORY + ":"))
+        named = [t for t in img.get("RepoTags") or () if t != "<none>:<none>"]
+        tags = tuple(t for t in named if t.startswith(TORCH_REPOSITORY + ":"))
+        if named and not tags:
+            continue  # an image made FROM a torch layer inherits its labels: not a layer
         labels = img.get("Labels") or {}
         try:
             parts = dict(json.loads(labels.get(PARTS_LABEL, "")))

@@ -289,7 +289,10 @@ def prune(inv: Inventory, engine: Any, older_than: float, everything: bool,
             e.size = sum(tree_size(p) for p in old)
             e.result = f"removed {len(old)} memos"
         else:
-            e.result = _remove_path(e)
+            try:
+                e.result = _remove_path(e)
+            except OSError as exc:  # the others are still pruned; the command exits 1
+                e.result = f"failed: {exc}"
 
 
 def _remove_path(e: Entry) -> str:

@@ -98,4 +98,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.err(cacheprune.summary(inv, older))
     for note in inv.notes:
         ctx.output.err(note)
-    return 0
+    return 1 if any(e.result.startswith("failed") for e in inv.entries) else 0
