@@ -137,6 +137,8 @@ def last_used(path: Path) -> float:
 
 def held(entry: Path) -> str:
     """Who holds *entry* now: '' when its lock is free (probed, released at once)."""
+    if not lock_path(entry).exists():
+        return ""  # a build creates the lock file before it holds the entry; listing makes none
     lock = lock_entry(entry, shared=False, wait=False)
     if lock is None:
         return f"in use by a running build (its lock {lock_path(entry)} is held)"
