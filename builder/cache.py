@@ -111,9 +111,12 @@ def hold_entry(entry: Path) -> None:
     call). Waits only while a prune is removing the entry (a rename)."""
     with _HELD_GUARD:
         if entry not in _HELD:
-            lock = lock_entry(entry, shared=True)
-            assert lock is not None  # waited for it
-            _HELD[entry] = lock
+            try:
+                lock = lock_entry(entry, shared=True)
+            except OSError:
+                lock = None  # a read-only cache: usable, and no prune of ours can touch it
+            if lock is not None:
+                _HELD[entry] = lock
     mark_used(entry)
 
 
@@ -171,9 +174,13 @@ def file_digest(path: Path) -> str:
     st = path.stat()
     memo = cache_root() / "digests" / content_key(
         [str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
-    if memo.is_file():
+    try:
+        value = memo.read_text().strip()
+    except FileNotFoundError:  # not yet, or pruned a moment ago: hash it (again)
+        pass
+    else:
         mark_used(memo)  # prune ages memos by their mtime
-        return memo.read_text().strip()
+        return value
     value = sha256_file(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(memo, (value + "\n").encode())

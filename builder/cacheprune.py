@@ -157,8 +157,11 @@ def _children(folder: Path) -> Iterator[Path]:
 
 
 def _leftover(kind: str, tmp: Path) -> Entry:
-    # ensure_entry's ".<final>.<random>" and discard_entry's ".<final>.discarded.<random>".
-    final = tmp.with_name(tmp.name[1:].split(".discarded.")[0].rsplit(".", 1)[0])
+    # ensure_entry's ".<final>.<random>" and discard_entry's ".<final>.discarded.<random>"
+    # (mkdtemp's random part has no dot; a final name may: torch-2.9.1-...).
+    name = tmp.name[1:]
+    final = tmp.with_name(name.split(".discarded.")[0] if ".discarded." in name
+                          else name.rsplit(".", 1)[0])
     return Entry(kind, tmp.name, tree_size(tmp), last_used(tmp), "superseded",
                  "a half-made or half-removed entry left by a builder that stopped",
                  path=tmp, lock_for=final)
@@ -312,8 +315,8 @@ def _remove_path(e: Entry) -> str:
                 discard_entry(e.path)
         else:
             e.path.unlink(missing_ok=True)
-        if e.lock_for is None and lock is not None:
-            lock_path(e.path).unlink(missing_ok=True)  # waiters re-open (lock_entry)
+        if lock is not None and not (e.lock_for or e.path).exists():
+            lock_path(guard).unlink(missing_ok=True)  # waiters re-open it (lock_entry)
     finally:
         if lock is not None:
             lock.close()

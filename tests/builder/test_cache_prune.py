@@ -148,6 +148,9 @@ def test_prune_by_age_list_json_and_a_bad_duration(private_cache: Path) -> None:
     other_pip.write_bytes(b"zip")
     leftover = _folder(private_cache / "sites" / ".torch-2.9.1-cp311-cccc.x1y2z3", days=2)
     mine = _folder(private_cache / "wheelhouse-of-a-test-suite", days=400)
+    aside = private_cache / "sites" / ".torch-2.9.1-cp311-dddd.discarded.k2j3l4"
+    _folder(aside / "torch-2.9.1-cp311-dddd", days=2)
+    _aged(aside, days=2)
     house = private_cache.parent / "house.whl"
     house.write_bytes(b"w")
     file_digest(house)  # a memo used now
@@ -162,13 +165,14 @@ def test_prune_by_age_list_json_and_a_bad_duration(private_cache: Path) -> None:
     assert doc["total_bytes"] == sum(e["size"] for e in doc["entries"]) > 0
     assert doc["prune_bytes"] == sum(e["size"] for e in doc["entries"] if e["prune"]) > 0
     assert by_name["pip-1.0.zip"]["state"] == "superseded"
-    assert by_name[leftover.name]["state"] == "superseded"
+    assert by_name[leftover.name]["state"] == by_name[aside.name]["state"] == "superseded"
     assert by_name[stale.name]["prune"] == "unused for 10 days"
     assert by_name[fresh.name]["prune"] == "" and by_name[mine.name]["prune"] == ""
     assert by_name["2 file digests"]["prune"]
 
     assert run_cli("cache", "prune").rc == 0  # 30 days: only the superseded and the old memo
     assert stale.is_dir() and not other_pip.exists() and not leftover.exists()
+    assert not aside.exists() and not list((private_cache / "sites").iterdir())  # no lock left
     assert not old_memo.exists() and len(list((private_cache / "digests").iterdir())) == 1
     assert run_cli("cache", "prune", "--older-than", "7d").rc == 0
     assert not stale.exists() and fresh.is_dir() and mine.is_dir()
