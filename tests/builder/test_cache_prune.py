@@ -27,7 +27,7 @@ from pipelinelib import CELL
 
 from builder import cacheprune
 from builder.backends.torchenv import BUILD_REQUIREMENTS, CELL_LABEL, PARTS_LABEL
-from builder.cache import LAST_USED, content_key, file_digest, lock_path
+from builder.cache import LAST_USED, content_key, file_digest, lock_entry, lock_path
 from builder.doctor.checks import CACHE_WARN_BYTES, PRUNABLE_WARN_BYTES, cache_check
 from builder.doctor.report import OK, WARN
 from builder.incell import STEPS_SCRIPT
@@ -61,15 +61,23 @@ def older_env(current: Path, steps: str) -> Path:
     return old
 
 
-def hold(entry: Path) -> subprocess.Popen[str]:
-    """Another process holding *entry* as a build does (the shared lock), until its stdin
-    closes."""
-    holder = subprocess.Popen(
+def start_holder(entry: Path) -> subprocess.Popen[str]:
+    """Another process that holds *entry* as a build does (the shared lock), says "held", and
+    lets go when its stdin closes."""
+    return subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; "
          "from builder.cache import hold_entry; hold_entry(Path(sys.argv[1])); "
          "print('held', flush=True); sys.stdin.read()", str(entry)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+
+
+def holds(holder: subprocess.Popen[str]) -> bool:
+    return holder.stdout is not None and holder.stdout.readline() == "held\n"
+
+
+def hold(entry: Path) -> subprocess.Popen[str]:
+    holder = start_holder(entry)
+    assert holds(holder)
     return holder
 
 
@@ -255,3 +263,35 @@ def test_doctor_warns_past_the_cache_limits(tmp_path: Path) -> None:
     assert big.status == WARN and "cache prune" in big.fix
     dead = cache_check(inventory(PRUNABLE_WARN_BYTES + 1, "superseded"))
     assert dead.status == WARN and "would free 5.0 GB (1 entries)" in dead.detail
+
+
+def _blocked_on_flock(pid: int) -> bool:
+    """/proc/locks lists a waiter as ``N: -> FLOCK ADVISORY READ <pid> ...``."""
+    return any(line.split()[1:2] == ["->"] and str(pid) in line.split()
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock(tmp_path: Path) -> None:
+    """Prune unlinks an entry's lock file; a build that was waiting on that very file must not
+    end up holding a lock nobody else can see (the next prune would remove its entry)."""
+    entry = tmp_path / "sysroots" / "python3.11-aarch64-eeee"
+    entry.mkdir(parents=True)
+    pruner = lock_entry(entry, shared=False, wait=False)
+    assert pruner is not None
+    holder = start_holder(entry)
+    try:
+        deadline = time.monotonic() + 60
+        while not _blocked_on_flock(holder.pid):
+            assert holder.poll() is None and time.monotonic() < deadline, "never waited"
+            time.sleep(0.05)
+        shutil.rmtree(entry)  # what prune does under its lock, then:
+        lock_path(entry).unlink()
+        pruner.close()
+        assert holds(holder)
+        assert lock_path(entry).exists()  # the waiter opened the name again
+        assert lock_entry(entry, shared=False, wait=False) is None  # and holds that one
+    finally:
+        holder.communicate("")
+    again = lock_entry(entry, shared=False, wait=False)
+    assert again is not None
+    again.close()
