@@ -362,6 +362,10 @@ def summary(inv: Inventory, older_than: float) -> str:
     marked = [e for e in inv.entries if e.prune and not e.in_use]
     where = str(inv.root) + (" and the engine's torch layers" if any(
         e.image for e in inv.entries) else "")
-    return (f"caches ({where}): {human(inv.total)} in {len(inv.entries)} entries; `cache prune` "
-            f"(superseded, or unused for {_age(older_than)}) would free {human(inv.freed)} "
-            f"({len(marked)} entries)")
+    return (f"caches ({where}): {human(inv.total)} in {entries(len(inv.entries))}; `cache "
+            f"prune` (superseded, or unused for {_age(older_than)}) would free "
+            f"{human(inv.freed)} ({entries(len(marked))})")
+
+
+def entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"

@@ -87,11 +87,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         for e in done:
             ctx.output.out(f"{e.result}: {e.kind} {e.name} ({cacheprune.human(e.size)}; "
                            f"{e.prune})")
-        freed = sum(e.size for e in done if e.result.startswith(("removed", "would remove")))
+        gone = [e for e in done if e.result.startswith(("removed", "would remove"))]
+        kept = sum(1 for e in done if e.result.startswith("kept"))
+        failed = len(done) - len(gone) - kept
         verb = "would free" if args.dry_run else "freed"
-        ctx.output.err(f"cache prune: {verb} {cacheprune.human(freed)} "
-                       f"({sum(1 for e in done if not e.result.startswith('kept'))} entries), "
-                       f"{sum(1 for e in done if e.result.startswith('kept'))} kept in use")
+        ctx.output.err(f"cache prune: {verb} {cacheprune.human(sum(e.size for e in gone))} "
+                       f"({cacheprune.entries(len(gone))}), {kept} kept in use"
+                       + (f", {failed} failed" if failed else ""))
     else:
         for line in cacheprune.table(inv):
             ctx.output.out(line)

@@ -262,7 +262,7 @@ def test_doctor_warns_past_the_cache_limits(tmp_path: Path) -> None:
     big = cache_check(inventory(CACHE_WARN_BYTES + 1, "current"))
     assert big.status == WARN and "cache prune" in big.fix
     dead = cache_check(inventory(PRUNABLE_WARN_BYTES + 1, "superseded"))
-    assert dead.status == WARN and "would free 5.0 GB (1 entries)" in dead.detail
+    assert dead.status == WARN and "would free 5.0 GB (1 entry)" in dead.detail
 
 
 def _blocked_on_flock(pid: int) -> bool:
