@@ -20,9 +20,11 @@ from builder.backends.torchenv import (
     DOCKER_WHERE,
     PARTS_LABEL,
     TORCH_REPOSITORY,
+    layer_lock,
     superseded,
 )
-from builder.cacheprune import Entry
+from builder.cache import lock_entry, lock_path
+from builder.cacheprune import Entry, held
 
 
 def _epoch(stamp: str) -> float:
@@ -63,10 +65,12 @@ def torch_layers(engine: Any) -> list[Entry]:
         size = int(img.get("Size", 0)) - _size(api, str(parts.get("cell_image", "")))
         used = _epoch(str(meta.get("LastTagTime", ""))) or float(img.get("Created", 0))
         names = users.get(str(img["Id"]), [])
+        in_use = f"used by container {', '.join(names)}" if names else ""
+        for tag in tags:
+            in_use = in_use or held(layer_lock(tag.split(":", 1)[1]))
         out.append(Entry("torch-layer", tags[0] if tags else img["Id"][:19],
                          max(size, 0), used, "superseded" if why else "current", why,
-                         image=str(img["Id"]), tags=tags,
-                         in_use=f"used by container {', '.join(names)}" if names else ""))
+                         image=str(img["Id"]), tags=tags, in_use=in_use))
     return out
 
 
@@ -85,10 +89,24 @@ def remove_layer(engine: Any, entry: Entry) -> str:
     """Untag *entry*'s image (never forced: the engine refuses while a container uses it)."""
     from docker.errors import APIError  # noqa: PLC0415 - the docker SDK, with the engine
 
+    locks = []
     try:
-        for tag in entry.tags or (entry.image,):
-            engine.api.remove_image(tag)
-    except APIError as exc:
-        entry.in_use = f"the engine refused: {exc.explanation or exc}"
-        return f"kept: {entry.in_use}"
-    return "removed"
+        for tag in entry.tags:  # a build on this machine that holds it: kept (and said so)
+            guard = layer_lock(tag.split(":", 1)[1])
+            lock = lock_entry(guard, shared=False, wait=False)
+            if lock is None:
+                entry.in_use = f"in use by a running build (its lock {lock_path(guard)} is held)"
+                return f"kept: {entry.in_use}"
+            locks.append((guard, lock))
+        try:
+            for tag in entry.tags or (entry.image,):
+                engine.api.remove_image(tag)
+        except APIError as exc:
+            entry.in_use = f"the engine refused: {exc.explanation or exc}"
+            return f"kept: {entry.in_use}"
+        for guard, _lock in locks:
+            lock_path(guard).unlink(missing_ok=True)
+        return "removed"
+    finally:
+        for _guard, lock in locks:
+            lock.close()

@@ -168,7 +168,10 @@ def _leftover(kind: str, tmp: Path) -> Entry:
 
 
 def _folder_entries(root: Path) -> Iterator[Entry]:
-    from builder.backends.torchenv import host_env_superseded  # noqa: PLC0415 - import cycle
+    from builder.backends.torchenv import (  # noqa: PLC0415 - import cycle
+        LAYER_LOCKS,
+        host_env_superseded,
+    )
 
     for kind_dir in _children(root):
         kind = kind_dir.name
@@ -182,6 +185,8 @@ def _folder_entries(root: Path) -> Iterator[Entry]:
             else:
                 yield _other(kind_dir)
             continue
+        if kind == LAYER_LOCKS:
+            continue  # the torch layers' locks: the layers are the engine's (cachelayers)
         known = kind in INDEX_KEYED or kind in ("torch-envs", "pip")
         if not known:
             yield _other(kind_dir)

@@ -61,6 +61,8 @@ PARTS_LABEL = "org.ampforge.torch.parts"
 CELL_LABEL = "org.ampforge.torch.cell"
 #: The repository of the torch layers (``ampforge/torch:<cell>-<key>``).
 TORCH_REPOSITORY = "ampforge/torch"
+#: The cache folder of the torch layers' locks (:func:`layer_lock`).
+LAYER_LOCKS = "torch-layers"
 #: The cell image's venv (``docker/partials/python.j2``: ``AMPFORGE_VENV``).
 IMAGE_VENV_PYTHON = "/opt/ampforge/venv/bin/python"
 
@@ -119,6 +121,13 @@ def host_env_superseded(entry: Path) -> str:
     if not why and not os.path.exists(str(parts["python"])):
         why = f"its interpreter {parts['python']} is gone"
     return why
+
+
+def layer_lock(name: str) -> Path:
+    """Where a build on this machine holds the torch layer ``ampforge/torch:<name>`` while it
+    uses it (between finding the layer and its last container; :func:`builder.cache.hold_entry`
+    on this path): a layer has no folder here, only its lock."""
+    return cache_root() / LAYER_LOCKS / name
 
 
 def changed_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -241,6 +250,9 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
     key = content_key([json.dumps(parts, sort_keys=True)])
     repo, name = TORCH_REPOSITORY, f"{cell.identifier}-{key}"
     tag = f"{repo}:{name}"
+    # The build's container and, minutes later, the verification's are made from this layer:
+    # held from here to the build's end, so that `cache prune` leaves it alone meanwhile.
+    hold_entry(layer_lock(name))
     if engine.image_id(tag) is not None:
         job.log.note(f"ampforge: torch layer {tag} is up to date (key {key})")
         # A label cannot change once committed; tagging the image again sets the engine's own

@@ -26,7 +26,7 @@ from enginelib import docker_engine
 from pipelinelib import CELL
 
 from builder import cacheprune
-from builder.backends.torchenv import BUILD_REQUIREMENTS, CELL_LABEL, PARTS_LABEL
+from builder.backends.torchenv import BUILD_REQUIREMENTS, CELL_LABEL, PARTS_LABEL, layer_lock
 from builder.cache import LAST_USED, content_key, file_digest, lock_entry, lock_path
 from builder.doctor.checks import CACHE_WARN_BYTES, PRUNABLE_WARN_BYTES, cache_check
 from builder.doctor.report import OK, WARN
@@ -205,20 +205,25 @@ def _tiny_rootfs(path: Path) -> Path:
     promise="the caches stay bounded: a superseded torch layer is removed from the engine, "
             "one a container uses never is",
     fault="torch layer images (ampforge/torch:<cell>-<key>, labelled as the builder labels "
-          "them) recorded as made by an older install step, one of them used by a container",
+          "them) recorded as made by an older install step, one used by a container, one "
+          "held by a build's lock in another process",
     result="prune untags the unused superseded layer through the engine API, keeps the one "
-           "the container uses naming the container, and keeps the current one")
+           "the container uses naming the container and the held one naming its lock, and "
+           "keeps the current one")
 @pytest.mark.docker
-def test_prune_torch_layers_through_the_engine(tmp_path: Path) -> None:
+def test_prune_torch_layers_through_the_engine(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))  # the layers' locks
     engine = docker_engine()
     cell = f"c31test{os.getpid()}"
     base = engine.import_rootfs(_tiny_rootfs(tmp_path / "root.tar"), "ampforge-test/cachebase",
                                 cell)
     current_steps = file_digest(STEPS_SCRIPT)
     tags: dict[str, str] = {}
-    container = None
+    container = holder = None
     try:
-        for what, steps in (("current", current_steps), ("old", "0" * 64), ("used", "1" * 64)):
+        for what, steps in (("current", current_steps), ("old", "0" * 64), ("used", "1" * 64),
+                            ("held", "2" * 64)):
             parts = {"cell_image": base, "torch": "2.13.0", "offline": True, "steps": steps,
                      "requirements": list(BUILD_REQUIREMENTS), "source": {"wheelhouse": what}}
             text = json.dumps(parts, sort_keys=True)
@@ -228,22 +233,28 @@ def test_prune_torch_layers_through_the_engine(tmp_path: Path) -> None:
             tags[what] = f"ampforge/torch:{name}"
         container = engine.api.create_container(tags["used"], command=["/hello"],
                                                 name=f"{cell}-user")["Id"]
+        held_lock = layer_lock(tags["held"].split(":", 1)[1])
+        holder = hold(held_lock)  # a build on this machine between its two containers
 
         inv = cacheprune.Inventory(tmp_path, [e for e in cacheprune.inventory(
             tmp_path / "empty", engine).entries if e.name in tags.values()])
         states = {e.name: e.state for e in inv.entries}
         assert states == {tags["current"]: "current", tags["old"]: "superseded",
-                          tags["used"]: "superseded"}
+                          tags["used"]: "superseded", tags["held"]: "superseded"}
         cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
         cacheprune.prune(inv, engine, cacheprune.DEFAULT_OLDER_THAN, everything=False,
                          dry_run=False)
         results = {e.name: e.result for e in inv.entries}
         assert results[tags["old"]] == "removed"
         assert results[tags["used"]] == f"kept: used by container {cell}-user"
+        assert results[tags["held"]] == (f"kept: in use by a running build (its lock "
+                                         f"{lock_path(held_lock)} is held)")
         assert results[tags["current"]] == ""
         assert engine.image_id(tags["old"]) is None
-        assert engine.image_id(tags["used"]) and engine.image_id(tags["current"])
+        assert all(engine.image_id(tags[k]) for k in ("used", "held", "current"))
     finally:
+        if holder is not None:
+            holder.communicate("")
         if container is not None:
             engine.api.remove_container(container, force=True)
         for tag in [*tags.values(), f"ampforge-test/cachebase:{cell}"]:
