@@ -47,6 +47,8 @@ help:
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
 	@echo "make update-images [CONFIG= ARCH= CHECK=1]   re-pin the base images (tag@sha256:digest) in the config"
 	@echo "make wheel OFFLINE=1 BUNDLE=DIR   build from the bundle, no network"
+	@echo "make cache                  the builder's caches: size, last use, superseded or not"
+	@echo "make cache-prune [OLDER_THAN=7d DRY_RUN=1]   remove superseded cache entries and those unused for 30 days"
 	@echo "make index [OUT= INDEX_DIR=] PEP 503 index of OUT (dist/) for pip --index-url"
 	@echo "make publish REPOSITORY_URL=URL [OUT= SKIP_EXISTING=1]   upload OUT with twine"
 
@@ -257,6 +259,18 @@ CHECK ?=
 .PHONY: update-images
 update-images: builder-env
 	$(BUILDER) update-images $(BUILDER_CONFIG_ARG) $(call _flag,ARCH,--arch) $(if $(CHECK),--check)
+
+# The builder's caches ($AMPFORGE_CACHE, the engine's torch layers; docs/build-caches.md):
+# `make cache` lists them, `make cache-prune` removes the superseded entries and those unused for
+# OLDER_THAN (default 30d); DRY_RUN=1 only says what it would remove.
+OLDER_THAN ?=
+DRY_RUN ?=
+.PHONY: cache cache-prune
+cache: builder-env
+	$(BUILDER) cache list
+
+cache-prune: builder-env
+	$(BUILDER) cache prune $(call _flag,OLDER_THAN,--older-than) $(if $(DRY_RUN),--dry-run)
 
 fetch: builder-env
 	$(if $(BUNDLE),,$(error make fetch needs BUNDLE=DIR, the folder to fill))

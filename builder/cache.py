@@ -5,19 +5,26 @@ Everything lives under ``$AMPFORGE_CACHE`` (default ``~/.cache/ampforge``), neve
 repository. A cache entry is a folder named after a hash of what went into it; it is filled in a
 temporary sibling and renamed into place, so a crash never leaves a half-filled entry that a later
 run would trust.
+
+An entry in use is *held*: the builder takes a shared ``flock`` on the entry's ``<entry>.lock``
+sibling before it looks at the entry and keeps it until the build ends (or the process exits),
+and touches the entry's ``last-used`` stamp. ``python -m builder cache prune`` takes the same
+lock exclusively (without waiting), so it never removes an entry a running build holds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, Optional
 
 from builder.atomicfile import atomic_write
 from builder.release.manifest import sha256_file
@@ -44,12 +51,91 @@ def content_key(parts: Iterable[str], length: int = 16) -> str:
     return digest.hexdigest()[:length]
 
 
+# -- entries in use: a lock per entry, and a stamp of its last use -------------------------------
+
+#: Touched in an entry (or, for a file entry, the file's own mtime) each time a build uses it.
+LAST_USED = "last-used"
+
+
+def lock_path(entry: Path) -> Path:
+    """The lock file of *entry*: its ``<name>.lock`` sibling."""
+    return entry.with_name(entry.name + ".lock")
+
+
+def lock_entry(entry: Path, *, shared: bool, wait: bool = True) -> Optional[IO[str]]:
+    """*entry*'s lock, taken (shared: a user; exclusive: prune), or None when *wait* is False and
+    another process holds it. The open file is the lock: closing it releases it.
+
+    Prune unlinks an entry's lock file with the entry; a process that was waiting on that file
+    then holds a lock on a name nobody else can open any more, so the inode is compared with the
+    name's after locking, and a stale one is given up and opened again."""
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    path = lock_path(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - the open file is the lock
+        try:
+            fcntl.flock(fh, mode)
+        except BlockingIOError:
+            fh.close()
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            return fh
+        fh.close()
+
+
+def mark_used(entry: Path) -> None:
+    """Record that a build uses *entry* now (the stamp's mtime; a file entry's own mtime)."""
+    try:
+        if entry.is_dir():
+            stamp = entry / LAST_USED
+            stamp.touch()
+            os.utime(stamp)
+        elif entry.exists():
+            os.utime(entry)
+    except OSError:
+        pass  # a read-only cache is still usable; it only ages sooner
+
+
+_HELD: dict[Path, IO[str]] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def hold_entry(entry: Path) -> None:
+    """Mark *entry* in use by this process until :func:`release_entries` (a build's end) or the
+    process exits: a shared lock that prune respects, and its last-used stamp (again on every
+    call). Waits only while a prune is removing the entry (a rename)."""
+    with _HELD_GUARD:
+        if entry not in _HELD:
+            try:
+                lock = lock_entry(entry, shared=True)
+            except OSError:
+                lock = None  # a read-only cache: usable, and no prune of ours can touch it
+            if lock is not None:
+                _HELD[entry] = lock
+    mark_used(entry)
+
+
+def release_entries() -> None:
+    """Give up every entry this process holds (the end of a build)."""
+    with _HELD_GUARD:
+        for lock in _HELD.values():
+            lock.close()
+        _HELD.clear()
+
+
 def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
-    """Return ``final``, creating it first with ``fill(tmpdir)`` if it does not exist yet.
+    """Return ``final``, creating it first with ``fill(tmpdir)`` if it does not exist yet, and
+    hold it (:func:`hold_entry`).
 
     ``fill`` writes into a fresh temporary folder next to ``final``; only a ``fill`` that returns
     normally is renamed into place. Two processes racing both fill; the loser's copy is discarded.
     """
+    hold_entry(final)
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -64,6 +150,7 @@ def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    mark_used(final)
     return final
 
 
@@ -87,8 +174,13 @@ def file_digest(path: Path) -> str:
     st = path.stat()
     memo = cache_root() / "digests" / content_key(
         [str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
-    if memo.is_file():
-        return memo.read_text().strip()
+    try:
+        value = memo.read_text().strip()
+    except FileNotFoundError:  # not yet, or pruned a moment ago: hash it (again)
+        pass
+    else:
+        mark_used(memo)  # prune ages memos by their mtime
+        return value
     value = sha256_file(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(memo, (value + "\n").encode())

@@ -41,6 +41,7 @@ COMMANDS: tuple[str, ...] = (
     "builder.commands.merge",
     "builder.commands.doctor",
     "builder.commands.clean",
+    "builder.commands.cache",
     "builder.commands.update_images",
 )
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from builder import __version__, lockfile
 from builder.backends.base import Backend, CellJob, PipelineOptions, Steps
 from builder.backends.docker import RUN_LABEL
-from builder.cache import cache_root
+from builder.cache import cache_root, release_entries
 from builder.config import BuildConfig
 from builder.diskspace import (
     disk_full,
@@ -288,7 +288,22 @@ def build_cells(
     say: Optional[Callable[[str], None]] = None,
 ) -> list[CellResult]:
     """Build every cell; stop at the first failure unless *keep_going*. *say*: a line for the
-    person running the build, at once (a cell's warnings)."""
+    person running the build, at once (a cell's warnings). The cache entries the cells held
+    (torch environments, sysroots, ...) are released at the end, whatever happened."""
+    try:
+        return _build_cells(cells, config, opts, backends, engine, redactor, report, finished,
+                            keep_going, parallel, say)
+    finally:
+        release_entries()
+
+
+def _build_cells(
+    cells: Sequence[tuple[ResolvedCell, Optional[Recipe]]], config: BuildConfig,
+    opts: PipelineOptions, backends: Mapping[str, Backend], engine: Optional[DockerEngine],
+    redactor: Redactor, report: Callable[[str, str], None],
+    finished: Callable[[CellResult], None], keep_going: bool, parallel: int,
+    say: Optional[Callable[[str], None]],
+) -> list[CellResult]:
     run_id = uuid.uuid4().hex
     shared = SharedWheels([c.cell for c, _ in cells], groups={
         c.identifier: (c.build_group, c.built_by or c.identifier)

@@ -86,9 +86,18 @@ def _section(text: str, heading: str) -> str:
 def _parser_flags() -> dict[str, set[str]]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: {o for a in p._actions for o in a.option_strings
-                   if o.startswith("--") and o != "--help"}
-            for name, p in sub.choices.items()}
+    return {name: _flags_of(p) for name, p in sub.choices.items()}
+
+
+def _flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    """A command's options, its own subcommands' too (``cache list|prune``: one section)."""
+    flags = {o for a in parser._actions for o in a.option_strings
+             if o.startswith("--") and o != "--help"}
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for p in a.choices.values():
+                flags |= _flags_of(p)
+    return flags
 
 
 def _documented_flags() -> dict[str, set[str]]:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Optional
 
 from builder.atomicfile import atomic_replace
 from builder.backends.base import CellJob
-from builder.cache import cache_root
+from builder.cache import cache_root, mark_used
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import parse_result
@@ -62,6 +62,7 @@ def pip_zip() -> Path:
     root = Path(pip.__file__).parent
     out = cache_root() / "pip" / f"pip-{pip.__version__}.zip"
     if out.is_file():
+        mark_used(out)  # `cache prune` ages it by its mtime
         return out
 
     def write(fh: BinaryIO) -> None:

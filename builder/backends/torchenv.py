@@ -46,6 +46,7 @@ from builder.cache import (
     ensure_entry,
     file_digest,
     folder_digest,
+    hold_entry,
     tree_problems,
     write_tree_manifest,
 )
@@ -58,6 +59,10 @@ BUILD_REQUIREMENTS = ("setuptools", "wheel")
 #: Label holding the key's parts (JSON) on torch layers, to say what changed on a rebuild.
 PARTS_LABEL = "org.ampforge.torch.parts"
 CELL_LABEL = "org.ampforge.torch.cell"
+#: The repository of the torch layers (``ampforge/torch:<cell>-<key>``).
+TORCH_REPOSITORY = "ampforge/torch"
+#: The cache folder of the torch layers' locks (:func:`layer_lock`).
+LAYER_LOCKS = "torch-layers"
 #: The cell image's venv (``docker/partials/python.j2``: ``AMPFORGE_VENV``).
 IMAGE_VENV_PYTHON = "/opt/ampforge/venv/bin/python"
 
@@ -72,6 +77,57 @@ def torch_key_parts(job: CellJob, where: Mapping[str, Any]) -> dict[str, Any]:
                   "extra_index_urls": list(config.pip.extra_index_urls)}
     return {**where, "torch": job.cell.torch, "requirements": list(BUILD_REQUIREMENTS),
             "source": source, "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
+
+
+#: The key's inputs besides where torch is installed (torch_key_parts' own fields).
+KEY_INPUTS = frozenset({"torch", "requirements", "source", "offline", "steps"})
+#: Where: the host's interpreter (its own torch, when borrowed), the docker cell image.
+HOST_WHERE = frozenset({"python", "python_version"})
+HOST_OPTIONAL = frozenset({"interpreter_torch"})
+DOCKER_WHERE = frozenset({"cell_image"})
+
+
+def superseded(parts: Mapping[str, Any], name_key: str, where: frozenset[str],
+               optional: frozenset[str] = frozenset()) -> str:
+    """Why a torch entry made from *parts* (its recorded key inputs) and named *name_key* can
+    never be hit by this builder -- '' when it still can. Its name must be the key of its
+    inputs, its inputs the ones this builder's key has, its install step this builder's."""
+    want = where | KEY_INPUTS
+    have = set(parts)
+    if not parts:
+        return "no record of its key's inputs (made by an earlier builder)"
+    if not want <= have <= want | optional:
+        return ("made with another key scheme (inputs "
+                f"{', '.join(sorted(have ^ (want | (have & optional))))} differ)")
+    if content_key([json.dumps(dict(parts), sort_keys=True)]) != name_key:
+        return "its name is not the key of its recorded inputs (another key scheme)"
+    steps = file_digest(STEPS_SCRIPT)
+    if parts["steps"] != steps:
+        return (f"made by another install step (steps.py {str(parts['steps'])[:12]}, this "
+                f"builder's {steps[:12]})")
+    if parts["requirements"] != list(BUILD_REQUIREMENTS):
+        return (f"made with other build requirements ({parts['requirements']}, this builder's "
+                f"{list(BUILD_REQUIREMENTS)})")
+    return ""
+
+
+def host_env_superseded(entry: Path) -> str:
+    """:func:`superseded` for a host torch environment folder (its key.json), plus the reasons
+    only a host has: no record of its files (remade on use), its interpreter gone."""
+    if not (entry / TREE_MANIFEST).is_file():
+        return "no record of its files (made by an earlier builder: a build makes it again)"
+    parts = _read_json(entry / "key.json")
+    why = superseded(parts, entry.name.rsplit("-", 1)[-1], HOST_WHERE, HOST_OPTIONAL)
+    if not why and not os.path.exists(str(parts["python"])):
+        why = f"its interpreter {parts['python']} is gone"
+    return why
+
+
+def layer_lock(name: str) -> Path:
+    """Where a build on this machine holds the torch layer ``ampforge/torch:<name>`` while it
+    uses it (between finding the layer and its last container; :func:`builder.cache.hold_entry`
+    on this path): a layer has no folder here, only its lock."""
+    return cache_root() / LAYER_LOCKS / name
 
 
 def changed_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -100,6 +156,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     final = root / f"py{cell.python}-torch{cell.torch}-{key}"
     last = root / f"py{cell.python}-torch{cell.torch}.json"
     venv_python = final / "venv" / "bin" / "python"
+    # In use from here to the build's end: `cache prune` leaves it alone meanwhile.
+    hold_entry(final)
     if final.is_dir() and not (final / TREE_MANIFEST).is_file():
         # Made by a builder that kept no record of its files: nothing to check it against.
         job.log.note(f"ampforge: the torch {cell.torch} environment {final} has no record of "
@@ -190,9 +248,16 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
     cell, opts = job.cell, job.opts
     parts = torch_key_parts(job, {"cell_image": cell_image_id})
     key = content_key([json.dumps(parts, sort_keys=True)])
-    tag = f"ampforge/torch:{cell.identifier}-{key}"
+    repo, name = TORCH_REPOSITORY, f"{cell.identifier}-{key}"
+    tag = f"{repo}:{name}"
+    # The build's container and, minutes later, the verification's are made from this layer:
+    # held from here to the build's end, so that `cache prune` leaves it alone meanwhile.
+    hold_entry(layer_lock(name))
     if engine.image_id(tag) is not None:
         job.log.note(f"ampforge: torch layer {tag} is up to date (key {key})")
+        # A label cannot change once committed; tagging the image again sets the engine's own
+        # record of its last use (LastTagTime), which `cache list` and `cache prune` read.
+        engine.api.tag(tag, repo, name)
         return tag
     earlier = [img for img in engine.api.images(filters={"label": f"{CELL_LABEL}="
                                                                  f"{cell.identifier}"})]

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import cache_root
+from builder.cache import cache_root, hold_entry
 from builder.errors import StepFailed
 from builder.images.aptsources import SourceEntry, read_sources
 
@@ -111,6 +111,7 @@ def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> Sui
         return SuiteApt(suite)
     _require_debian(distro, codename, f"target Python: Debian {suite}'s {arch} packages")
     root = cache_root(cache) / "apt" / f"{suite}-{arch}"
+    hold_entry(root)  # apt reads and refreshes it in place: never pruned meanwhile
     sources = derive_sources(host_sources(), codename, suite, arch)
     return SuiteApt(suite, _private_apt(root, sources, "*_Packages*",
                                          f"target Python: Debian {suite} ({arch})"))
@@ -124,6 +125,7 @@ def source_apt(suite: str | None = None, cache: Path | None = None) -> SuiteApt:
     _require_debian(distro, codename, "Debian source packages")
     suite = suite or codename
     root = cache_root(cache) / "apt" / f"{suite}-source"
+    hold_entry(root)  # apt reads and refreshes it in place: never pruned meanwhile
     sources = derive_sources(host_sources(), codename, suite, "", kind="deb-src")
     return SuiteApt(suite, _private_apt(root, sources, "*_Sources*", f"Debian {suite} sources"))
 

@@ -26,6 +26,7 @@ from builder.errors import BuilderError
 from builder.plan.resolve import Resolution, ResolvedCell
 
 if TYPE_CHECKING:
+    from builder.cacheprune import Inventory
     from builder.engines.docker import DockerEngine
 
 GIB = 2**30
@@ -33,6 +34,12 @@ GIB = 2**30
 #: and a cell installs it twice (the build, then the fresh venv of the smoke test); a docker
 #: cell adds its image layers and container, a cross cell only the aarch64 wheel and sysroot.
 DISK_PER_CELL_GIB = {"docker": 4, "emulated": 4, "host": 3, "cross": 2}
+#: The caches' sizes past which the doctor warns. A torch environment or torch layer is about
+#: 0.8 GB, a cross target (sysroot, site, wheel) about 0.8 GB: a machine building the whole
+#: matrix on every backend holds well under 20 GB of current entries, and 5 GB of entries that
+#: prune would free is half a dozen torch environments nobody can use any more.
+CACHE_WARN_BYTES = 20 * 10**9
+PRUNABLE_WARN_BYTES = 5 * 10**9
 #: auditwheel 6.8 needs patchelf >= 0.14.5 (builder/wheel/repair.py).
 PATCHELF_MIN = (0, 14, 5)
 
@@ -64,7 +71,7 @@ class Scope:
 def run_checks(scope: Scope) -> list[Check]:
     checks: list[Check] = [engine(scope)]
     for check in (daemon_proxy, ca_trust, base_images, emulation, cross_tools, debootstrap,
-                  disk_space, repair_tools, cells):
+                  disk_space, caches, repair_tools, cells):
         try:
             checks += check(scope)
         except BuilderError as exc:  # a probe that broke says so, the others still run
@@ -358,6 +365,26 @@ def disk_space(scope: Scope) -> list[Check]:
                             "free space there (docker system df; old ampforge/cell images), "
                             "or build fewer cells at once"))
     return checks
+
+
+def caches(scope: Scope) -> list[Check]:
+    from builder import cacheprune  # noqa: PLC0415
+
+    inv = cacheprune.inventory(_cache_dir(), scope.engine, "no engine to ask (see engine)")
+    cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
+    return [cache_check(inv)]
+
+
+def cache_check(inv: Inventory) -> Check:
+    """WARN when the caches (a :class:`builder.cacheprune.Inventory`, decided) are past
+    :data:`CACHE_WARN_BYTES` or prune would free more than :data:`PRUNABLE_WARN_BYTES`."""
+    from builder.cacheprune import DEFAULT_OLDER_THAN, human, summary  # noqa: PLC0415
+
+    detail = summary(inv, DEFAULT_OLDER_THAN) + "".join(f"; {n}" for n in inv.notes)
+    big = inv.total > CACHE_WARN_BYTES or inv.freed > PRUNABLE_WARN_BYTES
+    return Check("caches", WARN if big else OK, detail,
+                 f"python -m builder cache prune (--dry-run first; make cache-prune) frees "
+                 f"{human(inv.freed)}; `cache list` shows each entry" if big else "")
 
 
 def _cache_dir() -> Path:

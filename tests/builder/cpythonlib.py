@@ -93,7 +93,10 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _lock_for(entry: Path) -> Path:
-    return entry.parent / (entry.name + ".lock")
+    # Not the builder's own `<entry>.lock` (builder.cache.lock_path): ensure_entry holds that one
+    # shared while this exclusive one is held, and one process holding both on one file would
+    # wait on itself.
+    return entry.parent / (entry.name + ".fill-lock")
 
 
 def _source_tarball(log: OutputLog) -> Path:

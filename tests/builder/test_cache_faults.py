@@ -13,75 +13,22 @@ import json
 import os
 import shutil
 import subprocess
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from builder_testlib import run_cli
-from enginelib import wheelhouse_cp311
-from indexlib import make_wheel
-from pipelinelib import CELL, build_argv, builder_env, dist_state, manifest, seed_dist
+from cachelib import Lab, build, make_lab
+from pipelinelib import CELL, dist_state, manifest, seed_dist
 
 from builder.cache import TREE_MANIFEST, tree_problems
 from builder.incell import ccache_stats
 from builder.offline.bundle import WHEELS_DIR, Bundle, describe_file, write_bundle
 from builder.wheel.integrity import damaged_wheels
 
-C_SOURCE = """\
-#define _GNU_SOURCE
-#include <Python.h>
-#include <stdlib.h>
-static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "_c", NULL, -1, NULL};
-/* secure_getenv (GLIBC_2.17): without any versioned glibc symbol auditwheel tags the wheel
-   manylinux1, below the floor the builder's tag check assumes for x86_64. */
-PyMODINIT_FUNC PyInit__c(void) { (void)secure_getenv("CEXT"); return PyModule_Create(&m); }
-"""
-
-
-def write_c_project(root: Path) -> Path:
-    (root / "cext").mkdir(parents=True)
-    (root / "cext" / "__init__.py").write_text("")
-    (root / "cext" / "c.c").write_text(C_SOURCE)
-    (root / "setup.py").write_text(textwrap.dedent("""\
-        from setuptools import Extension, setup
-        setup(name="cext", version="0.0.1", packages=["cext"],
-              ext_modules=[Extension("cext._c", ["cext/c.c"], extra_compile_args=["-g0"])])
-        """))
-    (root / "pyproject.toml").write_text(textwrap.dedent("""\
-        [build-system]
-        requires = ["setuptools", "wheel"]
-        build-backend = "setuptools.build_meta"
-        """))
-    return root
-
-
-@dataclass(frozen=True)
-class Lab:
-    project: Path
-    house: Path  # stand-in torch, setuptools, wheel, packaging
-
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    root = tmp_path_factory.mktemp("cache-faults")
-    house = root / "house"
-    make_wheel(house, "torch", "2.13.0")
-    for pattern in ("setuptools-*.whl", "wheel-*.whl", "packaging-*.whl"):
-        for wheel in wheelhouse_cp311().glob(pattern):
-            shutil.copy(wheel, house / wheel.name)
-    return Lab(write_c_project(root / "cext"), house)
-
-
-def build(lab: Lab, tmp: Path, cache: Path, *more: str, house: Path | None = None,
-          project: Path | None = None):
-    env = {k: v for k, v in builder_env(AMPFORGE_CACHE=str(cache)).items()
-           if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull  # no machine-wide find-links with the real torch
-    argv = build_argv(tmp, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                      "--project", str(project or lab.project),
-                      "--find-links", str(house or lab.house), *more)
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, timeout=900)
+    return make_lab(tmp_path_factory.mktemp("cache-faults"))
 
 
 def ccache_compile(tmp: Path, source: Path, out: Path) -> str:

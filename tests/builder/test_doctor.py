@@ -19,7 +19,7 @@ from builder.images.base_image import build_base_image
 
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 NAMES = {"engine", "engine proxy", "CA trust in a container", "base image X86", "debootstrap",
-         "disk space", "auditwheel + patchelf", "cells"}
+         "disk space", "caches", "auditwheel + patchelf", "cells"}
 
 
 def doctor(*argv: str, **env: str) -> tuple[int, dict, str]:
