@@ -26,7 +26,7 @@ usage (e.g. --older-than 7x)."""
 
 
 def _duration(text: str) -> float:
-    from builder.cacheprune import parse_duration  # noqa: PLC0415
+    from builder.cache.prune import parse_duration  # noqa: PLC0415
 
     try:
         return parse_duration(text)
@@ -63,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from builder import cacheprune  # noqa: PLC0415
     from builder.cache import cache_root  # noqa: PLC0415
+    from builder.cache import prune as cacheprune  # noqa: PLC0415
     from builder.engines.docker import DockerEngine  # noqa: PLC0415 - the docker SDK
     from builder.errors import EngineUnavailable  # noqa: PLC0415
 

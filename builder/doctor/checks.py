@@ -26,7 +26,7 @@ from builder.errors import BuilderError
 from builder.plan.resolve import Resolution, ResolvedCell
 
 if TYPE_CHECKING:
-    from builder.cacheprune import Inventory
+    from builder.cache.prune import Inventory
     from builder.engines.docker import DockerEngine
 
 GIB = 2**30
@@ -368,7 +368,7 @@ def disk_space(scope: Scope) -> list[Check]:
 
 
 def caches(scope: Scope) -> list[Check]:
-    from builder import cacheprune  # noqa: PLC0415
+    from builder.cache import prune as cacheprune  # noqa: PLC0415
 
     inv = cacheprune.inventory(_cache_dir(), scope.engine, "no engine to ask (see engine)")
     cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
@@ -376,9 +376,9 @@ def caches(scope: Scope) -> list[Check]:
 
 
 def cache_check(inv: Inventory) -> Check:
-    """WARN when the caches (a :class:`builder.cacheprune.Inventory`, decided) are past
+    """WARN when the caches (a :class:`builder.cache.prune.Inventory`, decided) are past
     :data:`CACHE_WARN_BYTES` or prune would free more than :data:`PRUNABLE_WARN_BYTES`."""
-    from builder.cacheprune import DEFAULT_OLDER_THAN, human, summary  # noqa: PLC0415
+    from builder.cache.prune import DEFAULT_OLDER_THAN, human, summary  # noqa: PLC0415
 
     detail = summary(inv, DEFAULT_OLDER_THAN) + "".join(f"; {n}" for n in inv.notes)
     big = inv.total > CACHE_WARN_BYTES or inv.freed > PRUNABLE_WARN_BYTES

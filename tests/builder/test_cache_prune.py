@@ -25,9 +25,9 @@ from cachelib import Lab, build, make_lab
 from enginelib import docker_engine
 from pipelinelib import CELL
 
-from builder import cacheprune
 from builder.backends.torchenv import BUILD_REQUIREMENTS, CELL_LABEL, PARTS_LABEL, layer_lock
 from builder.cache import LAST_USED, content_key, file_digest, lock_entry, lock_path
+from builder.cache import prune as cacheprune
 from builder.doctor.checks import CACHE_WARN_BYTES, PRUNABLE_WARN_BYTES, cache_check
 from builder.doctor.report import OK, WARN
 from builder.incell import STEPS_SCRIPT

@@ -235,7 +235,7 @@ def _other(path: Path) -> Entry:
 
 def inventory(root: Path, engine: Any = None, engine_error: str = "") -> Inventory:
     """Every entry under *root*, and the engine's torch layers (when *engine* answers)."""
-    from builder.cachelayers import torch_layers  # noqa: PLC0415
+    from builder.cache.layers import torch_layers  # noqa: PLC0415
 
     inv = Inventory(root, list(_folder_entries(root)))
     for e in inv.entries:
@@ -280,7 +280,7 @@ def _old_memos(e: Entry, cutoff: float) -> list[Path]:
 def prune(inv: Inventory, engine: Any, older_than: float, everything: bool,
           dry_run: bool) -> None:
     """Remove what :func:`decide` marked; each entry's ``result`` says what happened."""
-    from builder.cachelayers import remove_layer  # noqa: PLC0415
+    from builder.cache.layers import remove_layer  # noqa: PLC0415
 
     cutoff = time.time() - older_than
     for e in inv.entries:
