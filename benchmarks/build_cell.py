@@ -38,7 +38,7 @@ from project_copy import copy_project, copy_project_at
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
-STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>[^(]+?) \((?P<at>\d+)s\)$")
+STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+?) \((?P<at>\d+)s\)$")
 
 
 def build(project: Path, work: Path, extra: list[str], env: dict[str, str]

@@ -36,7 +36,7 @@ from project_copy import copy_project, copy_project_at
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "matrix_cost.yaml"
 # "[cell] step (Ns)": the builder's progress line when a cell starts a step, N seconds in.
-STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>[^(]+?) \((?P<at>\d+)s\)")
+STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+?) \((?P<at>\d+)s\)(?:$|: )")
 END_STATES = ("built", "up-to-date", "failed", "skipped")
 
 
@@ -56,10 +56,30 @@ def step_times(stderr: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def run_side(label: str, project: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def summarize(label: str, work: Path, stderr: str, exit_code: int, wall: float
+              ) -> dict[str, Any]:
+    """One side's figures from its dist/ and the builder's progress lines."""
     dist = work / "dist"
+    manifest = json.loads((dist / "manifest.json").read_text()) if (
+        dist / "manifest.json").exists() else {"wheels": []}
+    entries = manifest["wheels"]
+    served = [w for w in entries if w.get("extra", {}).get("served_by")]
+    steps = step_times(stderr)
+    totals: dict[str, int] = defaultdict(int)
+    for per_cell in steps.values():
+        for name, secs in per_cell.items():
+            totals[name] += secs
+    return {
+        "side": label, "exit": exit_code, "wall_s": round(wall, 1),
+        "cells": len(entries), "builds": len(entries) - len(served), "verified": len(served),
+        "wheels": len(list(dist.glob("*.whl"))), "steps_s": dict(totals), "per_cell": steps,
+        "log": str(work / "build.log"),
+    }
+
+
+def run_side(label: str, project: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     argv = [sys.executable, "-m", "builder", "build", "--all", "--keep-going",
-            "--config", str(args.config), "--project", str(project), "--out", str(dist),
+            "--config", str(args.config), "--project", str(project), "--out", str(work / "dist"),
             "--work-dir", str(work / "work"), *([] if args.ccache else ["--no-ccache"])]
     print(f"[{label}] {' '.join(argv[1:])}", file=sys.stderr, flush=True)
     start = time.monotonic()
@@ -67,21 +87,21 @@ def run_side(label: str, project: Path, work: Path, args: argparse.Namespace) ->
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     wall = time.monotonic() - start
     (work / "build.log").write_text(proc.stderr)
-    manifest = json.loads((dist / "manifest.json").read_text()) if (
-        dist / "manifest.json").exists() else {"wheels": []}
-    entries = manifest["wheels"]
-    served = [w for w in entries if w.get("extra", {}).get("served_by")]
-    steps = step_times(proc.stderr)
-    totals: dict[str, int] = defaultdict(int)
-    for per_cell in steps.values():
-        for name, secs in per_cell.items():
-            totals[name] += secs
-    return {
-        "side": label, "exit": proc.returncode, "wall_s": round(wall, 1),
-        "cells": len(entries), "builds": len(entries) - len(served), "verified": len(served),
-        "wheels": len(list(dist.glob("*.whl"))), "steps_s": dict(totals), "per_cell": steps,
-        "log": str(work / "build.log"),
-    }
+    (work / "side.json").write_text(json.dumps({"exit": proc.returncode, "wall_s": wall,
+                                                "builder": describe()}))
+    return summarize(label, work, proc.stderr, proc.returncode, wall)
+
+
+def describe() -> str:
+    """This checkout's revision (the builder of both sides, and the "after" project)."""
+    return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def reread_side(label: str, work: Path) -> dict[str, Any]:
+    """A side already built into *work* (``--keep``), figures read again (``--report``)."""
+    run = json.loads((work / "side.json").read_text())
+    return summarize(label, work, (work / "build.log").read_text(), run["exit"], run["wall_s"])
 
 
 def main() -> int:
@@ -91,7 +111,11 @@ def main() -> int:
     ap.add_argument("--ccache", action="store_true", help="let the compiler cache serve objects")
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--keep", type=Path, help="build here (kept) instead of a temporary folder")
+    ap.add_argument("--report", action="store_true",
+                    help="build nothing: print the table again from a --keep folder")
     args = ap.parse_args()
+    if args.report and not args.keep:
+        ap.error("--report needs --keep DIR (the folder of an earlier run)")
     args.config = args.config.resolve()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
@@ -99,12 +123,15 @@ def main() -> int:
         sides = []
         for label in ("before", "after"):
             work = base / label
+            if args.report:
+                sides.append(reread_side(label, work))
+                continue
             work.mkdir(parents=True, exist_ok=True)
             project = (copy_project_at(args.before, work / "project") if label == "before"
                        else copy_project(work / "project"))
             sides.append(run_side(label, project, work, args))
-    head = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                          capture_output=True, text=True).stdout.strip()
+    head = (json.loads((base / "after" / "side.json").read_text()).get("builder", "?")
+            if args.report else describe())
     print(f"matrix_cost: config {args.config.name}; before = {args.before}, after = {head}; "
           f"ccache {'on' if args.ccache else 'off'}; {os.cpu_count()} CPUs; load average "
           f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end")
