@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -29,11 +28,11 @@ import threading
 import time
 from pathlib import Path
 
+from progress_lines import total_step_times
 from project_copy import copy_project
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "builder")]
-STEP_LINE = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+) \((?P<t>\d+)s\)(?::.*)?$")
 CASES = ("native", "cross", "emulated")
 LOGS = ROOT / "build" / "bench-arm"  # each case's builder output, kept after the run
 
@@ -57,7 +56,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float, dict[str, float],
+def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float, dict[str, int],
                                                                           str]:
     """One forced cell build; (wall seconds, seconds per step, wheel name)."""
     out = work / name
@@ -70,11 +69,7 @@ def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float,
     (LOGS / f"{name}.log").write_text(proc.stderr)
     if proc.returncode != 0:
         sys.exit(f"{name} build failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    marks = [(m["step"], int(m["t"])) for m in map(STEP_LINE.match, proc.stderr.splitlines())
-             if m]
-    steps: dict[str, float] = {}
-    for (step, t), (_, t_next) in zip(marks, marks[1:]):
-        steps[step] = steps.get(step, 0.0) + (t_next - t)
+    steps = total_step_times(proc.stderr)
     wheel = Path(proc.stdout.strip().splitlines()[-1]).name
     return took, steps, wheel
 
@@ -112,7 +107,7 @@ def main() -> None:
         argv["emulated"] = [*arm_cell, "--backend", "emulated", "--wheelhouse",
                             str(wheelhouse_cp311_aarch64())]
 
-    results: dict[str, tuple[float, dict[str, float], str]] = {}
+    results: dict[str, tuple[float, dict[str, int], str]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-arm-") as tmp:
         work = Path(tmp) / "work"
         work.mkdir()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,12 +32,12 @@ import time
 import uuid
 from pathlib import Path
 
+from progress_lines import step_times
 from project_copy import copy_project, copy_project_at
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
-STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+?) \((?P<at>\d+)s\)$")
 
 
 def build(project: Path, work: Path, extra: list[str], env: dict[str, str]
@@ -53,9 +52,7 @@ def build(project: Path, work: Path, extra: list[str], env: dict[str, str]
     if proc.returncode != 0:
         sys.exit(f"build failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     status = "up-to-date" if "] up-to-date (" in proc.stderr else "built"
-    # "[cell] step (Ns)" lines give each step's start; a step lasts until the next one starts.
-    marks = [(m["step"], int(m["at"])) for m in map(STEP.match, proc.stderr.splitlines()) if m]
-    steps = {name: nxt - at for (name, at), (_, nxt) in zip(marks, marks[1:])}
+    steps = step_times(proc.stderr).get(CELL, {})
     ccache = ""
     dist = work / "dist" / "manifest.json"
     if status == "built" and dist.exists():

@@ -22,38 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from progress_lines import step_times, total_step_times
 from project_copy import copy_project, copy_project_at
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "matrix_cost.yaml"
-# "[cell] step (Ns)": the builder's progress line when a cell starts a step, N seconds in.
-STEP = re.compile(r"^\[(?P<cell>[^\]]+)\] (?P<step>.+?) \((?P<at>\d+)s\)(?:$|: )")
-END_STATES = ("built", "up-to-date", "failed", "skipped")
-
-
-def step_times(stderr: str) -> dict[str, dict[str, int]]:
-    """Per cell, seconds per step: a step lasts until the cell's next line."""
-    marks: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for m in map(STEP.match, stderr.splitlines()):
-        if m:
-            marks[m["cell"]].append((m["step"].strip(), int(m["at"])))
-    out: dict[str, dict[str, int]] = {}
-    for cell, seq in marks.items():
-        steps: dict[str, int] = {}
-        for (name, at), (_, nxt) in zip(seq, seq[1:]):
-            if name not in END_STATES:
-                steps[name] = steps.get(name, 0) + nxt - at
-        out[cell] = steps
-    return out
 
 
 def summarize(label: str, work: Path, stderr: str, exit_code: int, wall: float
@@ -64,15 +44,11 @@ def summarize(label: str, work: Path, stderr: str, exit_code: int, wall: float
         dist / "manifest.json").exists() else {"wheels": []}
     entries = manifest["wheels"]
     served = [w for w in entries if w.get("extra", {}).get("served_by")]
-    steps = step_times(stderr)
-    totals: dict[str, int] = defaultdict(int)
-    for per_cell in steps.values():
-        for name, secs in per_cell.items():
-            totals[name] += secs
     return {
         "side": label, "exit": exit_code, "wall_s": round(wall, 1),
         "cells": len(entries), "builds": len(entries) - len(served), "verified": len(served),
-        "wheels": len(list(dist.glob("*.whl"))), "steps_s": dict(totals), "per_cell": steps,
+        "wheels": len(list(dist.glob("*.whl"))), "steps_s": total_step_times(stderr),
+        "per_cell": step_times(stderr),
         "log": str(work / "build.log"),
     }
 
