@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from builder.cache import LAST_USED, discard_entry, lock_entry, lock_path
+from builder.diskspace import human
 
 DAY = 86400.0
 #: ``prune``'s default: an entry no build used for this long goes.
@@ -329,14 +330,6 @@ def _remove_path(e: Entry) -> str:
 
 
 # -- showing it -----------------------------------------------------------------------------
-
-def human(size: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
-
 
 def _age(seconds: float) -> str:
     return f"{seconds / DAY:.0f} days" if seconds >= DAY else f"{seconds / 3600:.0f} hours"

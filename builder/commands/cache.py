@@ -65,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from builder.cache import cache_root  # noqa: PLC0415
     from builder.cache import prune as cacheprune  # noqa: PLC0415
+    from builder.diskspace import human  # noqa: PLC0415
     from builder.engines.docker import DockerEngine  # noqa: PLC0415 - the docker SDK
     from builder.errors import EngineUnavailable  # noqa: PLC0415
 
@@ -85,13 +86,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     elif pruning:
         done = [e for e in inv.entries if e.result]
         for e in done:
-            ctx.output.out(f"{e.result}: {e.kind} {e.name} ({cacheprune.human(e.size)}; "
+            ctx.output.out(f"{e.result}: {e.kind} {e.name} ({human(e.size)}; "
                            f"{e.prune})")
         gone = [e for e in done if e.result.startswith(("removed", "would remove"))]
         kept = sum(1 for e in done if e.result.startswith("kept"))
         failed = len(done) - len(gone) - kept
         verb = "would free" if args.dry_run else "freed"
-        ctx.output.err(f"cache prune: {verb} {cacheprune.human(sum(e.size for e in gone))} "
+        ctx.output.err(f"cache prune: {verb} {human(sum(e.size for e in gone))} "
                        f"({cacheprune.entries(len(gone))}), {kept} kept in use"
                        + (f", {failed} failed" if failed else ""))
     else:

@@ -378,7 +378,8 @@ def caches(scope: Scope) -> list[Check]:
 def cache_check(inv: Inventory) -> Check:
     """WARN when the caches (a :class:`builder.cache.prune.Inventory`, decided) are past
     :data:`CACHE_WARN_BYTES` or prune would free more than :data:`PRUNABLE_WARN_BYTES`."""
-    from builder.cache.prune import DEFAULT_OLDER_THAN, human, summary  # noqa: PLC0415
+    from builder.cache.prune import DEFAULT_OLDER_THAN, summary  # noqa: PLC0415
+    from builder.diskspace import human  # noqa: PLC0415
 
     detail = summary(inv, DEFAULT_OLDER_THAN) + "".join(f"; {n}" for n in inv.notes)
     big = inv.total > CACHE_WARN_BYTES or inv.freed > PRUNABLE_WARN_BYTES
