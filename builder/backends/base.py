@@ -54,6 +54,19 @@ class Availability:
 
 
 @dataclass(frozen=True)
+class BuildHost:
+    """The interpreter and torch on *this* host that run a project's build for a cell of another
+    machine (the cross backend): a cached torch environment, never the builder's own."""
+
+    python: str  # X.Y of the host interpreter
+    torch: str  # the torch release installed beside it
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"python": self.python, "torch": self.torch, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class ImageChoice:
     """Where a cell is built: an image ref (docker, emulated) or a description (host, cross)."""
 
@@ -61,6 +74,7 @@ class ImageChoice:
     image_id: Optional[str] = None
     family: Optional[str] = None  # manylinux | debian, for the rendered recipe
     plat: Optional[str] = None  # the image's own glibc tag
+    build_host: Optional[BuildHost] = None  # cross: what runs the project's build here
 
 
 class Host:

@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.base import Availability, BuildHost, Built, CellJob, Host, ImageChoice
 from builder.backends.pipenv import pip_env
 from builder.backends.session import repair_with_command
+from builder.backends.torchenv import host_torch_env
 from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.cross.build import cross_build_wheel
@@ -29,7 +30,8 @@ from builder.cross.toolchain import (
     find_qemu,
     find_toolchain,
 )
-from builder.engines.host import HostEngine
+from builder.engines.host import HostEngine, find_python
+from builder.errors import StepFailed
 from builder.incell.steps import add_compile_flags
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
@@ -62,10 +64,46 @@ def cross_available(machine: str, python: str) -> tuple[bool, str]:
     return True, "x86_64 host, aarch64 cell: aarch64-linux-gnu-g++ and qemu-aarch64 present"
 
 
+#: The host interpreter's X.Y: the builder's own (its pinned dependencies are for it), which need
+#: not be the target's -- the target's sysconfig and headers make the module and the tags.
+HOST_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def build_host(support: SupportTable) -> BuildHost:
+    """What runs a cross cell's project build on this host (the resolved record's
+    ``build_host``): the host's Python with the support table's ``cross_host_torch``."""
+    torch = support.cross_host_torch
+    return BuildHost(
+        python=HOST_PYTHON, torch=torch,
+        reason=(f"the project's build runs on this host with torch.utils.cpp_extension, pointed "
+                f"at the target torch's headers and libraries: torch {torch} (cross_host_torch "
+                f"in {support.file}) in a cached environment of this host's Python "
+                f"{HOST_PYTHON}"))
+
+
 def download_env(job: CellJob) -> dict[str, str]:
     """pip's environment for the cross path's downloads (the target torch and its dependencies):
-    the build's proxies, indexes and CA bundle (builder.backends.pipenv)."""
-    return pip_env(job.config, job.proxy_env, job.opts.work / "ca")
+    the build's proxies, indexes and CA bundle (builder.backends.pipenv); offline, the
+    wheelhouse alone."""
+    env = pip_env(job.config, job.proxy_env, job.opts.work / "ca")
+    if job.opts.offline and job.opts.wheelhouse is not None:
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(job.opts.wheelhouse.resolve()))
+    return env
+
+
+def host_build_python(job: CellJob) -> str:
+    """The cell's host torch environment (made once per key, cached like the host backend's);
+    its interpreter runs the project's build. One line naming what is missing when it cannot be
+    made."""
+    host = job.resolved.image.build_host or build_host(job.config.support)
+    need = (f"the cross backend needs a host torch to run the project's build (torch "
+            f"{host.torch} for this host's Python {host.python}: cross_host_torch in "
+            f"{job.config.support.file})")
+    try:
+        python = str(find_python(host.python))
+        return host_torch_env(job, python, download_env(job), torch=host.torch)
+    except StepFailed as exc:  # the first line says what and how; the details follow
+        raise StepFailed(f"{need}, which could not be set up:\n{exc.message}") from None
 
 
 @dataclass(frozen=True)
@@ -85,9 +123,7 @@ class CrossTarget:
     def key(self) -> dict[str, Any]:
         return {"cross_sources": tree_digest(BUILDER_DIR / "cross"),
                 "toolchain": self.toolchain.version(), "target_python": self.sysroot_id,
-                "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel),
-                # The host interpreter runs the project's setup.py.
-                "host_python": sys.version}
+                "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel)}
 
 
 def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTorch
@@ -119,6 +155,11 @@ class CrossBackend:
         ok, why = cross_available(cell.machine, cell.python)
         if not ok:
             return Availability(False, why)
+        host_torch = support.cross_host_torch
+        if not support.supports(host_torch, HOST_PYTHON, host.machine):
+            return Availability(False, f"the cross builds' host torch {host_torch} "
+                                       f"(cross_host_torch in {support.file}) has no wheel for "
+                                       f"this host's Python {HOST_PYTHON}")
         if support.is_cuda_build(cell.torch, cell.machine):
             return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
                                        f"(per {support.file}): it cannot be imported under "
@@ -126,7 +167,8 @@ class CrossBackend:
         return Availability(True, why)
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
-        return ImageChoice(ref=f"cross:debian-arm64-python{cell.python}")
+        return ImageChoice(ref=f"cross:debian-arm64-python{cell.python}",
+                           build_host=build_host(config.support))
 
     def _target(self, job: CellJob) -> CrossTarget:
         cell = job.cell
@@ -140,7 +182,10 @@ class CrossBackend:
 
     def input_key(self, job: CellJob) -> dict[str, Any]:
         target = job.steps("cross target", lambda: self._target(job))
-        return {"excludes": list(CROSS_EXCLUDES), **target.key()}
+        host = job.resolved.image.build_host or build_host(job.config.support)
+        # The host interpreter and torch run the project's setup.py.
+        return {"excludes": list(CROSS_EXCLUDES), **target.key(),
+                "build_host": {"python": host.python, "torch": host.torch}}
 
     def build(self, job: CellJob) -> Built:
         cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
@@ -149,13 +194,14 @@ class CrossBackend:
             cell.torch, target.python, env=download_env(job)))
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
+        host_python = steps("host torch", lambda: host_build_python(job))
         env = {"AMP_LOCAL_VERSION": job.resolved.local_version or "", **opts.epoch_env()}
         add_compile_flags(env, list(job.config.build.extra_cflags))  # build.extra_cflags
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(
             opts.project, stage / "raw", target.python, torch, target.toolchain,
-            log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
+            host_python=host_python, log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
             ccache=opts.ccache, options=job.config.build_options))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)

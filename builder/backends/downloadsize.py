@@ -137,19 +137,25 @@ def _has_cuda(planned: Planned) -> bool:
 
 def announce_large_download(job: CellJob, session: Session, python: str, steps: str, *,
                             requirements: Sequence[str],
-                            env: Optional[Mapping[str, str]] = None) -> None:
-    """Before the cell installs torch from an index (no wheelhouse), say so if it is large."""
-    opts, cell = job.opts, job.cell
+                            env: Optional[Mapping[str, str]] = None,
+                            torch: Optional[str] = None,
+                            machine: Optional[str] = None) -> None:
+    """Before the cell installs torch from an index (no wheelhouse), say so if it is large.
+    *torch*, *machine*: another torch than the cell's, for another machine (the cross backend's
+    host torch)."""
+    opts = job.opts
+    torch = torch or job.cell.torch
+    machine = machine or job.cell.machine
     if opts.wheelhouse is not None or opts.offline:
         return
-    planned = planned_download(session, python, steps, torch=cell.torch,
+    planned = planned_download(session, python, steps, torch=torch,
                                requirements=requirements, index_url=job.config.pip.index_url,
                                env=env)
     sized = (f"{gigabytes(planned.total)} in {len(planned.items)} files"
              if not planned.unknown else f"unknown ({planned.unknown})")
-    job.log.note(f"ampforge: torch {cell.torch} from the index: download size {sized}")
+    job.log.note(f"ampforge: torch {torch} from the index: download size {sized}")
     message = large_download_message(
-        planned, torch=cell.torch, machine=cell.machine,
-        cuda_build=job.config.support.is_cuda_build(cell.torch, cell.machine))
+        planned, torch=torch, machine=machine,
+        cuda_build=job.config.support.is_cuda_build(torch, machine))
     if message is not None:
         job.warn(message)

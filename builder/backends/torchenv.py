@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -67,15 +68,17 @@ LAYER_LOCKS = "torch-layers"
 IMAGE_VENV_PYTHON = "/opt/ampforge/venv/bin/python"
 
 
-def torch_key_parts(job: CellJob, where: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs of the cell's torch environment (see the module docstring)."""
+def torch_key_parts(job: CellJob, where: Mapping[str, Any],
+                    torch: Optional[str] = None) -> dict[str, Any]:
+    """The inputs of the cell's torch environment (see the module docstring); *torch*: another
+    release than the cell's (the cross backend's host torch)."""
     opts, config = job.opts, job.config
     if opts.wheelhouse is not None and opts.wheelhouse.is_dir():
         source: dict[str, Any] = {"wheelhouse": folder_digest(opts.wheelhouse)}
     else:
         source = {"index_url": config.pip.index_url,
                   "extra_index_urls": list(config.pip.extra_index_urls)}
-    return {**where, "torch": job.cell.torch, "requirements": list(BUILD_REQUIREMENTS),
+    return {**where, "torch": torch or job.cell.torch, "requirements": list(BUILD_REQUIREMENTS),
             "source": source, "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
 
 
@@ -136,31 +139,35 @@ def changed_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 # -- host: a cached venv ----------------------------------------------------------------------
 
-def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
-    """The cell's torch venv for *python* on this host, made on first use under the cache root
-    (``$AMPFORGE_CACHE``, default ``~/.cache/ampforge``) and reused while its key holds; returns
-    its interpreter."""
-    cell = job.cell
+def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
+                   torch: Optional[str] = None) -> str:
+    """A torch venv for *python* on this host -- the cell's torch, or *torch* (the cross
+    backend's host torch, whose X.Y need not be the cell's) -- made on first use under the cache
+    root (``$AMPFORGE_CACHE``, default ``~/.cache/ampforge``) and reused while its key holds;
+    returns its interpreter."""
+    version = torch or job.cell.torch
+    python_version = _version_of(python)
     where: dict[str, Any] = {"python": os.path.realpath(python),
-                             "python_version": _version_of(python)}
-    own = _own_torch(job, python, env)
+                             "python_version": python_version}
+    own = _own_torch(job, python, env, version)
     if own is not None:
         # The interpreter has the cell's torch already (an openEuler/RHEL system Python with
         # torch and torch-npu installed, or a developer's pyenv): the venv borrows it instead
         # of installing another copy, and pip finds it where it is -- lib64/... on
         # RHEL-family layouts -- through the interpreter's own site-packages.
         where["interpreter_torch"] = own
-    parts = torch_key_parts(job, where)
+    parts = torch_key_parts(job, where, version)
     key = content_key([json.dumps(parts, sort_keys=True)])
     root = cache_root() / "torch-envs"
-    final = root / f"py{cell.python}-torch{cell.torch}-{key}"
-    last = root / f"py{cell.python}-torch{cell.torch}.json"
+    xy = ".".join(python_version.split()[0].split(".")[:2])
+    final = root / f"py{xy}-torch{version}-{key}"
+    last = root / f"py{xy}-torch{version}.json"
     venv_python = final / "venv" / "bin" / "python"
     # In use from here to the build's end: `cache prune` leaves it alone meanwhile.
     hold_entry(final)
     if final.is_dir() and not (final / TREE_MANIFEST).is_file():
         # Made by a builder that kept no record of its files: nothing to check it against.
-        job.log.note(f"ampforge: the torch {cell.torch} environment {final} has no record of "
+        job.log.note(f"ampforge: the torch {version} environment {final} has no record of "
                      "its files (made by an earlier builder): making it again")
         discard_entry(final)
     if final.is_dir():
@@ -168,18 +175,18 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
         if damage:
             # A cache that lies (a file deleted or truncated by hand, a disk error, a tool
             # that wrote into the venv): never build against it; make it again.
-            job.warn(f"the cached torch {cell.torch} environment {final} is damaged "
+            job.warn(f"the cached torch {version} environment {final} is damaged "
                      f"({'; '.join(damage)}): removing it and making it again")
             discard_entry(final)
         else:
-            job.log.note(f"ampforge: torch {cell.torch} environment {final} is cached "
+            job.log.note(f"ampforge: torch {version} environment {final} is cached "
                          f"(key {key}; its files match their record)")
     if not final.is_dir():
         previous = _read_json(last)
         changed = changed_parts(previous, parts) if previous else []
         why = (f"changed: {', '.join(changed)}" if changed
                else "same inputs as the last one" if previous else "first build of this cell here")
-        job.log.note(f"ampforge: making the torch {cell.torch} environment {final} ({why})")
+        job.log.note(f"ampforge: making the torch {version} environment {final} ({why})")
 
         def fill(tmp: Path) -> None:
             # A venv keeps working when renamed as long as it is run as ``venv/bin/python``
@@ -191,8 +198,9 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
                                                  *borrow], step="create torch venv"))
                 if own is None:  # a borrowed torch downloads nothing
                     announce_large_download(job, session, str(made["python"]), steps,
-                                            requirements=BUILD_REQUIREMENTS)
-                install_torch(session, str(made["python"]), steps, torch=cell.torch,
+                                            requirements=BUILD_REQUIREMENTS, torch=version,
+                                            machine=platform.machine())
+                install_torch(session, str(made["python"]), steps, torch=version,
                               wheelhouse=str(job.opts.wheelhouse.resolve())
                               if job.opts.wheelhouse else None,
                               index_url=job.config.pip.index_url)
@@ -205,7 +213,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str]) -> str:
     return str(venv_python)
 
 
-def _own_torch(job: CellJob, python: str, env: Mapping[str, str]) -> Optional[dict[str, str]]:
+def _own_torch(job: CellJob, python: str, env: Mapping[str, str],
+               torch: str) -> Optional[dict[str, str]]:
     """The torch installed in *python* itself when it is the cell's (``2.13.0`` or a local
     build of it such as ``2.13.0+cpu``): its version and folder, as torch's metadata says;
     else None."""
@@ -214,7 +223,7 @@ def _own_torch(job: CellJob, python: str, env: Mapping[str, str]) -> Optional[di
         found = parse_result(session.run([python, steps, "site", "--optional"],
                                          step="interpreter's torch"))
     version = str(found.get("torch", ""))
-    if version.split("+")[0] != job.cell.torch:
+    if version.split("+")[0] != torch:
         return None
     job.log.note(f"ampforge: {python} has torch {version} in {found['site']} "
                  f"(platlibdir {found['platlibdir']}): the torch environment uses it")

@@ -25,6 +25,8 @@ MACHINES = ("x86_64", "aarch64")
 
 #: The manylinux glibc of torch's own wheels when the table names none for a release.
 DEFAULT_TORCH_GLIBC = "2.28"
+#: The cross backend's host torch when the table names none (configs/support.yaml explains).
+DEFAULT_CROSS_HOST_TORCH = "2.13.0"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class SupportTable:
     #: Why an older Python ("3.8") or torch line ("2.1": every 2.1.x) is not supported: end of
     #: life, a missing API, a failed measurement. The bounds themselves are the project's.
     unsupported: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: The torch a cross build's *host* interpreter imports to run the project's build
+    #: (torch.utils.cpp_extension's logic; the headers and libraries are the target's).
+    cross_host_torch: str = DEFAULT_CROSS_HOST_TORCH
 
     def why_unsupported(self, axis: str, value: str) -> Optional[str]:
         """The recorded reason for Python *value* ("3.8") or torch *value* ("2.1.0"), if any."""
@@ -132,7 +137,8 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     data = doc.data
     if not isinstance(data, dict) or "torch" not in data or not set(data) <= _TOP_KEYS:
         raise _fail(doc.file, doc.line(()), (), "expected a mapping with the key 'torch' "
-                    "(and optionally 'cuda_builds', 'torch_glibc', 'torch_npu')")
+                    "(and optionally 'cuda_builds', 'torch_glibc', 'torch_npu', 'unsupported', "
+                    "'cross_host_torch')")
     table = data["torch"]
     if not isinstance(table, dict) or not table:
         raise _fail(
@@ -172,10 +178,23 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
             wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
                         torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels),
-                        unsupported=_unsupported(doc))
+                        unsupported=_unsupported(doc), cross_host_torch=_cross_host_torch(doc, wheels))
 
 
-_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported"}
+_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",
+             "cross_host_torch"}
+
+
+def _cross_host_torch(doc: YamlDocument, wheels: Mapping[str, Mapping[str, object]]) -> str:
+    p: tuple = ("cross_host_torch",)
+    if "cross_host_torch" not in doc.data:
+        return DEFAULT_CROSS_HOST_TORCH
+    raw = doc.data["cross_host_torch"]
+    if not isinstance(raw, str) or raw not in wheels or "x86_64" not in wheels[raw]:
+        raise _fail(doc.file, doc.line(p), p,
+                    "expected a quoted torch release of this table's 'torch' mapping with "
+                    f"x86_64 wheels (the cross builds' host torch), got {raw!r}")
+    return raw
 
 
 def _unsupported(doc: YamlDocument) -> dict[str, dict[str, str]]:

@@ -103,15 +103,20 @@ def _failure_excerpt(log: Path) -> str:
     return "\n".join(parts)
 
 
-def host_python_for(python: TargetPython) -> str:
-    """The interpreter that runs the build: this one (it has torch; its X.Y may differ from
-    the target's, whose sysconfig and headers the build uses).
-
-    A host torch for every target Python would cost a CUDA-sized download per version on an
-    x86_64 host (the index's non-cp311 x86_64 torch wheels are CUDA builds); the wheel's tags
-    are checked against the target after the build instead.
-    """
-    return sys.executable
+def check_host_python(host_python: str, env: dict[str, str]) -> None:
+    """Refuse, in one line, a host interpreter that cannot run a torch extension's build: the
+    project's setup.py imports ``torch.utils.cpp_extension`` there (pip would otherwise bury a
+    ``No module named 'torch'`` 30 lines deep in metadata-generation-failed)."""
+    probe = subprocess.run([host_python, "-c", "import torch.utils.cpp_extension"],
+                           capture_output=True, text=True, env=env, check=False)
+    if probe.returncode != 0:
+        lines = (probe.stderr or probe.stdout).strip().splitlines()
+        raise StepFailed(
+            f"cross build: the host interpreter {host_python} cannot import torch "
+            f"({lines[-1] if lines else f'exit {probe.returncode}'}); the cross backend needs a "
+            "host torch to run the project's build: build through `python -m builder build` "
+            "(which makes a cached host torch environment), or pass an interpreter that has "
+            "torch")
 
 
 def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
@@ -124,12 +129,10 @@ def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
             Tag(abi3.group(1), "abi3", f"linux_{python.arch}"), tag):
         return
     if not wheel.name.endswith(expected):
-        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         raise StepFailed(
             f"cross build: wheel {wheel.name} is not tagged {expected[1:-4]} for the target "
-            f"Python {python.version}. The host interpreter (Python {here}) named it; its "
-            "setuptools must take the tags from the target's sysconfig (a recent one does), or "
-            f"run the builder from a Python {python.version} venv with torch; log: {log}")
+            f"Python {python.version}. The host interpreter named it; its setuptools must take "
+            f"the tags from the target's sysconfig (a recent one does); log: {log}")
 
 
 def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossToolchain,
@@ -185,14 +188,15 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
 
 
 def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch: TargetTorch,
-                      toolchain: CrossToolchain, *, isolate: bool = True,
+                      toolchain: CrossToolchain, *, host_python: str, isolate: bool = True,
                       log_path: Path | None = None,
                       extra_env: dict[str, str] | None = None,
                       ccache: bool | None = None,
                       options: CibwOptions = NO_OPTIONS) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
-    ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
+    *host_python* runs the project's build: an interpreter of this host with *some* torch
+    (the cross backend's cached host torch environment). ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
     the checkout's in-tree build folders are never shared with another build. Raises
     :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
     ccache (None: when installed; True: required), its cache under the cache root, shared with
@@ -204,7 +208,7 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
         raise StepFailed(f"cross build: {project} is not a Python project "
                          "(expected pyproject.toml or setup.py)")
-    host = host_python_for(python)
+    host = host_python
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ampforge-cross-") as scratch_name:
         scratch = Path(scratch_name)
@@ -214,6 +218,7 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
         env = cross_build_env(python, torch, toolchain, scratch)
         env.update(extra_env or {})
+        check_host_python(host, env)
         try:
             env.update(evaluate_environment(list(options.environment), env))
         except ValueError as exc:

@@ -90,6 +90,9 @@ class ResolvedCell:
             # unpinned, or no image (host, cross)
             "base_image_digest": parse_ref(self.image.ref).digest,
             "family": c.image.family, "python_path": c.python_path,
+            # cross cells: the host interpreter + torch that run the project's build
+            "build_host": (self.image.build_host.to_dict()
+                           if self.image.build_host is not None else None),
             "plat": self.plat, "plat_reason": self.plat_reason,
             "docker_platform": c.docker_platform, "network": self.network,
             **self.settings, "output": self.output,

@@ -44,6 +44,10 @@ from builder.errors import StepFailed
 REPO = Path(__file__).resolve().parents[2]
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the target Python is the host's X.Y
 TORCH = "2.9.1"  # the index's aarch64 torch that is a CPU build
+# These tests call the cross path's building blocks directly: the interpreter running them has
+# torch (make setup), so it serves as the host torch. The builder itself makes a cached host
+# torch environment instead (builder.backends.cross.host_build_python; test_front_door.py).
+HOST_PYTHON = sys.executable
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +171,8 @@ def _elf(data: bytes):
 def tiny_wheel(tmp_path_factory, target_python, target_torch, toolchain):
     project = _make_tiny_project(tmp_path_factory.mktemp("tiny") / "proj")
     out = tmp_path_factory.mktemp("tiny-out")
-    return cross_build_wheel(project, out, target_python, target_torch, toolchain)
+    return cross_build_wheel(project, out, target_python, target_torch, toolchain,
+                             host_python=HOST_PYTHON)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +312,8 @@ def test_broken_source_reports_compiler_error_and_log(tmp_path, target_python, t
     project = _make_tiny_project(tmp_path / "proj")
     (project / "tinyext" / "ext.cpp").write_text("#error deliberately broken kernel\n")
     with pytest.raises(StepFailed) as info:
-        cross_build_wheel(project, tmp_path / "out", target_python, target_torch, toolchain)
+        cross_build_wheel(project, tmp_path / "out", target_python, target_torch, toolchain,
+                          host_python=HOST_PYTHON)
     assert "deliberately broken kernel" in info.value.message
     assert "full log:" in info.value.message
     assert not list((tmp_path / "out").glob("*.whl"))
@@ -315,7 +321,8 @@ def test_broken_source_reports_compiler_error_and_log(tmp_path, target_python, t
 
 def test_not_a_project_is_refused(tmp_path, target_python, target_torch, toolchain):
     with pytest.raises(StepFailed, match="not a Python project"):
-        cross_build_wheel(tmp_path, tmp_path / "out", target_python, target_torch, toolchain)
+        cross_build_wheel(tmp_path, tmp_path / "out", target_python, target_torch, toolchain,
+                          host_python=HOST_PYTHON)
 
 
 def test_host_build_environment_does_not_leak(target_python, target_torch, toolchain, tmp_path):
@@ -348,7 +355,8 @@ def test_ninja_build_goes_through_the_same_ccache_links(tmp_path, monkeypatch, t
     for run in ("one", "two"):
         project = write_style_project(tmp_path / run / "proj", "ninja")
         built.append(cross_build_wheel(project, tmp_path / run / "out", target_python,
-                                       target_torch, toolchain, ccache=True))
+                                       target_torch, toolchain, ccache=True,
+                                       host_python=HOST_PYTHON))
     cold, warm = built[0].ccache, built[1].ccache
     assert cold is not None and warm is not None
     assert cold.misses >= 1 and cold.hits == 0

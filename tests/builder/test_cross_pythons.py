@@ -201,7 +201,10 @@ def test_cp39_cell_cross_builds_on_a_311_host_and_runs_on_bullseye(tmp_path):
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
         "double power(double a, double b) { return std::pow(a, b); }\n\n"
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"power\", &power);"))
-    built = cross_build_wheel(project, tmp_path / "raw", python, torch, toolchain)
+    # This interpreter has torch (make setup) and is the host torch here; the builder makes a
+    # cached host torch environment instead (tests/builder/test_front_door.py).
+    built = cross_build_wheel(project, tmp_path / "raw", python, torch, toolchain,
+                              host_python=sys.executable)
     assert built.wheel.name == "tinyext-0.1.0-cp39-cp39-linux_aarch64.whl"
     assert _symbol_versions(built.wheel)["pow"] == "GLIBC_2.17"
     repaired = repair_cross_wheel(built.wheel, tmp_path / "repaired",
