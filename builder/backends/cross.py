@@ -201,7 +201,8 @@ class CrossBackend:
             env["MAX_JOBS"] = str(opts.jobs)
         built = steps("compile", lambda: cross_build_wheel(
             opts.project, stage / "raw", target.python, torch, target.toolchain,
-            host_python=host_python, log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
+            host_python=host_python,
+            log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
             ccache=opts.ccache, options=job.config.build_options))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)

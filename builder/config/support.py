@@ -178,7 +178,8 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
             wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
                         torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels),
-                        unsupported=_unsupported(doc), cross_host_torch=_cross_host_torch(doc, wheels))
+                        unsupported=_unsupported(doc),
+                        cross_host_torch=_cross_host_torch(doc, wheels))
 
 
 _TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",

@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -196,8 +195,9 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     *host_python* runs the project's build: an interpreter of this host with *some* torch
-    (the cross backend's cached host torch environment). ``isolate`` copies the project (without .git, .venv, build/, dist/) to a scratch folder so
-    the checkout's in-tree build folders are never shared with another build. Raises
+    (the cross backend's cached host torch environment). ``isolate`` copies the project
+    (without .git, .venv, build/, dist/) to a scratch folder so the checkout's in-tree build
+    folders are never shared with another build. Raises
     :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
     ccache (None: when installed; True: required), its cache under the cache root, shared with
     the host backend's. *options*: cibuildwheel's build options, run on this host as the
