@@ -65,6 +65,10 @@ class BuildHost:
     def to_dict(self) -> dict[str, str]:
         return {"python": self.python, "torch": self.torch, "reason": self.reason}
 
+    def key(self) -> tuple[str, str]:
+        """What decides the environment: (python, torch)."""
+        return self.python, self.torch
+
 
 @dataclass(frozen=True)
 class ImageChoice:

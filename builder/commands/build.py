@@ -342,12 +342,16 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
                            jobs=config.build.jobs, force=args.force, ccache=args.ccache,
                            network=network, source_date_epoch=epoch, test=test)
     if opts.offline and opts.wheelhouse is not None:
+        from builder.offline.preflight import host_torches  # noqa: PLC0415
         from builder.offline.use import preflight  # noqa: PLC0415
 
-        # Before any image build or compile: name what the wheelhouse lacks, per cell.
+        # Before any image build or compile: name what the wheelhouse lacks, per cell, and for
+        # the cross cells' host torch environment.
+        hosts = host_torches([(c.identifier, c.image.build_host.key()
+                               if c.image.build_host is not None else None) for c in here])
         preflight([(c.cell, c.backend == "host") for c in here if c.backend != "cross"],
                   opts.wheelhouse, f"offline bundle {bundle.root}" if bundle else
-                  f"wheelhouse {opts.wheelhouse}", project, err)
+                  f"wheelhouse {opts.wheelhouse}", project, err, hosts)
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     err(f"source date epoch: {epoch.describe()}")
     err(f"test-command: {test.describe()}")

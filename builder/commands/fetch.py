@@ -139,6 +139,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         Target,
         cell_requirements,
         describe_missing,
+        host_torches,
         index_wheelhouse,
         resolve,
     )
@@ -190,20 +191,27 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     net = config.pip.network
     err(f"fetch: network: {net.describe()}")
     needed: dict[str, set[str]] = {}
+    # Each cell's wheels for its Python and platform; then the cross cells' host torch (the
+    # interpreter that runs the project's build on the build host), which the air-gapped
+    # machine makes from the bundle too.
+    machine = platform.machine()
+    downloads = [(Target(c.python, c.machine, c.plat, c.identifier),
+                  cell_requirements(c.torch, project), (c.identifier,)) for c in cells]
+    downloads += [(host.target(machine, config.support.torch_plat(host.torch, machine)),
+                   cell_requirements(host.torch), host.cells)
+                  for host in host_torches([(c.identifier, c.image.build_host.key()
+                                             if c.image.build_host is not None else None)
+                                            for c in resolution.cells])]
     with log_file.open("w") as log:
-        for cell in cells:
-            target = Target(cell.python, cell.machine, cell.plat, cell.identifier)
-            reqs = cell_requirements(cell.torch, project)
-            argv = pip_download_argv(cell.python, cell.machine, target.platforms(), wheels_dir,
-                                     reqs, args.find_links, args.pip_arg)
-            err(f"fetch: {cell.identifier}: pip download {' '.join(reqs)} for "
-                f"{target.describe()}")
+        for target, reqs, ids in downloads:
+            argv = pip_download_argv(target.python, target.machine, target.platforms(),
+                                     wheels_dir, reqs, args.find_links, args.pip_arg)
+            err(f"fetch: {target.cell}: pip download {' '.join(reqs)} for {target.describe()}")
             before = files_state(wheels_dir)
             try:
-                run_pip(argv, env, net, log, ctx.output.redact,
-                        f"pip download for {cell.identifier}")
+                run_pip(argv, env, net, log, ctx.output.redact, f"pip download for {target.cell}")
             except StepFailed as exc:
-                raise _download_failed(f"pip download for {cell.identifier}", exc.message,
+                raise _download_failed(f"pip download for {target.cell}", exc.message,
                                        log_file, wheels_dir, before) from exc
             # What pip fetched must be exactly enough for the offline build's pre-flight.
             res = resolve(index_wheelhouse(wheels_dir), target, reqs)
@@ -211,7 +219,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                 raise StepFailed(describe_missing(res, f"bundle {root}") + "\n(pip download "
                                  f"did not provide it; see {log_file})")
             for w in res.chosen.values():
-                needed.setdefault(f"{WHEELS_DIR}/{w.path.name}", set()).add(cell.identifier)
+                needed.setdefault(f"{WHEELS_DIR}/{w.path.name}", set()).update(ids)
         # The builder's own pinned environment, for the machine that has only the bundle.
         err(f"fetch: the builder's environment: pip download -r {BUILDER_LOCK_NAME} for "
             f"Python {platform.python_version()} ({sysconfig.get_platform()})")

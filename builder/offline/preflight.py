@@ -123,6 +123,29 @@ class Resolution:
         return not self.missing
 
 
+@dataclass(frozen=True)
+class HostTorch:
+    """A torch environment some cells need on the build host itself (the cross backend's host
+    torch): its Python, its torch, and the cells that need it."""
+
+    python: str
+    torch: str
+    cells: tuple[str, ...]
+
+    def target(self, machine: str, plat: str) -> Target:
+        return Target(self.python, machine, plat, f"host torch of {', '.join(self.cells)}")
+
+
+def host_torches(records: Sequence[tuple[str, Optional[tuple[str, str]]]]) -> list[HostTorch]:
+    """The distinct host torch environments of ``(cell id, (python, torch) or None)`` records,
+    in order of first use."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for cell, host in records:
+        if host is not None:
+            found.setdefault(host, []).append(cell)
+    return [HostTorch(py, torch, tuple(cells)) for (py, torch), cells in found.items()]
+
+
 def cell_requirements(torch: str, project: Optional[Path] = None) -> list[str]:
     """Everything a cell's build and smoke test pip-install: ``torch==X``, the build tools,
     and the project's static build-system requires and dependencies (the smoke test installs

@@ -14,6 +14,7 @@ file or the package, version, Python and platform.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from builder.config import BuildConfig
 from builder.errors import ConfigError, EngineUnavailable
 from builder.offline.bundle import Bundle, load_images, read_bundle, verify_bundle
 from builder.offline.preflight import (
+    HostTorch,
     Target,
     cell_requirements,
     describe_missing,
@@ -82,16 +84,22 @@ def _host_plat(machine: str) -> str:
 
 
 def preflight(cells: Sequence[tuple[Cell, bool]], wheelhouse: Path, where: str,
-              project: Optional[Path], say: Callable[[str], None]) -> None:
-    """Each ``(cell, on_host)`` checked against *wheelhouse*; ConfigError naming every gap."""
+              project: Optional[Path], say: Callable[[str], None],
+              hosts: Sequence[HostTorch] = ()) -> None:
+    """Each ``(cell, on_host)`` checked against *wheelhouse*, and each host torch environment
+    (*hosts*: the cross cells'); ConfigError naming every gap."""
     wheels = index_wheelhouse(wheelhouse)
+    machine = platform.machine()
+    checks = [(Target(cell.python, cell.machine,
+                      _host_plat(cell.machine) if on_host else cell.plat, cell.identifier),
+               cell_requirements(cell.torch, project)) for cell, on_host in cells]
+    checks += [(host.target(machine, _host_plat(machine)), cell_requirements(host.torch))
+               for host in hosts]
     gaps = []
-    for cell, on_host in cells:
-        plat = _host_plat(cell.machine) if on_host else cell.plat
-        target = Target(cell.python, cell.machine, plat, cell.identifier)
-        result = resolve(wheels, target, cell_requirements(cell.torch, project))
+    for target, requirements in checks:
+        result = resolve(wheels, target, requirements)
         if result.ok:
-            say(f"preflight: {where} has all {len(result.chosen)} wheels for {cell.identifier} "
+            say(f"preflight: {where} has all {len(result.chosen)} wheels for {target.cell} "
                 f"({target.describe()})")
         else:
             gaps.append(describe_missing(result, where))

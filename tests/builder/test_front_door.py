@@ -18,6 +18,7 @@ run also downloads the aarch64 torch (~100 MB), the sysroot's .debs and the host
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 from airgaplib import fresh_clone
 from enginelib import write_tiny_extension
-from pipelinelib import manifest
+from pipelinelib import builder_env, manifest
 
 from builder.config import REPO_ROOT
 from builder.config.support import load_support
@@ -124,3 +125,22 @@ def test_installed_tool_builds_an_arm_cell_of_another_project_from_its_root(
     entry = _check_cell(project / "dist", r.stderr)
     assert entry["file"].startswith("tinyext-0.0.1+torch2.8-cp39-cp39-manylinux_2_"), entry
     assert entry["extra"]["modules"] == ["tinyext._C"]
+
+
+def test_fetch_carries_the_host_torch_of_an_arm_cell(tmp_path: Path) -> None:
+    """``make fetch`` for the README's ARM cell puts the host torch environment's wheels (this
+    host's Python, cross_host_torch) in the bundle beside the cell's own, so the air-gapped
+    machine can make that environment too."""
+    r = subprocess.run([sys.executable, "-m", "builder", "fetch", "--no-images", "--bundle",
+                        str(tmp_path / "bundle"), "--arch", "ARM", "--python", "3.9"],
+                       cwd=tmp_path, env=builder_env(), capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads((tmp_path / "bundle" / "bundle.json").read_text())
+    by_name = {Path(f["path"]).name: f for f in doc["files"]}
+    host = [n for n in by_name if re.fullmatch(
+        rf"torch-{re.escape(HOST_TORCH)}(\+\w+)?-cp311-cp311-\S*x86_64\.whl", n)]
+    target = [n for n in by_name if re.fullmatch(r"torch-2\.8\.0-cp39-cp39-\S*aarch64\.whl", n)]
+    assert host and target, sorted(by_name)
+    assert CELL in by_name[host[0]]["cells"] and CELL in by_name[target[0]]["cells"]
+    assert f"fetch: host torch of {CELL}: pip download torch=={HOST_TORCH}" in r.stderr

@@ -304,3 +304,19 @@ def test_config_offline_bundle_is_relative_to_the_config_file(tmp_path: Path):
                     "--out", "dist")
     assert r.returncode == 2, r.stderr
     assert f"{tmp_path / 'conf' / 'B' / 'bundle.json'} not found" in r.stderr, r.stderr
+
+
+def test_offline_cross_cell_needs_its_host_torch_in_the_wheelhouse(tmp_path: Path):
+    """A cross cell's project build runs on this host in a torch environment of its own
+    (cross_host_torch): offline, the wheelhouse must hold that torch for this host's Python,
+    and pre-flight names it before anything is downloaded or compiled."""
+    full_wheelhouse(tmp_path / "wh", "torch-2.8.0-cp39-cp39-manylinux_2_28_aarch64.whl")
+    r = run_builder(tmp_path, "build", "--offline", "--wheelhouse", "wh", "--backend", "cross",
+                    "--arch", "ARM", "--python", "3.9", "--torch", "2.8.0", "--out", "dist",
+                    "--work-dir", "work")
+    assert r.returncode == 2, r.stderr
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1].replace(".", "_")
+    py = f"{sys.version_info[0]}{sys.version_info[1]}"
+    assert (f"wheelhouse {tmp_path / 'wh'} lacks torch==2.13.0 for cp{py} manylinux_{glibc}_"
+            "x86_64 (cell host torch of cp39-manylinux_aarch64-torch2.8.0)") in r.stderr, r.stderr
+    assert "] compile" not in r.stderr and not (tmp_path / "dist").exists()
