@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from builder.backends.base import BuildHost
 from builder.cli import (
     EVERY_CELL,
     Context,
@@ -98,6 +99,10 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     for option in cfg.build_options.describe():
         lines.append(f"option:  {option}")
     lines += _image_lines(resolution)
+    for host, cells in _build_hosts(resolution).items():
+        lines.append(f"host:    torch {host.torch} on this host's Python {host.python} runs the "
+                     f"project's build for {cells} cross cell{'s' if cells != 1 else ''} "
+                     f"(cross_host_torch in {cfg.support.file})")
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",
               "WHERE")
@@ -131,6 +136,15 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
         for d in resolution.dropped:
             lines.append(f"  {d.identifier.ljust(width)}  {d.reason}")
     return lines
+
+
+def _build_hosts(resolution: Resolution) -> dict[BuildHost, int]:
+    """Each host torch environment the buildable cells' project builds run in, and how many."""
+    found: dict[BuildHost, int] = {}
+    for c in resolution.cells:
+        if c.buildable and c.image.build_host is not None:
+            found[c.image.build_host] = found.get(c.image.build_host, 0) + 1
+    return found
 
 
 def _image_lines(resolution: Resolution) -> list[str]:
