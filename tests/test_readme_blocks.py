@@ -5,6 +5,13 @@ docs/*.md page says, in an HTML comment on the line before it, which tests run i
 or naming a test that does not exist, fails; and every ``make`` command in a block names a real
 target of the Makefile (``make -n``, which runs nothing). Each docs page starts with its
 ``# Title``.
+
+A checked block's tests must start from what the block's reader has -- a fresh clone, an
+installed tool, a bundle, a fresh venv -- not from this suite's own environment (whose
+interpreter has torch and the compiled amp): at least one of them carries
+``@pytest.mark.starts_from("...")`` saying where it starts, or the comment says why the block is
+checked from the suite's environment only (``<!-- checked-by: tests... ; suite environment:
+reason -->``).
 """
 
 from __future__ import annotations
@@ -69,13 +76,48 @@ def _commands(body: list[str]) -> list[str]:
 BLOCKS = [b for page in PAGES for b in page_blocks(page)]
 
 
-def _test_exists(ref: str) -> bool:
+#: What separates a checked block's tests from why they start in the suite's environment.
+SUITE_ENV = "; suite environment:"
+
+
+def _refs(block: Block) -> tuple[list[str], str]:
+    """A checked block's test references and its suite-environment reason ('' if none)."""
+    refs, _, why = block.detail.partition(SUITE_ENV)
+    return refs.split(), why.strip()
+
+
+def _test_node(ref: str) -> tuple[ast.Module, ast.FunctionDef] | None:
     path, _, name = ref.partition("::")
     file = ROOT / path
     if not file.is_file() or not name:
-        return False
+        return None
     tree = ast.parse(file.read_text())
-    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in ast.walk(tree))
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    return (tree, found[0]) if found else None
+
+
+def _test_exists(ref: str) -> bool:
+    return _test_node(ref) is not None
+
+
+def _starts_from(ref: str) -> str | None:
+    """The ``starts_from`` mark's argument on the test *ref* or its module, else None."""
+    node = _test_node(ref)
+    if node is None:
+        return None
+    tree, func = node
+    marks = list(func.decorator_list)
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets):
+            value = stmt.value
+            marks += value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+    for mark in marks:
+        if (isinstance(mark, ast.Call) and isinstance(mark.func, ast.Attribute)
+                and mark.func.attr == "starts_from" and mark.args
+                and isinstance(mark.args[0], ast.Constant)):
+            return str(mark.args[0].value)
+    return None
 
 
 def test_the_readme_has_command_blocks() -> None:
@@ -100,9 +142,33 @@ def test_each_block_says_which_tests_run_it(block: Block) -> None:
     if block.mark == "not-run":
         assert len(block.detail.split()) >= 3, f"{where}: say why it cannot run"
         return
-    refs = block.detail.split()
+    refs, _ = _refs(block)
     missing = [r for r in refs if not _test_exists(r)]
     assert refs and not missing, f"{where}: no such test: {missing}"
+
+
+CHECKED = [b for b in BLOCKS if b.mark == "checked-by"]
+
+
+@pytest.mark.parametrize("block", CHECKED, ids=[f"{b.page}:{b.line}" for b in CHECKED])
+def test_each_checked_block_starts_where_its_reader_does(block: Block) -> None:
+    refs, why = _refs(block)
+    starts = {r: _starts_from(r) for r in refs}
+    if any(starts.values()):
+        return
+    assert len(why.split()) >= 3, (
+        f"{block.page}:{block.line}: none of {refs} starts from what this block's reader has "
+        "(@pytest.mark.starts_from('fresh clone' | 'installed tool' | 'bundle' | 'fresh venv')); "
+        f"add one that does, or say why in the comment: '<!-- checked-by: ...{SUITE_ENV} "
+        "reason -->'")
+
+
+def test_a_reader_start_is_recognised() -> None:
+    """The mark is found on the front door's own test (so the rule above can fail)."""
+    ref = ("tests/builder/test_front_door.py::"
+           "test_readme_make_wheel_arm_py39_from_a_fresh_clone")
+    assert _starts_from(ref) == "fresh clone"
+    assert _starts_from("tests/test_readme_blocks.py::test_the_readme_has_command_blocks") is None
 
 
 MAKE_LINES = [(f"{b.page}:{b.line}", c) for b in BLOCKS for c in b.commands

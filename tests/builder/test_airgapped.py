@@ -111,6 +111,7 @@ def test_fetch_lists_cells_torch_image_and_the_builders_wheels(fetched: Fetched)
     assert json.loads((fetched.bundle / "bundle.json").read_text())["files"] == doc["files"]
 
 
+@pytest.mark.starts_from("fresh clone + bundle")
 def test_fresh_clone_builds_offline_from_the_bundle_docker(
         fetched: Fetched, docker_amp_build: AmpBuild) -> None:
     engine = docker_engine()

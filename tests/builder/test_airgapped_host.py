@@ -54,6 +54,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
+@pytest.mark.starts_from("fresh clone + bundle")
 def test_bundle_without_the_builders_wheels_fails_at_set_up(bundle: Path,
                                                              tmp_path: Path) -> None:
     bad = tmp_path / "bundle-no-builder"
@@ -75,6 +76,7 @@ def test_bundle_without_the_builders_wheels_fails_at_set_up(bundle: Path,
     assert not (clone / "dist").exists()
 
 
+@pytest.mark.starts_from("fresh clone + bundle")
 def test_fresh_clone_builds_offline_from_the_bundle_host(bundle: Path, tmp_path: Path,
                                                          host_amp_build: AmpBuild) -> None:
     clone = fresh_clone(tmp_path / "clone")
@@ -85,6 +87,7 @@ def test_fresh_clone_builds_offline_from_the_bundle_host(bundle: Path, tmp_path:
     assert f"bundle: verified {len(listed)} files (sha256)" in r.stdout + r.stderr
 
 
+@pytest.mark.starts_from("installed tool")
 def test_builder_wheel_from_a_fresh_venv_builds_another_project(bundle: Path,
                                                                  tmp_path: Path) -> None:
     """The builder as a tool: its wheel installed into a fresh venv from the bundle's builder

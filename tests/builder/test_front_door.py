@@ -88,6 +88,7 @@ def _check_cell(dist: Path, err: str, wheel_name: str | None = None) -> dict:
     return entry
 
 
+@pytest.mark.starts_from("fresh clone")
 def test_readme_make_wheel_arm_py39_from_a_fresh_clone(tmp_path: Path) -> None:
     clone = fresh_clone(tmp_path / "ampforge")
     r = subprocess.run(["make", "wheel", "ARCH=ARM", "PY=3.9"], cwd=clone, env=user_env(),
@@ -100,6 +101,7 @@ def test_readme_make_wheel_arm_py39_from_a_fresh_clone(tmp_path: Path) -> None:
     assert tail.startswith("amp selftest: ok -- amp "), tail  # amp's own test-command, emulated
 
 
+@pytest.mark.starts_from("installed tool")
 def test_installed_tool_builds_an_arm_cell_of_another_project_from_its_root(
         tmp_path: Path) -> None:
     wheels = tmp_path / "tool"

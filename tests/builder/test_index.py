@@ -120,6 +120,7 @@ def test_pep658_metadata_is_opt_in(tmp_path: Path) -> None:
     assert not list(out.rglob("*.metadata"))
 
 
+@pytest.mark.starts_from("fresh venv")
 def test_pip_installs_from_file_url_and_honours_requires_python(tmp_path: Path) -> None:
     result = write_simple_index(_dist(tmp_path), tmp_path / "index")
     python = fresh_venv(tmp_path / "venv")
@@ -129,6 +130,7 @@ def test_pip_installs_from_file_url_and_honours_requires_python(tmp_path: Path) 
     assert installed_version(python, "demo.pkg") == "0.2"
 
 
+@pytest.mark.starts_from("fresh venv")
 def test_pip_installs_over_http_and_refuses_a_tampered_file(tmp_path: Path) -> None:
     result = write_simple_index(_dist(tmp_path), tmp_path / "index")
     with serve(result.out) as base:
@@ -281,6 +283,7 @@ def test_a_wheel_whose_metadata_disagrees_with_its_name_is_refused(tmp_path: Pat
 # ------------------------------------------------------------------ one index per torch
 
 
+@pytest.mark.starts_from("fresh venv")
 def test_per_torch_indexes_keep_the_users_torch_with_extra_index_url(tmp_path: Path) -> None:
     """The README's old advice, reproduced with real pip and real indexes: the user's torch
     index (here serving torch 2.9.1 and 2.13.0, tiny stand-ins) plus ours with

@@ -158,6 +158,7 @@ def test_the_npu_extra_of_a_stable_wheel_pairs_with_the_torch_pip_ends_up_with(
             assert got == ["0.1", "2.13.0", "2.13.0"]
 
 
+@pytest.mark.starts_from("fresh venv")
 def test_publish_to_a_pypi_like_server_and_install_by_torch(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The stable wheel goes to a PyPI-like server (pypiserver), the labelled one for torch 2.9
