@@ -9,6 +9,7 @@ import sysconfig
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.cli import (
     HOST_CELL,
@@ -19,6 +20,9 @@ from builder.cli import (
 )
 from builder.diskspace import files_state
 from builder.lockfile import LOCK_FILE
+
+if TYPE_CHECKING:
+    from builder.offline.preflight import Target
 
 BUILDER_LOCK_NAME = f"builder/{LOCK_FILE.name}"
 
@@ -80,6 +84,28 @@ def pip_download_argv(python: str, machine: str, platforms: Sequence[str], dest:
     for link in find_links:
         argv += ["--find-links", link]
     return [*argv, *pip_args, *requirements]
+
+
+def names_torch(requirement: str) -> bool:
+    from packaging.requirements import Requirement  # noqa: PLC0415
+    from packaging.utils import canonicalize_name  # noqa: PLC0415
+
+    return canonicalize_name(Requirement(requirement).name) == "torch"
+
+
+def target_torch_requirements(wheels: Path, target: Target, requirement: str) -> list[str]:
+    """The requirements of the torch wheel in *wheels* that *requirement* (``torch==X``) chose
+    for *target*, with their markers evaluated for the target's machine and Python."""
+    from builder.errors import StepFailed  # noqa: PLC0415
+    from builder.offline.preflight import index_wheelhouse, resolve  # noqa: PLC0415
+    from builder.wheel.wheelmeta import target_requirements  # noqa: PLC0415
+
+    chosen = resolve(index_wheelhouse(wheels), target, [requirement]).chosen
+    torch = next((w for w in chosen.values() if w.name == "torch"), None)
+    if torch is None:
+        raise StepFailed(f"pip download left no {requirement} for {target.describe()} in "
+                         f"{wheels}")
+    return target_requirements(torch.path, target.machine, target.python)
 
 
 def pip_env(base: Mapping[str, str], proxy_args: Mapping[str, str]) -> dict[str, str]:
@@ -204,12 +230,28 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                             for c in resolution.cells])]
     with log_file.open("w") as log:
         for target, reqs, ids in downloads:
-            argv = pip_download_argv(target.python, target.machine, target.platforms(),
-                                     wheels_dir, reqs, args.find_links, args.pip_arg)
             err(f"fetch: {target.cell}: pip download {' '.join(reqs)} for {target.describe()}")
             before = files_state(wheels_dir)
-            try:
+
+            def download(requirements: Sequence[str], deps: bool = True,
+                         target: Target = target) -> None:
+                argv = pip_download_argv(target.python, target.machine, target.platforms(),
+                                         wheels_dir, requirements, args.find_links,
+                                         [*args.pip_arg, *([] if deps else ["--no-deps"])])
                 run_pip(argv, env, net, log, ctx.output.redact, f"pip download for {target.cell}")
+
+            try:
+                if target.machine == machine:
+                    download(reqs)
+                else:
+                    # pip evaluates environment markers against *this* host even with
+                    # --platform, so an aarch64 torch would pull x86_64-only CUDA packages:
+                    # torch alone first, then its requirements evaluated for the target.
+                    # (The other requirements naming torch -- the project's own torch bound --
+                    # are met by that pin.)
+                    download(reqs[:1], deps=False)
+                    download([*target_torch_requirements(wheels_dir, target, reqs[0]),
+                              *(r for r in reqs[1:] if not names_torch(r))])
             except StepFailed as exc:
                 raise _download_failed(f"pip download for {target.cell}", exc.message,
                                        log_file, wheels_dir, before) from exc
