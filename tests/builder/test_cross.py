@@ -319,6 +319,25 @@ def test_broken_source_reports_compiler_error_and_log(tmp_path, target_python, t
     assert not list((tmp_path / "out").glob("*.whl"))
 
 
+def test_a_host_interpreter_without_torch_is_refused_in_one_line(tmp_path, target_python,
+                                                                   target_torch, toolchain):
+    """The failure the README's `make wheel ARCH=ARM` once met on a fresh clone (the builder's
+    own torch-free interpreter ran setup.py): one line saying what is missing and how to get
+    it, before pip buries a ModuleNotFoundError in metadata-generation-failed."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+                   check=True, timeout=120)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    project = _make_tiny_project(tmp_path / "proj")
+    with pytest.raises(StepFailed) as info:
+        cross_build_wheel(project, tmp_path / "out", target_python, target_torch, toolchain,
+                          host_python=bare)
+    first = info.value.message.splitlines()[0]
+    assert first.startswith(f"cross build: the host interpreter {bare} cannot import torch ("), \
+        first
+    assert "No module named 'torch'" in first and "needs a host torch" in first, first
+    assert not list((tmp_path / "out").glob("*.whl"))
+
+
 def test_not_a_project_is_refused(tmp_path, target_python, target_torch, toolchain):
     with pytest.raises(StepFailed, match="not a Python project"):
         cross_build_wheel(tmp_path, tmp_path / "out", target_python, target_torch, toolchain,
