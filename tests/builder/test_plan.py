@@ -298,3 +298,36 @@ def test_make_targets(tmp_path: Path, target: str) -> None:
     else:
         assert [p.name for p in tmp_path.iterdir()] == ["cp39-manylinux_aarch64-torch2.8.0"]
         assert (tmp_path / "cp39-manylinux_aarch64-torch2.8.0" / "Dockerfile").is_file()
+
+
+def test_a_cross_cell_names_the_host_torch_that_runs_its_build_and_a_host_cell_none() -> None:
+    from builder.config.support import load_support  # noqa: PLC0415
+
+    host_torch = load_support(REPO_ROOT / "configs" / "support.yaml").cross_host_torch
+    doc = _json("--arch", "ARM,X86", "--python", "3.11", "--torch", "2.9.1",
+                "--backend", "auto")
+    cells = {c["id"]: c for c in doc["cells"]}
+    arm = cells["cp311-manylinux_aarch64-torch2.9.1"]
+    x86 = cells["cp311-manylinux_x86_64-torch2.9.1"]
+    if arm["backend"] == "cross":
+        py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        assert arm["build_host"]["torch"] == host_torch and arm["build_host"]["python"] == py
+        assert "cross_host_torch in configs/support.yaml" in arm["build_host"]["reason"]
+    else:  # no cross tools here: the record still says what a cross build would not need
+        assert arm["build_host"] is None
+    assert x86["build_host"] is None
+
+
+@pytest.mark.parametrize("value", ['"9.9.9"', "2.13", '"2.13.0-x"'])
+def test_a_bad_cross_host_torch_names_the_key_and_what_was_expected(tmp_path: Path,
+                                                                   value: str) -> None:
+    from builder.config.support import load_support  # noqa: PLC0415
+    from builder.errors import ConfigError  # noqa: PLC0415
+
+    text = (REPO_ROOT / "configs" / "support.yaml").read_text()
+    path = tmp_path / "support.yaml"
+    path.write_text(text.replace('cross_host_torch: "2.13.0"', f"cross_host_torch: {value}"))
+    with pytest.raises(ConfigError) as info:
+        load_support(path, "support.yaml")
+    assert info.value.key == "cross_host_torch", info.value
+    assert "expected a quoted torch release of this table's 'torch' mapping" in str(info.value)
