@@ -136,9 +136,9 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     doc = load_yaml(path, display)
     data = doc.data
     if not isinstance(data, dict) or "torch" not in data or not set(data) <= _TOP_KEYS:
+        optional = ", ".join(f"'{k}'" for k in sorted(_TOP_KEYS - {"torch"}))
         raise _fail(doc.file, doc.line(()), (), "expected a mapping with the key 'torch' "
-                    "(and optionally 'cuda_builds', 'torch_glibc', 'torch_npu', 'unsupported', "
-                    "'cross_host_torch')")
+                    f"(and optionally {optional})")
     table = data["torch"]
     if not isinstance(table, dict) or not table:
         raise _fail(
