@@ -1,6 +1,7 @@
 """``amp.initialize`` and amp's own ``state_dict``/``load_state_dict``."""
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import OrderedDict
@@ -318,10 +319,20 @@ def initialize(
             scale_window=scale_window,
             min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale,
+            device_type=_device_type(model_list),
         )
         for _ in range(num_losses)
     ]
     return _shaped(models, optimizers)
+
+
+def _device_type(models: list[nn.Module]) -> Optional[str]:
+    """Where the models live (their first tensor's device type), for the scalers' overflow
+    mode; None for models without parameters or buffers."""
+    for model in models:
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            return tensor.device.type
+    return None
 
 
 def _shaped(models: Any, optimizers: Any) -> Any:
