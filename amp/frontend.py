@@ -269,6 +269,14 @@ def initialize(
             "Currently, combine_grad=True or check_combined_tensors=True should only be set by "
             "selecting opt_level='O1' or opt_level='O2'."
         )
+    if props.combine_ddp and not props.combine_grad:
+        # combine_ddp all-reduces the combined gradient buffers: without combine_grad there
+        # would be none for the plain optimizers, and the ranks would silently drift apart.
+        raise RuntimeError(
+            "Combine_grad should be True when combine_ddp using: pass combine_grad=True "
+            "together with combine_ddp=True (combine_ddp all-reduces the combined gradient "
+            "buffers), or wrap the model in DistributedDataParallel instead."
+        )
     for opt in opt_list:
         if hasattr(opt, "_amp_stash"):
             raise RuntimeError(
