@@ -5,12 +5,13 @@ saturation mode (fp16 overflow saturates and raises the device's overflow flag).
 
 At step SATURATE only the last rank gets inputs large enough to overflow its fp16 gradients:
 they saturate (finite), so only its device flag knows, and only amp's agreement on the verdict
-can tell the other ranks. Per opt level (OPT_LEVELS is comma-separated), two fp16 runs: "alone" (each rank its own model, no
-averaging: gloo cannot reduce npu tensors for DistributedDataParallel) and "combine_ddp"
-(NpuFusedSGD with combine_grad/combine_ddp, whose all-reduce stages the buffers through the
-CPU: after it every rank's gradients hold the saturated rank's share, still finite). Writes,
-per run and step: the loss scale, whether the masters changed, whether this rank's own
-device flag was raised and whether its gradients were finite.
+can tell the other ranks. Per opt level (OPT_LEVELS is comma-separated), two fp16 runs:
+"alone" (each rank its own model, no averaging: gloo cannot reduce npu tensors for
+DistributedDataParallel) and "combine_ddp" (NpuFusedSGD with combine_grad/combine_ddp, whose
+all-reduce stages the buffers through the CPU: after it every rank's gradients hold the
+saturated rank's share, still finite). Writes, per run and step: the loss scale, whether
+the masters changed, whether this rank's own device flag was raised and whether its
+gradients were finite.
 """
 from __future__ import annotations
 
