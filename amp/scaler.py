@@ -55,6 +55,11 @@ class LossScaler:
     after ``init_scale`` (its third is ``scale_factor``, its fourth ``scale_window``), so pass
     those by keyword.
 
+    ``device_type`` (keyword only; ``amp.initialize`` passes the model's) picks the overflow
+    mode once: ``"saturation"`` on an Ascend NPU that saturates instead of producing inf/NaN
+    (the device's overflow flag tells an overflow, see amp/_overflow_flag.py), else
+    ``"inf_nan"`` (the gradients' non-finite check does); ``mode`` says which.
+
     Example::
 
         >>> s = LossScaler("dynamic", init_scale=8.0, scale_window=2)
