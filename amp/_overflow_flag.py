@@ -13,7 +13,9 @@ inf/NaN mode: saturation mode, as Apex for Ascend decides too.
 torch_npu is looked up among the imported modules, never imported here: code that puts a
 model on an ``npu`` device has imported it already, and importing it anywhere else needs
 Ascend's CANN toolkit. Without torch_npu, and for models on any other device (CPU, CUDA),
-there is no flag: inf/NaN mode.
+there is no flag: inf/NaN mode. torch_npu's device is recognised by its device module
+(``torch.get_device_module(type) is torch_npu.npu``), not by its name: amp names no device
+type but the CPU's (tests/amp/test_device_agnostic.py).
 """
 from __future__ import annotations
 
@@ -22,8 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-
-NPU = "npu"
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,14 @@ def saturation_flag(device_type: Optional[str] = None) -> Optional[OverflowFlag]
 
     ``device_type`` is where the model lives; None when unknown, in which case torch_npu alone
     decides (as in Apex for Ascend, which asks torch_npu whatever the model's device)."""
-    if device_type is not None and device_type != NPU:
-        return None
     torch_npu = sys.modules.get("torch_npu")
-    npu = getattr(torch_npu, "npu", None)
-    if npu is None:
+    if torch_npu is None:
+        return None
+    try:
+        npu = torch_npu.npu  # its device module (torch.npu once torch_npu is imported)
+    except AttributeError:
+        return None
+    if device_type is not None and not _is_torch_npus(device_type, npu):
         return None
     is_support_inf_nan = getattr(getattr(npu, "utils", None), "is_support_inf_nan", None)
     if is_support_inf_nan is not None and is_support_inf_nan():
@@ -67,3 +70,12 @@ def saturation_flag(device_type: Optional[str] = None) -> Optional[OverflowFlag]
             "step would be applied. Install a torch_npu release that matches this torch."
         )
     return OverflowFlag(clear=clear, get=get)
+
+
+def _is_torch_npus(device_type: str, npu: Any) -> bool:
+    """Whether ``device_type`` is the device torch_npu registers: its device module (the one
+    torch.autocast and torch.get_device_module find) is torch_npu's ``npu`` module."""
+    try:
+        return torch.get_device_module(device_type) is npu
+    except (AttributeError, RuntimeError, ValueError):  # no module for that type at all
+        return False
