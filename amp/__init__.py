@@ -23,6 +23,7 @@ from .cast_registry import (
 )
 from .frontend import initialize, load_state_dict, state_dict
 from .handle import scale_loss
+from .legacy_init import disable_casts, init
 from .master import master_params
 from .multi_tensor_apply import multi_tensor_applier
 from .scaler import LossScaler
@@ -34,8 +35,10 @@ from ._amp_state import _amp_state as _amp_state  # noqa: E402  isort: skip
 __all__ = [
     "LossScaler",
     "__version__",
+    "disable_casts",
     "float_function",
     "half_function",
+    "init",
     "initialize",
     "load_state_dict",
     "master_params",

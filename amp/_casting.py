@@ -44,11 +44,26 @@ def _cast_module_tensors(module: nn.Module, dtype: torch.dtype) -> None:
             module._buffers[name] = buf.to(dtype)
 
 
+# torch_npu's batch-norm layers (torch_npu.contrib.module), which Apex for Ascend keeps in
+# float32 too. Known by class name: torch_npu cannot be imported off an NPU machine.
+NPU_BATCHNORMS = frozenset({"FastBatchNorm1d", "FastBatchNorm2d", "FastBatchNorm3d",
+                            "FastSyncBatchNorm"})
+
+
+def is_batchnorm(module: nn.Module) -> bool:
+    """An affine batch-norm layer: torch's, or one of torch_npu's (or a subclass of either)."""
+    if not getattr(module, "affine", False):
+        return False
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return True
+    return any(cls.__name__ in NPU_BATCHNORMS for cls in type(module).__mro__)
+
+
 def convert_network(model: nn.Module, dtype: torch.dtype, keep_batchnorm_fp32: bool) -> None:
     """Cast ``model`` to ``dtype``, leaving affine batch-norm layers in float32 when asked (their
     statistics need the range; torch's batch-norm accepts half input with float32 weights)."""
     for module in model.modules():
-        is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and module.affine
+        is_bn = is_batchnorm(module)
         if keep_batchnorm_fp32 and is_bn:
             _cast_module_tensors(module, torch.float32)
         else:

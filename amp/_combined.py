@@ -178,9 +178,11 @@ class CombinedGrads:
         self.saved, self.masks = [], {}
 
     def still_valid(self) -> bool:
-        """Every combined gradient (and parameter) is still where it was put; else reset."""
+        """Every combined gradient (and parameter) is still where it was put; else reset.
+        Gradients set to None are first taken back into their buffers (``reclaim``)."""
         if not self.valid:
             return False
+        self.reclaim()
         for buf in self.model_grads:
             if not buf.holds([e.model.grad for e in buf.owners], self.check):
                 self.reset()
@@ -196,6 +198,44 @@ class CombinedGrads:
                     self.reset(message=PARAMS_DESTROYED)
                     return False
         return True
+
+    @torch.no_grad()
+    def reclaim(self) -> None:
+        """Put gradients that were set to None back into their buffers, zeroed.
+
+        ``torch.nn.Module.zero_grad()`` sets gradients to None by default (torch >= 2.0). amp
+        makes the initialized model's own ``zero_grad`` zero in place, but a module built
+        around it afterwards -- ``DistributedDataParallel(model)``, in the order ModelZoo's
+        scripts use -- has torch's. A None gradient means zero under combining (Ascend's
+        ``zero_grad`` zeroes in place whatever ``set_to_none`` says), so its slot in the
+        buffer is zeroed and the gradient points at it again: the buffers stay, instead of
+        being combined again after every backward pass. Costs one zero per buffer when all
+        of a buffer's gradients were dropped (the usual case), else one per dropped gradient.
+        """
+        whole = [self._reclaim(b, [e.model for e in b.owners]) for b in self.model_grads]
+        masters = self.master_grads
+        if masters is not None and self._reclaim(masters, [e.param for e in masters.owners]):
+            self.masters_zero = True
+        if whole and all(whole):
+            # Every model gradient was dropped: do what optimizer.zero_grad() would have done.
+            self.zero_masters_()
+            self.saved = []
+            self.dirty = False
+
+    @staticmethod
+    def _reclaim(buf: _Buffer, params: list[Tensor]) -> bool:
+        """Reclaim ``buf``'s dropped gradients; True when every one of them was dropped."""
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        if not missing:
+            return False
+        if len(missing) == len(params):
+            buf.flat.zero_()
+        else:
+            for i in missing:
+                buf.tensors[i].zero_()
+        for i in missing:
+            params[i].grad = buf.tensors[i]
+        return len(missing) == len(params)
 
     # --- what amp does with them --------------------------------------------------------
     def _own_grads(self) -> list[_Buffer]:

@@ -74,7 +74,8 @@ def clip_grad_norm_fused(grads: list[Optional[Tensor]], max_norm: float,
                          norm_type: float = 2.0) -> Tensor:
     """``torch.nn.utils.clip_grad_norm_`` over whole buffers: one norm per buffer (the
     padding is zero, so it adds nothing), the total, one multiply per buffer. Returns the
-    total norm."""
+    total norm. As Ascend's, a NaN norm leaves the gradients alone (its ``clip_coef < 1`` is
+    False for NaN) where torch's would multiply them by NaN; an inf norm zeroes them."""
     flats = [g for g in grads if g is not None]
     max_norm, norm_type = float(max_norm), float(norm_type)
     if math.isnan(norm_type):
@@ -84,7 +85,9 @@ def clip_grad_norm_fused(grads: list[Optional[Tensor]], max_norm: float,
     norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in flats]
     device = norms[0].device
     total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), norm_type)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    coef = max_norm / (total + 1e-6)
+    # Not clamp(max=1): clamp keeps a NaN. where(coef < 1) maps NaN to 1, on the device.
+    coef = torch.where(coef < 1.0, coef, torch.ones_like(coef))
     for g in flats:
         g.mul_(coef.to(g.device))
     return total

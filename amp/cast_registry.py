@@ -104,6 +104,35 @@ class AmpHandle:
         self._wrapped = []
         self._active = False
 
+    @contextlib.contextmanager
+    def _disable_casts(self) -> Iterator[None]:
+        """apex's: no O1 casting inside the block -- autocast off on every device type where
+        it is on (also inside an O1 forward, which entered it), registered functions uncast,
+        O1 forwards started inside run without autocast."""
+        was_active = self._active
+        self._active = False
+        token = _O1_FORWARD.set(None)
+        try:
+            with contextlib.ExitStack() as stack:
+                for device_type in autocast_device_types():
+                    if torch.is_autocast_enabled(device_type):
+                        stack.enter_context(torch.autocast(device_type, enabled=False))
+                yield
+        finally:
+            _O1_FORWARD.reset(token)
+            self._active = was_active
+
+
+def autocast_device_types() -> list[str]:
+    """The device types autocast may be on for here: the CPU and the current accelerator."""
+    types = ["cpu"]
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        current = accelerator.current_accelerator()
+        if current is not None and current.type not in types:
+            types.append(current.type)
+    return types
+
 
 def _register(module: Any, name: str, kind: str) -> None:
     if not hasattr(module, name):
@@ -201,13 +230,19 @@ def handle_for(props: Any, verbose: bool = False) -> AmpHandle:
         return _amp_state.handle
     handle = AmpHandle(active=True, verbose=verbose)
     handle.props = props
+    wrap_registered(handle)
+    _amp_state.handle = handle
+    return handle
+
+
+def wrap_registered(handle: AmpHandle) -> None:
+    """Wrap every registered function in its caster, for ``handle`` to restore; the registry
+    is then empty (apex's: an O1 initialize, or ``amp.init()``, consumes it)."""
     for module, name, kind in _REGISTRY.values():
         original = getattr(module, name)
         setattr(module, name, make_caster(original, kind))
         handle._save_func(module, name, original)
     _REGISTRY.clear()
-    _amp_state.handle = handle
-    return handle
 
 
 @contextlib.contextmanager

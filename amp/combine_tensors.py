@@ -33,10 +33,13 @@ from typing import Optional
 import torch
 
 __all__ = [
+    "change_data_ptr",
     "combine_npu",
+    "flatten",
     "get_aligned_storage_size",
     "get_part_combined_tensor",
     "is_combined_tensor_valid",
+    "unflatten",
 ]
 
 # Ascend's layout: every tensor starts on a 16-element boundary and is followed by 32 elements
@@ -155,3 +158,66 @@ def is_combined_tensor_valid(
         if tensor is None or not start <= tensor.data_ptr() < end:
             return False
     return True
+
+
+# --- the compiled helpers Ascend's code imports as top-level modules -------------------------
+# (``from change_data_ptr import change_data_ptr``, ``import apex_C``: amp/_shim serves both
+# names with these functions.)
+
+
+def change_data_ptr(des: torch.Tensor, src: torch.Tensor, offset: int) -> None:
+    """Apex for Ascend's ``change_data_ptr(des, src, offset)``: ``des`` now lives in ``src``'s
+    storage, from element ``offset`` of it, keeping its shape, strides and storage offset;
+    its values become what is there (nothing is copied). Ascend moves the storage's data
+    pointer in C++, so every tensor sharing ``des``'s old storage moves with it; here ``des``
+    alone is re-pointed (``Tensor.set_``), which also keeps the old storage alive for them."""
+    if not isinstance(des, torch.Tensor) or not isinstance(src, torch.Tensor):
+        raise TypeError("change_data_ptr(des, src, offset) takes two tensors and an int")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"change_data_ptr: offset must be an int >= 0; got {offset!r}")
+    if des.dtype != src.dtype or des.device != src.device:
+        raise ValueError(
+            f"change_data_ptr: des and src must share dtype and device; des is {des.dtype} on "
+            f"{des.device}, src is {src.dtype} on {src.device}"
+        )
+    start = offset + des.storage_offset()
+    available = src.untyped_storage().nbytes() // src.element_size()
+    if start + _storage_span(des) > available:
+        raise RuntimeError(
+            f"change_data_ptr: des needs elements [{start}, {start + _storage_span(des)}) of "
+            f"src's storage, which has {available}"
+        )
+    with torch.no_grad():
+        des.set_(src.untyped_storage(), start, des.shape, des.stride())
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """apex_C's ``flatten``: the tensors' elements one after the other in a new 1-D tensor (one
+    tensor: a view of it when it is contiguous, as apex_C's). No alignment or padding, unlike
+    ``combine_npu``; the tensors keep their own memory."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("apex_C.flatten: expected a non-empty list of tensors")
+    if len(tensors) == 1:
+        return tensors[0].contiguous().view(-1)
+    return torch.cat([t.contiguous().view(-1) for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """apex_C's ``unflatten``: views of ``flat`` shaped like ``tensors``, in order (what
+    ``flatten(tensors)`` laid out); an empty tensor gets a new empty one."""
+    tensors = list(tensors)
+    needed = sum(t.numel() for t in tensors)
+    if flat.dim() != 1 or flat.numel() != needed:
+        raise ValueError(
+            f"apex_C.unflatten: flat must be 1-D with {needed} elements (the tensors' total); "
+            f"got shape {tuple(flat.shape)}"
+        )
+    out, offset = [], 0
+    for tensor in tensors:
+        if tensor.numel() == 0:
+            out.append(torch.empty(0, dtype=flat.dtype, device=flat.device))
+            continue
+        out.append(flat.narrow(0, offset, tensor.numel()).view(tensor.shape))
+        offset += tensor.numel()
+    return out

@@ -19,17 +19,25 @@ value (``None``, or an argument that is not a tensor) is an empty float dataset,
 Every dataset also carries its torch dtype as the attribute ``torch_dtype``: bfloat16, which
 NumPy lacks, is stored as float32 (exactly: bfloat16 values are float32 values).
 
-Differences from Ascend: the backward hook is torch's ``register_full_backward_hook`` (Ascend
-used the deprecated ``register_backward_hook``, whose gradients are those of the module's last
-operation only); messages go to the ``amp`` logger, or to the screen with
-``is_screen_display=True``, instead of always being printed. Needs ``h5py`` (the ``dump`` extra:
-``pip install "ampforge[dump]"``).
+Differences from Ascend: the gradients are those of the whole module, as torch's
+``register_full_backward_hook`` gives them (Ascend used the deprecated ``register_backward_hook``,
+whose gradients are those of the module's last operation only); messages go to the ``amp``
+logger, or to the screen with ``is_screen_display=True``, instead of always being printed.
+Needs ``h5py`` (the ``dump`` extra: ``pip install "ampforge[dump]"``).
+
+The gradients are taken by two identity autograd functions per hooked call (``_Tap``), one on
+the module's inputs and one on its outputs, rather than by a full backward hook: the outputs of
+a full backward hook are views, which torch refuses to let the next layer modify in place
+(``ReLU(inplace=True)`` after ResNet's ``bn1``: "Output 0 of BackwardHookFunctionBackward is a
+view and is being modified inplace"). The taps hand on copies instead, one more copy of each
+hooked child's inputs and outputs while dumping.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -55,6 +63,37 @@ def _as_array(value: Any) -> tuple[Any, str]:
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
     return tensor.numpy(), str(value.dtype)
+
+
+class _Tap(torch.autograd.Function):
+    """Identity that hands the gradients arriving in backward to ``callback``. Its outputs
+    are copies, not views, so the code after a hooked module may modify them in place."""
+
+    @staticmethod
+    def forward(ctx: Any, callback: Callable[[tuple], None], *tensors: torch.Tensor) -> Any:
+        ctx.callback = callback
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Optional[torch.Tensor]) -> Any:
+        ctx.callback(grads)
+        return (None, *grads)
+
+
+@dataclass
+class _Call:
+    """One hooked call's backward: written once its input gradients (if any) have arrived."""
+
+    module: nn.Module
+    grad_input: list[Optional[torch.Tensor]]
+    waits_for_inputs: bool
+    grad_output: Optional[tuple] = None
+    written: bool = field(default=False)
+
+
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 class HookerAndDumper:
@@ -102,8 +141,58 @@ class HookerAndDumper:
             dtype = "None" if value is None else type(value).__name__
         ds.attrs["torch_dtype"] = dtype
 
-    def forward_hook_fn(self, module: nn.Module, inputs: Any, output: Any) -> None:
+    def forward_hook_fn(self, module: nn.Module, inputs: Any, output: Any) -> Any:
         self._write_group(module, [("feat_input", inputs), ("feat_output", output)])
+        call: Optional[_Call] = getattr(module, "_amp_dump_call", None)
+        module._amp_dump_call = None  # type: ignore[assignment]
+        if call is None:
+            return None
+        outputs = output if isinstance(output, tuple) else (output,)
+        tapped = [i for i, o in enumerate(outputs) if _needs_grad(o)]
+        if not tapped:
+            return None
+
+        def on_grad_output(grads: tuple) -> None:
+            full: list[Optional[torch.Tensor]] = [None] * len(outputs)
+            for i, g in zip(tapped, grads):
+                full[i] = g
+            call.grad_output = tuple(full)
+            if not call.waits_for_inputs:
+                self._write_backward(call)
+
+        copies = _Tap.apply(on_grad_output, *(outputs[i] for i in tapped))
+        new = list(outputs)
+        for i, copy in zip(tapped, copies):
+            new[i] = copy
+        return tuple(new) if isinstance(output, tuple) else new[0]
+
+    def _forward_pre_hook(self, module: nn.Module, args: tuple) -> Optional[tuple]:
+        """Tap the inputs that need a gradient, for this call's ``grad_input``."""
+        if not torch.is_grad_enabled():
+            module._amp_dump_call = None  # type: ignore[assignment]
+            return None
+        tapped = [i for i, a in enumerate(args) if _needs_grad(a)]
+        call = _Call(module, [None] * len(args), waits_for_inputs=bool(tapped))
+        module._amp_dump_call = call  # type: ignore[assignment]
+        if not tapped:
+            return None
+
+        def on_grad_input(grads: tuple) -> None:
+            for i, g in zip(tapped, grads):
+                call.grad_input[i] = g
+            self._write_backward(call)
+
+        copies = _Tap.apply(on_grad_input, *(args[i] for i in tapped))
+        new = list(args)
+        for i, copy in zip(tapped, copies):
+            new[i] = copy
+        return tuple(new)
+
+    def _write_backward(self, call: _Call) -> None:
+        if call.written or call.grad_output is None:
+            return
+        call.written = True
+        self.backward_hook_fn(call.module, tuple(call.grad_input), call.grad_output)
 
     def backward_hook_fn(self, module: nn.Module, grad_input: Any, grad_output: Any) -> None:
         # Ascend's order: the gradient arriving (grad_output) first, then the one leaving.
@@ -126,14 +215,17 @@ class HookerAndDumper:
         self.G_WRITE_POINT_COUNT = 0
         self.model = model
         for name, child in model.named_children():
+            self.handles.append(child.register_forward_pre_hook(self._forward_pre_hook))
             self.handles.append(child.register_forward_hook(self.forward_hook_fn))
-            self.handles.append(child.register_full_backward_hook(self.backward_hook_fn))
             self._say(f"dump: hooked {name} ({child._get_name()})")
 
     def remove_hooks(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.model is not None:
+            for child in self.model.children():
+                child.__dict__.pop("_amp_dump_call", None)
         self._say(f"dump: written to {self.file_path}")
 
     def read_h5py_data(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """``amp.initialize`` and amp's own ``state_dict``/``load_state_dict``."""
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import OrderedDict
@@ -268,6 +269,14 @@ def initialize(
             "Currently, combine_grad=True or check_combined_tensors=True should only be set by "
             "selecting opt_level='O1' or opt_level='O2'."
         )
+    if props.combine_ddp and not props.combine_grad:
+        # combine_ddp all-reduces the combined gradient buffers: without combine_grad there
+        # would be none for the plain optimizers, and the ranks would silently drift apart.
+        raise RuntimeError(
+            "Combine_grad should be True when combine_ddp using: pass combine_grad=True "
+            "together with combine_ddp=True (combine_ddp all-reduces the combined gradient "
+            "buffers), or wrap the model in DistributedDataParallel instead."
+        )
     for opt in opt_list:
         if hasattr(opt, "_amp_stash"):
             raise RuntimeError(
@@ -318,10 +327,20 @@ def initialize(
             scale_window=scale_window,
             min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale,
+            device_type=_device_type(model_list),
         )
         for _ in range(num_losses)
     ]
     return _shaped(models, optimizers)
+
+
+def _device_type(models: list[nn.Module]) -> Optional[str]:
+    """Where the models live (their first tensor's device type), for the scalers' overflow
+    mode; None for models without parameters or buffers."""
+    for model in models:
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            return tensor.device.type
+    return None
 
 
 def _shaped(models: Any, optimizers: Any) -> Any:

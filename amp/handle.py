@@ -57,6 +57,11 @@ def scale_loss(
     With ``combine_grad=True`` (or an ``NpuFused*`` optimizer) the exit is one
     unscale-and-check per gradient buffer instead of one per parameter.
 
+    On an Ascend NPU that saturates instead of producing inf/NaN (saturation mode, see
+    ``amp/_overflow_flag.py``) the gradients are always finite: the device's overflow flag is
+    cleared when a step's first block is entered and read when its last exits, and a raised
+    flag counts as found-inf (skip, backoff, agreement across ranks).
+
     Example (runs on CPU)::
 
         >>> import torch, amp
@@ -95,8 +100,14 @@ def scale_loss(
         return
 
     scale = scaler.loss_scale()
+    # A step's first backward pass (not one more accumulated with delay_unscale): in
+    # saturation mode the device's overflow flag starts clear, so that reading it at the
+    # step's last exit covers every backward pass of the step and nothing before them.
+    first_pass = not any(opt._amp_stash.params_have_scaled_gradients for opt in opts)
     for opt in opts:
         prepare_backward(opt)
+    if first_pass:
+        scaler.clear_device_overflow()
     try:
         yield loss.float() * scale
     except BaseException:
@@ -107,9 +118,13 @@ def scale_loss(
         for opt in opts:
             opt._amp_stash.params_have_scaled_gradients = True
         return
+    # Read before the unscale: the flag answers for the backward passes alone.
+    saturated = None if delay_overflow_check else scaler.device_overflow()
     flags = [post_backward(opt, 1.0 / scale) for opt in opts]
     if delay_overflow_check:
         return
+    if saturated is not None:
+        flags.append(saturated)  # one more found-inf: the same skip, backoff and agreement
     found_inf = flags[0] if len(flags) == 1 else torch.stack(
         [f.reshape(1).to(flags[0].device) for f in flags]).amax()
     if scaler.update(any_rank_overflowed(found_inf)):

@@ -14,6 +14,7 @@ from typing import Optional, Union
 import torch
 
 from ._device import collective_device
+from ._overflow_flag import OverflowFlag, saturation_flag
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 # The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
@@ -54,6 +55,11 @@ class LossScaler:
     after ``init_scale`` (its third is ``scale_factor``, its fourth ``scale_window``), so pass
     those by keyword.
 
+    ``device_type`` (keyword only; ``amp.initialize`` passes the model's) picks the overflow
+    mode once: ``"saturation"`` on an Ascend NPU that saturates instead of producing inf/NaN
+    (the device's overflow flag tells an overflow, see amp/_overflow_flag.py), else
+    ``"inf_nan"`` (the gradients' non-finite check does); ``mode`` says which.
+
     Example::
 
         >>> s = LossScaler("dynamic", init_scale=8.0, scale_window=2)
@@ -77,6 +83,7 @@ class LossScaler:
         backoff_factor: Optional[float] = None,
         scale_factor: Optional[float] = None,
         dynamic_init_scale: Optional[float] = None,
+        device_type: Optional[str] = None,
     ) -> None:
         # Apex for Ascend's names and positions (``scale_growth_factor``, ``scale_backoff_factor``
         # third and fourth); as keywords also torch's (``growth_factor``, ``backoff_factor``),
@@ -99,12 +106,63 @@ class LossScaler:
         else:
             self._loss_scale = _f32(float(loss_scale))
         self._unskipped = 0  # clean steps since the last change (GradScaler's growth tracker)
+        # The last step's verdict (apex's attribute: scripts read it, and set it before
+        # calling update_scale() themselves).
+        self._has_overflow = False
+        # Saturation mode (amp/_overflow_flag.py), chosen once: ``device_type`` is the model's
+        # (None: unknown, torch_npu alone decides).
+        self._saturation: Optional[OverflowFlag] = saturation_flag(device_type)
 
     def loss_scale(self) -> float:
         return self._loss_scale
 
+    # --- apex's and Ascend's attribute names, which training scripts use -----------------
+    @property
+    def _scale_seq_len(self) -> int:
+        """apex's name for ``scale_window`` (GAN scripts set it, e.g. to 50)."""
+        return self._scale_window
+
+    @_scale_seq_len.setter
+    def _scale_seq_len(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"LossScaler._scale_seq_len must be an int >= 1; got {value!r}")
+        self._scale_window = value
+
+    @property
+    def _is_support_inf_nan(self) -> bool:
+        """Ascend's attribute: False when the device saturates (saturation mode)."""
+        return self._saturation is None
+
+    def update_scale(self) -> bool:
+        """apex's form of ``update``: the verdict is ``self._has_overflow``."""
+        return self.update(self._has_overflow)
+
+    def clear_overflow_state(self) -> None:
+        self._has_overflow = False
+
+    # --- saturation mode ----------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``"saturation"`` when the device's overflow flag tells overflows (the device
+        saturates instead of producing inf/NaN), else ``"inf_nan"``."""
+        return "inf_nan" if self._saturation is None else "saturation"
+
+    def clear_device_overflow(self) -> None:
+        """Saturation mode, dynamic scale: clear the device's overflow flag before a step's
+        backward pass (a static scale never skips, so it never reads the flag, as Ascend)."""
+        if self._saturation is not None and self.dynamic:
+            self._saturation.clear()
+
+    def device_overflow(self) -> Optional[torch.Tensor]:
+        """Saturation mode, dynamic scale: the device's overflow flag after the backward pass
+        (a 0/1 float tensor, combined with the gradients' found-inf); None otherwise."""
+        if self._saturation is None or not self.dynamic:
+            return None
+        return self._saturation.read()
+
     def update(self, found_inf: bool) -> bool:
         """Advance the schedule after one backward pass; True means: skip this step."""
+        self._has_overflow = bool(found_inf) and self.dynamic
         if not self.dynamic:
             return False
         if found_inf:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
@@ -100,3 +101,66 @@ def test_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "h5py", None)  # as if the dump extra were not installed
     with pytest.raises(ImportError, match=r'pip install "ampforge\[dump\]"'):
         HookerAndDumper(str(tmp_path)).register_hooks(Net(), 0, 0)
+
+
+class ResNetStem(torch.nn.Module):
+    """ResNet's first layers: ``bn1`` is followed by ``ReLU(inplace=True)``, which modifies
+    bn1's output in place (torch's full backward hooks refuse that)."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(4)
+        self.relu = torch.nn.ReLU(inplace=inplace)
+        self.fc = torch.nn.Linear(4 * 5 * 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.relu(self.bn1(self.conv1(x))).flatten(1))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # the reference's conv1
+def test_a_module_followed_by_an_inplace_relu_is_dumped(tmp_path: Path):
+    x = torch.randn(2, 3, 5, 5)
+    # What the gradients should be: torch's full backward hooks, on the same model with an
+    # out-of-place ReLU (the same values; only the in-place one makes those hooks raise).
+    want: dict[str, tuple] = {}
+
+    def record(name: str) -> Any:
+        def hook(module: torch.nn.Module, grad_input: tuple, grad_output: tuple) -> None:
+            want[name] = (grad_input, grad_output)
+        return hook
+
+    ref = ResNetStem(inplace=False)
+    for name, child in ref.named_children():
+        child.register_full_backward_hook(record(name))
+    ref(x).sum().backward()
+
+    model = ResNetStem()
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        plain = ResNetStem()
+        plain.bn1.register_full_backward_hook(lambda m, gi, go: None)
+        plain(x).sum().backward()
+    dumper = HookerAndDumper(file_path=str(tmp_path / "stem_"))
+    dumper.register_hooks(model, epoch=0, step=0)
+    model(x).sum().backward()
+    dumper.remove_hooks()
+    data = dumper.read_h5py_data()
+    # Forward groups 0-3 (conv1, bn1, relu, fc), then backward in gradient order.
+    assert sorted({k.split("/")[0] for k in data}) == [
+        "0000_Conv2d", "0001_BatchNorm2d", "0002_ReLU", "0003_Linear",
+        "0004_Linear", "0005_ReLU", "0006_BatchNorm2d", "0007_Conv2d"]
+    for group, name in (("0004_Linear", "fc"), ("0005_ReLU", "relu"),
+                        ("0006_BatchNorm2d", "bn1"), ("0007_Conv2d", "conv1")):
+        grad_input, grad_output = want[name]
+        torch.testing.assert_close(torch.from_numpy(data[f"{group}/grad_output0"]),
+                                   grad_output[0])
+        if grad_input[0] is None:
+            assert data[f"{group}/grad_input0"].shape == (0,)
+        else:
+            torch.testing.assert_close(torch.from_numpy(data[f"{group}/grad_input0"]),
+                                       grad_input[0])
+    # The dump changes nothing in the step itself.
+    for got, ref_param in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.grad, ref_param.grad)
+    assert "_amp_dump_call" not in vars(model.bn1)  # remove_hooks leaves nothing behind

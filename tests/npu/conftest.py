@@ -14,15 +14,20 @@ torch allows that once per process, so it is never undone.
 """
 from __future__ import annotations
 
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
+import npu_module
 import pytest
 import torch
+import torch_npu_standin
 from npu_device import Installed, install
 
-_FIXTURES = ("npu_backend", "npu")
+_FIXTURES = ("npu_backend", "npu", "torch_npu", "saturating_npu")
 _installed: Optional[Installed] = None
 _failure: Optional[BaseException] = None
 
@@ -63,6 +68,27 @@ def npu_backend() -> Installed:
 @pytest.fixture(scope="session")
 def npu(npu_backend: Installed) -> torch.device:
     return torch.device("npu", 0)
+
+
+@pytest.fixture
+def torch_npu(npu: torch.device, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """``import torch_npu`` finds the device's stand-in (torch_npu_standin.py) during the test:
+    amp then asks it which overflow mode the device runs in. The device itself is in inf/NaN
+    mode unless the test (or ``saturating_npu``) switches saturation on."""
+    module = torch_npu_standin.make()
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    yield module
+    npu_module.set_saturation_mode(False)
+    npu_module.clear_npu_overflow_flag()
+
+
+@pytest.fixture
+def saturating_npu(torch_npu: ModuleType, npu: torch.device) -> torch.device:
+    """The npu device in saturation mode (fp16 overflow gives +-65504 and raises the device's
+    overflow flag), with torch_npu saying so; back to inf/NaN mode after the test."""
+    npu_module.set_saturation_mode(True)
+    npu_module.clear_npu_overflow_flag()
+    return npu
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

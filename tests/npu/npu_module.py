@@ -141,3 +141,35 @@ def memory_allocated(device: DeviceLike = None) -> int:
     """Bytes held by live npu tensors (all devices: the test device has one host pool)."""
     _index(device)
     return int(_c().live_bytes())
+
+
+# --- saturation mode (device/npu_device.cpp) -----------------------------------------------
+# Where torch_npu has them: torch_npu.npu.utils.is_support_inf_nan, and
+# torch_npu.npu.clear_npu_overflow_flag / get_npu_overflow_flag (torch_npu_standin.py makes a
+# `torch_npu` whose `npu` is this module).
+
+
+def set_saturation_mode(on: bool) -> None:
+    """The test device's own switch (torch_npu has none: the hardware decides). On: fp16
+    overflow saturates to +-65504 (every float type to its largest value, NaN to 0) and
+    raises the overflow flag, as on Ascend hardware without inf/NaN support."""
+    _c().set_saturation_mode(bool(on))
+
+
+def is_support_inf_nan() -> bool:
+    return not bool(_c().saturation_mode())
+
+
+def get_npu_overflow_flag() -> bool:
+    return bool(_c().overflow_flag())
+
+
+def clear_npu_overflow_flag() -> None:
+    _c().clear_overflow_flag()
+
+
+# torch_npu.npu.utils: the submodule torch_npu keeps is_support_inf_nan in.
+utils = ModuleType(f"{__name__}.utils")
+utils.is_support_inf_nan = is_support_inf_nan  # type: ignore[attr-defined]
+utils.get_npu_overflow_flag = get_npu_overflow_flag  # type: ignore[attr-defined]
+utils.clear_npu_overflow_flag = clear_npu_overflow_flag  # type: ignore[attr-defined]

@@ -92,3 +92,16 @@ def test_dump_of_a_step_on_npu_matches_the_cpu(npu, tmp_path: Path):
     for key in cpu:
         torch.testing.assert_close(torch.from_numpy(dev[key]), torch.from_numpy(cpu[key]),
                                    rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_old_o1_api_casts_with_the_accelerators_lists(npu: torch.device) -> None:
+    """``amp.init()`` (apex's old O1 API) enters autocast on the current accelerator too; there
+    torch uses CUDA's op lists, which apex's own tests expect: linear half, softmax float."""
+    handle = amp.init()
+    x = torch.randn(4, 8, device=npu)
+    assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float16
+    assert torch.softmax(x.half(), dim=1).dtype == torch.float32
+    with amp.disable_casts():
+        assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float32
+    handle._deactivate()
+    assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float32

@@ -32,6 +32,7 @@ ALIASES = {
     "apex.contrib.combine_tensors": "amp.combine_tensors",
     "apex.dump": "amp.dump",
     "apex.multi_tensor_apply": "amp.multi_tensor_apply",
+    "apex.normalization": "amp.normalization",
 }
 
 

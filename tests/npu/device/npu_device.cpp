@@ -21,7 +21,9 @@
 // No <torch/extension.h> and no pybind11: parsing them alone costs most of a minute on
 // CI's two cores. The few entry points Python needs are custom ops (torch.ops.ampforge_npu).
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -38,8 +40,10 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <memory>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
 
 namespace {
 
@@ -54,6 +58,15 @@ thread_local c10::DeviceIndex current_device = 0;
 // Live bytes and op counters, read by the tests to prove that a path was really taken.
 std::atomic<int64_t> live_bytes{0};
 std::atomic<int64_t> fallback_calls{0};
+
+// Saturation mode, as on Ascend hardware whose float arithmetic saturates (torch_npu's
+// is_support_inf_nan() is False there): off by default. When on, every floating-point result
+// an op writes on the device that is not finite is replaced -- +-inf by the largest finite
+// value of its sign (+-65504 in fp16), NaN by 0 -- and the device's overflow flag is raised;
+// only clearing it lowers it. One flag for the whole process (both devices): the tests read
+// it from one thread after the backward pass, as torch_npu's get_npu_overflow_flag() does.
+std::atomic<bool> saturation_mode{false};
+std::atomic<bool> overflow_flag{false};
 
 void check_index(c10::DeviceIndex index) {
   TORCH_CHECK(index >= 0 && index < kDeviceCount, "npu: invalid device index ", int(index),
@@ -225,6 +238,43 @@ at::Tensor host_alias(const at::Tensor& t) {
                        t.options().device(c10::kCPU));
 }
 
+// ---------------------------------------------------------------- saturation
+// Saturates a device tensor the device has just written (see saturation_mode above). The
+// work is done on a host alias, by CPU kernels: nothing here re-enters the npu dispatcher.
+void saturate(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNpu || t.numel() == 0) {
+    return;
+  }
+  const auto dtype = t.scalar_type();
+  if (dtype != at::kHalf && dtype != at::kBFloat16 && dtype != at::kFloat &&
+      dtype != at::kDouble) {
+    return;
+  }
+  at::Tensor host = host_alias(t);
+  if (host.isfinite().all().item<bool>()) {
+    return;
+  }
+  overflow_flag = true;
+  if (at::has_internal_overlap(host) == at::MemOverlap::Yes) {
+    return;  // an expanded tensor: its elements cannot be written one by one
+  }
+  double top = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "npu_saturate", [&] {
+    top = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  });
+  host.nan_to_num_(0.0, top, -top);
+}
+
+void collect_tensors(const c10::IValue& value, std::vector<at::Tensor>& out) {
+  if (value.isTensor()) {
+    out.push_back(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) {
+      out.push_back(t);
+    }
+  }
+}
+
 at::Tensor npu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   // `self` is the source (the schema's naming): copy_ calls _copy_from(src, dst).
   TORCH_CHECK(self.device().type() == kNpu || self.is_cpu(), "npu: cannot copy from ",
@@ -234,6 +284,10 @@ at::Tensor npu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*n
     return dst;
   }
   host_alias(dst).copy_(host_alias(self));
+  // A conversion can overflow (an fp32 value beyond fp16's range); a plain copy cannot.
+  if (saturation_mode && self.scalar_type() != dst.scalar_type()) {
+    saturate(dst);
+  }
   return dst;
 }
 
@@ -284,9 +338,13 @@ at::Tensor npu_convolution(const at::Tensor& input, const at::Tensor& weight,
   if (bias.has_value() && bias->defined()) {
     cpu_bias = bias->cpu();
   }
-  return at::convolution(input.cpu(), weight.cpu(), cpu_bias, stride, padding, dilation,
-                         transposed, output_padding, groups)
-      .to(input.device());
+  auto out = at::convolution(input.cpu(), weight.cpu(), cpu_bias, stride, padding, dilation,
+                             transposed, output_padding, groups)
+                 .to(input.device());
+  if (saturation_mode) {
+    saturate(out);
+  }
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> npu_convolution_backward(
@@ -297,14 +355,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> npu_convolution_backward(
   auto [gi, gw, gb] = at::convolution_backward(
       grad_output.cpu(), input.cpu(), weight.cpu(), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
-  auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+  auto back = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      return t;
+    }
+    auto moved = t.to(input.device());
+    if (saturation_mode) {
+      saturate(moved);
+    }
+    return moved;
+  };
   return {back(gi), back(gw), back(gb)};
 }
 
 // ---------------------------------------------------------------- fallback
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   ++fallback_calls;
+  if (!saturation_mode) {
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  // What the op writes: its mutable arguments (in-place and out= ops, _foreach_*_ lists),
+  // taken before the fallback consumes the arguments, and its results.
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  std::vector<at::Tensor> written;
+  const size_t first_arg = stack->size() - arguments.size();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      collect_tensors((*stack)[first_arg + i], written);
+    }
+  }
   at::native::cpu_fallback(op, stack);
+  const size_t returns = schema.returns().size();
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    collect_tensors((*stack)[i], written);
+  }
+  for (const auto& t : written) {
+    saturate(t);
+  }
 }
 
 // Ops that CPU implements directly but that also have a generic "structured" kernel
@@ -425,6 +515,10 @@ void op_set_device(int64_t index) {
 }
 int64_t op_live_bytes() { return live_bytes.load(); }
 int64_t op_fallback_calls() { return fallback_calls.load(); }
+void op_set_saturation_mode(bool on) { saturation_mode = on; }
+bool op_saturation_mode() { return saturation_mode.load(); }
+bool op_overflow_flag() { return overflow_flag.load(); }
+void op_clear_overflow_flag() { overflow_flag = false; }
 }  // namespace
 
 TORCH_LIBRARY(ampforge_npu, m) {
@@ -437,4 +531,9 @@ TORCH_LIBRARY(ampforge_npu, m) {
   m.def("live_bytes() -> int", &op_live_bytes);
   // How many ops have run through the CPU fallback so far.
   m.def("fallback_calls() -> int", &op_fallback_calls);
+  // Saturation mode and the device's overflow flag (see saturation_mode above).
+  m.def("set_saturation_mode(bool on) -> ()", &op_set_saturation_mode);
+  m.def("saturation_mode() -> bool", &op_saturation_mode);
+  m.def("overflow_flag() -> bool", &op_overflow_flag);
+  m.def("clear_overflow_flag() -> ()", &op_clear_overflow_flag);
 }
