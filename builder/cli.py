@@ -26,7 +26,8 @@ from builder import __version__, signals
 from builder.config import CliOverrides, Settings, load_settings
 from builder.config.load import BACKENDS, PULL_POLICIES
 from builder.config.proxy import proxies_from_env
-from builder.errors import BuilderError
+from builder.errors import BuilderError, ConfigError
+from builder.pathargs import check_path_arguments, shown
 from builder.redact import Redactor
 from builder.signals import terminate_as_interrupt
 
@@ -272,6 +273,18 @@ def _prog_name() -> str:
     return script if script.startswith("ampforge-build") else "python -m builder"
 
 
+def option_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """argparse dest -> how *command*'s option is spelled in messages (its first long option,
+    or a positional argument's metavar)."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            for a in action.choices[command]._actions:
+                longs = [o for o in a.option_strings if o.startswith("--")]
+                names[a.dest] = longs[0] if longs else str(a.metavar or a.dest)
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=_prog_name(),
@@ -314,6 +327,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     for note in getattr(args, "usage_notes", ()):
         output.err(f"note: {note}")
     try:
+        check_path_arguments(args.command, args, option_names(parser, args.command))
+    except ConfigError as exc:
+        output.err(f"error: {exc.message}")
+        return exc.return_code
+    try:
         # SIGTERM/SIGHUP (kill, timeout, a CI cancel) clean up as Ctrl-C does (builder.signals).
         with terminate_as_interrupt():
             return int(args.handler(args, Context(output=output, env=env)))
@@ -328,6 +346,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # A file-system error no step turned into a message of its own (a path that changed
+        # under the build, a permission denied deep in a step): one line naming the file, not
+        # a traceback.
+        where = f" ({shown(exc.filename)})" if isinstance(exc.filename, str) else ""
+        output.err(f"error: {exc.strerror or exc}{where}")
+        return 1
 
 
 def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Context) -> Settings:

@@ -428,7 +428,7 @@ CLI_CASES = [
         "config-missing",
         ["--config", "/nonexistent/m.yaml"],
         {},
-        "/nonexistent/m.yaml: file not found; expected a YAML configuration file",
+        "command line --config: /nonexistent/m.yaml does not exist; expected an existing file",
     ),
 ]
 

@@ -256,7 +256,8 @@ def test_command_checks_the_manifest_and_prints_the_url(
 def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nowhere"
     assert main(["index", str(missing), "--out", str(tmp_path / "o")], env={}) == 2
-    assert f"{missing}: no such directory" in capsys.readouterr().err
+    assert f"DIST: {missing} does not exist; expected an existing folder" in \
+        capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["index", str(empty), "--out", str(tmp_path / "o")], env={}) == 2

@@ -225,7 +225,8 @@ def test_each_wheel_is_checked_against_its_manifest_and_its_resolved_record(
     rc, out = _merge(bare, "--out", release)
     assert rc == 2 and f"{bare}: no manifest.json" in out, out
     rc, out = _merge(tmp_path / "missing", "--out", release)
-    assert rc == 2 and "no such directory" in out, out
+    assert rc == 2 and f"{tmp_path / 'missing'} does not exist; expected an existing folder" \
+        in out, out
     assert not release.exists()
 
 

@@ -71,7 +71,7 @@ def test_missing_base_image_names_it_and_the_ways_out(tmp_path: Path) -> None:
 
 def test_bad_usage_exits_2(tmp_path: Path) -> None:
     r = run_build(tmp_path, "--backend", "host", "--wheelhouse", str(tmp_path / "nope"))
-    assert r.rc == 2 and "wheelhouse" in r.err and "is not a directory" in r.err
+    assert r.rc == 2 and "command line --find-links:" in r.err and "does not exist" in r.err
     r = run_build(tmp_path, BUILDER_BACKEND="podman")
     assert r.rc == 2 and "environment BUILDER_BACKEND: unknown backend 'podman'" in r.err
 
