@@ -13,6 +13,7 @@ from pathlib import Path
 
 from builder.errors import ConfigError, StepFailed
 from builder.release.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from builder.wheel.untrusted import release_problems
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,15 @@ def dist_wheels(dist: Path) -> DistWheels:
     if not wheels:
         raise ConfigError(f"{dist}: no *.whl files in it; nothing to release "
                           f"(build some with `make wheel OUT={dist}`)")
+    # Wheels from elsewhere (CI runners' artifacts, a folder copied in): refused before
+    # anything is written from them, naming the file and the entry.
+    hostile = {w.name: release_problems(w) for w in wheels}
+    hostile = {name: why for name, why in hostile.items() if why}
+    if hostile:
+        raise StepFailed(
+            f"{dist}: {len(hostile)} wheel(s) refused before anything was written:\n  "
+            + "\n  ".join(f"{name}: {line}" for name, why in sorted(hostile.items())
+                           for line in why[:5]))
     sha = {w.name: sha256_file(w) for w in wheels}
     if not (dist / MANIFEST_NAME).exists():
         return DistWheels(dist, wheels, sha, checked=False, notes=(

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
+from builder.wheel.untrusted import member_problems
+
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 _LOCAL_SIGNATURE = b"PK\x03\x04"
 
@@ -26,6 +28,10 @@ def wheel_problem(path: Path) -> Optional[str]:
     size = path.stat().st_size
     try:
         with zipfile.ZipFile(path) as zf:
+            unsafe = member_problems(zf)
+            if unsafe:  # builder.wheel.untrusted: '..', absolute names, symlinks, zip bombs
+                return "; ".join(unsafe[:3]) + (f"; and {len(unsafe) - 3} more"
+                                                 if len(unsafe) > 3 else "")
             members = zf.infolist()
             with path.open("rb") as fh:
                 for m in members:

@@ -268,7 +268,7 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
     (broken / "junk-1.0-py3-none-any.whl").write_bytes(b"not a zip")
     assert main(["index", str(broken), "--out", str(tmp_path / "o")], env={}) == 1
     err = capsys.readouterr().err
-    assert "junk-1.0-py3-none-any.whl: cannot read it as a wheel" in err
+    assert "junk-1.0-py3-none-any.whl: not a readable zip" in err
     assert not (tmp_path / "o" / "simple").exists()
 
 
