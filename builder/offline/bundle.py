@@ -22,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable, Optional
 
 # One atomic-write routine for every file the builder publishes (builder.release.manifest's).
@@ -149,13 +150,18 @@ def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) 
     bad = []
     for f in bundle.files:
         path = bundle.root / f.path
-        if not path.is_file():
+        outside = _outside_problem(bundle.root, f.path)
+        if outside is not None:
+            bad.append(f"bundle.json lists {f.path!r}: {outside}")
+        elif not path.is_file():
             bad.append(f"{path} is missing")
         elif path.stat().st_size != f.size:
             bad.append(f"{path} has {path.stat().st_size} bytes, bundle.json says {f.size}")
         elif sha256_file(path) != f.sha256:
             bad.append(f"{path} does not match its sha256 in bundle.json (corrupted or altered)")
     listed = {f.path for f in bundle.files}
+    bad += [f"image {i.ref}: its file {i.file!r} is not a listed file of bundle.json"
+            for i in bundle.images if i.file not in listed]
     for folder in (bundle.wheels, bundle.builder_wheels):
         for extra in sorted(folder.glob("*.whl")) if folder.is_dir() else ():
             if f"{folder.name}/{extra.name}" not in listed:
@@ -165,6 +171,37 @@ def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) 
         raise ConfigError("offline bundle failed verification:\n  " + "\n  ".join(bad),
                           key="--bundle")
     say(f"verified {len(bundle.files)} files (sha256) in {bundle.root}")
+
+
+#: The folders of a bundle its listed files may be in.
+_BUNDLE_FOLDERS = (WHEELS_DIR, BUILDER_WHEELS_DIR, IMAGES_DIR)
+
+
+def _outside_problem(root: Path, rel: str) -> Optional[str]:
+    """Why the listed path *rel* is not a plain file of the bundle at *root* (None: it is).
+
+    A bundle arrives from another machine: a listed path that climbs out of it, a symlink or
+    a hard link (whose content another name can change after the sha256 was checked), a device
+    or a FIFO would make the builder read, or pip install, something the bundle never held."""
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or ".." in parts or "\\" in rel:
+        return "not a path inside the bundle"
+    if len(parts) != 2 or parts[0] not in _BUNDLE_FOLDERS:
+        return f"expected a file directly in one of {', '.join(_BUNDLE_FOLDERS)}/"
+    folder, path = root / parts[0], root / rel
+    for link in (folder, path):
+        if link.is_symlink():
+            return f"{link} is a symbolic link (copy the bundle with its files, not links)"
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None  # reported as missing
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_nlink > 1:
+        return (f"{path} is a hard link ({st.st_nlink} names): copy the bundle with its files "
+                "(cp -r), not links")
+    return None
 
 
 def begin_fetch(root: Path) -> dict[str, str]:

@@ -8,8 +8,10 @@ in test_airgapped.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -202,6 +204,49 @@ def test_damaged_bundle_names_the_file(tmp_path: Path, damage: str):
     with pytest.raises(ConfigError) as info:
         verify_bundle(read_bundle(tmp_path))
     assert expect in info.value.message and info.value.return_code == 2
+
+
+@pytest.mark.promise(
+    promise="a bundle from another machine is read only inside itself",
+    fault="bundle.json listing a path that climbs out of the bundle (with that file's true "
+          "sha256), a wheel that is a symlink or a hard link to a file outside, a FIFO, an "
+          "image whose tarball is not a listed file",
+    result="exit 2 naming the entry; nothing read from outside the bundle, nothing built")
+@pytest.mark.parametrize("hostile", ["traversal", "absolute", "symlink", "hardlink", "fifo",
+                                     "image"])
+def test_a_bundle_that_points_outside_itself_is_refused(tmp_path: Path, hostile: str):
+    root = tmp_path / "B"
+    small_bundle(root)
+    doc = json.loads((root / "bundle.json").read_text())
+    outside = make_wheel(tmp_path / "elsewhere", "evil-1.0-py3-none-any.whl")
+    sha = hashlib.sha256(outside.read_bytes()).hexdigest()
+    entry = {"path": "", "sha256": sha, "size": outside.stat().st_size, "cells": ["c1"]}
+    target = root / WHEELS_DIR / "sympy-1.14.0-py3-none-any.whl"
+    if hostile in ("traversal", "absolute"):
+        entry["path"] = ("wheels/../../elsewhere/" + outside.name if hostile == "traversal"
+                         else str(outside))
+        doc["files"].append(entry)
+        expect = f"bundle.json lists {entry['path']!r}: not a path inside the bundle"
+    elif hostile in ("symlink", "hardlink", "fifo"):
+        shutil.copy2(target, outside)  # the same bytes: its sha256 still matches
+        target.unlink()
+        if hostile == "symlink":
+            target.symlink_to(outside)
+            expect = f"{target} is a symbolic link"
+        elif hostile == "hardlink":
+            os.link(outside, target)
+            expect = f"{target} is a hard link (2 names)"
+        else:
+            os.mkfifo(target)
+            expect = f"{target} is not a regular file"
+    else:
+        doc["images"].append({"ref": "evil:1", "image_id": "sha256:0", "file": "../evil.tar",
+                              "arch": "X86", "cells": ["c1"]})
+        expect = "image evil:1: its file '../evil.tar' is not a listed file of bundle.json"
+    (root / "bundle.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as info:
+        verify_bundle(read_bundle(root))
+    assert expect in info.value.message and info.value.return_code == 2, info.value.message
 
 
 def test_refetch_removes_bundle_json_first(tmp_path: Path):
