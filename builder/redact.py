@@ -8,13 +8,17 @@ environment), so a secret that reaches a log line in another shape is still hidd
 from __future__ import annotations
 
 import re
+from urllib.parse import quote, unquote
 from collections.abc import Iterable
 
 MASK = "***"
 
-# scheme://user:password@  -- the password is whatever sits between ':' and the last '@'
-# before the host part; it may itself contain ':' (but not '/', '@' or whitespace).
-_URL_CREDENTIALS = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^/@\s]+)@")
+# scheme://user:password@  -- the password is whatever sits between the user's ':' and the
+# last '@' of the same word: a password typed without percent-encoding may hold ':', '/' and
+# '@' itself (pip and curl take the last '@' as the end of the credentials too), so masking
+# stops only at whitespace; a URL with an '@' in its path is masked too far, never too short.
+_URL_CREDENTIALS = re.compile(
+    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>\S+)@(?=[^@\s]*(?:\s|$))")
 
 
 def redact_url_credentials(text: str) -> str:
@@ -42,7 +46,10 @@ class Redactor:
         # builder, pip and curl: its password is a secret all the same.
         m = _URL_CREDENTIALS.search(url if "://" in url else f"http://{url}")
         if m:
-            self.add_secret(m.group("pw"))
+            password = m.group("pw")
+            # As typed, and as tools print it: percent-decoded (pip's messages) or encoded.
+            for form in {password, unquote(password), quote(unquote(password), safe="")}:
+                self.add_secret(form)
 
     def __call__(self, text: str) -> str:
         text = redact_url_credentials(text)

@@ -161,10 +161,17 @@ def proxy_url(value: str) -> str:
         raise ValueError(
             "proxy URL has no supported scheme; expected http://, https://, socks5:// or socks5h://"
         )
+    rest = value.split("://", 1)[1]
+    if "/" in rest.rpartition("@")[0]:
+        # user:pa/ss@host -- a '/' ends the authority, so the host would be "user" and the
+        # rest a path: pip and curl would send the password elsewhere (or in the clear).
+        raise ValueError("proxy URL has a '/' in its user or password; expected it "
+                         "percent-encoded (%2F for '/', %40 for '@', %3A for ':')")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ValueError("proxy URL has an invalid port; expected scheme://host:port") from None
+        raise ValueError("proxy URL has an invalid port; expected scheme://host:port (a "
+                         "password holding '/', '@' or ':' must be percent-encoded)") from None
     if not parts.hostname:
         raise ValueError("proxy URL has no host; expected scheme://host:port")
     return value

@@ -121,11 +121,12 @@ def test_find_links_is_the_input_wheel_folder_and_wheelhouse_its_old_name(tmp_pa
     missing = tmp_path / "nope"
     r = builder("build", "--backend", "host", "--find-links", str(missing), cwd=tmp_path)
     assert r.returncode == 2
-    assert f"--find-links: wheelhouse {missing} is not a directory" in r.stderr
+    assert f"command line --find-links: {missing} does not exist; expected an existing " \
+        "folder" in r.stderr
     assert "note:" not in r.stderr
     old = builder("build", "--backend", "host", "--wheelhouse", str(missing), cwd=tmp_path)
     assert old.returncode == 2
-    assert f"--find-links: wheelhouse {missing} is not a directory" in old.stderr
+    assert f"command line --find-links: {missing} does not exist" in old.stderr
     assert "note: --wheelhouse is now --find-links; the old name still works" in old.stderr
     assert not (tmp_path / "dist").exists()
 
