@@ -8,8 +8,8 @@ environment), so a secret that reaches a log line in another shape is still hidd
 from __future__ import annotations
 
 import re
-from urllib.parse import quote, unquote
 from collections.abc import Iterable
+from urllib.parse import quote, unquote
 
 MASK = "***"
 
