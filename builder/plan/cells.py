@@ -99,7 +99,8 @@ class Cell:
             "python": self.python,
             "cp": self.cp,
             "torch": self.torch,
-            "cuda": self.cuda,
+            # only a CUDA cell's (a cpu cell's record, hence its input key, stays as it was)
+            **({"cuda": self.cuda} if self.cuda != CPU else {}),
             "base_image": self.image.ref,
             "family": self.image.family,
             "plat": self.plat,
