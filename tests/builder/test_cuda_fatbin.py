@@ -24,12 +24,12 @@ from enginelib import missing
 
 from builder.cache import cache_root, content_key, ensure_entry
 from builder.config import DEFAULT_CONFIG
+from builder.config.cuda import parse_arch_list
 from builder.config.load import load_settings
 from builder.config.model import CliOverrides
 from builder.engines.host import HostEngine
 from builder.errors import StepFailed
 from builder.plan.cudacell import CUDA_EXCLUDES, CudaRecord
-from builder.config.cuda import parse_arch_list
 from builder.wheel.cudacheck import check_device_code
 from builder.wheel.fatbin import FatbinError, device_code, parse_containers
 from builder.wheel.repair import DEFAULT_EXCLUDES, host_auditwheel, repair_wheel
@@ -39,7 +39,9 @@ __global__ void add_{n}(float* x, float a, int n) {{
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] += a;
 }}
-extern "C" void launch_{n}(float* x, float a, int n) {{ add_{n}<<<(n + 255) / 256, 256>>>(x, a, n); }}
+extern "C" void launch_{n}(float* x, float a, int n) {{
+  add_{n}<<<(n + 255) / 256, 256>>>(x, a, n);
+}}
 """
 
 
