@@ -181,6 +181,8 @@ TORCHSORT_CUDA_TEST = (
 
 
 @pytest.mark.slow
+@pytest.mark.cuda_build
+@pytest.mark.timeout(3600)
 def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) -> None:
     """Measured on this project's 2-CPU machine: the CUDA torch environment (torch 2.14.1 and
     its nvidia-* packages, 3.0 GB, from a local mirror) 42 s, the toolkit 4 s, the compile of
