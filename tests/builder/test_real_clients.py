@@ -205,4 +205,7 @@ def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) ->
     assert entry["extra"]["resolved"]["cuda"]["version"] == "13.0"
     log = (tmp_path / "work" / "logs" / f"{CUDA_CELL}.log").read_text()
     assert "torchsort cuda import ok" in log
-    assert "/nvidia/cu13/bin/nvcc" in log  # the index's nvcc, from CUDA_HOME
+    # No nvcc on the build's PATH but the toolkit's (CUDA_HOME's, from the index's wheels): the
+    # device code above is that nvcc's.
+    assert shutil.which("nvcc", path=_without_nvcc(os.environ["PATH"])) is None
+    assert "nvidia-cuda-nvcc==13.0.88" in entry["extra"]["resolved"]["cuda"]["toolkit"][0]
