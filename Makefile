@@ -20,6 +20,8 @@ TEST_WORKERS ?= 2
 # precedence (defaults < config < environment < command line) decides.
 ARCH ?=
 PY ?=
+# the cuda axis (cpu or a CUDA version such as 13.0; docs/cuda-wheels.md)
+CUDA ?=
 BACKEND ?=
 CONFIG ?=
 JOBS ?=
@@ -41,7 +43,7 @@ help:
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
 	@echo "make bench-matrix [BEFORE=REV]   a whole matrix, the project at REV against now, side by side"
 	@echo "make demo [DEMO_ARGS=]      loss and memory, fp32 vs amp O1/O2: tables + build/amp_demo.png"
-	@echo "make wheel [ARCH= PY= TORCH= BACKEND= CONFIG= PROJECT=]   repaired, verified wheel(s) in dist/"
+	@echo "make wheel [ARCH= PY= TORCH= CUDA= BACKEND= CONFIG= PROJECT=]   repaired, verified wheel(s) in dist/"
 	@echo "make matrix [CONFIG= JOBS= PARALLEL=]   every cell of the build matrix (PARALLEL cells at once, JOBS compile jobs each)"
 	@echo "make dockerfiles [CONFIG=]  render every cell's Dockerfile"
 	@echo "make fetch BUNDLE=DIR [ARCH= PY= TORCH= BASE_IMAGE=]   offline bundle (wheels + images)"
@@ -181,7 +183,7 @@ distclean: clean
 
 # --- builder: plan and render (builder/commands/) ------------------------------
 # The front-door variables become flags (the command line, the top layer of the builder's
-# precedence): ARCH -> --arch, PY -> --python, TORCH -> --torch, JOBS -> --jobs, OFFLINE=1 ->
+# precedence): ARCH -> --arch, PY -> --python, TORCH -> --torch, CUDA -> --cuda, JOBS -> --jobs, OFFLINE=1 ->
 # --offline, BACKEND, BASE_IMAGE, BUNDLE, NETWORK, PULL likewise. The builder itself reads only
 # namespaced variables (BUILDER_ARCH, ...), so a shell's own ARCH (conda-forge sets ARCH=64)
 # never steers it unless given to make.
@@ -193,7 +195,8 @@ PULL ?=
 # shell's environment as variables, and a shell's ARCH=64 must not become --arch 64.
 _given = $(filter command line override,$(origin $(1)))
 _flag = $(if $(and $(call _given,$(1)),$(strip $($(1)))),$(2) $($(1)))
-SELECT_FLAGS = $(call _flag,ARCH,--arch) $(call _flag,PY,--python) $(call _flag,TORCH,--torch)
+SELECT_FLAGS = $(call _flag,ARCH,--arch) $(call _flag,PY,--python) $(call _flag,TORCH,--torch) \
+	$(call _flag,CUDA,--cuda)
 _OFFLINE = $(if $(call _given,OFFLINE),$(OFFLINE))
 SETTING_FLAGS = $(call _flag,JOBS,--jobs) $(if $(_OFFLINE_ON),--offline) \
 	$(if $(filter 0 no false off,$(_OFFLINE)),--no-offline) $(call _flag,BACKEND,--backend) \

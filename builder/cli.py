@@ -196,6 +196,9 @@ def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
     )
     g.add_argument("--torch", metavar="T",
                    help="torch release(s) such as 2.13.0 (env BUILDER_TORCH)")
+    g.add_argument("--cuda", metavar="C",
+                   help="the cuda axis: cpu or CUDA version(s) such as 13.0 (env BUILDER_CUDA; "
+                        "docs/cuda-wheels.md)")
     if selectors:
         g.add_argument(
             "selectors",
@@ -239,6 +242,7 @@ def overrides_from_args(args: argparse.Namespace) -> CliOverrides:
         arch=args.arch,
         python=args.python,
         torch=args.torch,
+        cuda=getattr(args, "cuda", None),
         patterns=tuple(getattr(args, "selectors", None) or ()),
         jobs=args.jobs,
         offline=args.offline,

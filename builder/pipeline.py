@@ -172,6 +172,9 @@ def _build_cell(
             # Another test must run again: a wheel is only as verified as its test.
             "test": opts.test.key(),
         }
+        if resolved.cuda.enabled:
+            # CUDA, toolkit pins, arch list: another device code is another wheel.
+            key_parts["cuda"] = resolved.cuda.to_dict()
         key_parts.update(backend.input_key(job))
         key = input_key(key_parts)
         if not opts.force:

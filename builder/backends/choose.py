@@ -14,12 +14,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from builder.backends.base import Backend, Host
+from builder.backends.base import Availability, Backend, Host
 from builder.config.support import SupportTable
 from builder.plan.cells import Cell
 
 NATIVE_ORDER = ("docker", "host")
 FOREIGN_ORDER = ("cross", "emulated")
+#: The backends that install a CUDA cell's toolkit (builder.backends.torchenv, host only so far:
+#: the docker torch layer, the cross sysroot and the emulated image do not yet).
+CUDA_BACKENDS = ("host",)
+
+
+def _availability(backends: Mapping[str, Backend], name: str, cell: Cell, host: Host,
+                  support: SupportTable) -> Availability:
+    if cell.cuda != "cpu" and name not in CUDA_BACKENDS:
+        return Availability(False, f"the {name} backend does not install a CUDA toolkit yet "
+                                   f"(CUDA cells: {', '.join(CUDA_BACKENDS)}; "
+                                   "docs/cuda-wheels.md)")
+    return backends[name].availability(cell, host, support)
 
 
 @dataclass(frozen=True)
@@ -32,13 +44,13 @@ class Choice:
 def choose(cell: Cell, requested: str, origin: str, host: Host,
            backends: Mapping[str, Backend], support: SupportTable) -> Choice:
     if requested != "auto":
-        got = backends[requested].availability(cell, host, support)
+        got = _availability(backends, requested, cell, host, support)
         return Choice(requested, got.ok, f"{requested} asked for ({origin}): {got.reason}")
     order = NATIVE_ORDER if cell.machine == host.machine else FOREIGN_ORDER
     why_not: list[str] = []
     after_pull: tuple[str, str] | None = None
     for name in order:
-        got = backends[name].availability(cell, host, support)
+        got = _availability(backends, name, cell, host, support)
         if got.ok and not got.pull:
             earlier = f" (not {'; not '.join(why_not)})" if why_not else ""
             return Choice(name, True, f"auto: {got.reason}{earlier}")
@@ -51,5 +63,6 @@ def choose(cell: Cell, requested: str, origin: str, host: Host,
         return Choice(name, True, f"auto: {reason}" + (f" (not {'; not '.join(others)})"
                                                        if others else ""))
     # On a native runner the cell is built the usual way: docker, else host.
-    return Choice(NATIVE_ORDER[0], False, "auto: not buildable on this "
+    native = CUDA_BACKENDS[0] if cell.cuda != "cpu" else NATIVE_ORDER[0]
+    return Choice(native, False, "auto: not buildable on this "
                   f"{host.machine} host ({'; '.join(why_not)})")

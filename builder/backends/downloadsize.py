@@ -103,13 +103,16 @@ def planned_download(session: Session, python: str, steps: str, *, torch: str,
 
 
 def large_download_message(planned: Planned, *, torch: str, machine: str,
-                           cuda_build: bool) -> Optional[str]:
+                           cuda_build: bool, cuda_cell: str = "") -> Optional[str]:
     """The warning for *planned* (None when it stays under :data:`LARGE_DOWNLOAD`, or when its
     size is unknown and the index's torch for *machine* is not known to be a CUDA build)."""
     hint = (f"To build and verify against the CPU build instead, give a folder of CPU wheels: "
             f"--find-links DIR (make wheel WHEELHOUSE=DIR), filled with `pip download "
             f"--only-binary=:all: --dest DIR torch=={torch} setuptools wheel` from an index "
             f"that serves CPU builds (or `python -m builder fetch`; see its --help)")
+    if cuda_cell:  # a CUDA cell needs the CUDA build: say so instead of offering the CPU one
+        hint = (f"The CUDA {cuda_cell} cell needs this CUDA build; a wheelhouse or bundle "
+                "(`python -m builder fetch`) downloads it once for every machine")
     if planned.total >= LARGE_DOWNLOAD:
         biggest = sorted(((size or 0, name, version) for name, version, size in planned.items),
                          reverse=True)
@@ -156,6 +159,7 @@ def announce_large_download(job: CellJob, session: Session, python: str, steps: 
     job.log.note(f"ampforge: torch {torch} from the index: download size {sized}")
     message = large_download_message(
         planned, torch=torch, machine=machine,
-        cuda_build=job.config.support.is_cuda_build(torch, machine))
+        cuda_build=job.config.support.is_cuda_build(torch, machine),
+        cuda_cell=job.cell.cuda if torch == job.cell.torch and job.cell.cuda != "cpu" else "")
     if message is not None:
         job.warn(message)

@@ -20,6 +20,8 @@ from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.engines.base import Session
 from builder.errors import StepFailed
 from builder.incell import build_in_session, copy_project_in, smoke_in_session
+from builder.plan.cudacell import CudaRecord
+from builder.wheel.cudacheck import check_device_code
 from builder.wheel.modules import compiled_files
 from builder.wheel.repair import audit_wheel, oldest_tag, repair_wheel, split_wheel_name
 from builder.wheel.verify import Verification, check_name_against_audit, check_no_bundled_torch
@@ -42,7 +44,8 @@ def build_in_cell(
     torchenv): the build uses it and verification layers its venv on it, so torch is not
     installed again."""
     cell, config, opts, steps, stage = job.cell, job.config, job.opts, job.steps, job.stage
-    excludes = tuple(config.build.auditwheel_exclude)
+    # The record's list: build.auditwheel_exclude, plus CUDA's libraries for a CUDA cell.
+    excludes = tuple(job.resolved.auditwheel_exclude or config.build.auditwheel_exclude)
     if job.reuse is not None:
         return verify_shared_wheel(job, session, python=python, wheelhouse=wheelhouse,
                                    auditwheel=auditwheel, auditwheel_env=auditwheel_env)
@@ -50,7 +53,9 @@ def build_in_cell(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
         prepared=prepared, cflags=config.build.extra_cflags, options=config.build_options,
-        passed=config.build_options.passed(os.environ)))
+        passed=config.build_options.passed(os.environ),
+        cuda_arch_list=(job.resolved.cuda.arch_list.text
+                        if job.resolved.cuda.arch_list is not None else "")))
     if built.ccache is not None:
         job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 
@@ -83,7 +88,8 @@ def build_in_cell(
         session, repaired_wheel, python=python, torch=cell.torch, auditwheel=auditwheel,
         auditwheel_env=auditwheel_env, excludes=excludes, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, torch_site=built.torch_site, ceiling=job.resolved.plat,
-        test=opts.test, project=built.project, options=config.build_options))
+        test=opts.test, project=built.project, options=config.build_options,
+        cuda=job.resolved.cuda))
     gxx = session.run(["g++", "--version"], check=False, step="compiler version")
     compiler = next((line for line in gxx.tail if line.strip()), "unknown") if gxx.ok else "?"
     out = Built(wheel=checked.wheel, torch=built.torch, compiler=compiler, tag=checked.tag,
@@ -94,6 +100,8 @@ def build_in_cell(
     libraries = compiled_files(checked.wheel).libraries  # loaded by verification, not imported
     if libraries:
         out.extra["libraries"] = list(libraries)
+    if checked.cuda is not None:
+        out.extra["cuda"] = checked.cuda  # version, arch list, each file's device code
     return out
 
 
@@ -153,7 +161,7 @@ def verify_cell_wheel(
     auditwheel_env: Optional[Mapping[str, str]], excludes: Sequence[str],
     wheelhouse: Optional[str], index_url: Optional[str], torch_site: str = "",
     ceiling: Optional[str] = None, test: ProjectTest = NO_TEST, project: str = "",
-    options: CibwOptions = NO_OPTIONS,
+    options: CibwOptions = NO_OPTIONS, cuda: Optional[CudaRecord] = None,
 ) -> Verification:
     """D's three checks (builder.wheel.verify), with the tag check made exclusion-aware, plus
     the wheel's own ELF files against every tag in its name and the *ceiling* (torch's tag),
@@ -165,6 +173,8 @@ def verify_cell_wheel(
     that differs, the wheel's own ELF files decide.
     """
     check_no_bundled_torch(wheel)
+    # A CUDA cell's device code against its arch list: read from the file, no GPU needed.
+    device = check_device_code(wheel, cuda) if cuda is not None and cuda.enabled else None
     tags = split_wheel_name(wheel.name)[4]
     # Independent of auditwheel: what the wheel's own code needs, against each tag it claims.
     check_tag_covers_own_code(wheel, ceiling)
@@ -182,4 +192,4 @@ def verify_cell_wheel(
                                wheelhouse=wheelhouse, index_url=index_url,
                                torch_site=torch_site or None, test=test, project=project,
                                options=options, passed=options.passed(os.environ))
-    return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules))
+    return Verification(wheel=wheel, tag=oldest_tag(tags), modules=tuple(modules), cuda=device)

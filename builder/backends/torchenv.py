@@ -53,7 +53,7 @@ from builder.cache import (
 )
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
-from builder.incell import STEPS_SCRIPT, install_torch, parse_result
+from builder.incell import STEPS_SCRIPT, install_toolkit, install_torch, parse_result
 
 #: The build requirements installed beside torch (the in-cell ``install-torch`` default).
 BUILD_REQUIREMENTS = ("setuptools", "wheel")
@@ -78,15 +78,23 @@ def torch_key_parts(job: CellJob, where: Mapping[str, Any],
     else:
         source = {"index_url": config.pip.index_url,
                   "extra_index_urls": list(config.pip.extra_index_urls)}
-    return {**where, "torch": torch or job.cell.torch, "requirements": list(BUILD_REQUIREMENTS),
-            "source": source, "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
+    parts = {**where, "torch": torch or job.cell.torch,
+             "requirements": list(BUILD_REQUIREMENTS), "source": source,
+             "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
+    cuda = job.resolved.cuda
+    if cuda.enabled and torch is None:
+        # A CUDA cell's environment holds its CUDA torch build and its toolkit: both decide the
+        # files (a cpu cell's key has no such part, so its cached environments stay valid).
+        parts["cuda"] = {"version": cuda.cuda, "torch_index_url": cuda.torch_index_url,
+                         "toolkit": list(cuda.toolkit)}
+    return parts
 
 
 #: The key's inputs besides where torch is installed (torch_key_parts' own fields).
 KEY_INPUTS = frozenset({"torch", "requirements", "source", "offline", "steps"})
 #: Where: the host's interpreter (its own torch, when borrowed), the docker cell image.
 HOST_WHERE = frozenset({"python", "python_version"})
-HOST_OPTIONAL = frozenset({"interpreter_torch"})
+HOST_OPTIONAL = frozenset({"interpreter_torch", "cuda"})
 DOCKER_WHERE = frozenset({"cell_image"})
 
 
@@ -160,8 +168,10 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
     key = content_key([json.dumps(parts, sort_keys=True)])
     root = cache_root() / "torch-envs"
     xy = ".".join(python_version.split()[0].split(".")[:2])
-    final = root / f"py{xy}-torch{version}-{key}"
-    last = root / f"py{xy}-torch{version}.json"
+    # A CUDA cell's environment is another one than the cpu cell's of the same torch.
+    tag = f"-cu{job.cell.cuda.replace('.', '')}" if "cuda" in parts else ""
+    final = root / f"py{xy}-torch{version}{tag}-{key}"
+    last = root / f"py{xy}-torch{version}{tag}.json"
     venv_python = final / "venv" / "bin" / "python"
     # In use from here to the build's end: `cache prune` leaves it alone meanwhile.
     hold_entry(final)
@@ -200,10 +210,22 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
                     announce_large_download(job, session, str(made["python"]), steps,
                                             requirements=BUILD_REQUIREMENTS, torch=version,
                                             machine=platform.machine())
+                wheelhouse = (str(job.opts.wheelhouse.resolve()) if job.opts.wheelhouse
+                              else None)
+                cuda = job.resolved.cuda if torch is None else None
                 install_torch(session, str(made["python"]), steps, torch=version,
-                              wheelhouse=str(job.opts.wheelhouse.resolve())
-                              if job.opts.wheelhouse else None,
-                              index_url=job.config.pip.index_url)
+                              wheelhouse=wheelhouse,
+                              index_url=(cuda.torch_index_url if cuda and cuda.torch_index_url
+                                         else job.config.pip.index_url))
+                if cuda is not None and cuda.enabled:
+                    # The toolkit from the package index (the cell's usual sources, a bundle's
+                    # wheelhouse offline), pinned by the resolved record: no system CUDA.
+                    got = install_toolkit(session, str(made["python"]), steps,
+                                          requirements=cuda.toolkit, hashed=cuda.toolkit_hashed,
+                                          wheelhouse=wheelhouse,
+                                          index_url=job.config.pip.index_url)
+                    job.log.note(f"ampforge: CUDA {cuda.cuda} toolkit in {got['cuda_home']} "
+                                 f"({got['nvcc']})")
             (tmp / "key.json").write_text(json.dumps(parts, sort_keys=True, indent=1) + "\n")
             # What the environment holds, so that the next build can tell it was not changed.
             write_tree_manifest(tmp / "venv", tmp / TREE_MANIFEST)

@@ -351,7 +351,8 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
                                if c.image.build_host is not None else None) for c in here])
         preflight([(c.cell, c.backend == "host") for c in here if c.backend != "cross"],
                   opts.wheelhouse, f"offline bundle {bundle.root}" if bundle else
-                  f"wheelhouse {opts.wheelhouse}", project, err, hosts)
+                  f"wheelhouse {opts.wheelhouse}", project, err, hosts,
+                  toolkits={c.identifier: c.cuda.toolkit for c in here})
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     err(f"source date epoch: {epoch.describe()}")
     err(f"test-command: {test.describe()}")

@@ -221,8 +221,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     # interpreter that runs the project's build on the build host), which the air-gapped
     # machine makes from the bundle too.
     machine = platform.machine()
+    # A CUDA cell's toolkit pins travel with its torch (builder.plan.cudacell).
+    toolkits = {r.identifier: r.cuda.toolkit for r in resolution.cells}
     downloads = [(Target(c.python, c.machine, c.plat, c.identifier),
-                  cell_requirements(c.torch, project), (c.identifier,)) for c in cells]
+                  cell_requirements(c.torch, project, toolkits[c.identifier]), (c.identifier,))
+                 for c in cells]
     downloads += [(host.target(machine, config.support.torch_plat(host.torch, machine)),
                    cell_requirements(host.torch), host.cells)
                   for host in host_torches([(c.identifier, c.image.build_host.key()

@@ -120,6 +120,7 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
                      f"cells: {len(stable)} cells take the stable-ABI wheel"
                      f"{'s' if len(groups) != 1 else ''} of {', '.join(groups)} "
                      f"({stable[0].torch_requirement}, abi3; built once, verified in each).")
+    lines += _cuda_lines(resolution)
     here, elsewhere = len(resolution.here), len(resolution.elsewhere)
     lines.append(f"{here} cell{'s' if here != 1 else ''} to build on this host; {elsewhere} "
                  f"need{'s' if elsewhere == 1 else ''} a native runner.")
@@ -135,6 +136,22 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
         width = max(len(d.identifier) for d in resolution.dropped)
         for d in resolution.dropped:
             lines.append(f"  {d.identifier.ljust(width)}  {d.reason}")
+    return lines
+
+
+def _cuda_lines(resolution: Resolution) -> list[str]:
+    """What each CUDA cell's record decided (nothing for a matrix of cpu cells: today's table)."""
+    lines = []
+    for c in resolution.cells:
+        r = c.cuda
+        if not r.enabled or r.arch_list is None:
+            continue
+        pins = "pinned by version and sha256" if r.toolkit_hashed else "pinned by version"
+        lines += [f"cuda:    {c.identifier}: CUDA {r.cuda} ({r.reason})",
+                  f"           torch: {r.torch_source}",
+                  f"           toolkit ({pins}): "
+                  + ", ".join(t.split(" ")[0] for t in r.toolkit),
+                  f"           TORCH_CUDA_ARCH_LIST={r.arch_list.text} ({r.arch_list_source})"]
     return lines
 
 

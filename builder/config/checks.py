@@ -125,8 +125,12 @@ _AXIS_PARSERS: dict[str, Callable[[str], str]] = {
     "arch": _strict_arch,
     "python": values.python_version,
     "torch": values.torch_version,
+    "cuda": values.cuda_version,
 }
-_AXIS_WORDS = {"arch": "arch", "python": "Python version", "torch": "torch version"}
+_AXIS_WORDS = {"arch": "arch", "python": "Python version", "torch": "torch version",
+               "cuda": "CUDA version or cpu"}
+#: Matrix axes a config file may leave out, and what they then are.
+_OPTIONAL_AXES = {"cuda": ["cpu"]}
 
 
 def _check_values(doc: YamlDocument) -> None:
@@ -144,7 +148,7 @@ def _check_values(doc: YamlDocument) -> None:
     matrix = data.get("matrix")
     if matrix is not None:
         for axis, parse in _AXIS_PARSERS.items():
-            items = matrix[axis]
+            items = matrix.get(axis, _OPTIONAL_AXES.get(axis))
             if not items:
                 p = ("matrix", axis)
                 raise ConfigError(
@@ -159,6 +163,8 @@ def _check_values(doc: YamlDocument) -> None:
         for kind in ("include", "exclude"):
             for i, rule in enumerate(matrix.get(kind, [])):
                 for axis, value in rule.items():
+                    if axis not in _AXIS_PARSERS:
+                        continue  # cuda_arch_list: checked against the cell's toolkit on load
                     items = [value] if isinstance(value, str) else value
                     for item in items:
                         check(("matrix", kind, i, axis), _AXIS_PARSERS[axis], item)

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.arch import arch_name
-from builder.config import buildoptions, projecttest, values
+from builder.config import buildoptions, cudaconfig, projecttest, values
 from builder.config.checks import _AXIS_WORDS, _as_tuple, _merge, load_config_file
+from builder.config.cuda import parse_arch_list
 from builder.config.model import (
     DEFAULT_CONFIG,
     REPO_ROOT,
@@ -66,9 +67,8 @@ def _split(value: str) -> list[str]:
 
 
 def _parse_selection_axis(raw: str, axis: str, origin: str) -> tuple[str, ...]:
-    parse = {"arch": arch_name, "python": values.python_version, "torch": values.torch_version}[
-        axis
-    ]
+    parse = {"arch": arch_name, "python": values.python_version, "torch": values.torch_version,
+             "cuda": values.cuda_version}[axis]
     items = _split(raw)
     if not items:
         raise ConfigError(f"empty value; expected a {_AXIS_WORDS[axis]}", key=origin)
@@ -159,6 +159,7 @@ ENV: dict[str, str] = {
     "pip_retries": "BUILDER_PIP_RETRIES", "pip_timeout": "BUILDER_PIP_TIMEOUT",
     # pip.index_url: a CI variable names the index without editing the config file
     "index_url": "BUILDER_INDEX_URL",
+    "cuda": "BUILDER_CUDA",
 }
 BACKENDS = ("auto", "docker", "host", "cross", "emulated")
 #: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
@@ -267,6 +268,8 @@ def load_settings(
                 torch=_as_tuple(raw.get("torch")),
                 file=doc.file,
                 line=doc.line(("matrix", kind, i)),
+                cuda=_cuda_tuple(raw.get("cuda")),
+                cuda_arch_list=_include_arch_list(raw, doc, ("matrix", kind, i), support),
             )
             if kind == "include" and rule.torch and not support.knows(rule.torch[0]):
                 p = ("matrix", kind, i, "torch")
@@ -284,6 +287,7 @@ def load_settings(
         torches=tuple(m["torch"]),
         include=tuple(rules["include"]),
         exclude=tuple(rules["exclude"]),
+        cudas=tuple(dict.fromkeys(values.cuda_version(c) for c in m.get("cuda", ["cpu"]))),
     )
 
     images = {
@@ -419,7 +423,10 @@ def load_settings(
         merged, origin=file_origin, file=doc.file,
         lines={k: doc.line((k,)) for k in buildoptions.KEYS})
 
+    cuda = cudaconfig.layer(merged, doc, support.cuda, file_origin)
+
     config = BuildConfig(
+        cuda=cuda,
         source=Path(os.path.abspath(config_path)),
         source_name=doc.file,
         matrix=matrix,
@@ -461,6 +468,31 @@ def never_pull(config: BuildConfig, origin: str) -> BuildConfig:
                    origins={**config.origins, "pull": f"{origin} (offline: nothing is pulled)"})
 
 
+def _cuda_tuple(value: str | list[str] | None) -> tuple[str, ...] | None:
+    found = _as_tuple(value)
+    return None if found is None else tuple(values.cuda_version(c) for c in found)
+
+
+def _include_arch_list(raw: dict[str, Any], doc: YamlDocument, path: tuple,
+                       support: Any) -> str | None:
+    """An include's ``cuda_arch_list``, checked against its CUDA's toolkit (exit 2 otherwise)."""
+    text = raw.get("cuda_arch_list")
+    if text is None:
+        return None
+    p = (*path, "cuda_arch_list")
+    cuda = values.cuda_version(raw.get("cuda", "cpu"))
+    toolkit = support.cuda.toolkit(cuda)
+    if toolkit is None:
+        raise ConfigError(f"cuda_arch_list {text!r} needs the entry's cuda to be a CUDA version "
+                          f"of {support.file} (cuda.toolkits), got cuda {cuda!r}",
+                          file=doc.file, line=doc.line(p), key=format_path(p))
+    try:
+        return parse_arch_list(text, toolkit).text
+    except ValueError as exc:
+        raise ConfigError(f"{text!r}: {exc}", file=doc.file, line=doc.line(p),
+                          key=format_path(p)) from None
+
+
 def _check_proxy(key: str, value: str, origin: str) -> str:
     """The value checked; a proxy URL gets ``http://`` when it has no scheme."""
     try:
@@ -477,6 +509,7 @@ def _selection(cli: CliOverrides, env: Mapping[str, str]) -> Selection:
         ("arch", ENV["arch"], cli.arch),
         ("python", ENV["python"], cli.python),
         ("torch", ENV["torch"], cli.torch),
+        ("cuda", ENV["cuda"], cli.cuda),
     ):
         picked[axis] = None
         if _env(env, env_name):
@@ -489,6 +522,7 @@ def _selection(cli: CliOverrides, env: Mapping[str, str]) -> Selection:
         arch=picked["arch"],
         python=picked["python"],
         torch=picked["torch"],
+        cuda=picked["cuda"],
         patterns=tuple(cli.patterns),
         origins=origins,
     )

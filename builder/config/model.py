@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.config.buildoptions import NO_OPTIONS, CibwOptions
+from builder.config.cudaconfig import NO_CUDA_OPTIONS, CudaOptions
 from builder.config.pins import parse_ref
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
@@ -58,22 +59,27 @@ class MatrixRule:
     torch: tuple[str, ...] | None
     file: str
     line: int | None
+    cuda: tuple[str, ...] | None = None
+    #: an include's own TORCH_CUDA_ARCH_LIST (checked on load against its CUDA's toolkit)
+    cuda_arch_list: str | None = None
 
     @property
     def key(self) -> str:
         return f"matrix.{self.kind}[{self.index}]"
 
-    def matches(self, arch: str, python: str, torch: str) -> bool:
+    def matches(self, arch: str, python: str, torch: str, cuda: str = "cpu") -> bool:
         return (
             (self.arch is None or arch in self.arch)
             and (self.python is None or python in self.python)
             and (self.torch is None or torch in self.torch)
+            and (self.cuda is None or cuda in self.cuda)
         )
 
     def describe(self) -> str:
         parts = [
             f"{name}={','.join(vals)}"
-            for name, vals in (("arch", self.arch), ("python", self.python), ("torch", self.torch))
+            for name, vals in (("arch", self.arch), ("python", self.python), ("torch", self.torch),
+                               ("cuda", self.cuda))
             if vals is not None
         ]
         return f"{self.key} ({' '.join(parts)})"
@@ -86,6 +92,8 @@ class MatrixSpec:
     torches: tuple[str, ...]
     include: tuple[MatrixRule, ...] = ()
     exclude: tuple[MatrixRule, ...] = ()
+    #: "cpu" and/or CUDA versions ("13.0"); a file without the axis has ("cpu",)
+    cudas: tuple[str, ...] = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,8 @@ class BuildConfig:
     #: cibuildwheel's build options (builder.config.buildoptions): the config file's layer when
     #: loaded; the build and plan commands replace it with all layers resolved.
     build_options: CibwOptions = NO_OPTIONS
+    #: The config's ``cuda`` section: per-CUDA index URLs and arch lists (cudaconfig)
+    cuda: CudaOptions = NO_CUDA_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -182,11 +192,13 @@ class Selection:
     torch: tuple[str, ...] | None = None
     patterns: tuple[str, ...] = ()  # fnmatch patterns on cell identifiers
     origins: Mapping[str, str] = field(default_factory=dict)
+    cuda: tuple[str, ...] | None = None  # "cpu", "13.0"
 
     @property
     def empty(self) -> bool:
         return (
             self.arch is None and self.python is None and self.torch is None and not self.patterns
+            and self.cuda is None
         )
 
 
@@ -198,6 +210,7 @@ class CliOverrides:
     arch: str | None = None
     python: str | None = None
     torch: str | None = None
+    cuda: str | None = None  # --cuda
     patterns: tuple[str, ...] = ()
     jobs: int | None = None
     offline: bool | None = None

@@ -15,7 +15,8 @@ _STR_OR_LIST: dict[str, Any] = {
     ]
 }
 
-_RULE_KEYS = {"arch": _STR_OR_LIST, "python": _STR_OR_LIST, "torch": _STR_OR_LIST}
+_RULE_KEYS = {"arch": _STR_OR_LIST, "python": _STR_OR_LIST, "torch": _STR_OR_LIST,
+              "cuda": _STR_OR_LIST}
 
 _NULLABLE_STRING: dict[str, Any] = {"type": ["string", "null"]}
 
@@ -45,6 +46,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "arch": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                 "python": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                 "torch": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                # optional: ["cpu"] when absent (docs/cuda-wheels.md)
+                "cuda": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                 "include": {
                     "type": "array",
                     "items": {
@@ -55,6 +58,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
                             "arch": {"type": "string"},
                             "python": {"type": "string"},
                             "torch": {"type": "string"},
+                            "cuda": {"type": "string"},
+                            # this cell's TORCH_CUDA_ARCH_LIST (a CUDA cell only)
+                            "cuda_arch_list": {"type": "string"},
                         },
                     },
                 },
@@ -112,6 +118,16 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         "ca_bundle": _NULLABLE_STRING,
+        # CUDA cells (builder.config.cudaconfig): per CUDA version, the index that serves torch's
+        # build for it (a mirror) and the TORCH_CUDA_ARCH_LIST replacing the support table's.
+        "cuda": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "index_urls": {"type": "object", "additionalProperties": {"type": "string"}},
+                "arch_list": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
         # cibuildwheel's keys and spelling (builder.config.projecttest checks the values).
         "test-requires": {"anyOf": [{"type": "string"}, {"type": "null"},
                                     {"type": "array", "items": {"type": "string"}}]},

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from packaging.version import InvalidVersion, Version
 
 from builder.config import values
+from builder.config.cuda import CudaTable, load_cuda
 from builder.config.yamlfile import YamlDocument, format_path, load_yaml
 from builder.errors import ConfigError
 
@@ -63,6 +64,8 @@ class SupportTable:
     #: The torch a cross build's *host* interpreter imports to run the project's build
     #: (torch.utils.cpp_extension's logic; the headers and libraries are the target's).
     cross_host_torch: str = DEFAULT_CROSS_HOST_TORCH
+    #: The ``cuda`` section: toolkits and each torch's CUDA builds (builder.config.cuda).
+    cuda: CudaTable = field(default_factory=CudaTable)
 
     def why_unsupported(self, axis: str, value: str) -> Optional[str]:
         """The recorded reason for Python *value* ("3.8") or torch *value* ("2.1.0"), if any."""
@@ -179,11 +182,12 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
                         torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels),
                         unsupported=_unsupported(doc),
-                        cross_host_torch=_cross_host_torch(doc, wheels))
+                        cross_host_torch=_cross_host_torch(doc, wheels),
+                        cuda=load_cuda(doc, wheels))
 
 
 _TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",
-             "cross_host_torch"}
+             "cross_host_torch", "cuda"}
 
 
 def _cross_host_torch(doc: YamlDocument, wheels: Mapping[str, Mapping[str, object]]) -> str:

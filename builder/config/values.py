@@ -66,6 +66,23 @@ def torch_version(value: str) -> str:
     return value
 
 
+def cuda_version(value: str) -> str:
+    """A cell's CUDA: ``"cpu"`` (no CUDA compile) or a CUDA version ``"13.0"``; ``"cu130"`` is
+    read as ``"13.0"`` (the spelling of identifiers), ``"13"`` and ``"13.0.2"`` are refused."""
+    m = re.fullmatch(r"cu([0-9]+)([0-9])", value)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    if value == "cpu" or re.fullmatch(r"[0-9]+\.[0-9]+", value):
+        return value
+    raise ValueError(f'{value!r} is not a CUDA axis value; expected "cpu" or a CUDA version '
+                     'like "13.0" (or cu130)')
+
+
+def cuda_key(value: str) -> tuple[int, int]:
+    """cpu first, then CUDA versions in order."""
+    return (-1, -1) if value == "cpu" else (int(value.split(".")[0]), int(value.split(".")[1]))
+
+
 def torch_key(value: str) -> Version:
     try:
         return Version(value)

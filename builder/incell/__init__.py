@@ -126,6 +126,7 @@ def build_in_session(
     cflags: Sequence[str] = (),
     options: CibwOptions = NO_OPTIONS,
     passed: Optional[Mapping[str, str]] = None,
+    cuda_arch_list: str = "",
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
@@ -167,6 +168,13 @@ def build_in_session(
             "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
+    if cuda_arch_list:
+        # A CUDA cell (builder.plan.cudacell): its prepared environment holds the toolkit.
+        if not installed.get("cuda_home"):
+            raise StepFailed(f"a CUDA cell's torch environment {vpy} has no CUDA toolkit "
+                             "(nvidia/cu*/bin/nvcc): the backend did not install it")
+        argv += ["--cuda-home", str(installed["cuda_home"]),
+                 f"--cuda-arch-list={cuda_arch_list}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
     argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
     argv += build_option_args(options, project_in)
@@ -232,6 +240,26 @@ def install_torch(
     return parse_result(session.run(
         [vpy, steps, "install-torch", "--torch", torch, *sources, *extras], env=env,
         step=f"install torch=={torch}"))
+
+
+def install_toolkit(
+    session: Session, vpy: str, steps: str, *, requirements: Sequence[str], hashed: bool,
+    wheelhouse: Optional[str], index_url: Optional[str], env: Optional[dict[str, str]] = None,
+) -> dict[str, Any]:
+    """A CUDA cell's toolkit pins (the resolved record's, ``--hash`` options included) into
+    *vpy*'s environment; returns ``cuda_home`` and the nvcc version line."""
+    with tempfile.TemporaryDirectory(prefix="ampforge-toolkit-") as tmp:
+        req = Path(tmp) / "cuda-toolkit.txt"
+        req.write_text("".join(line + "\n" for line in requirements))
+        inside = session.copy_in(req, session.workdir)
+    argv = [vpy, steps, "install-toolkit", "--requirements", inside]
+    if hashed:
+        argv.append("--hashed")
+    if wheelhouse:
+        argv += ["--wheelhouse", wheelhouse]
+    elif index_url:
+        argv += ["--index-url", index_url]
+    return parse_result(session.run(argv, env=env, step="install CUDA toolkit"))
 
 
 def smoke_in_session(

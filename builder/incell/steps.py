@@ -10,6 +10,8 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     DEST/bin/python steps.py install-torch --torch 2.13.0 [--wheelhouse DIR | --index-url URL]
     DEST/bin/python steps.py download-size --torch 2.13.0 --report FILE [--pip ZIP]
                                            [--index-url URL]
+    DEST/bin/python steps.py install-toolkit --requirements FILE [--hashed]
+                                             [--wheelhouse DIR | --index-url URL]
     DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
@@ -309,6 +311,52 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     _result(torch=md.version("torch"))
 
 
+def cuda_home_in(sites: list[str]) -> str:
+    """The CUDA toolkit the index's nvidia-cuda-nvcc wheel installed among *sites*: the
+    ``nvidia/cu<major>`` folder holding ``bin/nvcc`` (its ``include``, ``lib`` and ``nvvm``
+    beside it, from the other toolkit wheels); '' when none is there."""
+    for site in sites:
+        found = sorted(Path(site, "nvidia").glob("cu*/bin/nvcc"))
+        if found:
+            return str(found[-1].parent.parent)
+    return ""
+
+
+def cmd_install_toolkit(args: argparse.Namespace) -> None:
+    """The CUDA toolkit's wheels (the resolved record's pins, one requirement a line in
+    *--requirements*) into this environment, then what a wheel cannot hold: wheels carry no
+    symbolic links, so the runtime wheel has ``libcudart.so.13`` but not the ``libcudart.so``
+    that ``-lcudart`` (torch's CUDAExtension link line) looks for."""
+    hashed = ["--require-hashes"] if args.hashed else []
+    # --no-deps: the pins are the whole toolkit (nvcc's own requirements are among them), and
+    # --require-hashes needs every installed file's digest named anyway.
+    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+          "--no-compile", "--no-deps", *hashed, *_pip_source_args(args), "-r",
+          args.requirements])
+    sites = _torch_folders(md.distribution("torch")) if _has("torch") else []
+    sites += [sysconfig.get_paths()["platlib"], sysconfig.get_paths()["purelib"]]
+    home = cuda_home_in(sites)
+    if not home:
+        _fail(f"no nvidia/cu*/bin/nvcc in {sites} after installing the toolkit")
+    lib = Path(home, "lib")
+    for versioned in sorted(lib.glob("libcudart.so.*")):
+        link = lib / "libcudart.so"
+        if not link.exists():
+            link.symlink_to(versioned.name)
+        break
+    version = subprocess.run([str(Path(home, "bin", "nvcc")), "--version"], capture_output=True,
+                             text=True).stdout.strip().splitlines()
+    _result(cuda_home=home, nvcc=version[-1] if version else "")
+
+
+def _has(name: str) -> bool:
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
 def _remote_size(url: str) -> Optional[int]:
     """The size of the file at *url*: a ``file:`` URL's file, else the index's
     ``Content-Length`` for a HEAD request (proxies from the environment); None if unknown."""
@@ -408,7 +456,10 @@ def cmd_site(args: argparse.Namespace) -> None:
             return
         _fail(f"{sys.executable} has no torch installed")
     folders = _torch_folders(dist)
-    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=sys.platlibdir)
+    # A CUDA cell's environment has its toolkit too (install-toolkit): the build's CUDA_HOME.
+    home = cuda_home_in([*folders, sysconfig.get_paths()["platlib"]])
+    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=sys.platlibdir,
+            cuda_home=home)
 
 
 def _glibc_has_single_threaded() -> bool:
@@ -425,9 +476,18 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.whl"))
     env = {"AMP_LOCAL_VERSION": args.local_version} if args.local_version else {}
+    if args.cuda_home:
+        # A CUDA cell: torch's cpp_extension takes the compiler from CUDA_HOME (the toolkit's
+        # wheels in the cell's torch environment, never a system CUDA) and the targets from
+        # TORCH_CUDA_ARCH_LIST; nvcc first on PATH for setup.py files that look for it there.
+        env.update(CUDA_HOME=args.cuda_home, CUDA_PATH=args.cuda_home,
+                   TORCH_CUDA_ARCH_LIST=args.cuda_arch_list,
+                   PATH=str(Path(args.cuda_home, "bin")) + os.pathsep
+                   + os.environ.get("PATH", ""))
     # cibuildwheel's environment first: the builder's flags and compiler cache then apply on
     # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang).
     env.update(_cibw_environment(args.environment, env))
+    host_flags: list[str] = []  # the same flags for nvcc's host compiler (a CUDA cell)
     use_shim = args.shim == "on" or (args.shim == "auto" and _glibc_has_single_threaded())
     if use_shim:
         shim_dir = (Path(args.out).resolve().parent / "shim").resolve()
@@ -435,19 +495,31 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         (shim_dir / "sys" / "single_threaded.h").write_text(_SHIM)
         # An absolute -I path: the compiler runs from temporary build directories.
         add_compile_flags(env, ["-I" + str(shim_dir)])
+        host_flags.append("-I" + str(shim_dir))
     libm_shim = libm_floor_shim(platform.machine()) if args.libm_floor else ""
     if libm_shim:
         header = (Path(args.out).resolve().parent / "shim" / LIBM_FLOOR_HEADER).resolve()
         header.parent.mkdir(parents=True, exist_ok=True)
         header.write_text(libm_shim)
         add_compile_flags(env, ["-include", str(header)])
+        host_flags.append("-include," + str(header))
     for mapping in args.prefix_map:
         # Reproducible builds: the session's directory differs per build (the host backend's
         # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
         # Mapping it to one fixed name makes the compiled module independent of where it was built.
         add_compile_flags(env, ["-ffile-prefix-map=" + mapping])
+        host_flags.append("-ffile-prefix-map=" + mapping)
     # The build config's extra_cflags (build.extra_cflags), after the builder's own flags.
     add_compile_flags(env, args.cflag)
+    host_flags += [f for f in args.cflag if "," not in f]  # -Xcompiler splits on commas
+    if args.cuda_home and host_flags:
+        # nvcc compiles a .cu file's host code with g++ but reads neither CFLAGS nor CXXFLAGS:
+        # without the shims its objects referenced __libc_single_threaded (GLIBC_2.32) and
+        # the wheel failed its manylinux_2_28 ceiling. nvcc appends NVCC_APPEND_FLAGS to every
+        # command line it runs (the host compiler's part through -Xcompiler).
+        env["NVCC_APPEND_FLAGS"] = " ".join(
+            [os.environ.get("NVCC_APPEND_FLAGS", ""), *(f"-Xcompiler={f}" for f in host_flags)]
+        ).strip()
     use_ccache = args.ccache == "on" or (args.ccache == "auto" and shutil.which("ccache"))
     if args.ccache == "on" and not shutil.which("ccache"):
         _fail("--ccache on: ccache is not installed in this build environment")
@@ -587,6 +659,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     sources(p)
     p.set_defaults(func=cmd_install_torch)
 
+    p = sub.add_parser("install-toolkit", help="a CUDA cell's toolkit wheels (pinned)")
+    p.add_argument("--requirements", required=True, help="a requirements file of the pins")
+    p.add_argument("--hashed", action="store_true", help="the pins carry --hash: require them")
+    sources(p)
+    p.set_defaults(func=cmd_install_toolkit)
+
     p = sub.add_parser("download-size", help="what install-torch would download (no install)")
     p.add_argument("--torch", required=True)
     p.add_argument("--extra", action="append", default=["setuptools", "wheel"])
@@ -605,6 +683,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--out", required=True, help="an empty directory for the wheel")
     p.add_argument("--local-version", default="", help="e.g. torch2.13 (-> +torch2.13)")
     p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--cuda-home", default="", help="a CUDA cell: the toolkit's folder")
+    p.add_argument("--cuda-arch-list", default="", help="a CUDA cell: TORCH_CUDA_ARCH_LIST")
     p.add_argument("--ccache", choices=("auto", "on", "off"), default="off",
                    help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -85,14 +85,17 @@ def _host_plat(machine: str) -> str:
 
 def preflight(cells: Sequence[tuple[Cell, bool]], wheelhouse: Path, where: str,
               project: Optional[Path], say: Callable[[str], None],
-              hosts: Sequence[HostTorch] = ()) -> None:
+              hosts: Sequence[HostTorch] = (),
+              toolkits: Optional[Mapping[str, Sequence[str]]] = None) -> None:
     """Each ``(cell, on_host)`` checked against *wheelhouse*, and each host torch environment
     (*hosts*: the cross cells'); ConfigError naming every gap."""
     wheels = index_wheelhouse(wheelhouse)
     machine = platform.machine()
     checks = [(Target(cell.python, cell.machine,
                       _host_plat(cell.machine) if on_host else cell.plat, cell.identifier),
-               cell_requirements(cell.torch, project)) for cell, on_host in cells]
+               cell_requirements(cell.torch, project,
+                                 (toolkits or {}).get(cell.identifier, ())))
+              for cell, on_host in cells]
     checks += [(host.target(machine, _host_plat(machine)), cell_requirements(host.torch))
                for host in hosts]
     gaps = []

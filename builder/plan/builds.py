@@ -40,9 +40,12 @@ def min_torch(requirement: str) -> str:
     return requirement.split(">=", 1)[1].strip()
 
 
-def group_of(arch: str, torch: str, stable: bool) -> str:
-    """The build group's name: ``X86-stable`` or ``X86-torch2.13.0``."""
-    return f"{arch}-{STABLE}" if stable else f"{arch}-torch{torch}"
+def group_of(arch: str, torch: str, stable: bool, cuda: str = "cpu") -> str:
+    """The build group's name: ``X86-stable``, ``X86-torch2.13.0`` or, for a CUDA cell (its
+    own binary: device code beside the host code), ``X86-torch2.14.1-cu130``."""
+    if stable:
+        return f"{arch}-{STABLE}"
+    return f"{arch}-torch{torch}" + (f"-cu{cuda.replace('.', '')}" if cuda != "cpu" else "")
 
 
 def assign(records: Sequence, stable: Optional[StableAbi],
@@ -54,14 +57,18 @@ def assign(records: Sequence, stable: Optional[StableAbi],
     groups: dict[str, list] = {}
     for r in records:
         c = r.cell
-        if stable is not None and stable.serves(c.python, c.torch):
+        # A CUDA cell's wheel holds device code for its CUDA: never the cpu stable wheel.
+        if stable is not None and c.cuda == "cpu" and stable.serves(c.python, c.torch):
             groups.setdefault(group_of(c.arch, c.torch, True), []).append(r)
         else:
             why = ("its own wheel, labelled +" + c.torch_local + ": " +
                    (f"torch {c.torch} / Python {c.python} is below the stable ABI's torch "
                     f">= {stable.torch}, Python >= {stable.python} ({stable.source})"
-                    if stable is not None else "the project declares no stable ABI"))
-            out.append(replace(r, wheel=PER_TORCH, build_group=group_of(c.arch, c.torch, False),
+                    if stable is not None and c.cuda == "cpu" else
+                    f"a CUDA {c.cuda} cell: its wheel carries device code for that CUDA"
+                    if c.cuda != "cpu" else "the project declares no stable ABI"))
+            out.append(replace(r, wheel=PER_TORCH,
+                               build_group=group_of(c.arch, c.torch, False, c.cuda),
                                built_by=c.identifier, build_reason=why))
     for group, members in groups.items():
         # Stable sorts, the least important key first.

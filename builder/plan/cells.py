@@ -9,7 +9,11 @@ built against::
 
 The platform part is ``manylinux_<machine>`` whatever the base image (the repaired wheel
 is manylinux either way; the exact glibc tag is ``Cell.plat``). The full torch release is
-used, not ``2.13``, because two patch releases may both be in a matrix.
+used, not ``2.13``, because two patch releases may both be in a matrix. A CUDA cell (the
+``cuda`` axis: ``cpu``, the default, or a CUDA version) appends its CUDA, so a cpu cell keeps
+its identifier and file name::
+
+    cp311-manylinux_x86_64-torch2.14.1-cu130
 
 ``expand`` turns a BuildConfig into a Plan (buildable cells plus dropped ones with their
 reasons); ``select`` narrows a Plan to what a command asked for (selectors: any of
@@ -25,13 +29,23 @@ from typing import Any
 
 from builder.arch import ARCHES
 from builder.config import BaseImage, BuildConfig, Selection, Settings, values
+from builder.config.cuda import CPU, cuda_tag
 from builder.errors import ConfigError
 from builder.plan import selectors
 from builder.plan.project import ProjectBounds
 
 
-def cell_id(arch: str, python: str, torch: str) -> str:
-    return f"{values.cp_tag(python)}-manylinux_{ARCHES[arch].machine}-torch{torch}"
+def cell_id(arch: str, python: str, torch: str, cuda: str = CPU) -> str:
+    base = f"{values.cp_tag(python)}-manylinux_{ARCHES[arch].machine}-torch{torch}"
+    return f"{base}-{cuda_tag(cuda)}" if cuda != CPU else base
+
+
+def local_label(torch: str, cuda: str = CPU) -> str:
+    """The wheel's local version label: ``torch2.13`` for a cpu cell (README.md's contract),
+    ``torch2.14.cu130`` for a CUDA one (docs/cuda-wheels.md says why this spelling)."""
+    major, minor = torch.split(".")[:2]
+    label = f"torch{major}.{minor}"
+    return f"{label}.{cuda_tag(cuda)}" if cuda != CPU else label
 
 
 @dataclass(frozen=True)
@@ -40,10 +54,11 @@ class Cell:
     python: str  # "3.11"
     torch: str  # "2.13.0"
     image: BaseImage
+    cuda: str = CPU  # "cpu" | "13.0"
 
     @property
     def identifier(self) -> str:
-        return cell_id(self.arch, self.python, self.torch)
+        return cell_id(self.arch, self.python, self.torch, self.cuda)
 
     @property
     def machine(self) -> str:
@@ -72,9 +87,9 @@ class Cell:
 
     @property
     def torch_local(self) -> str:
-        """The wheel's local version label, ``torch2.13`` (README.md's contract, "wheel names")."""
-        major, minor, _ = self.torch.split(".")
-        return f"torch{major}.{minor}"
+        """The wheel's local version label, ``torch2.13`` (README.md's contract, "wheel names"),
+        ``torch2.14.cu130`` for a CUDA cell."""
+        return local_label(self.torch, self.cuda)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +99,8 @@ class Cell:
             "python": self.python,
             "cp": self.cp,
             "torch": self.torch,
+            # only a CUDA cell's (a cpu cell's record, hence its input key, stays as it was)
+            **({"cuda": self.cuda} if self.cuda != CPU else {}),
             "base_image": self.image.ref,
             "family": self.image.family,
             "plat": self.plat,
@@ -99,10 +116,11 @@ class DroppedCell:
     python: str
     torch: str
     reason: str
+    cuda: str = CPU
 
     @property
     def identifier(self) -> str:
-        return cell_id(self.arch, self.python, self.torch)
+        return cell_id(self.arch, self.python, self.torch, self.cuda)
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -110,6 +128,7 @@ class DroppedCell:
             "arch": self.arch,
             "python": self.python,
             "torch": self.torch,
+            "cuda": self.cuda,
             "reason": self.reason,
         }
 
@@ -125,9 +144,18 @@ class Plan:
         return {c.identifier: c for c in self.cells}
 
 
-def _order(arch: str, python: str, torch: str, arches: tuple[str, ...]) -> tuple:
+def _order(arch: str, python: str, torch: str, arches: tuple[str, ...],
+           cuda: str = CPU) -> tuple:
     a = arches.index(arch) if arch in arches else len(arches)
-    return (a, values.python_key(python), values.torch_key(torch))
+    return (a, values.python_key(python), values.torch_key(torch), values.cuda_key(cuda))
+
+
+def why_no_cuda(config: BuildConfig, torch: str, machine: str, cuda: str) -> str | None:
+    """Why a (torch, machine) has no reachable CUDA *cuda* build (None: it has, or cpu)."""
+    if cuda == CPU:
+        return None
+    return config.support.cuda.torch_source(torch, machine, cuda, config.cuda.index_urls,
+                                            config.cuda.origin)[1] or None
 
 
 def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
@@ -144,30 +172,36 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
         machine = ARCHES[arch].machine
         for python in m.pythons:
             for torch in m.torches:
-                cid = cell_id(arch, python, torch)
-                rule = next((r for r in m.exclude if r.matches(arch, python, torch)), None)
-                for r in m.exclude:
-                    if r.matches(arch, python, torch):
-                        matched_rules.add(r.index)
-                refused = bounds.why_not(python, torch) if bounds is not None else None
-                if rule is not None:
-                    dropped[cid] = DroppedCell(
-                        arch, python, torch, f"excluded by {rule.describe()}"
-                    )
-                elif refused is not None:
-                    dropped[cid] = DroppedCell(arch, python, torch, refused)
-                elif not sup.supports(torch, python, machine):
-                    dropped[cid] = DroppedCell(
-                        arch, python, torch, sup.why_not(torch, python, machine)
-                    )
-                else:
-                    cells[cid] = Cell(arch, python, torch, config.images[arch])
+                for cuda in m.cudas:
+                    cid = cell_id(arch, python, torch, cuda)
+                    rule = next((r for r in m.exclude if r.matches(arch, python, torch, cuda)),
+                                None)
+                    for r in m.exclude:
+                        if r.matches(arch, python, torch, cuda):
+                            matched_rules.add(r.index)
+                    refused = bounds.why_not(python, torch) if bounds is not None else None
+                    no_cuda = why_no_cuda(config, torch, machine, cuda)
+                    if rule is not None:
+                        dropped[cid] = DroppedCell(
+                            arch, python, torch, f"excluded by {rule.describe()}", cuda
+                        )
+                    elif refused is not None:
+                        dropped[cid] = DroppedCell(arch, python, torch, refused, cuda)
+                    elif not sup.supports(torch, python, machine):
+                        dropped[cid] = DroppedCell(
+                            arch, python, torch, sup.why_not(torch, python, machine), cuda
+                        )
+                    elif no_cuda is not None:
+                        dropped[cid] = DroppedCell(arch, python, torch, no_cuda, cuda)
+                    else:
+                        cells[cid] = Cell(arch, python, torch, config.images[arch], cuda)
     for r in m.exclude:
         if r.index not in matched_rules:
             where = f"{r.file}:{r.line}" if r.line else r.file
             warnings.append(f"{where}: {r.key}: {r.describe()} matches no cell of the matrix")
     for r in m.include:
         arch, python, torch = r.arch[0], r.python[0], r.torch[0]  # type: ignore[index]
+        cuda = r.cuda[0] if r.cuda else CPU
         machine = ARCHES[arch].machine
         refused = bounds.why_not(python, torch) if bounds is not None else None
         if refused is not None:
@@ -183,9 +217,15 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
                 line=r.line,
                 key=r.key,
             )
-        cid = cell_id(arch, python, torch)
+        no_cuda = why_no_cuda(config, torch, machine, cuda)
+        if no_cuda is not None:
+            raise ConfigError(
+                f"includes {cell_id(arch, python, torch, cuda)}, which cannot be built: "
+                f"{no_cuda}; expected a reachable CUDA build", file=r.file, line=r.line,
+                key=r.key)
+        cid = cell_id(arch, python, torch, cuda)
         dropped.pop(cid, None)  # an explicit include wins over an exclude
-        cells[cid] = Cell(arch, python, torch, config.images[arch])
+        cells[cid] = Cell(arch, python, torch, config.images[arch], cuda)
     if not cells:
         reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in list(dropped.values())[:3])
         raise ConfigError(
@@ -194,7 +234,7 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
             file=config.source_name,
             key="matrix",
         )
-    order = lambda c: _order(c.arch, c.python, c.torch, m.arches)  # noqa: E731
+    order = lambda c: _order(c.arch, c.python, c.torch, m.arches, c.cuda)  # noqa: E731
     return Plan(
         cells=tuple(sorted(cells.values(), key=order)),
         dropped=tuple(sorted(dropped.values(), key=order)),
@@ -204,7 +244,7 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
 
 def _describe_selection(sel: Selection) -> str:
     parts = []
-    for axis in ("arch", "python", "torch"):
+    for axis in ("arch", "python", "torch", "cuda"):
         vals = getattr(sel, axis)
         if vals is not None:
             parts.append(f"{axis} {','.join(vals)} ({sel.origins.get(axis, '?')})")
@@ -257,7 +297,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
         return plan
     everything = [*plan.cells, *plan.dropped]
     # Each named value must exist somewhere in the matrix: say which one does not.
-    for axis in ("arch", "python", "torch"):
+    for axis in ("arch", "python", "torch", "cuda"):
         wanted = getattr(selection, axis)
         if wanted is None:
             continue
@@ -265,7 +305,8 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
             {getattr(c, axis) for c in everything},
             key=values.python_key
             if axis == "python"
-            else (values.torch_key if axis == "torch" else str),
+            else (values.torch_key if axis == "torch" else
+                  (values.cuda_key if axis == "cuda" else str)),
         )
         for w in wanted:
             why = (unsupported(axis, w, config, bounds) if config is not None and axis in
@@ -290,7 +331,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
             )
 
     def keep(c: Cell | DroppedCell) -> bool:
-        for axis in ("arch", "python", "torch"):
+        for axis in ("arch", "python", "torch", "cuda"):
             wanted = getattr(selection, axis)
             if wanted is not None and getattr(c, axis) not in wanted:
                 return False
@@ -318,10 +359,10 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
         # Resolve to the newest torch per (arch, python) and say which.
         newest: dict[tuple[str, str], Cell] = {}
         for c in cells:
-            k = (c.arch, c.python)
+            k = (c.arch, c.python, c.cuda)  # a cpu and a CUDA cell each keep their newest torch
             if k not in newest or values.torch_key(c.torch) > values.torch_key(newest[k].torch):
                 newest[k] = c
-        for (arch, python), c in newest.items():
+        for (arch, python, _cuda), c in newest.items():
             skipped = sorted(
                 {
                     d.torch

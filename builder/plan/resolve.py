@@ -25,6 +25,7 @@ from builder.config.pins import parse_ref
 from builder.errors import BuilderError
 from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select
+from builder.plan.cudacell import CudaRecord, resolve_cuda
 from builder.plan.project import StableAbi, read_bounds
 from builder.release.manifest import read_manifest
 
@@ -57,6 +58,11 @@ class ResolvedCell:
     built_by: str = ""
     build_reason: str = ""
     torch_requirement: str = ""  # the stable wheel's, e.g. torch>=2.10 ("": pinned per torch)
+    #: The CUDA decisions (builder.plan.cudacell): cpu, or the CUDA, its torch's index, the
+    #: toolkit pins, the arch list and the libraries auditwheel leaves external.
+    cuda: CudaRecord = CudaRecord(cuda="cpu", reason="cpu")
+    #: The libraries auditwheel must leave external (build.auditwheel_exclude + CUDA's)
+    auditwheel_exclude: tuple[str, ...] = ()
 
     @property
     def stable(self) -> bool:
@@ -77,6 +83,7 @@ class ResolvedCell:
         return {
             "id": c.identifier, "arch": c.arch, "machine": c.machine, "python": c.python,
             "cp": c.cp, "torch": c.torch, "torch_reason": self.torch_reason,
+            "cuda": self.cuda.to_dict(), "auditwheel_exclude": list(self.auditwheel_exclude),
             "local_version": self.local_version,
             "wheel": self.wheel, "build_group": self.build_group or c.identifier,
             "built_by": self.built_by or c.identifier, "build_reason": self.build_reason,
@@ -226,7 +233,10 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
                     f"the matrix's torch axis ({config.source_name})")
     plat = config.support.torch_plat(cell.torch, cell.machine)
     npu = config.support.npu_pin(cell.torch, cell.python, cell.machine)
+    cuda = resolve_cuda(cell, config, selection)
     return ResolvedCell(
+        cuda=cuda, auditwheel_exclude=tuple(dict.fromkeys(
+            (*config.build.auditwheel_exclude, *cuda.excludes))),
         cell=cell, torch_reason=torch_reason, backend=choice.backend,
         backend_reason=choice.reason, buildable=choice.buildable, runner=runner,
         runner_reason=runner_reason, image=image, plat=plat,
@@ -241,12 +251,12 @@ def _newest(records: Sequence[ResolvedCell],
             dropped: Sequence[DroppedCell]) -> tuple[list[ResolvedCell], list[str]]:
     """A Python named without a torch: per (arch, Python), the newest torch of the matrix that
     this host can build, else the newest (which then needs a runner) -- with the reason."""
-    groups: dict[tuple[str, str], list[ResolvedCell]] = {}
+    groups: dict[tuple[str, str, str], list[ResolvedCell]] = {}
     for r in records:
-        groups.setdefault((r.cell.arch, r.cell.python), []).append(r)
+        groups.setdefault((r.cell.arch, r.cell.python, r.cell.cuda), []).append(r)
     chosen: list[ResolvedCell] = []
     notes: list[str] = []
-    for (arch, python), group in groups.items():
+    for (arch, python, cuda), group in groups.items():
         group = sorted(group, key=lambda r: values.torch_key(r.cell.torch), reverse=True)
         newest = group[0]
         pick: Optional[ResolvedCell] = next((r for r in group if r.buildable), None)
@@ -265,6 +275,7 @@ def _newest(records: Sequence[ResolvedCell],
                    f"built here ({newest.backend_reason}); name --torch {newest.cell.torch} to "
                    f"build it on a native {pick.cell.machine} runner")
         unpublished = sorted({d.torch for d in dropped if d.arch == arch and d.python == python
+                              and d.cuda == cuda
                               and values.torch_key(d.torch) > values.torch_key(pick.cell.torch)},
                              key=values.torch_key)
         if unpublished:

@@ -12,6 +12,11 @@ writes, :mod:`builder.wheel.localversion`). A wheel with no torch requirement se
 so it is listed on every page; a stable-ABI wheel (``torch>=2.10``, no label) is listed on the
 page of every series its range admits; when no wheel is pinned there is nothing to split (a usage
 error).
+
+A CUDA wheel (``+torch2.14.cu130``, docs/cuda-wheels.md) pins the same ``torch==2.14.*`` as the
+cpu one, and pip cannot tell them apart by requirement; it is listed on the page of its torch
+series and CUDA (``OUT/torch2.14.cu130/simple/``), never on the cpu page, so a CPU torch's user
+is never handed device code that needs libtorch_cuda.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from builder.release.simple_index import IndexResult, collect_wheels, write_simp
 from builder.wheel.wheelmeta import requires_dist
 
 _SERIES = re.compile(r"^==(\d+)\.(\d+)\.\*$")
+#: The CUDA part of a CUDA wheel's local version label (builder.plan.cells.local_label).
+_CUDA_LABEL = re.compile(r"(?:^|\.)torch\d+\.\d+\.(cu\d+)$")
 
 
 def torch_range(wheel: Path) -> SpecifierSet | None:
@@ -45,7 +52,11 @@ def torch_range(wheel: Path) -> SpecifierSet | None:
 def torch_series(wheel: Path) -> str | None:
     """``torch2.13`` for a wheel pinned to ``torch==2.13.*``; None when it pins no series."""
     m = _SERIES.match(str(torch_range(wheel) or ""))
-    return f"torch{m.group(1)}.{m.group(2)}" if m else None
+    if m is None:
+        return None
+    version = wheel.name.split("-")[1]
+    cuda = _CUDA_LABEL.search(version.partition("+")[2])
+    return f"torch{m.group(1)}.{m.group(2)}" + (f".{cuda.group(1)}" if cuda else "")
 
 
 def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
@@ -64,14 +75,17 @@ def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
                           "torch==X.Y.*, as this builder's wheels do); write one index instead")
 
     def admits(spec: SpecifierSet | None, series: str) -> bool:
-        return spec is None or spec.contains(series[len("torch"):] + ".0", prereleases=True)
+        version = ".".join(series[len("torch"):].split(".")[:2])  # torch2.14.cu130 -> 2.14
+        return spec is None or spec.contains(version + ".0", prereleases=True)
 
     return {s: sorted([*pinned[s], *(w for w, spec in others if admits(spec, s))])
             for s in sorted(pinned, key=_series_key)}
 
 
 def _series_key(series: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in series[len("torch"):].split("."))
+    parts = series[len("torch"):].split(".")
+    cuda = int(parts[2][2:]) if len(parts) > 2 else -1  # cpu first, then each CUDA
+    return (int(parts[0]), int(parts[1]), cuda)
 
 
 def write_per_torch_indexes(wheels: Iterable[Path] | Path, out: Path, *, link: bool = False,

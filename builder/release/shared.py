@@ -83,7 +83,7 @@ class SharedWheel:
 
 def default_group(cell: Cell) -> str:
     """A cell's build group when no record says otherwise: its (arch, torch)."""
-    return group_of(cell.arch, cell.torch, stable=False)
+    return group_of(cell.arch, cell.torch, stable=False, cuda=cell.cuda)
 
 
 class SharedWheels:
@@ -155,7 +155,8 @@ def _from_manifest(cell: Cell, group: str, out: Path,
         resolved = extra.get("resolved") or {}
         name = str(w.get("file", ""))
         recorded = resolved.get("build_group") or group_of(
-            str(resolved.get("arch")), str(resolved.get("torch")), stable=False)
+            str(resolved.get("arch")), str(resolved.get("torch")), stable=False,
+            cuda=str((resolved.get("cuda") or {}).get("version") or "cpu"))
         if (recorded != group or not name.endswith(".whl") or not python_agnostic(name)
                 or not serves(name, cell)):
             continue

@@ -36,11 +36,14 @@ from builder.wheel.repair import split_wheel_name
 from builder.wheel.requires import repin
 
 _LABEL = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
-_TORCH_LABEL = re.compile(r"^torch(\d+)\.(\d+)$")
+#: ``torch2.13``, or a CUDA wheel's ``torch2.14.cu130`` (the same series pin: the CUDA is the
+#: installed torch's build, which a requirement cannot name; docs/cuda-wheels.md).
+_TORCH_LABEL = re.compile(r"^torch(\d+)\.(\d+)(?:\.cu\d+)?$")
 
 
 def torch_pin(label: str) -> Optional[str]:
-    """``torch2.13`` -> ``torch==2.13.*``; None for a label that names no torch series."""
+    """``torch2.13`` (or ``torch2.14.cu130``) -> ``torch==2.13.*``; None for a label that
+    names no torch series."""
     m = _TORCH_LABEL.match(label)
     return f"torch=={m.group(1)}.{m.group(2)}.*" if m else None
 

@@ -33,7 +33,9 @@ from builder.wheel.repair import (
 
 #: Shared libraries that must never be inside our wheels (the user's torch provides them).
 FORBIDDEN_LIBRARIES: tuple[str, ...] = ("libtorch*.so*", "libc10*.so*", "libgomp*.so*",
-                                        "libshm*.so*", "libtorch_*")
+                                        "libshm*.so*", "libtorch_*",
+                                        # the CUDA driver and runtime: the machine's and torch's
+                                        "libcuda.so*", "libcudart*.so*")
 
 
 def check_name_against_audit(wheel_name: str, audit: WheelAudit,
@@ -69,6 +71,8 @@ class Verification:
     wheel: Path
     tag: str  # the symbol-version tag auditwheel confirmed
     modules: tuple[str, ...]  # extension modules the smoke test imported
+    #: A CUDA wheel's device code check (builder.wheel.cudacheck); None for a cpu wheel
+    cuda: Optional[dict] = None
 
 
 def verify_wheel(

@@ -26,14 +26,14 @@ CASES = [
         6,
         "colour",
         "unknown key 'colour'; expected one of: before-all, before-build, build, build-frontend, "
-        "ca_bundle, config-settings, environment, environment-pass, images, matrix",
+        "ca_bundle, config-settings, cuda, environment, environment-pass, images, matrix",
     ),
     (
         "unknown-matrix-key",
         BASE + "  pythons: ['3.12']\n",
         6,
         "matrix.pythons",
-        "unknown key 'pythons'; expected one of: arch, exclude, include, python, torch",
+        "unknown key 'pythons'; expected one of: arch, cuda, exclude, include, python, torch",
     ),
     (
         "unknown-image-key",
@@ -161,7 +161,7 @@ CASES = [
         BASE + "  exclude:\n    - {pyhton: '3.9'}\n",
         7,
         "matrix.exclude[0].pyhton",
-        "unknown key 'pyhton'; expected one of: arch, python, torch",
+        "unknown key 'pyhton'; expected one of: arch, cuda, python, torch",
     ),
     (
         "exclude-bad-version",

@@ -136,7 +136,7 @@ BAD = [
      _edit('    x86_64: ["3.9"]\n    aarch64', '    x86_64: [3.10]\n    aarch64'), 10,
      "torch_npu.2.8.0.x86_64[0]", 'expected a quoted Python version like "3.10", got 3.1'),
     ("unknown-top-key", TABLE + "torchnpu: {}\n", 1, None,
-     "expected a mapping with the key 'torch' (and optionally 'cross_host_torch', "
+     "expected a mapping with the key 'torch' (and optionally 'cross_host_torch', 'cuda', "
      "'cuda_builds', 'torch_glibc', 'torch_npu', 'unsupported')"),
 ]
 

@@ -156,3 +156,56 @@ def test_torchsort_cross_built_for_arm(sdists: Path, tmp_path: Path) -> None:
     report = entry["extra"]["verification"]
     assert report["torch"] == "2.9.1+cpu" and report["test"]["exit"] == 0, report
     assert report["test"]["tail"][-1] == "torchsort round trip ok", report
+
+
+#: torchsort's CUDA extension for CUDA 13.0 and two compute capabilities (SASS for both, PTX for
+#: the newer): the support table's toolkit from the package index in the cell's torch
+#: environment, no system CUDA (every folder with an nvcc is off PATH, as in `sdists`).
+CUDA_CELL = "cp311-manylinux_x86_64-torch2.14.1-cu130"
+CUDA_CONFIG = f"""\
+support: {Path(__file__).resolve().parents[2] / "configs" / "support.yaml"}
+matrix:
+  arch: [X86]
+  python: ["3.11"]
+  torch: ["2.14.1"]
+  cuda: ["13.0"]
+cuda:
+  arch_list: {{"13.0": "8.0;9.0+PTX"}}
+"""
+TORCHSORT_CUDA_TEST = (
+    "python -c \"import torch, torchsort, torchsort.isotonic_cuda; "
+    "assert torch.version.cuda == '13.0', torch.version.cuda; "
+    "x = torch.tensor([[3., 1., 2.]]); "
+    "assert torch.equal(torchsort.soft_rank(x, regularization_strength=1e-3).round(), "
+    "torch.tensor([[3., 1., 2.]])); print('torchsort cuda import ok')\"")
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_build
+@pytest.mark.timeout(3600)
+def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) -> None:
+    """Measured on this project's 2-CPU machine: the CUDA torch environment (torch 2.14.1 and
+    its nvidia-* packages, 3.0 GB, from a local mirror) 42 s, the toolkit 4 s, the compile of
+    isotonic_cuda.cu for two capabilities several minutes: a slow test, outside CI's lane."""
+    project = _unpack(sdists, TORCHSORT, tmp_path / "src")
+    config = tmp_path / "cuda.yaml"
+    config.write_text(CUDA_CONFIG)
+    r = run_build(tmp_path, "--config", str(config), "--backend", "host", "--cuda", "13.0",
+                  "--project", str(project), "--test-command", TORCHSORT_CUDA_TEST,
+                  timeout=3600, PATH=_without_nvcc(os.environ["PATH"]))
+    assert r.rc == 0, r.err[-4000:]
+    entry = _entry(tmp_path / "dist", CUDA_CELL)
+    assert entry["file"].startswith(
+        "torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_"), entry
+    assert entry["extra"]["modules"] == ["torchsort.isotonic_cpu", "torchsort.isotonic_cuda"]
+    cuda = entry["extra"]["cuda"]
+    assert cuda["arch_list"] == "8.0;9.0+PTX" and cuda["device_code"] == {
+        "torchsort/isotonic_cuda.cpython-311-x86_64-linux-gnu.so":
+            "sm_80, sm_90, compute_90 (PTX)"}, cuda
+    assert entry["extra"]["resolved"]["cuda"]["version"] == "13.0"
+    log = (tmp_path / "work" / "logs" / f"{CUDA_CELL}.log").read_text()
+    assert "torchsort cuda import ok" in log
+    # No nvcc on the build's PATH but the toolkit's (CUDA_HOME's, from the index's wheels): the
+    # device code above is that nvcc's.
+    assert shutil.which("nvcc", path=_without_nvcc(os.environ["PATH"])) is None
+    assert "nvidia-cuda-nvcc==13.0.88" in entry["extra"]["resolved"]["cuda"]["toolkit"][0]
