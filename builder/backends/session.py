@@ -50,7 +50,9 @@ def build_in_cell(
         session, python=python, torch=cell.torch, project=opts.project, wheelhouse=wheelhouse,
         index_url=config.pip.index_url, local_version_label="", ccache=opts.ccache,
         prepared=prepared, cflags=config.build.extra_cflags, options=config.build_options,
-        passed=config.build_options.passed(os.environ)))
+        passed=config.build_options.passed(os.environ),
+        extra_requirements=config.support.build_requirements(cell.torch),
+        cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor))
     if built.ccache is not None:
         job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 

@@ -126,6 +126,8 @@ def build_in_session(
     cflags: Sequence[str] = (),
     options: CibwOptions = NO_OPTIONS,
     passed: Optional[Mapping[str, str]] = None,
+    cxx11_abi: Optional[bool] = None,
+    cxx_floor: bool = False,
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
@@ -137,7 +139,9 @@ def build_in_session(
     its torch and site-packages are only read back. *cflags*: added to every compile
     (``build.extra_cflags``). *options*: cibuildwheel's build options
     (builder.config.buildoptions); *passed*: the ``environment-pass`` variables, given to the
-    build step's process only (never in its command line or the log).
+    build step's process only (never in its command line or the log). *cxx11_abi*: the cell
+    torch's string ABI (the resolved record's; None: torch's cpp_extension decides alone);
+    *cxx_floor*: compile with the C++ floor header (a manylinux2014 ceiling).
     """
     work = session.workdir
     project_in = copy_project_in(session, project)
@@ -168,6 +172,10 @@ def build_in_session(
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
+    if cxx11_abi is not None:
+        argv += ["--cxx11-abi", str(int(cxx11_abi))]
+    if cxx_floor:
+        argv.append("--cxx-floor")
     argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
     argv += build_option_args(options, project_in)
     if wheelhouse:  # where the build frontend `build` is installed from
