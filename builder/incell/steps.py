@@ -1,7 +1,8 @@
 """The in-cell steps: run *inside* the build environment (container or host session).
 
-Standard library only, Python >= 3.8 (the Ascend lines' cp38 cells): this file is copied into the environment and run by the
-cell's own interpreter, so it cannot import the builder or anything else from the host. The same
+Standard library only, Python >= 3.8 (the Ascend lines' cp38 cells): this file is copied into
+the environment and run by the cell's own interpreter, so it cannot import the builder or
+anything else from the host. The same
 file runs in both backends, which is what makes the host and docker paths build the same wheel.
 
 Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host side parses)::
