@@ -111,6 +111,15 @@ def host_build_python(job: CellJob) -> str:
         raise StepFailed(f"{need}, which could not be set up:\n{exc.message}") from None
 
 
+def target_extras(job: CellJob) -> tuple[str, ...]:
+    """What the target site gets beside torch: the cell's bounded setuptools where the table
+    bounds one. torch 2.1 imports pkg_resources at run time too (torch/torch_version.py, when
+    torch._dynamo compares versions: amp's self-test gets there), which a venv of its Pythons
+    provides (ensurepip's setuptools) and a bare --target site does not."""
+    bounded = job.resolved.setuptools
+    return (bounded,) if bounded != "setuptools" else ()
+
+
 def check_target_abi(job: CellJob, torch: TargetTorch) -> TargetTorch:
     """The target torch's own TorchConfig.cmake must say the string ABI the cell's record says
     (the support table's torch_cxx11_abi): the hook compiles with the record's value."""
@@ -208,7 +217,8 @@ class CrossBackend:
         cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
         target = self._target(job)
         torch = steps("target torch", lambda: check_target_abi(job, ensure_target_torch(
-            cell.torch, target.python, env=download_env(job), platform=job.resolved.plat)))
+            cell.torch, target.python, env=download_env(job), platform=job.resolved.plat,
+            extra_requirements=target_extras(job))))
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
         host_python = steps("host torch", lambda: host_build_python(job))
