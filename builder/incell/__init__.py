@@ -172,8 +172,11 @@ def build_in_session(
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
-    if cxx11_abi is not None:
-        argv += ["--cxx11-abi", str(int(cxx11_abi))]
+    if cxx11_abi is False:
+        # The pre-C++11 ABI (the Ascend lines' torches) is checked against the installed torch
+        # and defined; the C++11 one is GCC's default and what torch 2.8+ assumes without a
+        # define, so modern cells compile exactly as before.
+        argv += ["--cxx11-abi", "0"]
     if cxx_floor:
         argv.append("--cxx-floor")
     argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"

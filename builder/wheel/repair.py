@@ -76,15 +76,14 @@ _LEGACY_GLIBC = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014"
 def oldest_tag(tags: Sequence[str]) -> str:
     """The most compatible of a wheel's platform tags (auditwheel lists every tag the wheel
     meets, e.g. ``manylinux_2_24_x86_64.manylinux_2_28_x86_64`` after ``--plat
-    manylinux_2_28_x86_64``): the one that says where it installs; of two names of one policy
-    (``manylinux2014_aarch64.manylinux_2_17_aarch64``), the PEP 600 one."""
+    manylinux_2_28_x86_64``): the one that says where it installs."""
     def glibc(tag: str) -> tuple[int, int]:
         m = _MANYLINUX.match(tag)
         if m is not None:
             return int(m.group(1)), int(m.group(2))
         return _LEGACY_GLIBC.get(tag.split("_", 1)[0], (99, 99))
 
-    return min(tags, key=lambda t: (glibc(t), not t.startswith("manylinux_"), t))
+    return min(tags, key=lambda t: (glibc(t), t))
 
 
 def is_excluded(lib: str, excludes: Sequence[str]) -> bool:
