@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 RESULT_PREFIX = "AMPFORGE_RESULT "
+#: sys.platlibdir (Python 3.9+); a 3.8 interpreter (the Ascend lines' cp38 cells) has lib/ only.
+_PLATLIBDIR = getattr(sys, "platlibdir", "lib")
 
 # GCC >= 11's libstdc++ reads glibc's __libc_single_threaded when <sys/single_threaded.h>
 # exists; that one symbol (GLIBC_2.32) would cap the wheel's tag at the build host's glibc.
@@ -366,6 +368,14 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     # compile of a kernel file, for files that are compiled lazily on import anyway.
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
           "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
+    # A bounded build requirement (the support table's setuptools<70 for torch 2.1) is brought
+    # to the newest release inside its bound: "already satisfied" would keep the venv's own
+    # (Python 3.8's ensurepip gives setuptools 56, which ignores pyproject.toml's [project]
+    # table, so the wheel came out named UNKNOWN without the project's packages).
+    bounded = [r for r in args.extra if re.search(r"[<>=!~]", r)]
+    if bounded:
+        _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+              "--no-input", "--no-compile", "--upgrade", *_pip_source_args(args), *bounded])
     _result(torch=md.version("torch"))
 
 
@@ -464,11 +474,11 @@ def cmd_site(args: argparse.Namespace) -> None:
         dist = md.distribution("torch")
     except md.PackageNotFoundError:
         if args.optional:
-            _result(torch="", site="", sites=[], platlibdir=sys.platlibdir)
+            _result(torch="", site="", sites=[], platlibdir=_PLATLIBDIR)
             return
         _fail(f"{sys.executable} has no torch installed")
     folders = _torch_folders(dist)
-    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=sys.platlibdir)
+    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=_PLATLIBDIR)
 
 
 def _glibc_has_single_threaded() -> bool:
