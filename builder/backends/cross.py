@@ -23,7 +23,12 @@ from builder.cross.build import cross_build_wheel
 from builder.cross.qemu import extension_modules, verify_wheel
 from builder.cross.repair import CROSS_EXCLUDES, repair_cross_wheel
 from builder.cross.sysroot import DEBIAN_PYTHONS, TargetPython, ensure_target_python
-from builder.cross.target_torch import TargetTorch, ensure_target_torch, require_cpu_torch
+from builder.cross.target_torch import (
+    TargetTorch,
+    ensure_target_torch,
+    require_cpu_torch,
+    wheel_cxx11_abi,
+)
 from builder.cross.toolchain import (
     CrossToolchain,
     CrossToolchainMissing,
@@ -106,6 +111,27 @@ def host_build_python(job: CellJob) -> str:
         raise StepFailed(f"{need}, which could not be set up:\n{exc.message}") from None
 
 
+def target_extras(job: CellJob) -> tuple[str, ...]:
+    """What the target site gets beside torch: the cell's bounded setuptools where the table
+    bounds one. torch 2.1 imports pkg_resources at run time too (torch/torch_version.py, when
+    torch._dynamo compares versions: amp's self-test gets there), which a venv of its Pythons
+    provides (ensurepip's setuptools) and a bare --target site does not."""
+    bounded = job.resolved.setuptools
+    return (bounded,) if bounded != "setuptools" else ()
+
+
+def check_target_abi(job: CellJob, torch: TargetTorch) -> TargetTorch:
+    """The target torch's own TorchConfig.cmake must say the string ABI the cell's record says
+    (the support table's torch_cxx11_abi): the hook compiles with the record's value."""
+    found = wheel_cxx11_abi(torch.torch_dir)
+    if found is not None and found != job.resolved.cxx11_abi:
+        raise StepFailed(
+            f"torch {torch.version} for {job.cell.machine} ({torch.wheel.name}) was built with "
+            f"_GLIBCXX_USE_CXX11_ABI={int(found)}, but {job.resolved.cxx11_abi_reason}: correct "
+            "the table")
+    return torch
+
+
 @dataclass(frozen=True)
 class CrossTarget:
     """What a cross cell is built against (all cached under ~/.cache/ampforge)."""
@@ -175,8 +201,8 @@ class CrossBackend:
         if cell.identifier not in self._targets:
             toolchain = find_toolchain(cell.machine)
             python = ensure_target_python(cell.python, cell.machine)
-            wheel = require_cpu_torch(cell.torch, python,
-                                      env=download_env(job))
+            wheel = require_cpu_torch(cell.torch, python, env=download_env(job),
+                                      platform=job.resolved.plat)
             self._targets[cell.identifier] = CrossTarget(toolchain, python, wheel)
         return self._targets[cell.identifier]
 
@@ -190,8 +216,9 @@ class CrossBackend:
     def build(self, job: CellJob) -> Built:
         cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
         target = self._target(job)
-        torch = steps("target torch", lambda: ensure_target_torch(
-            cell.torch, target.python, env=download_env(job)))
+        torch = steps("target torch", lambda: check_target_abi(job, ensure_target_torch(
+            cell.torch, target.python, env=download_env(job), platform=job.resolved.plat,
+            extra_requirements=target_extras(job))))
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
         host_python = steps("host torch", lambda: host_build_python(job))
@@ -203,7 +230,8 @@ class CrossBackend:
             opts.project, stage / "raw", target.python, torch, target.toolchain,
             host_python=host_python,
             log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
-            ccache=opts.ccache, options=job.config.build_options))
+            ccache=opts.ccache, options=job.config.build_options,
+            cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))

@@ -21,6 +21,7 @@ from builder.errors import StepFailed
 from builder.inputkey import input_key
 from builder.plan.cells import Cell
 from builder.wheel.repair import CONTAINER_AUDITWHEEL
+from builder.wheel.wheelcheck import tag_glibc
 
 if TYPE_CHECKING:
     from builder.images.render import Recipe
@@ -46,6 +47,24 @@ PLAT_LABEL = "org.ampforge.base.plat"
 
 class BaseImageMissing(StepFailed):
     """The cell's base image is not in the engine and the pull policy is ``never``."""
+
+
+def image_above_torch(cell: Cell, support: SupportTable) -> Optional[str]:
+    """Why the cell's base image cannot build it (None: it can): an image whose glibc is newer
+    than torch's own wheel makes wheels that need that glibc, so they would not install where
+    their torch does (the Ascend lines' manylinux2014 torches in a manylinux_2_28 image)."""
+    ceiling = support.torch_plat(cell.torch, cell.machine)
+    try:
+        image_glibc, _ = tag_glibc(cell.image.plat)
+        torch_glibc, _ = tag_glibc(ceiling)
+    except StepFailed:
+        return None  # an image without a manylinux tag (a local Debian one): the checks decide
+    if image_glibc <= torch_glibc:
+        return None
+    return (f"its base image {cell.image.ref} is {cell.image.plat}, newer than torch "
+            f"{cell.torch}'s own {ceiling} (per {support.file}): a wheel built there would not "
+            f"install wherever torch does; set the config's images.{cell.arch} to a "
+            f"{ceiling.rsplit('_', 1)[0].replace('manylinux_2_17', 'manylinux2014')} image")
 
 
 def image_choice(ref: str, cell: Cell, host: Host) -> ImageChoice:
@@ -143,6 +162,9 @@ class DockerBackend:
         if cell.machine != host.machine:
             return Availability(False, f"docker runs {host.machine} containers here; "
                                        f"{cell.machine} cells need emulation (backend emulated)")
+        above = image_above_torch(cell, support)
+        if above is not None:
+            return Availability(False, above)
         engine = host.engine()
         if engine is None:
             return Availability(False, f"{host.engine_reason()}; start one (.ci/dockerd-up, or "

@@ -16,6 +16,7 @@ from builder.backends.docker import (
     base_image_step,
     build_in_container,
     container_key,
+    image_above_torch,
     image_choice,
 )
 from builder.config import BuildConfig
@@ -48,6 +49,9 @@ class EmulatedBackend:
             native = DockerBackend().availability(cell, host, support)
             return Availability(native.ok, f"this host's cell runs natively in the engine; "
                                            f"{native.reason}", pull=native.pull)
+        above = image_above_torch(cell, support)
+        if above is not None:
+            return Availability(False, above)
         emulation = host.emulation(cell.machine)
         if not emulation.available:
             return Availability(False, f"{cell.machine} emulation is unavailable on this "

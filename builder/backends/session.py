@@ -55,7 +55,9 @@ def build_in_cell(
         prepared=prepared, cflags=config.build.extra_cflags, options=config.build_options,
         passed=config.build_options.passed(os.environ),
         cuda_arch_list=(job.resolved.cuda.arch_list.text
-                        if job.resolved.cuda.arch_list is not None else "")))
+                        if job.resolved.cuda.arch_list is not None else ""),
+        extra_requirements=config.support.build_requirements(cell.torch),
+        cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor))
     if built.ccache is not None:
         job.log.note(f"ampforge: ccache for {cell.identifier}: {built.ccache}")
 

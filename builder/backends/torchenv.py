@@ -55,7 +55,9 @@ from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.incell import STEPS_SCRIPT, install_toolkit, install_torch, parse_result
 
-#: The build requirements installed beside torch (the in-cell ``install-torch`` default).
+#: The build requirements installed beside torch (the in-cell ``install-torch`` default) for a
+#: torch the support table bounds no setuptools for; :meth:`SupportTable.build_requirements` is
+#: what a cell's environment gets (``setuptools<70`` for torch 2.1).
 BUILD_REQUIREMENTS = ("setuptools", "wheel")
 #: Label holding the key's parts (JSON) on torch layers, to say what changed on a rebuild.
 PARTS_LABEL = "org.ampforge.torch.parts"
@@ -78,9 +80,10 @@ def torch_key_parts(job: CellJob, where: Mapping[str, Any],
     else:
         source = {"index_url": config.pip.index_url,
                   "extra_index_urls": list(config.pip.extra_index_urls)}
-    parts = {**where, "torch": torch or job.cell.torch,
-             "requirements": list(BUILD_REQUIREMENTS), "source": source,
-             "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
+    version = torch or job.cell.torch
+    parts = {**where, "torch": version,
+             "requirements": list(config.support.build_requirements(version)),
+             "source": source, "offline": opts.offline, "steps": file_digest(STEPS_SCRIPT)}
     cuda = job.resolved.cuda
     if cuda.enabled and torch is None:
         # A CUDA cell's environment holds its CUDA torch build and its toolkit: both decide the
@@ -116,9 +119,11 @@ def superseded(parts: Mapping[str, Any], name_key: str, where: frozenset[str],
     if parts["steps"] != steps:
         return (f"made by another install step (steps.py {str(parts['steps'])[:12]}, this "
                 f"builder's {steps[:12]})")
-    if parts["requirements"] != list(BUILD_REQUIREMENTS):
+    requirements = list(parts["requirements"])
+    if requirements[1:] != list(BUILD_REQUIREMENTS[1:]) or not str(requirements[0]).startswith(
+            BUILD_REQUIREMENTS[0]):
         return (f"made with other build requirements ({parts['requirements']}, this builder's "
-                f"{list(BUILD_REQUIREMENTS)})")
+                f"{list(BUILD_REQUIREMENTS)}, setuptools bounded per torch)")
     return ""
 
 
@@ -165,6 +170,7 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
         # RHEL-family layouts -- through the interpreter's own site-packages.
         where["interpreter_torch"] = own
     parts = torch_key_parts(job, where, version)
+    requirements = tuple(parts["requirements"])
     key = content_key([json.dumps(parts, sort_keys=True)])
     root = cache_root() / "torch-envs"
     xy = ".".join(python_version.split()[0].split(".")[:2])
@@ -208,7 +214,7 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
                                                  *borrow], step="create torch venv"))
                 if own is None:  # a borrowed torch downloads nothing
                     announce_large_download(job, session, str(made["python"]), steps,
-                                            requirements=BUILD_REQUIREMENTS, torch=version,
+                                            requirements=requirements, torch=version,
                                             machine=platform.machine())
                 wheelhouse = (str(job.opts.wheelhouse.resolve()) if job.opts.wheelhouse
                               else None)
@@ -216,7 +222,8 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
                 install_torch(session, str(made["python"]), steps, torch=version,
                               wheelhouse=wheelhouse,
                               index_url=(cuda.torch_index_url if cuda and cuda.torch_index_url
-                                         else job.config.pip.index_url))
+                                         else job.config.pip.index_url),
+                              extra_requirements=requirements)
                 if cuda is not None and cuda.enabled:
                     # The toolkit from the package index (the cell's usual sources, a bundle's
                     # wheelhouse offline), pinned by the resolved record: no system CUDA.
@@ -310,10 +317,12 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
                                   f"{CONTAINER_LABEL}.cell": cell.identifier},
                           log=job.log, workdir="/ampforge-torch") as session:
         steps = session.copy_in(STEPS_SCRIPT, session.workdir)
+        requirements = tuple(parts["requirements"])
         announce_large_download(job, session, IMAGE_VENV_PYTHON, steps,
-                                requirements=BUILD_REQUIREMENTS, env=pip_env)
+                                requirements=requirements, env=pip_env)
         install_torch(session, IMAGE_VENV_PYTHON, steps, torch=cell.torch, wheelhouse=wheelhouse,
-                      index_url=job.config.pip.index_url, env=pip_env)
+                      index_url=job.config.pip.index_url, env=pip_env,
+                      extra_requirements=requirements)
         session.run(["rm", "-rf", session.workdir], cwd="/", step="clean torch layer")
         engine.commit(session, tag, labels={CELL_LABEL: cell.identifier,
                                             PARTS_LABEL: json.dumps(parts, sort_keys=True)})

@@ -105,10 +105,11 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
                      f"(cross_host_torch in {cfg.support.file})")
     lines.append("")
     header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",
-              "WHERE")
+              "ABI", "SETUPTOOLS", "WHERE")
     rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none", build_column(c),
                         c.backend if c.buildable else "-",
                         _short(c.image.ref) if c.buildable else "-", c.plat,
+                        abi_column(c), c.setuptools.replace("setuptools", "", 1) or "any",
                         THIS_HOST if c.buildable else f"runner {c.runner}")
                        for c in resolution.cells]
     lines += _columns(rows)
@@ -179,6 +180,12 @@ def _short(ref: str) -> str:
     """*ref* with its digest cut to 12 hex digits, for the table."""
     name, at, digest = ref.partition("@")
     return f"{name}@{digest[:19]}" if at else ref
+
+
+def abi_column(cell: ResolvedCell) -> str:
+    """The ABI column: the C++ string ABI the cell's torch was built with (its compile's
+    -D_GLIBCXX_USE_CXX11_ABI)."""
+    return "cxx11" if cell.cxx11_abi else "pre-cxx11"
 
 
 def build_column(cell: ResolvedCell) -> str:

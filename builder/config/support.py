@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from builder.config import values
@@ -28,6 +29,17 @@ MACHINES = ("x86_64", "aarch64")
 DEFAULT_TORCH_GLIBC = "2.28"
 #: The cross backend's host torch when the table names none (configs/support.yaml explains).
 DEFAULT_CROSS_HOST_TORCH = "2.13.0"
+#: The C++ string ABI of torch's wheels when the table names none: the C++11 ABI
+#: (``_GLIBCXX_USE_CXX11_ABI=1``), which every release of the 'torch' table from 2.7.1 on uses.
+DEFAULT_CXX11_ABI = True
+
+
+@dataclass(frozen=True)
+class LineFact:
+    """One per-torch fact of the support table for a cell, with where it was read from."""
+
+    value: object
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ class SupportTable:
     file: str
     wheels: Mapping[str, Mapping[str, tuple[str, ...]]]
     cuda_builds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    torch_glibc: Mapping[str, str] = field(default_factory=dict)
+    torch_glibc: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: torch -> its torch-npu release (None: none requires that torch); None: no such table.
     torch_npu: Optional[Mapping[str, Optional[NpuRelease]]] = None
     #: Why an older Python ("3.8") or torch line ("2.1": every 2.1.x) is not supported: end of
@@ -66,6 +78,50 @@ class SupportTable:
     cross_host_torch: str = DEFAULT_CROSS_HOST_TORCH
     #: The ``cuda`` section: toolkits and each torch's CUDA builds (builder.config.cuda).
     cuda: CudaTable = field(default_factory=CudaTable)
+    #: torch (or "default") -> machine (or "*": both) -> whether its wheel was built with the
+    #: C++11 string ABI (``_GLIBCXX_USE_CXX11_ABI=1``); an extension must be compiled alike.
+    cxx11_abi: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
+    #: torch -> the setuptools specifier its torch.utils.cpp_extension works with ("<70").
+    setuptools: Mapping[str, str] = field(default_factory=dict)
+
+    def _per_machine(self, table: Mapping[str, Mapping[str, object]], torch: str,
+                     machine: str) -> tuple[object, str]:
+        """The value for (*torch*, *machine*) and the table key it came from."""
+        for key in (torch, "default"):
+            entry = table.get(key)
+            if entry is None:
+                continue
+            for m in (machine, "*"):
+                if m in entry:
+                    return entry[m], key if m == "*" else f"{key}.{m}"
+        return None, ""
+
+    def glibc(self, torch: str, machine: str) -> LineFact:
+        """The glibc torch's own wheel for *machine* needs (the ceiling for ours)."""
+        value, key = self._per_machine(self.torch_glibc, torch, machine)
+        if value is None:
+            return LineFact(DEFAULT_TORCH_GLIBC, f"the builder's default {DEFAULT_TORCH_GLIBC} "
+                                                 f"(no torch_glibc entry in {self.file})")
+        return LineFact(value, f"torch_glibc.{key} in {self.file}")
+
+    def abi(self, torch: str, machine: str) -> LineFact:
+        """Whether torch's *machine* wheel uses the C++11 string ABI, and where that is said:
+        the ``-D_GLIBCXX_USE_CXX11_ABI`` every extension built against it must be compiled
+        with (a mismatch links, then fails to import with undefined std::string symbols)."""
+        value, key = self._per_machine(self.cxx11_abi, torch, machine)
+        if value is None:
+            return LineFact(DEFAULT_CXX11_ABI, "the builder's default, the C++11 ABI (no "
+                                               f"torch_cxx11_abi entry in {self.file})")
+        return LineFact(value, f"torch_cxx11_abi.{key} in {self.file}")
+
+    def setuptools_requirement(self, torch: str) -> LineFact:
+        """The setuptools requirement of a build against *torch* (``setuptools<70`` for torch
+        2.1, whose cpp_extension imports ``pkg_resources.packaging``), and where it is said."""
+        spec = self.setuptools.get(torch)
+        if spec is None:
+            return LineFact("setuptools", f"no bound: torch {torch}'s cpp_extension needs none "
+                                          f"(no torch_setuptools entry in {self.file})")
+        return LineFact(f"setuptools{spec}", f"torch_setuptools.{torch} in {self.file}")
 
     def why_unsupported(self, axis: str, value: str) -> Optional[str]:
         """The recorded reason for Python *value* ("3.8") or torch *value* ("2.1.0"), if any."""
@@ -100,12 +156,17 @@ class SupportTable:
         return NpuPin(entry.release, f"the newest final torch-npu release for torch {torch}, "
                                      f"with a {cp} wheel for {machine} (per {self.file})")
 
+    def build_requirements(self, torch: str) -> tuple[str, ...]:
+        """What a build against *torch* installs beside it: setuptools (with the bound of
+        torch_setuptools where that torch's cpp_extension needs one) and wheel."""
+        return (str(self.setuptools_requirement(torch).value), "wheel")
+
     def is_cuda_build(self, torch: str, machine: str) -> bool:
         return torch in self.cuda_builds.get(machine, ())
 
     def torch_plat(self, torch: str, machine: str) -> str:
         """The platform tag of torch's own wheel, e.g. ``manylinux_2_28_x86_64``."""
-        glibc = self.torch_glibc.get(torch, self.torch_glibc.get("default", DEFAULT_TORCH_GLIBC))
+        glibc = str(self.glibc(torch, machine).value)
         return f"manylinux_{glibc.replace('.', '_')}_{machine}"
 
     def knows(self, torch: str) -> bool:
@@ -180,14 +241,80 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                 )
             wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
-                        torch_glibc=_torch_glibc(doc), torch_npu=_torch_npu(doc, wheels),
+                        torch_glibc=_torch_glibc(doc, wheels), torch_npu=_torch_npu(doc, wheels),
                         unsupported=_unsupported(doc),
                         cross_host_torch=_cross_host_torch(doc, wheels),
-                        cuda=load_cuda(doc, wheels))
+                        cuda=load_cuda(doc, wheels),
+                        cxx11_abi=_cxx11_abi(doc, wheels),
+                        setuptools=_torch_setuptools(doc, wheels))
 
 
 _TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",
-             "cross_host_torch", "cuda"}
+             "cross_host_torch", "cuda", "torch_cxx11_abi", "torch_setuptools"}
+
+
+def _per_machine_table(doc: YamlDocument, name: str, wheels: Mapping[str, object],
+                       check: Callable[[object], bool], expected: str
+                       ) -> dict[str, dict[str, object]]:
+    """A mapping of torch release (or "default") -> value, or -> {machine: value}: one value
+    for both machines ("*" inside), or one per machine where torch's two wheels differ."""
+    raw = doc.data.get(name) or {}
+    p: tuple = (name,)
+    if not isinstance(raw, dict):
+        raise _fail(doc.file, doc.line(p), p,
+                    f'expected a mapping of torch (or "default") -> {expected}, or -> '
+                    f"{{machine: {expected}}}")
+    out: dict[str, dict[str, object]] = {}
+    for key, entry in raw.items():
+        kp = p + (str(key),)
+        if not isinstance(key, str) or (key != "default" and key not in wheels):
+            raise _fail(doc.file, doc.line(kp), kp,
+                        f"torch {key!r} is not in this table's 'torch' mapping; expected "
+                        f'"default" or one of {", ".join(wheels)}')
+        per = entry if isinstance(entry, dict) else {"*": entry}
+        if not per:
+            raise _fail(doc.file, doc.line(kp), kp,
+                        f"expected {expected} or a mapping of machine -> {expected}")
+        for machine, value in per.items():
+            mp = kp if machine == "*" else kp + (str(machine),)
+            if machine != "*" and machine not in MACHINES:
+                raise _fail(doc.file, doc.line(mp), mp,
+                            f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+            if not check(value):
+                raise _fail(doc.file, doc.line(mp), mp, f"expected {expected}, got {value!r}")
+        out[key] = dict(per)
+    return out
+
+
+def _cxx11_abi(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, dict[str, bool]]:
+    table = _per_machine_table(doc, "torch_cxx11_abi", wheels, lambda v: isinstance(v, bool),
+                               "true (the C++11 string ABI) or false (the pre-C++11 one)")
+    return {k: {m: bool(v) for m, v in per.items()} for k, per in table.items()}
+
+
+def _torch_setuptools(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, str]:
+    raw = doc.data.get("torch_setuptools") or {}
+    p: tuple = ("torch_setuptools",)
+    if not isinstance(raw, dict):
+        raise _fail(doc.file, doc.line(p), p, 'expected a mapping of torch -> a quoted '
+                    'setuptools specifier like "<70"')
+    out: dict[str, str] = {}
+    for torch, spec in raw.items():
+        tp = p + (str(torch),)
+        if not isinstance(torch, str) or torch not in wheels:
+            raise _fail(doc.file, doc.line(tp), tp,
+                        f"torch {torch!r} is not in this table's 'torch' mapping; expected one "
+                        f"of {', '.join(wheels)}")
+        try:
+            ok = isinstance(spec, str) and bool(spec.strip()) and bool(SpecifierSet(spec))
+        except InvalidSpecifier:
+            ok = False
+        if not ok:
+            raise _fail(doc.file, doc.line(tp), tp,
+                        f'expected a quoted setuptools version specifier like "<70", '
+                        f"got {spec!r}")
+        out[torch] = str(spec).strip()
+    return out
 
 
 def _cross_host_torch(doc: YamlDocument, wheels: Mapping[str, Mapping[str, object]]) -> str:
@@ -265,17 +392,12 @@ def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, t
     return out
 
 
-def _torch_glibc(doc: YamlDocument) -> dict[str, str]:
-    raw = doc.data.get("torch_glibc") or {}
-    p: tuple = ("torch_glibc",)
-    if not isinstance(raw, dict):
-        raise _fail(doc.file, doc.line(p), p, 'expected a mapping of torch (or "default") -> glibc')
-    for key, glibc in raw.items():
-        if not isinstance(glibc, str) or not re.fullmatch(r"2\.\d+", glibc):
-            kp = p + (str(key),)
-            raise _fail(doc.file, doc.line(kp), kp,
-                        f'expected a quoted glibc version like "2.28", got {glibc!r}')
-    return {str(k): v for k, v in raw.items()}
+def _torch_glibc(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, dict[str, str]]:
+    table = _per_machine_table(
+        doc, "torch_glibc", wheels,
+        lambda v: isinstance(v, str) and re.fullmatch(r"2\.\d+", v) is not None,
+        'a quoted glibc version like "2.28"')
+    return {k: {m: str(v) for m, v in per.items()} for k, per in table.items()}
 
 
 def _npu_release(doc: YamlDocument, path: tuple, torch: str, raw: object) -> str:

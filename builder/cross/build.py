@@ -49,12 +49,14 @@ from builder.cache import cache_root
 from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import expand
 from builder.cross.sysroot import TargetPython
-from builder.cross.target_torch import TargetTorch
+from builder.cross.target_torch import TargetTorch, wheel_cxx11_abi
 from builder.cross.toolchain import CrossToolchain
 from builder.errors import StepFailed
 from builder.incell import CcacheStats, ccache_stats
 from builder.incell.steps import (
     COMPILER_ERROR,
+    CXX_FLOOR_HEADER,
+    CXX_FLOOR_SHIM,
     LIBM_FLOOR_HEADER,
     CcacheSetupError,
     ccache_masquerade,
@@ -135,8 +137,12 @@ def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
 
 
 def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossToolchain,
-                    scratch: Path, base_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment that turns the host build of a torch extension into a cross build."""
+                    scratch: Path, base_env: dict[str, str] | None = None, *,
+                    cxx11_abi: bool | None = None, cxx_floor: bool = False) -> dict[str, str]:
+    """The environment that turns the host build of a torch extension into a cross build.
+    *cxx11_abi*: the target torch's string ABI (the cell's record; None: read from the target
+    torch); the hook compiles with it, not with the host torch's. *cxx_floor*: force-include the
+    C++ floor header (a manylinux2014 ceiling, :data:`builder.incell.steps.CXX_FLOOR_SHIM`)."""
     env = dict(os.environ if base_env is None else base_env)
     shim_dir = scratch / "shim-include"
     (shim_dir / "sys").mkdir(parents=True, exist_ok=True)
@@ -146,6 +152,11 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
     if libm_shim:
         (shim_dir / LIBM_FLOOR_HEADER).write_text(libm_shim)
         cppflags += ["-include", str(shim_dir / LIBM_FLOOR_HEADER)]
+    if cxx_floor:
+        (shim_dir / CXX_FLOOR_HEADER).write_text(CXX_FLOOR_SHIM)
+        cppflags += ["-include", str(shim_dir / CXX_FLOOR_HEADER)]
+    if cxx11_abi is None:
+        cxx11_abi = wheel_cxx11_abi(torch.torch_dir)
     ldflags = []
     gomp = torch.openmp_library()
     if gomp is not None:
@@ -163,6 +174,8 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         ),
         "AMPFORGE_CROSS_TORCH_DIR": str(torch.torch_dir),
+        # The target torch's string ABI (0/1) for the hook's -D_GLIBCXX_USE_CXX11_ABI.
+        "AMPFORGE_CROSS_CXX11_ABI": "" if cxx11_abi is None else str(int(cxx11_abi)),
         "_PYTHON_SYSCONFIGDATA_NAME": python.sysconfig_name,
         "_PYTHON_HOST_PLATFORM": python.host_platform,
         "CC": str(toolchain.cc),
@@ -191,7 +204,9 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
                       log_path: Path | None = None,
                       extra_env: dict[str, str] | None = None,
                       ccache: bool | None = None,
-                      options: CibwOptions = NO_OPTIONS) -> CrossBuildResult:
+                      options: CibwOptions = NO_OPTIONS,
+                      cxx11_abi: bool | None = None,
+                      cxx_floor: bool = False) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     *host_python* runs the project's build: an interpreter of this host with *some* torch
@@ -216,7 +231,8 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         if isolate:
             src = scratch / "src"
             shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
-        env = cross_build_env(python, torch, toolchain, scratch)
+        env = cross_build_env(python, torch, toolchain, scratch, cxx11_abi=cxx11_abi,
+                              cxx_floor=cxx_floor)
         env.update(extra_env or {})
         check_host_python(host, env)
         try:

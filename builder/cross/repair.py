@@ -78,7 +78,9 @@ def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
         repaired = made[0]
         _, _, _, new_tags = parse_wheel_filename(repaired.name)
         plats = sorted(t.platform for t in new_tags)
-        if not all(p.startswith("manylinux_") and p.endswith("_" + arch) for p in plats):
+        # A manylinux_2_17 wheel carries the legacy name of that policy too (manylinux2014_*).
+        if not all(p.startswith(("manylinux_", "manylinux2014_")) and p.endswith("_" + arch)
+                   for p in plats):
             raise StepFailed(f"auditwheel repair of {wheel.name} gave {repaired.name}, "
                              f"expected a manylinux_*_{arch} tag")
         grafted = [n for n in _names_in(repaired) if ".libs/" in n]

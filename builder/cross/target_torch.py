@@ -9,6 +9,7 @@ libraries even to import, so pick a CPU torch for verification (configs/support.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -23,8 +24,40 @@ from builder.errors import StepFailed
 from builder.release.manifest import sha256_file
 from builder.wheel import wheelmeta
 
-# The oldest glibc the index's aarch64 torch wheels target; pip also accepts older manylinux tags.
+# The glibc of the index's aarch64 torch wheels when the caller names none (2.8.0 and newer).
 DEFAULT_PLATFORM = "manylinux_2_28_{arch}"
+#: The legacy names of manylinux tags: pip's --platform matches a wheel's tag by name, and the
+#: Ascend lines' aarch64 torch wheels are tagged manylinux2014 only.
+_LEGACY_TAGS = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def platform_args(plat: str) -> list[str]:
+    """pip ``--platform`` arguments for every tag a wheel for *plat* may carry:
+    ``manylinux_2_28_aarch64`` -> manylinux_2_28 ... manylinux_2_17 and manylinux2014. pip
+    takes only the tags it is given (no older one), so a torch wheel tagged manylinux2014 is not
+    found with manylinux_2_28 alone."""
+    m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", plat)
+    if m is None:
+        return ["--platform", plat]
+    minor, arch = int(m.group(1)), m.group(2)
+    out: list[str] = []
+    for y in range(minor, 16, -1):
+        out += ["--platform", f"manylinux_2_{y}_{arch}"]
+        if y in _LEGACY_TAGS:
+            out += ["--platform", f"{_LEGACY_TAGS[y]}_{arch}"]
+    return out
+
+
+def wheel_cxx11_abi(torch_dir: Path) -> bool | None:
+    """The string ABI an unpacked torch says it was built with (TorchConfig.cmake's
+    TORCH_CXX_FLAGS; torch 2.8+ states none: the C++11 ABI), None when unreadable."""
+    config = torch_dir / "share" / "cmake" / "Torch" / "TorchConfig.cmake"
+    try:
+        text = config.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    m = re.search(r'TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI=([01])"', text)
+    return True if m is None else m.group(1) == "1"
 
 
 @dataclass(frozen=True)
@@ -95,7 +128,7 @@ def download_torch_wheel(version: str, python: TargetPython, cache: Path | None 
     folder = cache_root(cache) / "wheels" / f"torch-{version}-{python.python_tag}-{plat}"
 
     def fill(tmp: Path) -> None:
-        _pip(["download", "--no-deps", "--only-binary=:all:", "--platform", plat,
+        _pip(["download", "--no-deps", "--only-binary=:all:", *platform_args(plat),
               "--python-version", python.version, "--implementation", "cp",
               "--abi", python.python_tag, "-d", str(tmp), f"torch=={version}"],
              f"downloading torch=={version} for {python.python_tag} {plat}", env)
@@ -126,7 +159,7 @@ def ensure_target_torch(version: str, python: TargetPython, cache: Path | None =
 
     def fill(tmp: Path) -> None:
         common = ["install", "--quiet", "--target", str(tmp), "--only-binary=:all:",
-                  "--platform", plat, "--python-version", python.version, "--implementation",
+                  *platform_args(plat), "--python-version", python.version, "--implementation",
                   "cp", "--abi", python.python_tag, "--no-compile"]
         # pip evaluates environment markers against the *host* even with --platform, so it
         # would pull torch's x86_64-only CUDA requirements; evaluate them for the target here
@@ -161,14 +194,15 @@ def cuda_requirements(wheel: Path, python: TargetPython) -> list[str]:
 
 
 def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = None,
-                      env: Mapping[str, str] | None = None) -> Path:
+                      env: Mapping[str, str] | None = None,
+                      platform: str | None = None) -> Path:
     """The cached target torch wheel ``version``; :class:`StepFailed` when it is a CUDA build.
 
     A CUDA torch cannot be imported under QEMU (no CUDA libraries, no GPU), so a wheel built
     against it could not be verified; verifying against another torch instead would prove
     nothing about this cell, so the caller must stop.
     """
-    wheel = download_torch_wheel(version, python, cache, env=env)
+    wheel = download_torch_wheel(version, python, cache, platform=platform, env=env)
     cuda = cuda_requirements(wheel, python)
     if cuda:
         raise StepFailed(

@@ -127,6 +127,8 @@ def build_in_session(
     options: CibwOptions = NO_OPTIONS,
     passed: Optional[Mapping[str, str]] = None,
     cuda_arch_list: str = "",
+    cxx11_abi: Optional[bool] = None,
+    cxx_floor: bool = False,
 ) -> CellBuild:
     """Build *project*'s wheel for ``torch==torch`` with interpreter *python* (inside the session).
 
@@ -138,7 +140,9 @@ def build_in_session(
     its torch and site-packages are only read back. *cflags*: added to every compile
     (``build.extra_cflags``). *options*: cibuildwheel's build options
     (builder.config.buildoptions); *passed*: the ``environment-pass`` variables, given to the
-    build step's process only (never in its command line or the log).
+    build step's process only (never in its command line or the log). *cxx11_abi*: the cell
+    torch's string ABI (the resolved record's; None: torch's cpp_extension decides alone);
+    *cxx_floor*: compile with the C++ floor header (a manylinux2014 ceiling).
     """
     work = session.workdir
     project_in = copy_project_in(session, project)
@@ -176,6 +180,13 @@ def build_in_session(
         argv += ["--cuda-home", str(installed["cuda_home"]),
                  f"--cuda-arch-list={cuda_arch_list}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
+    if cxx11_abi is False:
+        # The pre-C++11 ABI (the Ascend lines' torches) is checked against the installed torch
+        # and defined; the C++11 one is GCC's default and what torch 2.8+ assumes without a
+        # define, so modern cells compile exactly as before.
+        argv += ["--cxx11-abi", "0"]
+    if cxx_floor:
+        argv.append("--cxx-floor")
     argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
     argv += build_option_args(options, project_in)
     if wheelhouse:  # where the build frontend `build` is installed from

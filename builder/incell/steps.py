@@ -1,7 +1,8 @@
 """The in-cell steps: run *inside* the build environment (container or host session).
 
-Standard library only, Python >= 3.9: this file is copied into the environment and run by the
-cell's own interpreter, so it cannot import the builder or anything else from the host. The same
+Standard library only, Python >= 3.8 (the Ascend lines' cp38 cells): this file is copied into
+the environment and run by the cell's own interpreter, so it cannot import the builder or
+anything else from the host. The same
 file runs in both backends, which is what makes the host and docker paths build the same wheel.
 
 Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host side parses)::
@@ -15,7 +16,8 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
     DEST/bin/python steps.py site [--optional]
     DEST/bin/python steps.py build-wheel --project DIR --out DIR [--local-version torch2.13]
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
-                                         [--no-libm-floor] [--cflag FLAG ...]
+                                         [--no-libm-floor] [--cxx-floor] [--cxx11-abi 0|1]
+                                         [--cflag FLAG ...]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
                           [--module NAME ...] [--library PATH ...]
                           [--test-command CMD [--test-requires REQ ...]]
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 RESULT_PREFIX = "AMPFORGE_RESULT "
+#: sys.platlibdir (Python 3.9+); a 3.8 interpreter (the Ascend lines' cp38 cells) has lib/ only.
+_PLATLIBDIR = getattr(sys, "platlibdir", "lib")
 
 # GCC >= 11's libstdc++ reads glibc's __libc_single_threaded when <sys/single_threaded.h>
 # exists; that one symbol (GLIBC_2.32) would cap the wheel's tag at the build host's glibc.
@@ -90,6 +94,64 @@ def libm_floor_shim(machine: str) -> str:
             f"{base} versions. */\n"
             "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
             f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
+
+
+# GCC >= 11's libstdc++ headers inline std::exception_ptr's copy and destructor as calls to
+# _M_addref/_M_release (exported since CXXABI_1.3.13, GCC 11) and make allocators throw through
+# __throw_bad_array_new_length (GLIBCXX_3.4.29). pybind11 copies an exception_ptr in every
+# module's exception translation, so any torch extension built with GCC 12 needs the C++ runtime
+# of glibc-2.34 systems: above manylinux2014 (glibc 2.17, GCC 4.8's libstdc++: GLIBCXX_3.4.19,
+# CXXABI_1.3.7), the tag of the Ascend lines' torch wheels. This header gives the module its own
+# inline definitions of those three: the two members call the library's out-of-line copy
+# constructor and destructor (exported since CXXABI_1.3.3; looked up with dlvsym, bound to the
+# base glibc version by the libm header, because a .symver reference to them would clash with
+# their inline definitions in the same file), and the throw throws bad_alloc, the base class of
+# bad_array_new_length. Only cells whose ceiling is below CXX_FLOOR_BELOW get it.
+# The cross path (builder/cross/build.py) uses the same header: this is its one definition.
+CXX_FLOOR_HEADER = "ampforge_cxx_floor.h"
+#: A ceiling glibc below this one (manylinux_2_28) gets the C++ floor header.
+CXX_FLOOR_BELOW = (2, 28)
+CXX_FLOOR_SHIM = """\
+/* ampforge build shim (builder/incell/steps.py): libstdc++ members newer than GCC 4.8's. */
+#if defined(__cplusplus) && defined(__GNUC__) && !defined(AMPFORGE_CXX_FLOOR)
+#define AMPFORGE_CXX_FLOOR
+#include <dlfcn.h>
+#include <exception>
+#include <new>
+#include <bits/functexcept.h>
+namespace std {
+[[noreturn]] inline void __throw_bad_array_new_length() { __throw_bad_alloc(); }
+namespace __exception_ptr {
+inline void* ampforge_cxxabi_133(const char* name) {
+  return dlvsym(RTLD_DEFAULT, name, "CXXABI_1.3.3");
+}
+inline void exception_ptr::_M_addref() noexcept {
+  static auto copy = reinterpret_cast<void (*)(void*, const void*)>(
+      ampforge_cxxabi_133("_ZNSt15__exception_ptr13exception_ptrC1ERKS0_"));
+  alignas(exception_ptr) unsigned char extra[sizeof(exception_ptr)];
+  copy(extra, this);  /* the library's copy adds the reference; extra is never destroyed */
+}
+inline void exception_ptr::_M_release() noexcept {
+  static auto destroy = reinterpret_cast<void (*)(void*)>(
+      ampforge_cxxabi_133("_ZNSt15__exception_ptr13exception_ptrD1Ev"));
+  destroy(this);  /* the library's destructor drops it (and frees it at zero) */
+}
+}  // namespace __exception_ptr
+}  // namespace std
+#endif
+"""
+
+
+def needs_cxx_floor(ceiling_glibc: str) -> bool:
+    """Whether a cell whose wheel may need at most glibc *ceiling_glibc* ("2.17") gets the
+    C++ floor header."""
+    major, minor = (int(x) for x in ceiling_glibc.split(".")[:2])
+    return (major, minor) < CXX_FLOOR_BELOW
+
+
+def cxx11_abi_flag(abi: bool) -> str:
+    """The define every extension built against a torch of that string ABI compiles with."""
+    return f"-D_GLIBCXX_USE_CXX11_ABI={int(abi)}"
 
 
 #: The variables naming the C and C++ compilers, and what a build uses when they are unset.
@@ -308,6 +370,14 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     # compile of a kernel file, for files that are compiled lazily on import anyway.
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
           "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
+    # A bounded build requirement (the support table's setuptools<70 for torch 2.1) is brought
+    # to the newest release inside its bound: "already satisfied" would keep the venv's own
+    # (Python 3.8's ensurepip gives setuptools 56, which ignores pyproject.toml's [project]
+    # table, so the wheel came out named UNKNOWN without the project's packages).
+    bounded = [r for r in args.extra if re.search(r"[<>=!~]", r)]
+    if bounded:
+        _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+              "--no-input", "--no-compile", "--upgrade", *_pip_source_args(args), *bounded])
     _result(torch=md.version("torch"))
 
 
@@ -452,13 +522,13 @@ def cmd_site(args: argparse.Namespace) -> None:
         dist = md.distribution("torch")
     except md.PackageNotFoundError:
         if args.optional:
-            _result(torch="", site="", sites=[], platlibdir=sys.platlibdir)
+            _result(torch="", site="", sites=[], platlibdir=_PLATLIBDIR)
             return
         _fail(f"{sys.executable} has no torch installed")
     folders = _torch_folders(dist)
     # A CUDA cell's environment has its toolkit too (install-toolkit): the build's CUDA_HOME.
     home = cuda_home_in([*folders, sysconfig.get_paths()["platlib"]])
-    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=sys.platlibdir,
+    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=_PLATLIBDIR,
             cuda_home=home)
 
 
@@ -503,6 +573,19 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         header.write_text(libm_shim)
         add_compile_flags(env, ["-include", str(header)])
         host_flags.append("-include," + str(header))
+    if args.cxx_floor:
+        header = (Path(args.out).resolve().parent / "shim" / CXX_FLOOR_HEADER).resolve()
+        header.parent.mkdir(parents=True, exist_ok=True)
+        header.write_text(CXX_FLOOR_SHIM)
+        add_compile_flags(env, ["-include", str(header)])
+        host_flags.append("-include," + str(header))
+    if args.cxx11_abi != "auto":
+        # The cell's record says which string ABI its torch was built with (the support table's
+        # torch_cxx11_abi): the torch installed here must agree, and the compile uses it even
+        # where a project's own build passes no define.
+        _check_cxx11_abi(args.cxx11_abi == "1")
+        add_compile_flags(env, [cxx11_abi_flag(args.cxx11_abi == "1")])
+        host_flags.append(cxx11_abi_flag(args.cxx11_abi == "1"))
     for mapping in args.prefix_map:
         # Reproducible builds: the session's directory differs per build (the host backend's
         # temporary folders), and torch's headers put __FILE__ into the binary (error messages).
@@ -571,6 +654,19 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
               "to its version")
     _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim),
             frontend=args.frontend, pip=pip_version)
+
+
+def _check_cxx11_abi(expected: bool) -> None:
+    probe = subprocess.run([sys.executable, "-c", "import torch; "
+                            "print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        _fail(f"cannot read torch's string ABI: {probe.stderr.strip()[-400:]}")
+    found = probe.stdout.strip() == "1"
+    if found != expected:
+        _fail(f"the torch installed here was built with _GLIBCXX_USE_CXX11_ABI={int(found)}, "
+              f"the cell's record says {int(expected)} (torch_cxx11_abi of the support table): "
+              "correct the table")
 
 
 def cmd_smoke(args: argparse.Namespace) -> None:
@@ -689,6 +785,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="compile through ccache (auto: when installed)")
     p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
                    help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
+    p.add_argument("--cxx-floor", action="store_true",
+                   help="define libstdc++'s GCC 11+ members locally (manylinux2014 cells)")
+    p.add_argument("--cxx11-abi", choices=("auto", "0", "1"), default="auto",
+                   help="the cell torch's string ABI: checked against torch, then defined")
     p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
                    help="cibuildwheel's environment: evaluated by sh in order (repeatable)")
     p.add_argument("--before-all", default="", metavar="CMD")

@@ -390,7 +390,29 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
     )
 
 
+def widen(config: BuildConfig, selection: Selection) -> tuple[BuildConfig, tuple[str, ...]]:
+    """*config* with the torch releases and Pythons that *selection* names explicitly added to
+    its matrix's axes when the support table has wheels for them (``make wheel PY=3.8
+    TORCH=2.1.0`` with the modern default matrix builds that Ascend line), with a note for
+    each. A named value the table does not know stays out: `select` says why."""
+    m, sup = config.matrix, config.support
+    torches = [t for t in (selection.torch or ()) if t not in m.torches and sup.knows(t)]
+    known_pythons = {py for t in sup.wheels for machine in ARCHES.values()
+                     for py in sup.pythons(t, machine.machine)}
+    pythons = [py for py in (selection.python or ()) if py not in m.pythons
+               and py in known_pythons]
+    if not torches and not pythons:
+        return config, ()
+    notes = tuple(f"{axis} {value} is not on {config.source_name}'s matrix axis: named "
+                  f"({selection.origins.get(axis, axis)}), taken from {sup.file}"
+                  for axis, added in (("torch", torches), ("python", pythons))
+                  for value in added)
+    matrix = replace(m, torches=(*m.torches, *torches), pythons=(*m.pythons, *pythons))
+    return replace(config, matrix=matrix), notes
+
+
 def plan_for(settings: Settings, bounds: ProjectBounds | None = None) -> Plan:
     """The cells a command acts on: the expanded matrix narrowed to the selection."""
-    return select(expand(settings.config, bounds), settings.selection, config=settings.config,
-                  bounds=bounds)
+    config, notes = widen(settings.config, settings.selection)
+    plan = select(expand(config, bounds), settings.selection, config=config, bounds=bounds)
+    return replace(plan, notes=notes + plan.notes)

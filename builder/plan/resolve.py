@@ -23,8 +23,9 @@ from builder.backends.choose import choose
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
 from builder.config.pins import parse_ref
 from builder.errors import BuilderError
+from builder.incell.steps import needs_cxx_floor
 from builder.plan.builds import assign, detected
-from builder.plan.cells import Cell, DroppedCell, expand, select
+from builder.plan.cells import Cell, DroppedCell, expand, select, widen
 from builder.plan.cudacell import CudaRecord, resolve_cuda
 from builder.plan.project import StableAbi, read_bounds
 from builder.release.manifest import read_manifest
@@ -63,6 +64,15 @@ class ResolvedCell:
     cuda: CudaRecord = CudaRecord(cuda="cpu", reason="cpu")
     #: The libraries auditwheel must leave external (build.auditwheel_exclude + CUDA's)
     auditwheel_exclude: tuple[str, ...] = ()
+    # The cell torch's line facts (configs/support.yaml), applied by every backend's build:
+    # its C++ string ABI (the -D_GLIBCXX_USE_CXX11_ABI the compile uses), the setuptools its
+    # cpp_extension accepts, and whether the C++ floor header is compiled in (a ceiling below
+    # manylinux_2_28: builder.incell.steps.CXX_FLOOR_SHIM).
+    cxx11_abi: bool = True
+    cxx11_abi_reason: str = ""
+    setuptools: str = "setuptools"
+    setuptools_reason: str = ""
+    cxx_floor: bool = False
 
     @property
     def stable(self) -> bool:
@@ -101,6 +111,10 @@ class ResolvedCell:
             "build_host": (self.image.build_host.to_dict()
                            if self.image.build_host is not None else None),
             "plat": self.plat, "plat_reason": self.plat_reason,
+            "glibc": glibc_of(self.plat),
+            "cxx11_abi": self.cxx11_abi, "cxx11_abi_reason": self.cxx11_abi_reason,
+            "setuptools": self.setuptools, "setuptools_reason": self.setuptools_reason,
+            "cxx_floor": self.cxx_floor,
             "docker_platform": c.docker_platform, "network": self.network,
             **self.settings, "output": self.output,
         }
@@ -120,6 +134,12 @@ class Resolution:
     @property
     def elsewhere(self) -> tuple[ResolvedCell, ...]:
         return tuple(c for c in self.cells if not c.buildable)
+
+
+def glibc_of(plat: str) -> str:
+    """``manylinux_2_17_aarch64`` -> ``2.17``."""
+    parts = plat.split("_")
+    return f"{parts[1]}.{parts[2]}" if len(parts) > 3 and parts[0] == "manylinux" else ""
 
 
 def default_selection(selection: Selection, host: Host) -> Selection:
@@ -188,7 +208,9 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
         selection = default_selection(selection, host)
     pick_newest = selection.torch is None and selection.python is not None
     bounds = read_bounds(project or REPO_ROOT)
+    config, widened = widen(config, selection)
     plan = select(expand(config, bounds), selection, newest=False, config=config, bounds=bounds)
+    plan = replace(plan, notes=widened + plan.notes)
     records = [_resolve_cell(cell, config, selection, host, backends, out)
                for cell in plan.cells]
     notes: list[str] = list(plan.notes)
@@ -231,8 +253,12 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
     torch_origin = selection.origins.get("torch")
     torch_reason = (f"named ({torch_origin})" if selection.torch is not None else
                     f"the matrix's torch axis ({config.source_name})")
-    plat = config.support.torch_plat(cell.torch, cell.machine)
-    npu = config.support.npu_pin(cell.torch, cell.python, cell.machine)
+    support = config.support
+    plat = support.torch_plat(cell.torch, cell.machine)
+    npu = support.npu_pin(cell.torch, cell.python, cell.machine)
+    abi = support.abi(cell.torch, cell.machine)
+    setuptools = support.setuptools_requirement(cell.torch)
+    glibc = support.glibc(cell.torch, cell.machine)
     cuda = resolve_cuda(cell, config, selection)
     return ResolvedCell(
         cuda=cuda, auditwheel_exclude=tuple(dict.fromkeys(
@@ -240,8 +266,13 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
         cell=cell, torch_reason=torch_reason, backend=choice.backend,
         backend_reason=choice.reason, buildable=choice.buildable, runner=runner,
         runner_reason=runner_reason, image=image, plat=plat,
-        plat_reason=f"torch {cell.torch}'s own wheel is {plat} (per {config.support.file}): "
+        plat_reason=f"torch {cell.torch}'s own wheel is {plat} ({glibc.reason}): "
                     "ours must install wherever it does",
+        cxx11_abi=bool(abi.value),
+        cxx11_abi_reason=(f"torch {cell.torch}'s {cell.machine} wheel was built with "
+                          f"_GLIBCXX_USE_CXX11_ABI={int(bool(abi.value))} ({abi.reason})"),
+        setuptools=str(setuptools.value), setuptools_reason=setuptools.reason,
+        cxx_floor=needs_cxx_floor(glibc_of(plat)),
         network=_network(config, choice.backend), torch_npu=npu.release,
         torch_npu_reason=npu.reason, settings=_settings(config),
         output=str(out), host_machine=host.machine)

@@ -137,7 +137,8 @@ BAD = [
      "torch_npu.2.8.0.x86_64[0]", 'expected a quoted Python version like "3.10", got 3.1'),
     ("unknown-top-key", TABLE + "torchnpu: {}\n", 1, None,
      "expected a mapping with the key 'torch' (and optionally 'cross_host_torch', 'cuda', "
-     "'cuda_builds', 'torch_glibc', 'torch_npu', 'unsupported')"),
+     "'cuda_builds', 'torch_cxx11_abi', 'torch_glibc', 'torch_npu', 'torch_setuptools', "
+     "'unsupported')"),
 ]
 
 

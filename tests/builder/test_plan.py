@@ -90,7 +90,7 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
     assert lines[header].split() == ["CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE",
-                                     "IMAGE", "TAG", "(AT", "MOST)", "WHERE"]
+                                     "IMAGE", "TAG", "(AT", "MOST)", "ABI", "SETUPTOOLS", "WHERE"]
     # Which build serves each cell: the stable-ABI wheel of its arch (built by one cell,
     # verified by the others) for torch >= 2.10, else its own labelled one.
     row = {ln.split()[0]: ln for ln in lines[header + 1:header + 27]}

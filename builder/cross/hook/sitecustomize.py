@@ -11,6 +11,13 @@ The C++ standard follows the target torch too: torch 2.10+ compiles extensions a
 older as C++17. Under C++20, libstdc++'s ``ostringstream::str() const&`` (GLIBCXX_3.4.29, GCC
 11) is what torch 2.9's inline ``c10::str`` calls, which would make the wheel need the C++
 runtime of glibc-2.34 systems, above the manylinux_2_28 of the torch it runs with.
+
+So does the C++ string ABI (``$AMPFORGE_CROSS_CXX11_ABI``, 0 or 1: the cell's record, from the
+support table's torch_cxx11_abi). The host torch's cpp_extension would pass its own
+``-D_GLIBCXX_USE_CXX11_ABI`` (torch 2.13's passes none: GCC's default, the C++11 ABI), and a
+module compiled with the other ABI than the target torch's links, then fails to import: the
+aarch64 torch 2.1-2.5 wheels use the pre-C++11 one. Every such define is replaced by the
+target's.
 """
 
 import importlib.abc
@@ -20,7 +27,9 @@ import re
 import sys
 
 _TARGET = os.environ.get("AMPFORGE_CROSS_TORCH_DIR")
+_ABI = os.environ.get("AMPFORGE_CROSS_CXX11_ABI", "")
 _MODULE = "torch.utils.cpp_extension"
+_ABI_DEFINE = "-D_GLIBCXX_USE_CXX11_ABI="
 
 
 def _redirect(module):
@@ -33,20 +42,31 @@ def _redirect(module):
     module._TORCH_PATH = _TARGET
     module.TORCH_LIB_PATH = os.path.join(_TARGET, "lib")
     std = _target_std()
-    if std is None:
+    abi = f"{_ABI_DEFINE}{_ABI}" if _ABI in ("0", "1") else None
+    if std is None and abi is None:
         return
-    original = module.BuildExtension.build_extensions
+    build_cls = module.BuildExtension
+    if abi is not None and hasattr(build_cls, "_add_gnu_cpp_abi_flag"):
+        # Host torches up to 2.12 add their own define per extension: make it the target's.
+        def _add_gnu_cpp_abi_flag(self, extension):
+            self._add_compile_flag(extension, abi)
+
+        build_cls._add_gnu_cpp_abi_flag = _add_gnu_cpp_abi_flag
+    original = build_cls.build_extensions
 
     def build_extensions(self):
-        # torch appends its own -std only when the extension names none: name the target's.
         for ext in self.extensions:
             args = ext.extra_compile_args
             cxx = args.setdefault("cxx", []) if isinstance(args, dict) else args
-            if not any(str(a).startswith("-std=") for a in cxx):
+            # torch appends its own -std only when the extension names none: name the target's.
+            if std is not None and not any(str(a).startswith("-std=") for a in cxx):
                 cxx.append(std)
+            if abi is not None:
+                # A project's own define (or none) gives way to the target torch's.
+                cxx[:] = [a for a in cxx if not str(a).startswith(_ABI_DEFINE)] + [abi]
         return original(self)
 
-    module.BuildExtension.build_extensions = build_extensions
+    build_cls.build_extensions = build_extensions
 
 
 def _target_std():
