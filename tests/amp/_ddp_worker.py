@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from _gloo_group import gloo_group
 from torch.nn.parallel import DistributedDataParallel
 
 import amp
@@ -60,19 +60,11 @@ def main() -> None:
     rank, world, rendezvous, levels, out = sys.argv[1:6]
     steps = int(sys.argv[6]) if len(sys.argv) > 6 else STEPS
     inject = tuple(int(s) for s in sys.argv[7].split(",")) if len(sys.argv) > 7 else INJECT_STEPS
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=int(rank),
-                            world_size=int(world))
-    try:
+    # The group is gone, its threads joined, before this rank exits (_gloo_group.py, #40).
+    with gloo_group(int(rank), int(world), rendezvous):
         results = {level: train(level, int(rank), int(world), steps, inject)
                    for level in levels.split(",")}
         Path(out).write_text(json.dumps(results))
-        # No rank tears down while another may still be reading from it: a rank that closes
-        # its gloo connections while a peer is still finishing its last collective makes that
-        # peer's background thread fail at exit (seen as SIGABRT, "terminate called without
-        # an active exception", in about one run in five).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
