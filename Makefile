@@ -36,6 +36,8 @@ help:
 	@echo "make builder-lock           re-pin builder/requirements.lock from pyproject.toml's builder extra"
 	@echo "make test                   set up .venv (Python $(PYTHON), torch==$(TORCH)) and run the test suite"
 	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
+	@echo "make test-torch TORCH=2.1.0 PYTHON=python3.8   amp's suites on that torch, in .venv-torch2.1.0"
+	@echo "                            (COMPAT_SUITES=$(COMPAT_SUITES))"
 	@echo "make lint                   ruff over the tree"
 	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
 	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
@@ -119,6 +121,47 @@ setup: $(VENV)/.installed
 
 test: setup
 	$(PY_VENV) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# --- amp on an older torch line (docs/older-torch.md) ---------------------------
+# `make test-torch TORCH=2.1.0 PYTHON=python3.8`: amp's own suites (COMPAT_SUITES) on a torch
+# from pip, in a venv of its own (.venv-torch$(TORCH)) without the builder (tests/builder is not
+# run: the builder runs on .venv's Python). The tests run in a copy of the working tree inside
+# that venv (its src/), not in the checkout: an editable install compiles amp._C into the source
+# folder (and removes the other binding's amp._C there), so the checkout's own, built by
+# `make setup` for .venv's torch, stays as it is, and this lane may run while `make test` does.
+# The copy is refreshed on every run; the venv (torch: gigabytes) and its stamps stay.
+COMPAT_SUITES ?= tests/amp tests/optimizers tests/npu tests/kernels
+COMPAT_VENV = .venv-torch$(TORCH)
+COMPAT_PY = $(COMPAT_VENV)/bin/python
+COMPAT_SRC = $(COMPAT_VENV)/src
+
+# torch < 2.4's cpp_extension imports pkg_resources' vendored `packaging`, which setuptools 70
+# removed: setuptools stays below 70 here (amp._C and the npu test device both build with it).
+$(COMPAT_VENV)/.torch-$(TORCH):
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade "setuptools>=68,<70" wheel
+	$(COMPAT_PY) -m pip install "torch==$(TORCH)"
+	touch $@
+
+.PHONY: test-torch compat-src
+# The copy keeps its amp._C and build/ from the last run (with the sources' own times, so
+# setuptools recompiles only when a kernel source changed); everything else is copied afresh.
+compat-src: $(COMPAT_VENV)/.torch-$(TORCH)
+	rm -rf $(COMPAT_VENV)/kept && mkdir -p $(COMPAT_VENV)/kept/amp
+	if [ -d $(COMPAT_SRC) ]; then \
+		mv $(COMPAT_SRC)/build $(COMPAT_VENV)/kept/ 2>/dev/null || true; \
+		mv $(COMPAT_SRC)/amp/_C.*.so $(COMPAT_VENV)/kept/amp/ 2>/dev/null || true; fi
+	rm -rf $(COMPAT_SRC) && mkdir -p $(COMPAT_SRC)
+	git ls-files -z --cached --others --exclude-standard \
+		| tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C $(COMPAT_SRC)
+	cp -a $(COMPAT_VENV)/kept/. $(COMPAT_SRC)/ && rm -rf $(COMPAT_VENV)/kept
+	cd $(COMPAT_SRC) && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"
+	cd $(COMPAT_SRC) && ../bin/python setup.py --quiet apex_pth \
+		--site "$$(../bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+
+test-torch: compat-src
+	cd $(COMPAT_SRC) && ../bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+		$(COMPAT_SUITES) $(PYTEST_ARGS)
 
 # promises: rewrite docs/promises.md from the tests' `promise` markers (a test checks it is current).
 promises:

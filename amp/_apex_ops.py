@@ -10,8 +10,7 @@ are float32 tensors on that device (apex returns them on its device too).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -19,6 +18,8 @@ from torch import Tensor
 from . import multi_tensor as mt
 from . import multi_tensor_more as mtm
 
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
 Lists = Sequence[Sequence[Tensor]]
 
 

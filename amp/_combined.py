@@ -284,7 +284,7 @@ class CombinedGrads:
         """master grads = model grads (one copy), then every stepped gradient buffer is
         unscaled and checked in one call; set-aside gradients are added back. Returns the
         found_inf flag (a 0/1 float tensor)."""
-        from .scaler import _non_finite_check_and_unscale
+        from ._torch_compat import non_finite_check_and_unscale_
 
         if self.master_grads is not None and self.half_grads is not None:
             self.master_grads.flat.copy_(self.half_grads.flat)
@@ -293,7 +293,7 @@ class CombinedGrads:
         device = targets[0].device
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
-        _non_finite_check_and_unscale(targets, found_inf, inv)
+        non_finite_check_and_unscale_(targets, found_inf, inv)
         if self.saved:
             torch._foreach_add_(targets, self.saved)
             self.saved = []

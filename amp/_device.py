@@ -16,6 +16,8 @@ import warnings
 
 import torch
 
+from ._torch_compat import get_device_module
+
 __all__ = ["AmpDeviceFallbackWarning", "collective_device", "kernel_device_ok"]
 
 KERNEL_DEVICE_TYPE = "cpu"
@@ -82,12 +84,12 @@ def collective_device(device: torch.device) -> torch.device:
     )
     if chosen == KERNEL_DEVICE_TYPE:
         return torch.device(KERNEL_DEVICE_TYPE)
-    module = torch.get_device_module(chosen)
+    module = get_device_module(chosen)
     return torch.device(chosen, module.current_device())
 
 
 def _is_available(device_type: str) -> bool:
     try:
-        return bool(torch.get_device_module(device_type).is_available())
+        return bool(get_device_module(device_type).is_available())
     except (AttributeError, RuntimeError):  # a type named by the backend but not installed
         return False

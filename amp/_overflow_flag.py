@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ._torch_compat import get_device_module
+
 
 @dataclass(frozen=True)
 class OverflowFlag:
@@ -75,12 +77,7 @@ def saturation_flag(device_type: Optional[str] = None) -> Optional[OverflowFlag]
 def _is_torch_npus(device_type: str, npu: Any) -> bool:
     """Whether ``device_type`` is the device torch_npu registers: its device module (the one
     torch.autocast and torch.get_device_module find) is torch_npu's ``npu`` module."""
-    find = getattr(torch, "get_device_module", None)
-    if find is None:
-        # torch < 2.3 (torch_npu's 2.1 and 2.2 lines): the backend registers its module as
-        # torch.<device type>, which is what get_device_module returns on later torches.
-        return getattr(torch, device_type, None) is npu
     try:
-        return find(device_type) is npu
+        return get_device_module(device_type) is npu
     except (AttributeError, RuntimeError, ValueError):  # no module for that type at all
         return False

@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ._torch_compat import current_accelerator, is_autocast_enabled
+
 logger = logging.getLogger("amp")
 
 __all__ = [
@@ -115,7 +117,7 @@ class AmpHandle:
         try:
             with contextlib.ExitStack() as stack:
                 for device_type in autocast_device_types():
-                    if torch.is_autocast_enabled(device_type):
+                    if is_autocast_enabled(device_type):
                         stack.enter_context(torch.autocast(device_type, enabled=False))
                 yield
         finally:
@@ -125,13 +127,8 @@ class AmpHandle:
 
 def autocast_device_types() -> list[str]:
     """The device types autocast may be on for here: the CPU and the current accelerator."""
-    types = ["cpu"]
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and accelerator.is_available():
-        current = accelerator.current_accelerator()
-        if current is not None and current.type not in types:
-            types.append(current.type)
-    return types
+    current = current_accelerator()
+    return ["cpu"] if current is None or current == "cpu" else ["cpu", current]
 
 
 def _register(module: Any, name: str, kind: str) -> None:

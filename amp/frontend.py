@@ -14,6 +14,7 @@ from . import _combine_ddp
 from ._amp_state import _amp_state, maybe_log
 from ._casting import check_params_fp32, convert_network, register_fp32_state_dict, wrap_forward
 from ._combined import zero_grads_in_place
+from ._torch_compat import check_half_support
 from .master import combining, process_optimizer
 from .opt_levels import (
     HALF_DTYPES,
@@ -287,6 +288,9 @@ def initialize(
 
     # --- models: remember fp32 weights (future masters), cast, wrap forward ------------------
     for model in model_list:
+        check_half_support(_device_type([model]) or "cpu", props.half_dtype,
+                           autocast=bool(props.patch_torch_functions),
+                           matmul=props.cast_model_type in HALF_DTYPES)
         bad = check_params_fp32(model)
         if bad is not None:
             warnings.warn(

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any, Union
+from collections.abc import Iterator
+from typing import Any, Sequence, Union
 
 import torch
 
@@ -12,6 +12,8 @@ from .master import post_backward, prepare_backward, restore_after_failed_backwa
 from .optimizer_like import check_optimizer_like
 from .scaler import any_rank_overflowed
 
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
 Optimizers = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]
 
 

@@ -15,8 +15,7 @@ float32 whenever a separate half ``model_params`` copy is written.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -26,6 +25,8 @@ from ._device import KERNEL_DEVICE_TYPE, kernel_device_ok
 
 __all__ = ["scale", "axpby", "l2norm", "adam", "sgd", "lamb", "uses_kernels"]
 
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
 TensorSeq = Sequence[Tensor]
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -9,7 +9,7 @@ does. The ``MixedFused*`` forms (Megatron's) return the weight's dtype instead, 
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import List, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,9 @@ from torch import nn
 
 __all__ = ["FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm"]
 
-Shape = Union[int, list[int], tuple[int, ...], torch.Size]
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
+Shape = Union[int, List[int], Tuple[int, ...], torch.Size]
 
 
 class FusedLayerNorm(nn.LayerNorm):

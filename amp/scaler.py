@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 from ._device import collective_device
 from ._overflow_flag import OverflowFlag, saturation_flag
+from ._torch_compat import non_finite_check_and_unscale_
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 # The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
@@ -195,7 +196,9 @@ class LossScaler:
         self._unskipped = int(unskipped)
 
 
-Pair = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
+Pair = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
 def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
@@ -226,32 +229,13 @@ def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         # GradScaler's reciprocal: computed in double, stored as float32.
         inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
-        _non_finite_check_and_unscale(grads, found_inf, inv)
+        non_finite_check_and_unscale_(grads, found_inf, inv)
         flags.append(found_inf)
     if stashed:
         torch._foreach_add_([g for g, _ in stashed], [s for _, s in stashed])
     if not flags:
         return torch.zeros(1)
     return torch.stack([f.to(flags[0].device) for f in flags]).amax()
-
-
-def _non_finite_check_and_unscale(
-    grads: list[torch.Tensor], found_inf: torch.Tensor, inv: torch.Tensor
-) -> None:
-    try:
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv)
-    except NotImplementedError:
-        # Older torch builds lack the kernel for some devices: same maths, unfused.
-        _unscale_fallback(grads, found_inf, inv)
-
-
-def _unscale_fallback(
-    grads: list[torch.Tensor], found_inf: torch.Tensor, inv: torch.Tensor
-) -> None:
-    for g in grads:
-        if not bool(torch.isfinite(g).all()):
-            found_inf.fill_(1.0)
-        g.copy_((g.float() * inv).to(g.dtype))
 
 
 def any_rank_overflowed(found_inf: torch.Tensor) -> bool:

@@ -32,11 +32,15 @@ def _train(steps: int) -> tuple[list[float], list]:
 
     import amp
     import amp.optimizers
+    from amp._torch_compat import autocast_supports
 
+    # O1's default fp16 where the CPU's autocast takes it; torch 2.1's takes bfloat16 only.
+    half = torch.float16 if autocast_supports("cpu", torch.float16) else torch.bfloat16
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = amp.optimizers.FusedAdam(model.parameters(), lr=1e-2, weight_decay=0.01)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", half_dtype=half,
+                                      verbosity=0)
     x = torch.randn(128, 16)
     y = x[:, :1] * 2.0 + 0.5
     losses = []

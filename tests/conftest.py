@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hypothesis import settings
@@ -118,3 +119,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     mark = item.get_closest_marker("xdist_group")
     os.environ["AMPFORGE_TEST_GROUP"] = str(mark.args[0]) if mark else ""
+
+
+# ------------------------------------------------------------------ what an older torch lacks
+#
+# amp runs on torch 2.1 and later (amp/_torch_compat.py), and `make test-torch` runs amp's suites
+# on the older lines. Two things those torches lack are not amp's to provide, and the tests that
+# need them are skipped there, each with its reason: float16 arithmetic on the CPU (torch 2.1:
+# no float16 matmul or convolution, and autocast takes bfloat16 only; amp.initialize says so
+# itself, HalfUnsupportedError), and torch.amp.GradScaler (torch >= 2.3), the reference amp's loss
+# scaling is compared with. Only those errors, and only where the probe confirms the lack:
+# anything else a test raises is its failure.
+_HALF_ON_CPU = ("not implemented for 'Half'", "AutocastCPU only support Bfloat16")
+
+
+def _lacking(exc: BaseException) -> Optional[str]:
+    import torch
+
+    from amp import _torch_compat as compat
+
+    version = torch.__version__
+    if isinstance(exc, compat.HalfUnsupportedError) or (
+            isinstance(exc, (RuntimeError, NotImplementedError))
+            and any(s in str(exc) for s in _HALF_ON_CPU)):
+        if not (compat.half_matmul_supported("cpu") and compat.autocast_supports(
+                "cpu", torch.float16)):
+            first = str(exc).splitlines()[0][:160]
+            return f"torch {version}'s CPU has no float16 matmul/autocast: {first}"
+    if (isinstance(exc, AttributeError) and "GradScaler" in str(exc)
+            and compat.grad_scaler_class() is None):
+        return f"torch {version} has no torch.amp.GradScaler (torch >= 2.3), this test's reference"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    except Exception as exc:
+        reason = _lacking(exc)
+        if reason is None:
+            raise
+        pytest.skip(reason)

@@ -8,14 +8,16 @@ import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from torch import Tensor
 
 from .. import multi_tensor as mt
 
-ParamGroups = list[list[Tensor]]
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
+ParamGroups = List[List[Tensor]]
 
 
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from amp_testlib import make_data, quickstart_model
 
 import amp
-from amp.scaler import LossScaler, _unscale_fallback, unscale_grads
+from amp._torch_compat import unscale_unfused_
+from amp.scaler import LossScaler, unscale_grads
 
 
 def _overflow_pattern(steps: int, seed: int, p: float = 0.25) -> list[bool]:
@@ -171,11 +172,11 @@ def test_unscale_matches_gradscaler_and_fallback():
     assert found.item() == 0.0
     expected = [g.clone() for g in grads]
     flag = torch.zeros(1)
-    _unscale_fallback(expected, flag, torch.tensor(1.0 / 1024))
+    unscale_unfused_(expected, flag, torch.tensor(1.0 / 1024))
     assert all(torch.equal(p.grad, e) for p, e in zip(params, expected)) and flag.item() == 0
     params[1].grad[0, 0] = float("nan")
     assert unscale_grads([(p, p, None) for p in params], 1.0).item() == 1.0
-    _unscale_fallback([params[1].grad], flag, torch.tensor(1.0))
+    unscale_unfused_([params[1].grad], flag, torch.tensor(1.0))
     assert flag.item() == 1.0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 import torch
 from torch import Tensor
@@ -89,7 +89,8 @@ def run_plain(opt: torch.optim.Optimizer, params: Sequence[Tensor],
 
 # --- Ascend's formulas, one parameter at a time ------------------------------------------
 
-Step = Callable[[Tensor, Tensor, dict[str, Any], dict[str, Any]], None]
+# typing.Dict: the alias is evaluated at import, and Python 3.8's dict cannot be subscripted.
+Step = Callable[[Tensor, Tensor, Dict[str, Any], Dict[str, Any]], None]
 
 
 def _adam_moments(state: dict, p: Tensor, g: Tensor, beta1: float, beta2: float) -> None:

@@ -100,10 +100,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   // One default stream per device; all work is synchronous, so events are no-ops that are
   // always complete (autograd records and blocks on them when streams differ).
-  c10::Stream getStream(c10::Device device) const override {
+  // noexcept: torch <= 2.6 declares these two noexcept (an override may not be looser), later
+  // lines do not (an override may be stricter); so the one signature fits every torch line.
+  c10::Stream getStream(c10::Device device) const noexcept override {
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
-  c10::Stream exchangeStream(c10::Stream stream) const override {
+  c10::Stream exchangeStream(c10::Stream stream) const noexcept override {
     return c10::Stream(c10::Stream::DEFAULT, stream.device());
   }
   c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }
@@ -114,7 +116,8 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* /*event*/, const c10::DeviceIndex /*index*/) const noexcept override {}
   bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
   void synchronizeStream(const c10::Stream& /*stream*/) const override {}
-  void synchronizeDevice(const c10::DeviceIndex /*index*/) const override {}
+  // No `override`: torch 2.1 has no synchronizeDevice (an ordinary member there).
+  void synchronizeDevice(const c10::DeviceIndex /*index*/) const {}
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl);
@@ -132,8 +135,12 @@ void npu_free(void* ctx) {
   c10::free_cpu(base);
 }
 
+// No `override` on these: torch 2.1's Allocator::allocate is const (later: not const) and it
+// has no copy_data; both overloads are here, each overriding where torch declares it.
 struct NpuAllocator final : public c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) override {
+  c10::DataPtr allocate(size_t nbytes) const { return allocate_block(nbytes); }
+  c10::DataPtr allocate(size_t nbytes) { return allocate_block(nbytes); }
+  c10::DataPtr allocate_block(size_t nbytes) const {
     c10::Device device(kNpu, current_device);
     if (nbytes == 0) {
       return {nullptr, nullptr, &npu_free, device};
@@ -147,8 +154,8 @@ struct NpuAllocator final : public c10::Allocator {
     return {data, data, &npu_free, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &npu_free; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);  // host memory: what torch's default_copy_data does
   }
 };
 
@@ -159,8 +166,9 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &npu_allocator);
 // Registered so that torch's generic accelerator code (torch.accelerator, autograd's
 // device bookkeeping, UntypedStorage.resize_) can ask about the device.
 struct NpuHooks final : public at::PrivateUse1HooksInterface {
-  bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return true; }
+  // No `override`: torch <= 2.6's PrivateUse1 hooks have no isBuilt/isAvailable.
+  bool isBuilt() const { return true; }
+  bool isAvailable() const { return true; }
   bool hasPrimaryContext(c10::DeviceIndex /*index*/) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return kDeviceCount; }
   void setCurrentDevice(c10::DeviceIndex index) const override {
