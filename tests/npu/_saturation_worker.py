@@ -22,13 +22,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "amp"))  # _gloo_group: the ranks' group, torn down whole
 
 import npu_device  # noqa: E402
 import npu_module  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_npu_standin  # noqa: E402
+from _gloo_group import gloo_group  # noqa: E402
 
 STEPS = 5
 SATURATE = 2
@@ -78,16 +79,13 @@ def main() -> None:
     npu_device.install(fallback_root=Path(tempfile.gettempdir()) / "ampforge-npu-device")
     sys.modules["torch_npu"] = torch_npu_standin.make()
     npu_module.set_saturation_mode(True)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=int(rank),
-                            world_size=int(world))
-    try:
+    # The group is gone, its threads joined, before this rank exits (tests/amp/_gloo_group.py:
+    # a group outliving destroy_process_group aborted ranks at exit, #40).
+    with gloo_group(int(rank), int(world), rendezvous):
         results = {level: {"alone": train(level, int(rank), int(world), False),
                            "combine_ddp": train(level, int(rank), int(world), True)}
                    for level in levels.split(",")}
         Path(out).write_text(json.dumps(results))
-        dist.barrier()  # no rank tears down while a peer may still be in a collective
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
