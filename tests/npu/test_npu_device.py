@@ -568,7 +568,10 @@ def test_deepcopy_state_dict_and_save_load(npu: torch.device) -> None:
 def test_unsupported_features_say_so(npu: torch.device) -> None:
     with pytest.raises(NotImplementedError, match="no pinned host memory"):
         torch.zeros(2).pin_memory()
-    with pytest.raises(NotImplementedError, match="no generator of its own"):
+    # Where the PrivateUse1 hooks make generators (getNewGenerator) the device says it itself;
+    # torch <= 2.6 asks a generator registry instead, and says there is none.
+    with pytest.raises((NotImplementedError, RuntimeError),
+                       match="no generator of its own|register a generator to the PrivateUse1"):
         torch.Generator("npu")
     assert not torch.zeros(2, device=npu).is_pinned()
 
