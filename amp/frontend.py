@@ -288,9 +288,6 @@ def initialize(
 
     # --- models: remember fp32 weights (future masters), cast, wrap forward ------------------
     for model in model_list:
-        check_half_support(_device_type([model]) or "cpu", props.half_dtype,
-                           autocast=bool(props.patch_torch_functions),
-                           matmul=props.cast_model_type in HALF_DTYPES)
         bad = check_params_fp32(model)
         if bad is not None:
             warnings.warn(
@@ -321,6 +318,12 @@ def initialize(
             zero_grads_in_place(model)
     if props.combine_ddp:
         _combine_ddp.broadcast_from_rank0(model_list)
+    # After every option and optimizer rule has had its say (they name what to change first),
+    # before any state is kept: the model's device must compute the half type asked for.
+    for model in model_list:
+        check_half_support(_device_type([model]) or "cpu", props.half_dtype,
+                           autocast=bool(props.patch_torch_functions),
+                           matmul=props.cast_model_type in HALF_DTYPES)
     _amp_state.opt_properties = props
     _amp_state.loss_scalers = [
         LossScaler(

@@ -9,9 +9,25 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
+from amp import _torch_compat as compat
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_has_float16() -> bool:
+    """Whether this torch's CPU has float16 matmul and autocast (torch 2.1's has neither)."""
+    return compat.half_matmul_supported("cpu") and compat.autocast_supports("cpu", torch.float16)
+
+
+#: For tests whose float16 training on the CPU runs where tests/conftest.py cannot see its error
+#: (a worker process, a doctest): skipped, saying why, on a torch whose CPU has no float16.
+needs_cpu_float16 = pytest.mark.skipif(
+    not cpu_has_float16(),
+    reason=f"torch {torch.__version__}'s CPU has no float16 matmul/autocast, which this test "
+           "trains in (in a worker process or a docstring example)")
 
 
 def make_data(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

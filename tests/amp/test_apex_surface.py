@@ -41,7 +41,7 @@ def test_state_dict_is_fp32_at_every_opt_level(level):
     for key, value in sd.items():
         if value.is_floating_point():
             assert value.dtype == torch.float32, key
-    live = dict(model.named_parameters()) | dict(model.named_buffers())
+    live = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     for key, value in sd.items():
         assert torch.equal(value, live[key].to(value.dtype)), key  # the values, only widened
     # apex users load such checkpoints into a plain fp32 model ...

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import amp
+from amp import _torch_compat as compat
 from amp._amp_state import _amp_state
 from amp.legacy_init import InitHandle, NoOpHandle
 
@@ -19,7 +20,7 @@ from amp.legacy_init import InitHandle, NoOpHandle
 def _deactivated() -> Iterator[None]:
     yield
     _amp_state.handle._deactivate()
-    assert not torch.is_autocast_enabled("cpu")  # nothing left behind for the next test
+    assert not compat.is_autocast_enabled("cpu")  # nothing left behind for the next test
 
 
 def _linear() -> torch.nn.Linear:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from amp_testlib import run_script
+from amp_testlib import needs_cpu_float16, run_script
 
 LEVELS = ["O0", "O1", "O2", "O3"]
 
 
+@needs_cpu_float16
 def test_resume_in_fresh_process_continues_exactly(tmp_path):
     steps, save_at = 16, 7
     full_out, resumed_out = tmp_path / "full.json", tmp_path / "resumed.json"
