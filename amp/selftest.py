@@ -27,6 +27,10 @@ STEPS = 20
 TOLERANCE = 1e-5
 
 
+def _model(torch):  # type: ignore[no-untyped-def]
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
 def _cpu_half(torch, autocast_supports):  # type: ignore[no-untyped-def]
     """The half type O1 runs in on this CPU: fp16 where the CPU's autocast takes it, else
     bfloat16 (torch 2.1's CPU autocast takes nothing else); None where neither multiplies
@@ -35,10 +39,11 @@ def _cpu_half(torch, autocast_supports):  # type: ignore[no-untyped-def]
     for dtype in (torch.float16, torch.bfloat16):
         if not autocast_supports("cpu", dtype):
             continue
-        try:
+        try:  # the loop's own model, forward and backward (oneDNN picks kernels per shape)
+            probe = _model(torch)
             with torch.autocast("cpu", dtype=dtype):
-                torch.nn.functional.linear(torch.randn(128, 16), torch.randn(32, 16),
-                                           torch.randn(32))
+                out = probe(torch.randn(128, 16))
+            out.float().sum().backward()
         except RuntimeError:
             continue
         return dtype
@@ -54,7 +59,7 @@ def _train(steps: int) -> tuple[list[float], list]:
 
     half = _cpu_half(torch, autocast_supports)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model = _model(torch)
     optimizer = amp.optimizers.FusedAdam(model.parameters(), lr=1e-2, weight_decay=0.01)
     if half is None:  # this CPU's torch multiplies no half type: the kernels still get checked
         model, optimizer = amp.initialize(model, optimizer, opt_level="O0", verbosity=0)
