@@ -35,8 +35,17 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The tests that start processes of their own and make them meet (DDP ranks, combine_ddp
 #: ranks, a checkpoint resumed in a fresh process; builders and writers sharing one dist/).
 GROUPS: dict[str, list[str]] = {
-    "amp": ["tests/amp/test_distributed.py", "tests/amp/test_resume.py"],
-    "builder": ["tests/builder/test_faults_concurrency.py"],
+    "amp": ["tests/amp/test_distributed.py", "tests/amp/test_resume.py",
+            # the saturation mode's DDP ranks (tests/npu/_saturation_worker.py)
+            "tests/npu/test_saturation.py::test_one_saturating_rank_makes_every_rank_skip"],
+    "builder": ["tests/builder/test_faults_concurrency.py",
+                # writers in forked processes sharing one manifest
+                "tests/builder/test_repair.py::test_parallel_cells_do_not_lose_entries",
+                # a lock holder in another process while prune runs
+                "tests/builder/test_cache_prune.py::"
+                "test_prune_removes_superseded_torch_envs_and_never_one_in_use",
+                "tests/builder/test_cache_prune.py::"
+                "test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock"],
 }
 
 

@@ -182,7 +182,9 @@ images:
     # the team's base image; update-images moves the digest below
     base: '{base}'   # pinned: see docs/base-images.md
     family: debian
-    plat: manylinux_2_36_x86_64
+    # torch 2.13's own wheels need glibc 2.28: an image above that line is refused for its cells
+    # (a wheel built there would not install wherever torch does), so the pin's image says 2.28
+    plat: manylinux_2_28_x86_64
     python_path: /usr/bin/python{{version}}
 """
 
