@@ -23,8 +23,9 @@ never blocks or fills the disk on something that is not a file:
   project, and a data set or a disk image in a source tree is a mistake far more often than an
   input.
 
-What was left out is said once per kind, with the paths (:meth:`CopyReport.lines`): by
-``build`` before the cells, and in every cell's log. Hard links cannot be told from the file
+What was left out is said once per kind, with the paths (:meth:`CopyReport.lines`): in every
+cell's log, and by ``build`` before the cells (there without the ``.git`` line, which every
+checkout would print). Hard links cannot be told from the file
 itself: a hard link to a file elsewhere is that file, and is copied.
 """
 
@@ -117,8 +118,10 @@ class CopyReport:
     files: int = 0
     size: int = 0  # bytes of the regular files
 
-    def lines(self) -> list[str]:
-        """One line per kind of thing said, the paths named (the first SHOWN)."""
+    def lines(self, vcs: bool = True) -> list[str]:
+        """One line per kind of thing said, the paths named (the first SHOWN); *vcs*: the
+        ``.git`` line too (every checkout has one: the cell's log says it, ``build``'s
+        stderr only says the surprises)."""
         out = []
         if self.outside:
             out.append(f"project copy: skipped {len(self.outside)} symlink(s) pointing outside "
@@ -128,7 +131,7 @@ class CopyReport:
             out.append(f"project copy: skipped {len(self.special)} special file(s) (FIFOs, "
                        "sockets, devices are not files a build reads): "
                        + _listed([f"{p} ({k})" for p, k in self.special]))
-        if self.vcs:
+        if self.vcs and vcs:
             out.append("project copy: not copied: " + _listed(self.vcs)
                        + " (version control: the build gets the checkout's files, not its "
                          "history)")

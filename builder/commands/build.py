@@ -320,7 +320,7 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
                           "share this machine's compiler and caches)", key="--parallel")
     # What every cell's copy of the project leaves out, said once; a file over the copy's
     # limit is refused here (exit 2), before any engine, image or cell is touched.
-    for line in check_project_tree(project, ctx.env).lines():
+    for line in check_project_tree(project, ctx.env).lines(vcs=False):
         err(f"note: {line}")
     engine = None
     if config.network is not None or any(c.backend in ("docker", "emulated") for c in here):
