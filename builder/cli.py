@@ -370,6 +370,13 @@ def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Contex
     root = Path(project).resolve() if project else default_project()
     cli = {key: getattr(args, key.replace("-", "_"), None) for key in KEYS}
     options = resolve_build_options(root, settings.config.build_options, ctx.env, cli)
+    # The environment-pass values reach the build's processes, whose output (a before-build
+    # that echoes, a test that prints its environment) goes to the cell's log and into error
+    # lines: the redactor masks them there as it masks proxy passwords. The backends read
+    # this process's environment, in-process callers may give another.
+    for env in (ctx.env, os.environ):
+        for value in options.passed(env).values():
+            ctx.output.redact.add_secret(value)
     return replace(settings, config=replace(settings.config, build_options=options))
 
 

@@ -8,11 +8,12 @@ import fnmatch
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from builder.incell import PROJECT_IGNORE
+from builder.projecttree import PROJECT_IGNORE
 from builder.release.manifest import read_manifest, sha256_file
 
 BUILDER_DIR = Path(__file__).resolve().parent
@@ -23,22 +24,47 @@ def _ignored(rel: Path) -> bool:
 
 
 def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
-    """sha256 over the relative paths and contents of the files the build would see."""
+    """sha256 over the relative paths and contents of the files the build would see: a
+    symlink by its target's name (never followed: a link out of the project is not read), a
+    file read in chunks (a large one is never held in memory whole); FIFOs, sockets and
+    devices, which no copy takes (builder.projecttree), are left out -- never opened."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames if not ignore(rel_dir / d))
-        for name in sorted(filenames):
+        kept = sorted(d for d in dirnames if not ignore(rel_dir / d))
+        # A link to a folder is listed with the folders; os.walk does not enter it.
+        links = [d for d in kept if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in kept if d not in links]
+        for name in sorted([*filenames, *links]):
             rel = rel_dir / name
             if ignore(rel):
                 continue
-            path = Path(dirpath) / name
-            if path.is_symlink():
-                data = os.readlink(path).encode()
+            path = os.path.join(dirpath, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:  # removed while the walk ran
+                continue
+            if stat.S_ISLNK(mode):
+                digest = hashlib.sha256(os.readlink(path).encode()).digest()
+            elif stat.S_ISREG(mode):
+                digest = _file_digest(path)
             else:
-                data = path.read_bytes()
-            h.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
+                continue
+            h.update(rel.as_posix().encode() + b"\0" + digest)
     return h.hexdigest()
+
+
+def _file_digest(path: str) -> bytes:
+    h = hashlib.sha256()
+    # O_NOFOLLOW/O_NONBLOCK: an entry that became a link or a FIFO since lstat is not followed
+    # or waited on.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return h.digest()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.digest()
 
 
 def _builder_ignored(rel: Path) -> bool:

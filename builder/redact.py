@@ -17,8 +17,10 @@ MASK = "***"
 # last '@' of the same word: a password typed without percent-encoding may hold ':', '/' and
 # '@' itself (pip and curl take the last '@' as the end of the credentials too), so masking
 # stops only at whitespace; a URL with an '@' in its path is masked too far, never too short.
+# The user name ends at its first ':' and may hold a raw '@' (``me@corp:pw@proxy``: urllib,
+# pip and curl read user ``me@corp``, password ``pw``).
 _URL_CREDENTIALS = re.compile(
-    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>\S+)@(?=[^@\s]*(?:\s|$))")
+    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/\s]*:)(?P<pw>\S+)@(?=[^@\s]*(?:\s|$))")
 
 
 def redact_url_credentials(text: str) -> str:
@@ -52,8 +54,9 @@ class Redactor:
                 self.add_secret(form)
 
     def __call__(self, text: str) -> str:
-        text = redact_url_credentials(text)
-        # Longest first, so a secret containing another is masked whole.
+        # Known secrets first, longest first (a secret containing another is masked whole):
+        # the URL rule could otherwise mask part of one that looks like a URL (a token
+        # holding "://" and "@") and leave the rest, which no longer matches, in the clear.
         for s in sorted(self._secrets, key=len, reverse=True):
             text = text.replace(s, MASK)
-        return text
+        return redact_url_credentials(text)

@@ -40,6 +40,7 @@ from builder.errors import StepFailed
 from builder.incell.steps import add_compile_flags
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
+from builder.projecttree import copy_project_tree
 from builder.release.manifest import sha256_file
 from builder.wheel.repair import oldest_tag, split_wheel_name
 from builder.wheel.verify import check_no_bundled_torch
@@ -152,6 +153,17 @@ class CrossTarget:
                 "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel)}
 
 
+def project_copy(job: CellJob) -> Path:
+    """The project's copy in the cell's stage (builder.projecttree), made once: what a
+    test-command and a repair-wheel-command name as ``{project}`` -- never the caller's tree,
+    which a command writing into ``{project}`` would change (the build itself works in a copy
+    of its own, builder.cross.build)."""
+    dest = job.stage / "project"
+    if not dest.exists():
+        copy_project_tree(job.opts.project, dest)
+    return dest
+
+
 def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTorch
                 ) -> dict[str, Any]:
     """The wheel's modules and the project's test-command on the target, under QEMU; the
@@ -166,7 +178,8 @@ def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTor
             job.log.close()
 
     opts = job.opts
-    return verify_wheel(wheel, target.python, torch, test=opts.test, project=opts.project,
+    project = project_copy(job) if opts.test.enabled else opts.project
+    return verify_wheel(wheel, target.python, torch, test=opts.test, project=project,
                         pip_env=download_env(job), wheelhouse=opts.wheelhouse, log=log,
                         environment=job.config.build_options.environment)
 
@@ -231,7 +244,8 @@ class CrossBackend:
             host_python=host_python,
             log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
             ccache=opts.ccache, options=job.config.build_options,
-            cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor))
+            cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor,
+            redact=job.log.redactor))
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
@@ -246,7 +260,7 @@ class CrossBackend:
             def repair() -> Path:
                 with HostEngine().session(log=job.log, parent=stage) as session:
                     return repair_with_command(session, str(labelled), stage / "repaired",
-                                               command, project=str(opts.project),
+                                               command, project=str(project_copy(job)),
                                                options=job.config.build_options)
 
             repaired_wheel = steps("repair", repair)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from builder.offline.bundle import Bundle
 from builder.pipeline import PipelineOptions, build_cells
 from builder.plan.resolve import Resolution, ResolvedCell
 from builder.progress import Progress, summary_table
+from builder.projecttree import check_project_tree, is_inside
 from builder.wheel.reproducible import resolve_source_date_epoch
 
 if TYPE_CHECKING:
@@ -267,6 +269,14 @@ def _project(args: argparse.Namespace) -> Path:
     if not ((project / "pyproject.toml").is_file() or (project / "setup.py").is_file()):
         raise ConfigError(f"{project} is not a Python project; expected a folder with "
                           "pyproject.toml or setup.py", key="--project")
+    for name in ("pyproject.toml", "setup.py"):
+        # Read here (build options, tests, bounds) but never copied into the build
+        # (builder.projecttree): the build would not be what plan showed.
+        marker = project / name
+        if marker.is_symlink() and not is_inside(project, marker):
+            raise ConfigError(f"{marker} is a symlink to {os.readlink(marker)}, outside the "
+                              "project: its build copies nothing from outside it; copy the file "
+                              "into the project", key="--project")
     return project
 
 
@@ -308,6 +318,10 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
     if any(c.backend in ("host", "cross") for c in here) and args.parallel > 1:
         raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
                           "share this machine's compiler and caches)", key="--parallel")
+    # What every cell's copy of the project leaves out, said once; a file over the copy's
+    # limit is refused here (exit 2), before any engine, image or cell is touched.
+    for line in check_project_tree(project, ctx.env).lines(vcs=False):
+        err(f"note: {line}")
     engine = None
     if config.network is not None or any(c.backend in ("docker", "emulated") for c in here):
         _check_network(config, list(resolution.cells), None)  # the checks that need no engine

@@ -34,6 +34,7 @@ from typing import Any
 
 from builder.arch import arch_name
 from builder.config import buildoptions, cudaconfig, projecttest, values
+from builder.config.cabundle import ca_bundle_problem
 from builder.config.checks import _AXIS_WORDS, _as_tuple, _merge, load_config_file
 from builder.config.cuda import parse_arch_list
 from builder.config.model import (
@@ -123,30 +124,12 @@ def _parse_timeout(raw: str, origin: str) -> float:
 
 
 def _ca_bundle(path: Path, origin: str, doc: YamlDocument | None = None) -> Path:
-    """A readable PEM file; resolved to an absolute path."""
+    """A readable PEM file (builder.config.cabundle); resolved to an absolute path."""
     line = doc.line(("ca_bundle",)) if doc is not None else None
     file = doc.file if doc is not None else None
-    if not path.is_file():
-        raise ConfigError(
-            f"CA bundle {str(path)!r} does not exist; expected a PEM file",
-            file=file,
-            line=line,
-            key=origin,
-        )
-    try:
-        text = path.read_text(encoding="ascii", errors="replace")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read CA bundle {str(path)!r}: {exc}", file=file, line=line, key=origin
-        ) from None
-    if "-----BEGIN CERTIFICATE-----" not in text:
-        raise ConfigError(
-            f"{str(path)!r} holds no certificate; "
-            "expected a PEM file with '-----BEGIN CERTIFICATE-----'",
-            file=file,
-            line=line,
-            key=origin,
-        )
+    problem = ca_bundle_problem(path)
+    if problem is not None:
+        raise ConfigError(problem, file=file, line=line, key=origin)
     return Path(os.path.abspath(path))
 
 

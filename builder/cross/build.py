@@ -40,8 +40,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from packaging.tags import Tag
 
@@ -64,6 +66,7 @@ from builder.incell.steps import (
     frontend_argv,
     libm_floor_shim,
 )
+from builder.projecttree import copy_project_tree
 from builder.release.shared import tag_serves
 
 HOOK_DIR = Path(__file__).with_name("hook")
@@ -80,10 +83,6 @@ static const char ampforge_libc_single_threaded = 0;
 #endif
 """
 
-# Folders never copied into the isolated build tree.
-_IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                                 ".pytest_cache", ".hypothesis", "*.so", ".ruff_cache")
-
 
 @dataclass(frozen=True)
 class CrossBuildResult:
@@ -91,6 +90,26 @@ class CrossBuildResult:
     seconds: float  # wall time of the project's build
     log: Path  # full build log
     ccache: CcacheStats | None = None  # compiler-cache counts, when ccache was used
+
+
+def _run_logged(argv: list[str], cwd: Path, env: dict[str, str], fh: TextIO,
+                redact: Callable[[str], str] | None) -> subprocess.CompletedProcess:
+    """*argv*'s merged output into the open log *fh*, each line through *redact* when given
+    (the build's processes see the environment-pass values; a build that prints them must not
+    put them in the log)."""
+    if redact is None:
+        return subprocess.run(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                fh.write(redact(line.rstrip("\n")) + "\n")
+            fh.flush()
+        except BaseException:
+            proc.kill()  # Ctrl-C or a full disk: as subprocess.run does
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode)
 
 
 def _failure_excerpt(log: Path) -> str:
@@ -206,18 +225,22 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
                       ccache: bool | None = None,
                       options: CibwOptions = NO_OPTIONS,
                       cxx11_abi: bool | None = None,
-                      cxx_floor: bool = False) -> CrossBuildResult:
+                      cxx_floor: bool = False,
+                      redact: Callable[[str], str] | None = None) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     *host_python* runs the project's build: an interpreter of this host with *some* torch
     (the cross backend's cached host torch environment). ``isolate`` copies the project
-    (without .git, .venv, build/, dist/) to a scratch folder so the checkout's in-tree build
-    folders are never shared with another build. Raises
+    (builder.projecttree: without .git, .venv, build/, dist/, nothing from outside it) to a
+    scratch folder so the checkout's in-tree build folders are never shared with another
+    build, and the build never writes into the caller's tree. Raises
     :class:`StepFailed` with the log's tail when the build fails. *ccache*: compile through
     ccache (None: when installed; True: required), its cache under the cache root, shared with
     the host backend's. *options*: cibuildwheel's build options, run on this host as the
     in-cell step runs them in a session (environment evaluated by sh, before-all,
-    before-build, config-settings, the frontend).
+    before-build, config-settings, the frontend). *redact*: every line of the build's output
+    goes through it into the log (the cell's redactor: proxy passwords, environment-pass
+    values).
     """
     project = Path(project).resolve()
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
@@ -228,9 +251,12 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
     with tempfile.TemporaryDirectory(prefix="ampforge-cross-") as scratch_name:
         scratch = Path(scratch_name)
         src = project
+        copied: list[str] = []
         if isolate:
+            # What every backend's build gets of the tree (builder.projecttree): nothing from
+            # outside it, no FIFOs or devices, no .git.
             src = scratch / "src"
-            shutil.copytree(project, src, ignore=_IGNORE, symlinks=True)
+            copied = copy_project_tree(project, src).lines()
         env = cross_build_env(python, torch, toolchain, scratch, cxx11_abi=cxx11_abi,
                               cxx_floor=cxx_floor)
         env.update(extra_env or {})
@@ -265,20 +291,19 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             cmd[3:3] = ["--no-cache-dir", "-v"]
         start = time.monotonic()
         with open(log, "w") as fh:
+            fh.writelines(f"ampforge: {line}\n" for line in copied)
             proc = subprocess.CompletedProcess(cmd, 0)
             for what, command in (("before-all", options.before_all),
                                   ("before-build", options.before_build)):
                 if command and proc.returncode == 0:
                     line = expand(command, project=str(src), package=str(src))
-                    fh.write(f"$ {what}: {line}\n")
+                    fh.write((redact or str)(f"$ {what}: {line}") + "\n")
                     fh.flush()
-                    proc = subprocess.run(["sh", "-c", line], cwd=src, env=env, stdout=fh,
-                                          stderr=subprocess.STDOUT)
+                    proc = _run_logged(["sh", "-c", line], src, env, fh, redact)
             if proc.returncode == 0:
-                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.write((redact or str)("$ " + " ".join(cmd)) + "\n")
                 fh.flush()
-                proc = subprocess.run(cmd, cwd=src, env=env, stdout=fh,
-                                      stderr=subprocess.STDOUT)
+                proc = _run_logged(cmd, src, env, fh, redact)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise StepFailed(f"cross build of {project} for {python.arch} failed "

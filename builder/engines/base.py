@@ -48,6 +48,8 @@ class Session(Protocol):
 
     #: A writable scratch directory inside the environment, private to this session.
     workdir: str
+    #: Where the session's output lines go (and the builder's own notes about the cell).
+    log: OutputLog
 
     def run(
         self,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from builder.engines.base import TAIL_LINES, OutputLog, RunResult, check_result
 from builder.errors import StepFailed
+from builder.projecttree import copy_sparse
 
 
 def run_host(
@@ -150,7 +151,8 @@ class HostSession:
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / src.name
         if src.is_dir():
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True,
+                            copy_function=copy_sparse)
         else:
             shutil.copy2(src, target)
         return str(target)

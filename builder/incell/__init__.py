@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import NO_TEST, ProjectTest, expand
 from builder.engines.base import RunResult, Session
 from builder.errors import StepFailed
+from builder.projecttree import CopyReport, copy_project_tree
 from builder.wheel.modules import compiled_files
 
 STEPS_SCRIPT = Path(__file__).with_name("steps.py")
@@ -37,11 +37,6 @@ BUILD_PATH_ALIAS = "/ampforge"
 #: for a wheelhouse, a bundle or an index -- and must not make the same cell's wheel differ.
 TORCH_SITE_ALIAS = "/ampforge-site-packages"
 
-#: Never copied into a build: environments, build outputs, caches, compiled modules.
-PROJECT_IGNORE: tuple[str, ...] = (
-    ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyc",
-    ".pytest_cache", ".ruff_cache", ".hypothesis", ".mypy_cache", "out",
-)
 
 
 def local_version(torch: str) -> str:
@@ -60,13 +55,13 @@ def parse_result(result: RunResult) -> dict[str, Any]:
     raise StepFailed(f"step {' '.join(result.argv[:3])} printed no result line")
 
 
-def stage_project(src: Path, parent: Path) -> Path:
-    """A clean copy of the project under *parent* (no venvs, build trees or compiled files)."""
+def stage_project(src: Path, parent: Path) -> tuple[Path, CopyReport]:
+    """A clean copy of the project under *parent* (no venvs, build trees or compiled files,
+    nothing from outside it: builder.projecttree) and what it left out."""
     if not (src / "pyproject.toml").exists() and not (src / "setup.py").exists():
         raise StepFailed(f"{src} is not a Python project (no pyproject.toml or setup.py)")
     dest = parent / "project"
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*PROJECT_IGNORE), symlinks=True)
-    return dest
+    return dest, copy_project_tree(src, dest)
 
 
 @dataclass(frozen=True)
@@ -228,9 +223,13 @@ def environment_args(options: CibwOptions) -> list[str]:
 
 
 def copy_project_in(session: Session, project: Path) -> str:
-    """A clean copy of *project* in the session's work folder; its path there."""
+    """A clean copy of *project* in the session's work folder (the build never sees the
+    caller's tree: it works in this copy); its path there. What the copy left out is said in
+    the cell's log."""
     with tempfile.TemporaryDirectory(prefix="ampforge-stage-") as tmp:
-        staged = stage_project(project, Path(tmp))
+        staged, report = stage_project(project, Path(tmp))
+        for line in report.lines():
+            session.log.note(f"ampforge: {line}")
         return session.copy_in(staged, session.workdir)
 
 

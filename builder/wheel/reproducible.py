@@ -28,6 +28,7 @@ import fnmatch
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from builder.errors import ConfigError, StepFailed
-from builder.incell import PROJECT_IGNORE
+from builder.projecttree import PROJECT_IGNORE
 
 ENV_VAR = "SOURCE_DATE_EPOCH"
 #: The earliest moment a zip (DOS) timestamp can record: 1980-01-01T00:00:00Z.
@@ -94,7 +95,7 @@ def git_commit_time(project: Path) -> Optional[int]:
 
 
 def project_ignored(rel: Path) -> bool:
-    """The files a build never sees (builder.incell.PROJECT_IGNORE): no build output or
+    """The files a build never sees (builder.projecttree.PROJECT_IGNORE): no build output or
     cache moves the epoch."""
     return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in PROJECT_IGNORE)
 
@@ -109,7 +110,10 @@ def newest_mtime(project: Path, ignore: Callable[[Path], bool]) -> Optional[int]
         for name in filenames:
             if ignore(rel_dir / name):
                 continue
-            mtime = int(os.lstat(os.path.join(dirpath, name)).st_mtime)
+            st = os.lstat(os.path.join(dirpath, name))
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                continue  # a FIFO, socket or device: never copied into a build
+            mtime = int(st.st_mtime)
             newest = mtime if newest is None else max(newest, mtime)
     return newest
 
