@@ -27,6 +27,8 @@ from typing import Any, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from builder.config import pyproject as pp
+from builder.config.yamlfile import brief, clip
 from builder.errors import ConfigError
 
 PLACEHOLDERS: tuple[str, ...] = ("project", "package")
@@ -78,18 +80,18 @@ def parse_command(value: Any) -> str:
     """A shell command (or a list of them, joined with ``&&``); raises ValueError."""
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{value!r} is not a command or a list of commands; expected a "
+            raise ValueError(f"{brief(value)} is not a command or a list of commands; expected a "
                              f"non-empty string, {_EXAMPLE}")
         value = " && ".join(parse_command(v) for v in value)
     if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a command; expected a string, {_EXAMPLE}")
+        raise ValueError(f"{brief(value)} is not a command; expected a string, {_EXAMPLE}")
     if not value.strip():
         raise ValueError(f"empty command; expected a shell command, {_EXAMPLE} (leave the key "
                          "out for no test)")
     unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(value)} - set(PLACEHOLDERS))
     if unknown:
         names = ", ".join("{" + n + "}" for n in unknown)
-        raise ValueError(f"unknown placeholder {names} in {value!r}; expected only "
+        raise ValueError(f"unknown placeholder {names} in {brief(value)}; expected only "
                          f"{{project}} (the project's root) and {{package}} (the package built)")
     return value.strip()
 
@@ -104,16 +106,16 @@ def parse_requires(value: Any) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)):
         items = value
     else:
-        raise ValueError(f"{value!r} is not a list of requirements; expected e.g. "
+        raise ValueError(f"{brief(value)} is not a list of requirements; expected e.g. "
                          "['pytest', 'numpy>=1.26']")
     out = []
     for item in items:
         if not isinstance(item, str) or not item.strip():
-            raise ValueError(f"{item!r} is not a requirement; expected e.g. 'pytest>=8'")
+            raise ValueError(f"{brief(item)} is not a requirement; expected e.g. 'pytest>=8'")
         try:
             Requirement(item)
         except InvalidRequirement as exc:
-            raise ValueError(f"{item!r} is not a requirement ({exc}); expected e.g. "
+            raise ValueError(f"{brief(item)} is not a requirement ({clip(exc)}); expected e.g. "
                              "'pytest>=8'") from None
         out.append(item.strip())
     return tuple(out)
@@ -129,19 +131,11 @@ def expand(command: str, *, project: str, package: str) -> str:
 def cibuildwheel_section(project: Path) -> tuple[dict[str, Any], str]:
     """The project's ``pyproject.toml`` ``[tool.cibuildwheel]`` table (empty without one) and
     the file's name; ConfigError (exit 2) when it cannot be read as one."""
-    pyproject = project / "pyproject.toml"
-    if not pyproject.is_file():
-        return {}, str(pyproject)
-    import tomllib  # noqa: PLC0415 - Python >= 3.11, as the builder runs on
-
-    try:
-        doc = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot parse it: {exc}", file=str(pyproject)) from None
-    section = doc.get("tool", {}).get("cibuildwheel", {})
-    if not isinstance(section, dict):
-        raise ConfigError("expected a table", file=str(pyproject), key="tool.cibuildwheel")
-    return section, str(pyproject)
+    path = project / "pyproject.toml"
+    doc = pp.load_pyproject(path, str(path))
+    if doc is None:
+        return {}, str(path)
+    return pp.table(doc, "tool.cibuildwheel", str(path)), str(path)
 
 
 def from_pyproject(project: Path) -> ProjectTest:

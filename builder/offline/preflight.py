@@ -34,6 +34,8 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from builder.config.pyproject import load_pyproject, string_list
+from builder.config.yamlfile import brief, clip
 from builder.errors import ConfigError
 from builder.wheel.wheelmeta import marker_environment, requires_dist
 
@@ -165,20 +167,25 @@ def cell_requirements(torch: str, project: Optional[Path] = None,
 
 
 def _project_requirements(project: Path) -> list[str]:
+    """The static ``[build-system] requires`` and ``[project] dependencies`` of *project*'s
+    pyproject.toml; ConfigError naming the file and key when it cannot say them."""
     pyproject = project / "pyproject.toml"
-    if not pyproject.is_file():
+    shown = str(pyproject)
+    doc = load_pyproject(pyproject, shown)
+    if doc is None:
         return []
-    try:
-        import tomllib  # noqa: PLC0415  (Python >= 3.11)
-    except ImportError:  # pragma: no cover - the builder runs on 3.11
-        return []
-    try:
-        doc = tomllib.loads(pyproject.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"cannot parse {pyproject}: {exc}", key="--project") from exc
-    reqs = list(doc.get("build-system", {}).get("requires", []))
-    reqs += list(doc.get("project", {}).get("dependencies", []))
-    return [str(r) for r in reqs]
+    reqs = []
+    for key in ("build-system.requires", "project.dependencies"):
+        for i, text in enumerate(string_list(doc, key, shown)):
+            try:
+                Requirement(text).specifier.contains("1.0")  # its versions are read on use
+            except (InvalidRequirement, ValueError) as exc:
+                why = (clip(exc) if isinstance(exc, InvalidRequirement)
+                       else "a version too long to read")
+                raise ConfigError(f"{brief(text)} is not a requirement ({why}); expected e.g. "
+                                  '"torch>=2.8"', file=shown, key=f"{key}[{i}]") from None
+            reqs.append(text)
+    return reqs
 
 
 def index_wheelhouse(folder: Path) -> list[WheelFile]:

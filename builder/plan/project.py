@@ -15,7 +15,6 @@ Python at least those is one ``abi3`` wheel that serves every such cell of its a
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,12 +24,10 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from builder.config.model import display_path
+from builder.config.pyproject import load_pyproject, string_list
+from builder.config.pyproject import table as pyproject_table
+from builder.config.yamlfile import brief
 from builder.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - the builder runs on 3.11 here; tomli is what 3.9/3.10 have
-    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -91,31 +88,28 @@ def read_bounds(project: Path) -> Optional[ProjectBounds]:
     """The bounds of the project at *project* (a folder), or None when its ``pyproject.toml``
     has no ``[project]`` table. A malformed one is a configuration error (exit 2)."""
     path = project / "pyproject.toml"
-    if not path.is_file():
-        return None
     shown = display_path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read it: {exc}; expected a TOML file", file=shown) from None
-    table = data.get("project")
-    if not isinstance(table, dict):
+    data = load_pyproject(path, shown)
+    if data is None or "project" not in data:
         return None
+    table = pyproject_table(data, "project", shown)
     name = str(table.get("name") or project.name)
     requires_python = None
     if table.get("requires-python"):
         try:
             requires_python = SpecifierSet(str(table["requires-python"]))
-        except InvalidSpecifier:
-            raise ConfigError(f"{table['requires-python']!r} is not a version specifier; "
+            requires_python.contains("3.11.0")  # its versions are read on first use
+        except (InvalidSpecifier, ValueError):  # ValueError: a version part of 5000 digits
+            raise ConfigError(f"{brief(table['requires-python'])} is not a version specifier; "
                               'expected e.g. ">=3.9"', file=shown,
                               key="project.requires-python") from None
     torch = None
-    for i, raw in enumerate(table.get("dependencies") or ()):
+    for i, raw in enumerate(string_list(data, "project.dependencies", shown)):
         try:
             req = Requirement(str(raw))
-        except InvalidRequirement:
-            raise ConfigError(f"{raw!r} is not a requirement; expected e.g. \"torch>=2.8\"",
+            req.specifier.contains("2.13.0")  # its versions are read on first use
+        except (InvalidRequirement, ValueError):
+            raise ConfigError(f"{brief(raw)} is not a requirement; expected e.g. \"torch>=2.8\"",
                               file=shown, key=f"project.dependencies[{i}]") from None
         if canonicalize_name(req.name) == "torch" and req.marker is None:
             torch = req.specifier if str(req.specifier) else None
@@ -123,11 +117,11 @@ def read_bounds(project: Path) -> Optional[ProjectBounds]:
                          stable_abi=_stable_abi(data, shown))
 
 
-_MINOR = re.compile(r"^\d+\.\d+$")
+_MINOR = re.compile(r"\d{1,4}\.\d{1,4}")  # fullmatch: "2.10\n" is not a version
 
 
 def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:
-    table = data.get("tool", {}).get("ampforge", {}).get("stable-abi")
+    table = pyproject_table(data, "tool.ampforge", shown).get("stable-abi")
     if table is None:
         return None
     key = "tool.ampforge.stable-abi"
@@ -137,8 +131,8 @@ def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:
     found = {}
     for part in ("torch", "python"):
         value = table.get(part)
-        if not isinstance(value, str) or not _MINOR.match(value):
-            raise ConfigError(f"is {value!r}; expected a quoted major.minor version such as "
+        if not isinstance(value, str) or not _MINOR.fullmatch(value):
+            raise ConfigError(f"is {brief(value)}; expected a quoted major.minor version such as "
                               f'"{"2.10" if part == "torch" else "3.10"}"', file=shown,
                               key=f"{key}.{part}")
         found[part] = value
