@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from builder.config.projecttest import PLACEHOLDERS, cibuildwheel_section, parse_command
+from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 
 KEYS: tuple[str, ...] = ("environment", "environment-pass", "before-all", "before-build",
@@ -104,21 +105,21 @@ def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
         out = []
         for name, raw in value.items():
             if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a variable name; expected e.g. CFLAGS")
+                raise ValueError(f"{brief(name)} is not a variable name; expected e.g. CFLAGS")
             if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
-                raise ValueError(f"{name}: {raw!r} is not a value; expected a string")
+                raise ValueError(f"{name}: {brief(raw)} is not a value; expected a string")
             out.append((name, shlex.quote(str(raw)) if isinstance(raw, (int, float))
                         else raw))
         return tuple(out)
     if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not an environment; expected 'NAME=value NAME2=value' "
+        raise ValueError(f"{brief(value)} is not an environment; expected 'NAME=value NAME2=value' "
                          "or a table of NAME = value")
     out = []
     rest = value.strip()
     while rest:
         found = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", rest)
         if found is None:
-            raise ValueError(f"expected NAME=value at {rest[:40]!r} in {value!r}; e.g. "
+            raise ValueError(f"expected NAME=value at {brief(rest[:40])} in {brief(value)}; e.g. "
                              "'PATH=\"$PATH:/opt/bin\" FORCE_CUDA=0'")
         rest = rest[found.end():]
         word = _WORD.match(rest)
@@ -127,7 +128,7 @@ def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
         rest = rest[len(raw):]
         if rest and not rest[0].isspace():
             raise ValueError(f"unbalanced quote or stray character after {found.group(1)}= "
-                             f"in {value!r}; expected NAME=value words, quotes closed")
+                             f"in {brief(value)}; expected NAME=value words, quotes closed")
         rest = rest.lstrip()
     return tuple(out)
 
@@ -135,11 +136,11 @@ def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
 def parse_names(value: Any) -> tuple[str, ...]:
     items = value.split() if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"{value!r} is not a list of variable names; expected e.g. "
+        raise ValueError(f"{brief(value)} is not a list of variable names; expected e.g. "
                          "'HF_TOKEN PIP_INDEX_URL' or a list")
     for name in items:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a variable name; expected e.g. HF_TOKEN")
+            raise ValueError(f"{brief(name)} is not a variable name; expected e.g. HF_TOKEN")
     return tuple(items)
 
 
@@ -150,21 +151,21 @@ def parse_config_settings(value: Any) -> tuple[tuple[str, str], ...]:
         for key, raw in value.items():
             for one in raw if isinstance(raw, (list, tuple)) else [raw]:
                 if not isinstance(one, (str, int, float)) or isinstance(one, bool):
-                    raise ValueError(f"{key}: {one!r} is not a value; expected a string")
+                    raise ValueError(f"{key}: {brief(one)} is not a value; expected a string")
                 pairs.append((str(key), str(one)))
     elif isinstance(value, str):
         try:
             words = shlex.split(value)
         except ValueError as exc:
-            raise ValueError(f"{value!r}: {exc}") from None
+            raise ValueError(f"{brief(value)}: {exc}") from None
         for word in words:
             key, eq, one = word.partition("=")
             if not eq or not key:
-                raise ValueError(f"{word!r} is not KEY=VALUE; expected e.g. "
+                raise ValueError(f"{brief(word)} is not KEY=VALUE; expected e.g. "
                                  "'--build-option=--cpp_ext'")
             pairs.append((key, one))
     else:
-        raise ValueError(f"{value!r} is not config settings; expected 'KEY=VALUE ...' or a "
+        raise ValueError(f"{brief(value)} is not config settings; expected 'KEY=VALUE ...' or a "
                          "table")
     if not pairs:
         raise ValueError("no settings; expected 'KEY=VALUE ...' (leave the key out for none)")
@@ -173,7 +174,7 @@ def parse_config_settings(value: Any) -> tuple[tuple[str, str], ...]:
 
 def parse_frontend(value: Any) -> str:
     if value not in FRONTENDS:
-        raise ValueError(f"{value!r} is not a build frontend; expected one of "
+        raise ValueError(f"{brief(value)} is not a build frontend; expected one of "
                          f"{', '.join(FRONTENDS)}")
     return str(value)
 
@@ -182,15 +183,15 @@ def parse_repair(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         value = " && ".join(parse_repair(v) for v in value)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{value!r} is not a command; expected e.g. 'auditwheel repair "
+        raise ValueError(f"{brief(value)} is not a command; expected e.g. 'auditwheel repair "
                          "--exclude libtorch.so -w {dest_dir} {wheel}'")
     unknown = sorted({m.group(1) for m in re.finditer(r"\{([A-Za-z_]\w*)\}", value)}
                      - set(REPAIR_PLACEHOLDERS) - set(PLACEHOLDERS))
     if unknown:
         raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)} in "
-                         f"{value!r}; expected {{wheel}} and {{dest_dir}}")
+                         f"{brief(value)}; expected {{wheel}} and {{dest_dir}}")
     if "{wheel}" not in value or "{dest_dir}" not in value:
-        raise ValueError(f"{value!r} does not name both placeholders; expected {{wheel}} (the "
+        raise ValueError(f"{brief(value)} does not name both placeholders; expected {{wheel}} (the "
                          "wheel to repair) and {dest_dir} (where the repaired wheel goes)")
     return value.strip()
 

@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+from builder.config.yamlfile import brief
+
 #: No system bundle comes near this (Debian's is about 220 kB); anything bigger is not one.
 MAX_BYTES = 16 * 10**6
 
@@ -32,13 +34,14 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0e-\x1f\x7f]")
 def ca_bundle_problem(path: Path) -> Optional[str]:
     """Why *path* is not a usable PEM CA bundle (a phrase naming the file and the line, never
     its content), or None."""
-    shown = repr(str(path))
+    shown = brief(str(path))  # a name of thousands of characters is shortened
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return f"CA bundle {shown} does not exist; expected a PEM file"
     except OSError as exc:
-        return f"cannot read CA bundle {shown}: {exc.strerror or exc}"
+        return (f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable "
+                "PEM file")
     if not stat.S_ISREG(st.st_mode):
         return (f"CA bundle {shown} is not a regular file (a folder, FIFO or device); "
                 "expected a PEM file")
@@ -51,7 +54,8 @@ def ca_bundle_problem(path: Path) -> Optional[str]:
         with open(fd, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
-        return f"cannot read CA bundle {shown}: {exc.strerror or exc}"
+        return (f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable "
+                "PEM file")
     text = data.decode("utf-8", errors="replace")
     if "-----BEGIN " not in text and _binary(data):
         return (f"{shown} is a binary file (DER or PKCS#12?), not PEM; expected a PEM file "

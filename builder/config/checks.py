@@ -3,6 +3,7 @@ name the file, the line, the key and what was expected (exit 2)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,8 +12,15 @@ import jsonschema
 from builder.arch import ARCHES
 from builder.config import values
 from builder.config.model import DEFAULTS_FILE, display_path
-from builder.config.schema import CONFIG_SCHEMA
-from builder.config.yamlfile import PathKey, YamlDocument, format_path, load_yaml, parse_yaml
+from builder.config.schema import CONFIG_SCHEMA, JOBS_MAX
+from builder.config.yamlfile import (
+    PathKey,
+    YamlDocument,
+    brief,
+    format_path,
+    load_yaml,
+    parse_yaml,
+)
 from builder.errors import ConfigError
 
 # ------------------------------------------------------------------ schema errors
@@ -55,7 +63,7 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(str(k) for k in inst if k not in err.schema.get("properties", {}))
         key = extra[0]
-        return path + (key,), f"unknown key {key!r}; expected one of: {', '.join(allowed)}"
+        return path + (key,), f"unknown key {brief(key)}; expected one of: {', '.join(allowed)}"
     if v == "required":
         missing = [k for k in err.validator_value if k not in inst]
         need = ", ".join(err.validator_value)
@@ -64,13 +72,13 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
         want = err.validator_value
         want_list = want if isinstance(want, list) else [want]
         words = " or ".join(_TYPE_WORDS.get(w, w) for w in want_list)
-        msg = f"expected {words}, got {_kind(inst)} {inst!r}"
+        msg = f"expected {words}, got {_kind(inst)} {brief(inst)}"
         if "string" in want_list and isinstance(inst, (int, float)) and not isinstance(inst, bool):
             msg += " (quote versions: YAML reads 3.10 as the number 3.1)"
         return path, msg
     if v == "enum":
         choices = ", ".join(str(c) for c in err.validator_value)
-        return path, f"expected one of {choices}, got {inst!r}"
+        return path, f"expected one of {choices}, got {brief(inst)}"
     if v == "uniqueItems":
         return path, "has duplicate items; expected each value once"
     if v == "minProperties":
@@ -78,11 +86,22 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
     if v == "anyOf":
         last = path[-1] if path else ""
         if last == "jobs":
-            return path, f"expected a positive integer or null, got {_kind(inst)} {inst!r}"
-        return path, f"expected a string or a non-empty list of strings, got {_kind(inst)} {inst!r}"
+            msg = f"{_JOBS_EXPECTED}, got {_kind(inst)} {brief(inst)}"
+            if isinstance(inst, int) and not isinstance(inst, bool) and inst > JOBS_MAX:
+                msg += f", more than the {JOBS_MAX} compile jobs a cell takes"
+            return path, msg
+        if isinstance(inst, dict) and last in _STRING_OR_TABLE:
+            return path, (f"expected a string, null or a mapping of names to values, got "
+                          f"{_kind(inst)} {brief(inst)}")
+        return path, (f"expected a string or a non-empty list of strings, got {_kind(inst)} "
+                      f"{brief(inst)}")
     if v == "minimum":
-        return path, f"expected at least {err.validator_value}, got {inst!r}"
-    return path, err.message  # pragma: no cover - every validator used is handled above
+        return path, f"expected at least {err.validator_value}, got {brief(inst)}"
+    if v == "maximum":
+        return path, f"expected at most {err.validator_value}, got {brief(inst)}"
+    if v == "exclusiveMinimum":
+        return path, f"expected more than {err.validator_value}, got {brief(inst)}"
+    return path, f"{err.message}; expected what builder/config/schema.py allows"
 
 
 def _check_schema(doc: YamlDocument, require_matrix: bool) -> None:
@@ -114,10 +133,16 @@ def _check_schema(doc: YamlDocument, require_matrix: bool) -> None:
 
 # ------------------------------------------------------------------ value checks
 
+_JOBS_EXPECTED = "expected a positive integer or null"
+#: Keys whose value may also be a mapping (the anyOf message says so).
+_STRING_OR_TABLE = ("environment", "config-settings")
+#: Keys naming a file or folder (a NUL byte cannot be in a path).
+_PATH_KEYS = (("support",), ("ca_bundle",), ("offline", "wheelhouse"), ("offline", "bundle"))
+
 
 def _strict_arch(value: str) -> str:
     if value not in ARCHES:
-        raise ValueError(f"unknown arch {value!r}; expected one of {', '.join(ARCHES)}")
+        raise ValueError(f"unknown arch {brief(value)}; expected one of {', '.join(ARCHES)}")
     return value
 
 
@@ -177,6 +202,20 @@ def _check_values(doc: YamlDocument) -> None:
         if "python_path" in image:
             check(("images", name, "python_path"), values.python_path, image["python_path"])
     build = data.get("build") or {}
+    jobs = build.get("jobs")
+    if isinstance(jobs, float):  # the schema's integer takes 2.0 (and 1e300); MAX_JOBS would not
+        raise ConfigError(f"{_JOBS_EXPECTED}, got number {brief(jobs)}", file=doc.file,
+                          line=doc.line(("build", "jobs")), key="build.jobs")
+    timeout = (data.get("pip") or {}).get("timeout")
+    if isinstance(timeout, float) and math.isnan(timeout):  # NaN passes every comparison
+        raise ConfigError("expected a timeout in seconds above 0 and at most 3600, got .nan",
+                          file=doc.file, line=doc.line(("pip", "timeout")), key="pip.timeout")
+    for path in _PATH_KEYS:
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str):
+            check(path, values.file_path, node)
     for i, flag in enumerate(build.get("extra_cflags", [])):
         check(("build", "extra_cflags", i), values.cflag, flag)
     for i, lib in enumerate(build.get("auditwheel_exclude", [])):

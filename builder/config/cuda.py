@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from builder.config.yamlfile import YamlDocument, format_path
+from builder.config.yamlfile import YamlDocument, brief, format_path
 from builder.errors import ConfigError
 
 CPU = "cpu"
 MACHINES = ("x86_64", "aarch64")
-_CUDA = re.compile(r"^[0-9]+\.[0-9]+$")
-_CAP = re.compile(r"^([0-9]+)\.([0-9])(\+PTX)?$")
+# fullmatch, as every value check: "$" would take "13.0\n"
+_CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
+_CAP = re.compile(r"([0-9]{1,3})\.([0-9])(\+PTX)?")
 
 
 def cuda_tag(cuda: str) -> str:
@@ -29,7 +30,7 @@ def cuda_tag(cuda: str) -> str:
 
 
 def is_cuda_version(value: str) -> bool:
-    return bool(_CUDA.match(value))
+    return bool(_CUDA.fullmatch(value))
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,9 @@ def parse_arch_list(text: str, toolkit: Toolkit) -> ArchList:
     sass: list[str] = []
     ptx: list[str] = []
     for word in words:
-        m = _CAP.match(word)
+        m = _CAP.fullmatch(word)
         if m is None:
-            raise ValueError(f"{word!r} is not a compute capability; expected X.Y or X.Y+PTX "
+            raise ValueError(f"{brief(word)} is not a compute capability; expected X.Y or X.Y+PTX "
                              "(e.g. 8.6, 9.0+PTX)")
         cap = f"{m.group(1)}.{m.group(2)}"
         if cap not in toolkit.capabilities:
@@ -170,7 +171,8 @@ def load_cuda(doc: YamlDocument, torches: Mapping[str, object]) -> CudaTable:
     for torch, spec in _mapping(doc, p + ("torch",), raw.get("torch")).items():
         tp = p + ("torch", torch)
         if torch not in torches:
-            raise _fail(doc, tp, f"torch {torch!r} is not in this table's 'torch' mapping")
+            raise _fail(doc, tp, f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                                 f"expected one of {', '.join(torches)}")
         if not isinstance(spec, dict) or not set(spec) <= {"default_index", "per_cuda_indexes"}:
             raise _fail(doc, tp, "expected a mapping with 'default_index' and/or "
                                  "'per_cuda_indexes'")
@@ -179,7 +181,7 @@ def load_cuda(doc: YamlDocument, torches: Mapping[str, object]) -> CudaTable:
                                       spec.get("default_index") or {}).items():
             mp = tp + ("default_index", machine)
             if machine not in MACHINES:
-                raise _fail(doc, mp, f"unknown machine {machine!r}; expected one of "
+                raise _fail(doc, mp, f"unknown machine {brief(machine)}; expected one of "
                                      f"{', '.join(MACHINES)}")
             default_index[torch][machine] = _cuda_known(doc, mp, cuda, toolkits)
         listed = spec.get("per_cuda_indexes") or []
@@ -201,21 +203,21 @@ def _cuda_known(doc: YamlDocument, path: tuple, cuda: object,
                 toolkits: Mapping[str, Toolkit]) -> str:
     if not isinstance(cuda, str) or cuda not in toolkits:
         raise _fail(doc, path, f"expected a quoted CUDA version of cuda.toolkits "
-                               f"({', '.join(toolkits) or 'none'}), got {cuda!r}")
+                               f"({', '.join(toolkits) or 'none'}), got {brief(cuda)}")
     return cuda
 
 
 def _toolkit(doc: YamlDocument, path: tuple, cuda: str, spec: object) -> Toolkit:
     if not is_cuda_version(cuda):
-        raise _fail(doc, path, f'expected a quoted CUDA version like "13.0", got {cuda!r}')
+        raise _fail(doc, path, f'expected a quoted CUDA version like "13.0", got {brief(cuda)}')
     keys = {"capabilities", "default_arch_list", "packages"}
     if not isinstance(spec, dict) or set(spec) != keys:
         raise _fail(doc, path, f"expected a mapping with {', '.join(sorted(keys))}")
     caps = spec["capabilities"]
     if not isinstance(caps, list) or not caps or not all(
-            isinstance(c, str) and _CAP.match(c) and "+" not in c for c in caps):
+            isinstance(c, str) and _CAP.fullmatch(c) and "+" not in c for c in caps):
         raise _fail(doc, path + ("capabilities",),
-                    f'expected a list of quoted compute capabilities like "8.0", got {caps!r}')
+                    f'expected a list of quoted compute capabilities like "8.0", got {brief(caps)}')
     packages = []
     for name, pkg in _mapping(doc, path + ("packages",), spec["packages"]).items():
         pp = path + ("packages", name)
@@ -228,7 +230,7 @@ def _toolkit(doc: YamlDocument, path: tuple, cuda: str, spec: object) -> Toolkit
                                                and re.fullmatch(r"[0-9a-f]{64}", digest)):
                 raise _fail(doc, pp + ("sha256",), f"expected a mapping of machine "
                                                    f"({', '.join(MACHINES)}) -> sha256 hex "
-                                                   f"digest, got {machine!r}: {digest!r}")
+                                                   f"digest, got {brief(machine)}: {brief(digest)}")
         packages.append(ToolkitPackage(name, pkg["version"], dict(digests)))
     if not packages:
         raise _fail(doc, path + ("packages",), "expected at least one package (nvidia-cuda-nvcc)")

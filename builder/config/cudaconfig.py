@@ -14,7 +14,7 @@ from typing import Any
 
 from builder.config import values
 from builder.config.cuda import CudaTable, parse_arch_list
-from builder.config.yamlfile import YamlDocument, format_path
+from builder.config.yamlfile import YamlDocument, brief, format_path
 from builder.errors import ConfigError
 
 
@@ -43,12 +43,12 @@ def layer(merged: Mapping[str, Any], doc: YamlDocument, table: CudaTable,
 
             toolkit = table.toolkit(cuda)
             if toolkit is None:
-                raise fail(f"CUDA {cuda!r} has no toolkit in {table.file} (cuda.toolkits); "
+                raise fail(f"CUDA {brief(cuda)} has no toolkit in {table.file} (cuda.toolkits); "
                            f"expected one of {', '.join(table.toolkits) or 'none'}")
             try:
                 out[key][cuda] = (values.index_url(value) if key == "index_urls"
                                   else parse_arch_list(value, toolkit).text)
             except ValueError as exc:
-                raise fail(f"{value!r}: {exc}") from None
+                raise fail(f"{brief(value)}: {exc}") from None
     return CudaOptions(index_urls=out["index_urls"], arch_list=out["arch_list"],
                        origin=origin if raw else "built-in default")

@@ -54,8 +54,9 @@ from builder.config.model import (
     display_path,
 )
 from builder.config.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
+from builder.config.schema import JOBS_MAX
 from builder.config.support import load_support
-from builder.config.yamlfile import YamlDocument, format_path
+from builder.config.yamlfile import YamlDocument, brief, clip, format_path, path_problem
 from builder.errors import ConfigError
 from builder.netpip import NetworkOptions
 from builder.redact import redact_url_credentials
@@ -78,7 +79,8 @@ def _parse_selection_axis(raw: str, axis: str, origin: str) -> tuple[str, ...]:
         try:
             out.append(parse(item))
         except ValueError as exc:
-            raise ConfigError(str(exc), key=origin) from None
+            # arch_name quotes the whole value: a shorter quote of a long one
+            raise ConfigError(str(exc).replace(repr(item), brief(item)), key=origin) from None
     return tuple(dict.fromkeys(out))
 
 
@@ -88,7 +90,7 @@ def _parse_bool(raw: str, origin: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"expected 1/0, true/false or yes/no, got {raw!r}", key=origin)
+    raise ConfigError(f"expected 1/0, true/false or yes/no, got {brief(raw)}", key=origin)
 
 
 def _parse_jobs(raw: str, origin: str) -> int:
@@ -96,8 +98,9 @@ def _parse_jobs(raw: str, origin: str) -> int:
         jobs = int(raw)
     except ValueError:
         jobs = 0
-    if jobs < 1:
-        raise ConfigError(f"expected a positive integer, got {raw!r}", key=origin)
+    if not 1 <= jobs <= JOBS_MAX:
+        more = f" (at most {JOBS_MAX} compile jobs a cell takes)" if jobs > JOBS_MAX else ""
+        raise ConfigError(f"expected a positive integer{more}, got {brief(raw)}", key=origin)
     return jobs
 
 
@@ -107,7 +110,7 @@ def _parse_retries(raw: str, origin: str) -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= 100:
-        raise ConfigError(f"expected a whole number of retries from 0 to 100, got {raw!r}",
+        raise ConfigError(f"expected a whole number of retries from 0 to 100, got {brief(raw)}",
                           key=origin)
     return value
 
@@ -119,7 +122,7 @@ def _parse_timeout(raw: str, origin: str) -> float:
         value = 0.0
     if not 0 < value <= 3600:  # NaN fails this too
         raise ConfigError(f"expected a timeout in seconds above 0 and at most 3600, got "
-                          f"{raw!r}", key=origin)
+                          f"{brief(raw)}", key=origin)
     return value
 
 
@@ -171,7 +174,7 @@ def _layered(name: str, file_value: Any, file_origin: str, env: Mapping[str, str
 
 def _parse_backend(raw: str, origin: str) -> str:
     if raw not in BACKENDS:
-        raise ConfigError(f"unknown backend {raw!r}; expected one of {', '.join(BACKENDS)}",
+        raise ConfigError(f"unknown backend {brief(raw)}; expected one of {', '.join(BACKENDS)}",
                           key=origin)
     return raw
 
@@ -185,7 +188,7 @@ def _parse_index_url(raw: str, origin: str) -> str:
 
 def _parse_pull(raw: str, origin: str) -> str:
     if raw not in PULL_POLICIES:
-        raise ConfigError(f"unknown pull policy {raw!r}; expected one of "
+        raise ConfigError(f"unknown pull policy {brief(raw)}; expected one of "
                           f"{', '.join(PULL_POLICIES)}", key=origin)
     return raw
 
@@ -218,9 +221,11 @@ def load_settings(
         sup_doc.file if Path(sup_doc.file).is_absolute() else REPO_ROOT / sup_doc.file
     ).parent
     support_path = (base_dir / merged["support"]).resolve()
-    if not support_path.is_file():
+    found = path_problem(support_path, "not found")
+    if found:
         raise ConfigError(
-            f"support table {merged['support']!r} not found (looked for {support_path}); "
+            f"support table {brief(merged['support'])} {found} (looked for "
+            f"{clip(support_path)}); "
             "expected a YAML file like configs/support.yaml",
             file=sup_doc.file,
             line=sup_doc.line(("support",)),
@@ -466,13 +471,13 @@ def _include_arch_list(raw: dict[str, Any], doc: YamlDocument, path: tuple,
     cuda = values.cuda_version(raw.get("cuda", "cpu"))
     toolkit = support.cuda.toolkit(cuda)
     if toolkit is None:
-        raise ConfigError(f"cuda_arch_list {text!r} needs the entry's cuda to be a CUDA version "
-                          f"of {support.file} (cuda.toolkits), got cuda {cuda!r}",
+        raise ConfigError(f"cuda_arch_list {brief(text)} needs the entry's cuda to be a CUDA "
+                          f"version of {support.file} (cuda.toolkits), got cuda {cuda!r}",
                           file=doc.file, line=doc.line(p), key=format_path(p))
     try:
         return parse_arch_list(text, toolkit).text
     except ValueError as exc:
-        raise ConfigError(f"{text!r}: {exc}", file=doc.file, line=doc.line(p),
+        raise ConfigError(f"{brief(text)}: {exc}", file=doc.file, line=doc.line(p),
                           key=format_path(p)) from None
 
 

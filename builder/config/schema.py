@@ -20,6 +20,10 @@ _RULE_KEYS = {"arch": _STR_OR_LIST, "python": _STR_OR_LIST, "torch": _STR_OR_LIS
 
 _NULLABLE_STRING: dict[str, Any] = {"type": ["string", "null"]}
 
+#: The most compile jobs a cell takes (MAX_JOBS): ninja reads -j as a C int, and no machine
+#: has more CPUs; a larger number fails the build instead of the configuration.
+JOBS_MAX = 4096
+
 IMAGE: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -84,7 +88,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "jobs": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+                "jobs": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": JOBS_MAX},
+                                  {"type": "null"}]},
                 "extra_cflags": {"type": "array", "items": {"type": "string"}},
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
                 "backend": {"enum": ["auto", "docker", "host", "cross", "emulated"]},

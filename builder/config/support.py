@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import values
 from builder.config.cuda import CudaTable, load_cuda
-from builder.config.yamlfile import YamlDocument, format_path, load_yaml
+from builder.config.yamlfile import YamlDocument, brief, format_path, load_yaml
 from builder.errors import ConfigError
 
 MACHINES = ("x86_64", "aarch64")
@@ -219,7 +219,7 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                 doc.file,
                 doc.line(p),
                 p,
-                f"expected the torch version as a quoted string, got {torch!r}",
+                f"expected the torch version as a quoted string, got {brief(torch)}",
             )
         try:
             values.torch_version(torch)
@@ -237,7 +237,7 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                     doc.file,
                     doc.line(mp),
                     mp,
-                    f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}",
+                    f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}",
                 )
             wheels[torch][machine] = _pythons(doc, mp, pythons)
     return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
@@ -269,7 +269,7 @@ def _per_machine_table(doc: YamlDocument, name: str, wheels: Mapping[str, object
         kp = p + (str(key),)
         if not isinstance(key, str) or (key != "default" and key not in wheels):
             raise _fail(doc.file, doc.line(kp), kp,
-                        f"torch {key!r} is not in this table's 'torch' mapping; expected "
+                        f"torch {brief(key)} is not in this table's 'torch' mapping; expected "
                         f'"default" or one of {", ".join(wheels)}')
         per = entry if isinstance(entry, dict) else {"*": entry}
         if not per:
@@ -279,9 +279,10 @@ def _per_machine_table(doc: YamlDocument, name: str, wheels: Mapping[str, object
             mp = kp if machine == "*" else kp + (str(machine),)
             if machine != "*" and machine not in MACHINES:
                 raise _fail(doc.file, doc.line(mp), mp,
-                            f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+                            f"unknown machine {brief(machine)}; expected one of "
+                            f"{', '.join(MACHINES)}")
             if not check(value):
-                raise _fail(doc.file, doc.line(mp), mp, f"expected {expected}, got {value!r}")
+                raise _fail(doc.file, doc.line(mp), mp, f"expected {expected}, got {brief(value)}")
         out[key] = dict(per)
     return out
 
@@ -303,8 +304,8 @@ def _torch_setuptools(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[s
         tp = p + (str(torch),)
         if not isinstance(torch, str) or torch not in wheels:
             raise _fail(doc.file, doc.line(tp), tp,
-                        f"torch {torch!r} is not in this table's 'torch' mapping; expected one "
-                        f"of {', '.join(wheels)}")
+                        f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                        f"expected one of {', '.join(wheels)}")
         try:
             ok = isinstance(spec, str) and bool(spec.strip()) and bool(SpecifierSet(spec))
         except InvalidSpecifier:
@@ -312,7 +313,7 @@ def _torch_setuptools(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[s
         if not ok:
             raise _fail(doc.file, doc.line(tp), tp,
                         f'expected a quoted setuptools version specifier like "<70", '
-                        f"got {spec!r}")
+                        f"got {brief(spec)}")
         out[torch] = str(spec).strip()
     return out
 
@@ -325,7 +326,7 @@ def _cross_host_torch(doc: YamlDocument, wheels: Mapping[str, Mapping[str, objec
     if not isinstance(raw, str) or raw not in wheels or "x86_64" not in wheels[raw]:
         raise _fail(doc.file, doc.line(p), p,
                     "expected a quoted torch release of this table's 'torch' mapping with "
-                    f"x86_64 wheels (the cross builds' host torch), got {raw!r}")
+                    f"x86_64 wheels (the cross builds' host torch), got {brief(raw)}")
     return raw
 
 
@@ -345,7 +346,7 @@ def _unsupported(doc: YamlDocument) -> dict[str, dict[str, str]]:
             if shape is None or not isinstance(reason, str) or not reason.strip():
                 raise _fail(doc.file, doc.line(vp), vp,
                             f'expected a quoted major.minor like "3.8" or "2.1" and a reason, '
-                            f"got {version!r}: {reason!r}")
+                            f"got {brief(version)}: {brief(reason)}")
         out[axis] = {str(k): str(v).strip() for k, v in table.items()}
     return out
 
@@ -361,7 +362,7 @@ def _pythons(doc: YamlDocument, mp: tuple, pythons: object) -> tuple[str, ...]:
                 doc.file,
                 doc.line(ip),
                 ip,
-                f'expected a quoted Python version like "3.10", got {py!r}',
+                f'expected a quoted Python version like "3.10", got {brief(py)}',
             )
         try:
             values.python_version(py)
@@ -380,14 +381,15 @@ def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, t
         mp = p + (str(machine),)
         if machine not in MACHINES:
             raise _fail(doc.file, doc.line(mp), mp,
-                        f"unknown machine {machine!r}; expected one of {', '.join(MACHINES)}")
+                        f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}")
         if not isinstance(torches, list) or not all(isinstance(t, str) for t in torches):
             raise _fail(doc.file, doc.line(mp), mp, "expected a list of quoted torch versions")
         for i, torch in enumerate(torches):
             if torch not in wheels:
                 ip = mp + (i,)
                 raise _fail(doc.file, doc.line(ip), ip,
-                            f"torch {torch} is not in this table's 'torch' mapping")
+                            f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                            f"expected one of {', '.join(wheels)}")
         out[machine] = tuple(torches)
     return out
 
@@ -395,7 +397,7 @@ def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, t
 def _torch_glibc(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, dict[str, str]]:
     table = _per_machine_table(
         doc, "torch_glibc", wheels,
-        lambda v: isinstance(v, str) and re.fullmatch(r"2\.\d+", v) is not None,
+        lambda v: isinstance(v, str) and re.fullmatch(r"2\.\d{1,3}", v) is not None,
         'a quoted glibc version like "2.28"')
     return {k: {m: str(v) for m, v in per.items()} for k, per in table.items()}
 
@@ -405,15 +407,15 @@ def _npu_release(doc: YamlDocument, path: tuple, torch: str, raw: object) -> str
     scheme torch-npu publishes under); pre-releases and other torches are refused."""
     expected = f"a quoted torch-npu release for torch {torch} ({torch} or {torch}.postN)"
     if not isinstance(raw, str):
-        raise _fail(doc.file, doc.line(path), path, f"expected {expected}, got {raw!r}")
+        raise _fail(doc.file, doc.line(path), path, f"expected {expected}, got {brief(raw)}")
     try:
         version = Version(raw)
     except InvalidVersion:
         raise _fail(doc.file, doc.line(path), path,
-                    f"{raw!r} is not a PEP 440 version; expected {expected}") from None
+                    f"{brief(raw)} is not a PEP 440 version; expected {expected}") from None
     if version.is_prerelease or version.local is not None or version.epoch:
         raise _fail(doc.file, doc.line(path), path,
-                    f"{raw!r} is a pre-release or carries an epoch/local label; expected "
+                    f"{brief(raw)} is a pre-release or carries an epoch/local label; expected "
                     f"{expected}: the pin is the newest final release")
     if version.base_version != torch:
         raise _fail(doc.file, doc.line(path), path,
@@ -437,8 +439,8 @@ def _torch_npu(doc: YamlDocument,
         tp = p + (str(torch),)
         if not isinstance(torch, str) or torch not in wheels:
             raise _fail(doc.file, doc.line(tp), tp,
-                        f"torch {torch!r} is not in this table's 'torch' mapping; expected one "
-                        f"of {', '.join(wheels)}")
+                        f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                        f"expected one of {', '.join(wheels)}")
         if entry is None:
             out[torch] = None  # checked: no torch-npu release requires this torch
             continue
@@ -446,7 +448,7 @@ def _torch_npu(doc: YamlDocument,
         if not isinstance(entry, dict) or "release" not in entry or not set(entry) <= set(keys):
             raise _fail(doc.file, doc.line(tp), tp,
                         f"expected null or a mapping with 'release' and machines from "
-                        f"{', '.join(MACHINES)}, got {entry!r}")
+                        f"{', '.join(MACHINES)}, got {brief(entry)}")
         release = _npu_release(doc, tp + ("release",), torch, entry["release"])
         out[torch] = NpuRelease(release=release, wheels={
             m: _pythons(doc, tp + (m,), pys) for m, pys in entry.items() if m != "release"})

@@ -16,9 +16,14 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config.pins import config_pin, parse_ref
 from builder.config.proxy import with_scheme
+from builder.config.yamlfile import brief
 
 PYTHON_VERSION = re.compile(r"3\.(?:[0-9]|[1-9][0-9])")
-TORCH_VERSION = re.compile(r"(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)")
+# Up to six digits a part: a version is compared as numbers, and Python reads no more than
+# 4300 digits as one.
+_PART = r"(?:0|[1-9][0-9]{0,5})"
+TORCH_VERSION = re.compile(rf"{_PART}\.{_PART}\.{_PART}")
+CUDA_VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
 # Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
 _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 IMAGE_REF = re.compile(
@@ -39,7 +44,8 @@ NO_PROXY = re.compile(r"[A-Za-z0-9.*,:/_\[\] -]*")
 def python_version(value: str) -> str:
     """``"3.11"``; rejects ``"3.9.x"``, ``"3.11.4"``, ``"cp311"``."""
     if not PYTHON_VERSION.fullmatch(value):
-        raise ValueError(f'{value!r} is not a Python version; expected major.minor like "3.11"')
+        raise ValueError(f'{brief(value)} is not a Python version; expected major.minor like '
+                         '"3.11"')
     return value
 
 
@@ -58,23 +64,23 @@ def torch_version(value: str) -> str:
     """A full torch release ``"2.13.0"``; rejects ``"2.13"``, ``"2.13.0+cpu"``, ``"2.x"``."""
     if not TORCH_VERSION.fullmatch(value):
         hint = ""
-        if re.fullmatch(r"[0-9]+\.[0-9]+", value):
+        if re.fullmatch(r"[0-9]{1,6}\.[0-9]{1,6}", value):
             hint = f' (write "{value}.0")'
         raise ValueError(
-            f'{value!r} is not a torch release; expected major.minor.patch like "2.13.0"{hint}'
-        )
+            f'{brief(value)} is not a torch release; expected major.minor.patch like "2.13.0"'
+            f'{hint}')
     return value
 
 
 def cuda_version(value: str) -> str:
     """A cell's CUDA: ``"cpu"`` (no CUDA compile) or a CUDA version ``"13.0"``; ``"cu130"`` is
     read as ``"13.0"`` (the spelling of identifiers), ``"13"`` and ``"13.0.2"`` are refused."""
-    m = re.fullmatch(r"cu([0-9]+)([0-9])", value)
+    m = re.fullmatch(r"cu([0-9]{1,3})([0-9])", value)
     if m:
         return f"{m.group(1)}.{m.group(2)}"
-    if value == "cpu" or re.fullmatch(r"[0-9]+\.[0-9]+", value):
+    if value == "cpu" or CUDA_VERSION.fullmatch(value):
         return value
-    raise ValueError(f'{value!r} is not a CUDA axis value; expected "cpu" or a CUDA version '
+    raise ValueError(f'{brief(value)} is not a CUDA axis value; expected "cpu" or a CUDA version '
                      'like "13.0" (or cu130)')
 
 
@@ -94,7 +100,8 @@ def image_ref(value: str) -> str:
     parse_ref(value)  # a malformed digest is said as such, not as a malformed reference
     if not IMAGE_REF.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not an image reference; expected [registry/]name[:tag][@sha256:digest]"
+            f"{brief(value)} is not an image reference; expected [registry/]name[:tag]"
+            "[@sha256:digest]"
             " in lower case, e.g. quay.io/pypa/manylinux_2_28_x86_64"
         )
     return value
@@ -107,9 +114,11 @@ def image_pin(value: str) -> str:
 
 def plat(value: str, machine: str) -> str:
     if not PLAT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a platform tag; expected e.g. manylinux_2_28_{machine}")
+        raise ValueError(f"{brief(value)} is not a platform tag; expected e.g. "
+                         f"manylinux_2_28_{machine}")
     if not value.endswith("_" + machine):
-        raise ValueError(f"{value!r} does not match the arch; expected a tag ending in _{machine}")
+        raise ValueError(f"{brief(value)} does not match the arch; expected a tag ending in "
+                         f"_{machine}")
     return value
 
 
@@ -117,26 +126,27 @@ def python_path(value: str) -> str:
     """Interpreter path template with optional ``{cp}`` / ``{version}`` placeholders."""
     if not CONTAINER_PATH.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not an absolute path of letters, digits and ._+-/; "
+            f"{brief(value)} is not an absolute path of letters, digits and ._+-/; "
             "expected e.g. /opt/python/{cp}-{cp}/bin/python"
         )
     leftover = value.replace("{cp}", "").replace("{version}", "")
     if "{" in leftover or "}" in leftover:
-        raise ValueError(f"{value!r}: the only placeholders allowed are {{cp}} and {{version}}; "
-            "expected e.g. /opt/python/{cp}-{cp}/bin/python")
+        raise ValueError(f"{brief(value)}: the only placeholders allowed are {{cp}} and "
+                         "{version}; expected e.g. /opt/python/{cp}-{cp}/bin/python")
     return value
 
 
 def lib_pattern(value: str) -> str:
     if not LIB_PATTERN.fullmatch(value):
-        raise ValueError(f"{value!r} is not a library name or wildcard; expected e.g. libtorch*.so")
+        raise ValueError(f"{brief(value)} is not a library name or wildcard; expected e.g. "
+                         "libtorch*.so")
     return value
 
 
 def cflag(value: str) -> str:
     if not CFLAG.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a single compiler flag; expected one '-flag' per list item "
+            f"{brief(value)} is not a single compiler flag; expected one '-flag' per list item "
             "without spaces or quotes"
         )
     if value in ("-march=native", "-mtune=native", "-mcpu=native"):
@@ -148,14 +158,20 @@ def index_url(value: str) -> str:
     """A package index URL written into the image's pip configuration."""
     if not _URL_SAFE.fullmatch(value):
         raise ValueError(
-            f"{value!r} contains characters not allowed in a URL here "
+            f"{brief(value)} contains characters not allowed in a URL here "
             "(whitespace, quotes, backslash, '$' or '`'); expected a plain URL"
         )
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        hostname = parts.hostname
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed '['
+        raise ValueError(f"{brief(value)} is not a URL ({exc}); expected e.g. "
+                         "https://host/simple") from None
     if parts.scheme not in ("http", "https", "file") or (
-        parts.scheme != "file" and not parts.hostname
+        parts.scheme != "file" and not hostname
     ):
-        raise ValueError(f"{value!r} is not an http(s) URL; expected e.g. https://host/simple")
+        raise ValueError(f"{brief(value)} is not an http(s) URL; expected e.g. "
+                         "https://host/simple")
     if parts.password is not None or parts.username is not None:
         raise ValueError(
             "index URL contains credentials, which would be written into the image; "
@@ -173,7 +189,13 @@ def proxy_url(value: str) -> str:
             "proxy URL contains whitespace or control characters; expected scheme://host:port"
         )
     value, _ = with_scheme(value)
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        # urllib's message repeats the netloc, which may hold a password: not said here.
+        raise ValueError("proxy URL is malformed (an unclosed '[' of an IPv6 address, or a host "
+                         "whose characters change under Unicode normalization); expected "
+                         "scheme://host:port") from None
     if parts.scheme not in ("http", "https", "socks4", "socks4a", "socks5", "socks5h"):
         raise ValueError(
             "proxy URL has no supported scheme; expected http://, https://, socks5:// or socks5h://"
@@ -191,6 +213,14 @@ def proxy_url(value: str) -> str:
                          "password holding '/', '@' or ':' must be percent-encoded)") from None
     if not parts.hostname:
         raise ValueError("proxy URL has no host; expected scheme://host:port")
+    return value
+
+
+def file_path(value: str) -> str:
+    """A file or folder named in a config file: any text but a NUL byte, which no path holds."""
+    if "\x00" in value:
+        raise ValueError(f"{brief(value)} holds a NUL character, which no path can; expected the "
+                         "path of a file or folder")
     return value
 
 
