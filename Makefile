@@ -29,7 +29,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test promises lint docs bench bench-ascend bench-build bench-arm bench-matrix demo clean distclean
+.PHONY: help setup test promises lint fuzz docs bench bench-ascend bench-build bench-arm bench-matrix demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -40,6 +40,7 @@ help:
 	@echo "                            (COMPAT_SUITES=$(COMPAT_SUITES))"
 	@echo "make lint                   ruff over the tree"
 	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
+	@echo "make fuzz [FUZZ_MINUTES=$(FUZZ_MINUTES) FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)]   the config parsers' fuzz targets for minutes (a failing input: build/fuzz/)"
 	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
@@ -169,6 +170,28 @@ promises:
 
 lint: setup
 	$(PY_VENV) -m ruff check .
+
+# fuzz: the configuration parsers' fuzz targets (tests/builder/test_fuzz_configs.py: the matrix
+# file, the support table, pyproject.toml, the environment) for about FUZZ_MINUTES, in rounds of
+# FUZZ_EXAMPLES examples per target, each round drawing new ones (the suite runs the same targets
+# with a few examples, derandomized under CI). It stops at the first failure; the failing input
+# is then in build/fuzz/: fix the parser, and keep the input in tests/builder/fuzz_corpus/ (its
+# README.md says how).
+FUZZ_MINUTES ?= 5
+FUZZ_EXAMPLES ?= 300
+FUZZ_TARGETS := fuzz_matrix or fuzz_support or fuzz_pyproject or fuzz_environment
+
+fuzz: setup
+	@end=$$(( $$(date +%s) + 60 * $(FUZZ_MINUTES) )); round=0; \
+	while :; do \
+		round=$$((round + 1)); rm -rf build/fuzz; \
+		echo "fuzz: round $$round, $(FUZZ_EXAMPLES) examples per target"; \
+		AMPFORGE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMPFORGE_FUZZ_SAVE=build/fuzz HYPOTHESIS_PROFILE=dev \
+			$(PY_VENV) -m pytest tests/builder/test_fuzz_configs.py -p no:randomly -x -q \
+			-k "$(FUZZ_TARGETS)" $(PYTEST_ARGS) || { echo "fuzz: the failing input is in" \
+			"build/fuzz/; fix the parser, then keep it in tests/builder/fuzz_corpus/"; exit 1; }; \
+		[ $$(date +%s) -lt $$end ] || break; \
+	done; echo "fuzz: $$round round(s) in $(FUZZ_MINUTES) minute(s), no failure"
 
 # docs: the documentation site (mkdocs.yml, docs/*.md); --strict fails on any warning, a broken
 # link between pages or to a heading included. tests/test_docs.py runs the same build.
