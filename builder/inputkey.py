@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from builder.projecttree import PROJECT_IGNORE
+from builder.projecttree import PROJECT_IGNORE, open_no_follow
 from builder.release.manifest import read_manifest, sha256_file
 
 BUILDER_DIR = Path(__file__).resolve().parent
@@ -56,10 +56,7 @@ def tree_digest(root: Path, ignore: Callable[[Path], bool] = _ignored) -> str:
 
 def _file_digest(path: str) -> bytes:
     h = hashlib.sha256()
-    # O_NOFOLLOW/O_NONBLOCK: an entry that became a link or a FIFO since lstat is not followed
-    # or waited on.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as fh:
+    with open_no_follow(path) as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             return h.digest()
         for chunk in iter(lambda: fh.read(1 << 20), b""):

@@ -40,7 +40,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional, Union
 
 from builder.diskspace import human
 from builder.errors import ConfigError, StepFailed
@@ -221,13 +221,11 @@ class _Walk:
         if self.dest is None:
             return
         try:
-            # No following a link, no blocking on a FIFO: the entry may have changed since the
-            # scan saw a regular file.
-            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fsrc = open_no_follow(source)
         except OSError as exc:
             raise StepFailed(f"cannot read project file {rel} in {self.src}: "
                              f"{exc.strerror or exc}") from None
-        with open(fd, "rb") as fsrc:
+        with fsrc:
             st = os.fstat(fsrc.fileno())
             if not stat.S_ISREG(st.st_mode):
                 self.report.special.append((rel, _kind(st.st_mode)))
@@ -239,6 +237,13 @@ class _Walk:
                 _copy_data(fsrc.fileno(), fdst.fileno(), st.st_size)
             os.chmod(target, stat.S_IMODE(st.st_mode))
             os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def open_no_follow(path: Union[str, Path]) -> BinaryIO:
+    """*path* opened for reading without following a link or blocking on a FIFO: the entry may
+    have changed since a walk saw a regular file there, so the caller checks what it opened
+    (``os.fstat``). OSError as :func:`os.open` raises it."""
+    return open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
 
 
 def _copy_data(src: int, dst: int, size: int) -> None:
