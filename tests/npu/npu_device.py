@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import os
 import shutil
 import sys
@@ -189,9 +190,12 @@ def install(cache_root: Optional[Path] = None, fallback_root: Optional[Path] = N
     if name != BACKEND:
         torch.utils.rename_privateuse1_backend(BACKEND)
     if not hasattr(torch.Tensor, BACKEND):
-        torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
-        )
+        generate = torch.utils.generate_methods_for_privateuse1_backend
+        kwargs = {"for_tensor": True, "for_module": True, "for_storage": True}
+        # PackedSequence.npu() is generated from torch 2.2 on; torch 2.1 has no such argument.
+        if "for_packed_sequence" in inspect.signature(generate).parameters:
+            kwargs["for_packed_sequence"] = True
+        generate(**kwargs)
     npu_module._bind(ops)
     if getattr(torch, BACKEND, None) is not npu_module:
         torch._register_device_module(BACKEND, npu_module)

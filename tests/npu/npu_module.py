@@ -98,6 +98,28 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+# --- autocast's state for npu --------------------------------------------------------------
+# torch.autocast("npu") on torch < 2.4 keeps no state for a PrivateUse1 device itself: it asks
+# the backend's module for these four (torch_npu has them), which the device answers from
+# torch's own per-device autocast state (device/npu_device.cpp, op_autocast_enabled).
+
+
+def is_autocast_enabled() -> bool:
+    return bool(_c().autocast_enabled())
+
+
+def set_autocast_enabled(enabled: bool) -> None:
+    _c().set_autocast_enabled(bool(enabled))
+
+
+def get_autocast_dtype() -> torch.dtype:
+    return _c().autocast_dtype().dtype
+
+
+def set_autocast_dtype(dtype: torch.dtype) -> None:
+    _c().set_autocast_dtype(dtype)
+
+
 def manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
@@ -135,6 +157,13 @@ def get_rng_state_all() -> list[torch.Tensor]:
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for i, state in enumerate(new_states):
         set_rng_state(state, i)
+
+
+def half_in_fp32_calls() -> int:
+    """How many float16 ops the device has computed as float32 arithmetic with float16 results,
+    because this torch's CPU has no float16 kernel for them (torch 2.1: matrix products,
+    convolutions, softmax, the norms, ...). Always 0 where the CPU has them all."""
+    return int(_c().half_in_fp32_calls())
 
 
 def memory_allocated(device: DeviceLike = None) -> int:

@@ -12,6 +12,7 @@ import copy
 import io
 import warnings
 from collections.abc import Callable
+from typing import Optional
 
 import npu_module
 import pytest
@@ -35,7 +36,9 @@ def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
 def test_backend_is_registered_as_npu(npu_backend: Installed, npu: torch.device) -> None:
     assert torch._C._get_privateuse1_backend_name() == "npu"
     assert torch.npu is npu_module
-    assert torch.get_device_module("npu") is npu_module
+    assert compat.get_device_module("npu") is npu_module
+    if hasattr(torch, "get_device_module"):  # torch >= 2.3
+        assert torch.get_device_module("npu") is npu_module
     assert npu.type == "npu"
     assert torch.device("npu:1").index == 1
 
@@ -52,11 +55,14 @@ def test_device_module_api(npu: torch.device) -> None:
     torch.npu.synchronize("npu:1")
     with pytest.raises(ValueError, match="expected an npu device"):
         torch.npu.synchronize("cpu")
-    # torch's device-generic API sees the device through the registered hooks.
-    assert torch.accelerator.is_available()
-    assert torch.accelerator.current_accelerator() == torch.device("npu")
-    assert torch.accelerator.device_count() == 2
-    assert torch.amp.is_autocast_available("npu")
+    assert compat.current_accelerator() == "npu"
+    # torch's device-generic API (torch >= 2.6) sees the device through the registered hooks.
+    if hasattr(torch, "accelerator"):
+        assert torch.accelerator.is_available()
+        assert torch.accelerator.current_accelerator() == torch.device("npu")
+        assert torch.accelerator.device_count() == 2
+    if hasattr(torch.amp, "is_autocast_available"):  # torch >= 2.4
+        assert torch.amp.is_autocast_available("npu")
 
 
 def test_generated_methods(npu: torch.device) -> None:
@@ -250,6 +256,90 @@ def test_item_and_scalar_reads(npu: torch.device) -> None:
     assert x.tolist() == [1.0, 2.0, 4.0]
 
 
+# ---------------------------------------------------------------- half types the CPU lacks
+# Where the CPU has no kernel for an op in float16 (torch 2.1: matrix products, convolutions,
+# softmax, the norms, pooling, ...) or bfloat16 (mse_loss), the device computes it as an NPU
+# does: float32 arithmetic on the widened inputs, the result rounded once to the half type.
+# Where the CPU has the kernel, the device runs it: the result is the CPU's own.
+
+HALF_OPS: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]] = {
+    "mm": (torch.mm, ((3, 8), (8, 2))),
+    "addmm": (torch.addmm, ((3, 2), (3, 8), (8, 2))),
+    "bmm": (torch.bmm, ((2, 3, 8), (2, 8, 2))),
+    "linear": (F.linear, ((4, 8), (3, 8), (3,))),
+    "conv2d": (F.conv2d, ((1, 2, 6, 6), (3, 2, 3, 3))),
+    "softmax": (lambda x: F.softmax(x, dim=1), ((3, 8),)),
+    "mse_loss": (F.mse_loss, ((3, 8), (3, 8))),
+    "cumsum": (lambda x: torch.cumsum(x, 0), ((5, 3),)),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2), ((1, 2, 6, 6),)),
+}
+
+
+def _cpu_result(fn: Callable[..., torch.Tensor],
+                args: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``fn`` on the CPU, or None where the CPU has no kernel for the arguments' type."""
+    try:
+        return fn(*args)
+    except (RuntimeError, NotImplementedError) as exc:
+        if "not implemented for" not in str(exc):
+            raise
+        return None
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(HALF_OPS))
+def test_half_op_is_the_cpus_or_fp32_arithmetic_rounded_once(
+        npu: torch.device, dtype: torch.dtype, name: str) -> None:
+    fn, shapes = HALF_OPS[name]
+    args = [_randn(*shape, seed=i).to(dtype) for i, shape in enumerate(shapes)]
+    native = _cpu_result(fn, args)
+    before = npu_module.half_in_fp32_calls()
+    got = fn(*[a.to(npu) for a in args])
+    assert got.dtype == dtype and got.device.type == "npu"
+    if native is not None:  # the CPU's own kernel ran
+        assert torch.equal(got.cpu(), native)
+        assert npu_module.half_in_fp32_calls() == before
+    else:
+        assert torch.equal(got.cpu(), fn(*[a.float() for a in args]).to(dtype))
+        assert npu_module.half_in_fp32_calls() > before
+
+
+def test_float16_matrix_products_accumulate_in_fp32(npu: torch.device) -> None:
+    # 4097 ones: an fp16 accumulator stops at 2048 (2048 + 1 rounds back to 2048); an fp32 one
+    # reaches 4097, which rounds to 4096 in fp16. Both the device's own float32 path and the
+    # CPU's float16 kernel (torch >= 2.2) accumulate in fp32.
+    ones = torch.ones(1, 4097, dtype=torch.float16, device=npu)
+    assert torch.mm(ones, ones.t()).item() == 4096.0
+    grad = torch.ones(1, 4097, dtype=torch.float16, device=npu, requires_grad=True)
+    (grad @ torch.ones(4097, 1, dtype=torch.float16, device=npu)).sum().backward()
+    assert grad.grad is not None and grad.grad.dtype == torch.float16
+
+
+def test_batch_norm_updates_the_running_statistics_on_the_device(npu: torch.device) -> None:
+    # native_batch_norm writes them in place without its schema saying so.
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm2d(2)
+    dev = copy.deepcopy(ref).to(npu)
+    x = _randn(4, 2, 3, 3)
+    torch.testing.assert_close(dev(x.to(npu)).cpu(), ref(x))
+    assert not torch.equal(ref.running_mean, torch.zeros(2))
+    torch.testing.assert_close(dev.running_mean.cpu(), ref.running_mean)
+    torch.testing.assert_close(dev.running_var.cpu(), ref.running_var)
+    assert int(dev.num_batches_tracked) == 1
+
+
+def test_half_activations_with_fp32_batch_norm_parameters(npu: torch.device) -> None:
+    # O2's keep_batchnorm_fp32: float16 activations, float32 weights and running statistics.
+    bn = torch.nn.BatchNorm2d(2).to(npu)
+    x = _randn(4, 2, 3, 3).half().to(npu).requires_grad_()
+    out = bn(x)
+    assert out.dtype == torch.float16 and bn.running_mean.dtype == torch.float32
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float16
+    assert bn.weight.grad is not None and bn.weight.grad.dtype == torch.float32
+    assert not torch.equal(bn.running_mean.cpu(), torch.zeros(2))
+
+
 # ---------------------------------------------------------------- autograd and training
 
 
@@ -274,7 +364,18 @@ def test_linear_forward_backward_matches_cpu(npu: torch.device) -> None:
     torch.testing.assert_close(dev_model.bias.grad.cpu(), cpu_model.bias.grad)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam_foreach", "adam_for_loop", "adam_fused"])
+# The device runs torch's fused Adam through the CPU kernel, which torch has from 2.4 on: before,
+# there is neither the device's fused step nor the CPU reference to compare it with.
+_CPU_FUSED_ADAM = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adam_", "CPU")
+
+
+@pytest.mark.parametrize("optimizer", [
+    "sgd", "adam_foreach", "adam_for_loop",
+    pytest.param("adam_fused", marks=pytest.mark.skipif(
+        not _CPU_FUSED_ADAM, reason=f"torch {torch.__version__} has no CPU kernel for fused Adam "
+        "(aten::_fused_adam_, torch >= 2.4): no fused step for the device to run, nor a CPU one "
+        "to compare it with")),
+])
 def test_optimizer_steps_match_cpu(npu: torch.device, optimizer: str) -> None:
     dev_model, cpu_model = _linear_pair(seed=3)
     x, y = _randn(8, 5, seed=4), _randn(8, 3, seed=5)
@@ -427,23 +528,34 @@ def test_fp32_ops_keep_half_type_outside_autocast(npu: torch.device, dtype: torc
         assert call(npu, dtype).dtype == dtype, name
 
 
+def _autocast_dtype() -> torch.dtype:
+    """npu's autocast dtype: torch's own per-device one (torch >= 2.4), which torch.npu reports
+    too; before it, torch.autocast keeps it through torch.npu (as torch_npu has it)."""
+    mine = npu_module.get_autocast_dtype()
+    if hasattr(torch, "get_autocast_dtype"):
+        assert torch.get_autocast_dtype("npu") == mine
+    return mine
+
+
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
 def test_autocast_state_and_scope(npu: torch.device, dtype: torch.dtype) -> None:
     assert not compat.is_autocast_enabled("npu")
     with torch.autocast("npu", dtype=dtype):
         assert compat.is_autocast_enabled("npu")
-        assert torch.get_autocast_dtype("npu") == dtype
+        assert _autocast_dtype() == dtype
+        assert npu_module.is_autocast_enabled()
         # Autocast is per device type: CPU tensors are untouched by npu autocast.
         assert torch.mm(_randn(2, 2), _randn(2, 2)).dtype == torch.float32
         # Ops off the lists run in whatever type they are given.
         a = _randn(2, 2).to(npu)
         assert (a + a).dtype == torch.float32
     assert not compat.is_autocast_enabled("npu")
+    assert not npu_module.is_autocast_enabled()
 
 
 def test_autocast_default_dtype_is_fp16(npu: torch.device) -> None:
     with torch.autocast("npu"):
-        assert torch.get_autocast_dtype("npu") == torch.float16
+        assert _autocast_dtype() == torch.float16
         assert torch.mm(_randn(2, 2).to(npu), _randn(2, 2).to(npu)).dtype == torch.float16
 
 
@@ -568,8 +680,17 @@ def test_deepcopy_state_dict_and_save_load(npu: torch.device) -> None:
 
 
 def test_unsupported_features_say_so(npu: torch.device) -> None:
-    with pytest.raises(NotImplementedError, match="no pinned host memory"):
-        torch.zeros(2).pin_memory()
+    # Pinning for npu: the device says it has no pinned memory where torch asks the PrivateUse1
+    # hooks for a pinned allocator; torch 2.1 asks no hooks and has no _pin_memory kernel for a
+    # PrivateUse1 device, and says that.
+    with pytest.raises(NotImplementedError,
+                       match="no pinned host memory|Could not run 'aten::_pin_memory'"):
+        torch.zeros(2).pin_memory("npu")
+    # torch.accelerator's torches pin a CPU tensor for the current accelerator (npu here); torch
+    # 2.1 pins it for CUDA whatever accelerator is installed (not the device's to answer).
+    if hasattr(torch, "accelerator"):
+        with pytest.raises(NotImplementedError, match="no pinned host memory"):
+            torch.zeros(2).pin_memory()
     # Where the PrivateUse1 hooks make generators (getNewGenerator) the device says it itself;
     # torch <= 2.6 asks a generator registry instead, and says there is none.
     with pytest.raises((NotImplementedError, RuntimeError),
