@@ -87,8 +87,10 @@ def _banned(fn: Callable[..., Any], allow: bool) -> Callable[..., Any]:
         if not allow:
             if any(t.dtype in HALF_DTYPES for t in _tensors((args, kwargs))):
                 raise NotImplementedError(BANNED_MESSAGE)
-            return fn(*args, **kwargs)
-        args, kwargs = cast_tensors(args, torch.float32), cast_tensors(kwargs, torch.float32)
+        else:
+            args, kwargs = cast_tensors(args, torch.float32), cast_tensors(kwargs, torch.float32)
+        # Outside autocast, as apex computes it (apex had none): the CUDA-like autocast of an
+        # accelerator (CUDA's, an NPU's) refuses binary_cross_entropy whatever its inputs.
         with contextlib.ExitStack() as stack:
             for device_type in autocast_device_types():
                 stack.enter_context(torch.autocast(device_type, enabled=False))

@@ -83,6 +83,7 @@ def _backward(model, opt, x, y, inject=False):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(FUSED))
+@pytest.mark.half_device
 def test_grads_unscaled_when_scale_loss_exits(opt_level, name):
     x, y = make_data()
     model_f, opt_f = _setup(FUSED[name], opt_level)
@@ -116,6 +117,7 @@ def _train_with_clipping(model, opt, steps=6, max_norm=0.05, inject_at=None):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(FUSED))
+@pytest.mark.half_device
 def test_clip_grad_norm_through_master_params_matches_generic_path(opt_level, name):
     model_f, opt_f = _setup(FUSED[name], opt_level)
     norms_f = _train_with_clipping(model_f, opt_f, inject_at=2)
@@ -134,6 +136,7 @@ def test_clip_grad_norm_through_master_params_matches_generic_path(opt_level, na
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(TORCH))
+@pytest.mark.half_device
 def test_clip_grad_norm_fused_matches_torch_optim(opt_level, name):
     model_f, opt_f = _setup(FUSED[name], opt_level)
     _train_with_clipping(model_f, opt_f)
@@ -146,6 +149,7 @@ def test_clip_grad_norm_fused_matches_torch_optim(opt_level, name):
             assert torch.equal(m, p.to(m.dtype))
 
 
+@pytest.mark.half_device
 def test_clipping_between_scale_loss_and_step_invalidates_the_measured_norm():
     """FusedAdam's own max_grad_norm reuses the norm amp measured while unscaling -- but not
     once the user has clipped the gradients in between."""
@@ -158,6 +162,7 @@ def test_clipping_between_scale_loss_and_step_invalidates_the_measured_norm():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.half_device
 def test_deferred_unscale_is_opt_in_and_keeps_grads_scaled():
     x, y = make_data()
     model, opt = _setup(FUSED["adam"], "O2", defer_unscale=True)
@@ -173,6 +178,7 @@ def test_deferred_unscale_is_opt_in_and_keeps_grads_scaled():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.half_device
 def test_fused_sgd_materialize_master_grads_false_defers_at_o2_only():
     x, y = make_data()
     make = lambda ps: FusedSGD(ps, lr=0.05, materialize_master_grads=False)  # noqa: E731
@@ -187,6 +193,7 @@ def test_fused_sgd_materialize_master_grads_false_defers_at_o2_only():
         assert torch.equal(a.grad, b.grad)
 
 
+@pytest.mark.half_device
 def test_o2_master_grads_dropped_after_step_as_apex():
     x, y = make_data()
     model, opt = _setup(FUSED["sgd"], "O2")
