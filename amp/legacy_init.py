@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from . import _torch_compat as compat
 from ._amp_state import _amp_state
 from ._casting import cast_tensors
 from .cast_registry import (
@@ -99,6 +100,20 @@ def _banned(fn: Callable[..., Any], allow: bool) -> Callable[..., Any]:
     return binary_cross_entropy
 
 
+def _device_types(device_type: Optional[str], patch_type: torch.dtype) -> list[str]:
+    """Where init() enters autocast: ``device_type``, else the CPU and the current accelerator,
+    less the CPU where its autocast does not take ``patch_type`` (torch 2.1: bfloat16 only),
+    so that apex's fp16 default still casts on the accelerator there."""
+    wanted = autocast_device_types() if device_type is None else [device_type]
+    usable = [t for t in wanted if compat.autocast_supports(t, patch_type)]
+    if not usable or (device_type is not None and usable != wanted):
+        raise compat.HalfUnsupportedError(
+            f"amp.init: torch {torch.__version__} has no autocast to {patch_type} on "
+            f"{' or '.join(repr(t) for t in wanted)}. Pass patch_type=torch.bfloat16, or "
+            "device_type= the accelerator the model runs on.")
+    return usable
+
+
 def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
          enable_caching: bool = True, verbose: bool = False, allow_banned: bool = False,
          patch_type: torch.dtype = torch.float16, *, device_type: Optional[str] = None
@@ -106,7 +121,8 @@ def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
     """apex's old ``amp.init()``: O1 casting for this thread until ``handle._deactivate()``.
 
     ``patch_type`` is the half type (fp16 or bf16); ``device_type`` limits autocast to one
-    device type (default: the CPU and the current accelerator). ``loss_scale`` is accepted
+    device type (default: the CPU and the current accelerator; the CPU only where its autocast
+    takes ``patch_type``: not float16 on torch 2.1). ``loss_scale`` is accepted
     for apex's signature; loss scaling belongs to ``amp.initialize`` / ``amp.scale_loss``, as
     apex's own old ``handle.scale_loss`` was removed. Prefer ``amp.initialize(..., opt_level=
     "O1")``, which casts each initialized model's forward on any thread.
@@ -132,7 +148,7 @@ def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
         handle: AmpHandle = NoOpHandle()
         _amp_state.handle = handle
         return handle
-    device_types = autocast_device_types() if device_type is None else [device_type]
+    device_types = _device_types(device_type, patch_type)
     handle = InitHandle(patch_type, device_types, enable_caching, verbose)
     wrap_registered(handle)
     original = F.binary_cross_entropy

@@ -133,11 +133,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # no float16 matmul or convolution, and autocast takes bfloat16 only; amp.initialize says so
 # itself, HalfUnsupportedError), and torch.amp.GradScaler (torch >= 2.3), the reference amp's loss
 # scaling is compared with. Only those errors, and only where the probe confirms the lack:
-# anything else a test raises is its failure.
+# anything else a test raises is its failure. The tests that compute in float16 wherever torch's
+# default device is run on the npu test device there instead (half_device, below): what is
+# skipped for float16 is what needs the CPU itself in float16 (tests/npu's comparisons of the
+# device with the CPU), or a worker process that cannot take the device (its own reason).
 _HALF_ON_CPU = ("not implemented for 'Half'", "AutocastCPU only support Bfloat16")
+_NPU_FIXTURES = ("npu", "npu_backend", "torch_npu", "saturating_npu")
 
 
-def _lacking(exc: BaseException) -> Optional[str]:
+def _lacking(exc: BaseException, item: pytest.Item) -> Optional[str]:
     import torch
 
     from amp import _torch_compat as compat
@@ -149,6 +153,9 @@ def _lacking(exc: BaseException) -> Optional[str]:
         if not (compat.half_matmul_supported("cpu") and compat.autocast_supports(
                 "cpu", torch.float16)):
             first = str(exc).splitlines()[0][:160]
+            if any(f in getattr(item, "fixturenames", ()) for f in _NPU_FIXTURES):
+                return (f"torch {version}'s CPU has no float16 matmul/autocast, and this test "
+                        f"compares the npu device with the CPU in float16: {first}")
             return f"torch {version}'s CPU has no float16 matmul/autocast: {first}"
     if (isinstance(exc, AttributeError) and "GradScaler" in str(exc)
             and compat.grad_scaler_class() is None):
@@ -214,7 +221,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         return (yield)
     except Exception as exc:
-        reason = _lacking(exc)
+        reason = _lacking(exc, item)
         if reason is None:
             raise
         pytest.skip(reason)
