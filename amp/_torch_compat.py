@@ -18,6 +18,11 @@ the feature. Nothing else in amp asks which torch it runs on.
   (``torch._amp_foreach_non_finite_check_and_unscale_``) has a CPU kernel from torch 2.3 on;
   where a device lacks it, the same arithmetic unfused (the first NotImplementedError per
   device type decides, the answer is kept).
+* ``foreach_bumps_versions(type)``: an in-place foreach op (``torch._foreach_mul_``, which
+  ``clip_grad_norm_`` uses) bumps its tensors' version counters from the autograd layer on
+  newer torches; torch 2.1 has none for foreach ops, so there only a device whose foreach kernel
+  runs per-tensor ops bumps them (the CPU's), not one with kernels of its own (CUDA's, an
+  NPU's). Asked by running one such op once per device type.
 * ``grad_scaler_class()``: ``torch.amp.GradScaler`` (torch >= 2.3; it takes a device type); None
   before it, where torch's only scaler is CUDA's.
 """
@@ -32,6 +37,7 @@ import torch
 __all__ = [
     "autocast_supports",
     "current_accelerator",
+    "foreach_bumps_versions",
     "get_device_module",
     "HalfUnsupportedError",
     "check_half_support",
@@ -46,6 +52,7 @@ _lock = threading.Lock()
 _autocast_answers: dict[tuple[str, torch.dtype], bool] = {}
 _matmul_answers: dict[tuple[str, torch.dtype], bool] = {}
 _unfused_unscale: set = set()  # device types whose torch lacks the fused unscale kernel
+_foreach_version_answers: dict[str, bool] = {}
 
 
 def get_device_module(device_type: str) -> Any:
@@ -145,6 +152,22 @@ def half_matmul_supported(device_type: str, dtype: torch.dtype = torch.float16) 
         ok = False
     with _lock:
         _matmul_answers[key] = ok
+    return ok
+
+
+def foreach_bumps_versions(device_type: str) -> bool:
+    """Whether an in-place foreach op on ``device_type`` bumps its tensors' ``_version`` (what
+    tells amp that gradients were rewritten in place, e.g. clipped, since it measured them)."""
+    with _lock:
+        known = _foreach_version_answers.get(device_type)
+    if known is not None:
+        return known
+    probe = torch.zeros(1, device=device_type)
+    before = probe._version
+    torch._foreach_mul_([probe], 1.0)
+    ok = probe._version != before
+    with _lock:
+        _foreach_version_answers[device_type] = ok
     return ok
 
 

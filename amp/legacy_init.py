@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from . import _torch_compat as compat
 from ._amp_state import _amp_state
 from ._casting import cast_tensors
 from .cast_registry import (
@@ -87,14 +88,30 @@ def _banned(fn: Callable[..., Any], allow: bool) -> Callable[..., Any]:
         if not allow:
             if any(t.dtype in HALF_DTYPES for t in _tensors((args, kwargs))):
                 raise NotImplementedError(BANNED_MESSAGE)
-            return fn(*args, **kwargs)
-        args, kwargs = cast_tensors(args, torch.float32), cast_tensors(kwargs, torch.float32)
+        else:
+            args, kwargs = cast_tensors(args, torch.float32), cast_tensors(kwargs, torch.float32)
+        # Outside autocast, as apex computes it (apex had none): the CUDA-like autocast of an
+        # accelerator (CUDA's, an NPU's) refuses binary_cross_entropy whatever its inputs.
         with contextlib.ExitStack() as stack:
             for device_type in autocast_device_types():
                 stack.enter_context(torch.autocast(device_type, enabled=False))
             return fn(*args, **kwargs)
 
     return binary_cross_entropy
+
+
+def _device_types(device_type: Optional[str], patch_type: torch.dtype) -> list[str]:
+    """Where init() enters autocast: ``device_type``, else the CPU and the current accelerator,
+    less the CPU where its autocast does not take ``patch_type`` (torch 2.1: bfloat16 only),
+    so that apex's fp16 default still casts on the accelerator there."""
+    wanted = autocast_device_types() if device_type is None else [device_type]
+    usable = [t for t in wanted if compat.autocast_supports(t, patch_type)]
+    if not usable or (device_type is not None and usable != wanted):
+        raise compat.HalfUnsupportedError(
+            f"amp.init: torch {torch.__version__} has no autocast to {patch_type} on "
+            f"{' or '.join(repr(t) for t in wanted)}. Pass patch_type=torch.bfloat16, or "
+            "device_type= the accelerator the model runs on.")
+    return usable
 
 
 def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
@@ -104,7 +121,8 @@ def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
     """apex's old ``amp.init()``: O1 casting for this thread until ``handle._deactivate()``.
 
     ``patch_type`` is the half type (fp16 or bf16); ``device_type`` limits autocast to one
-    device type (default: the CPU and the current accelerator). ``loss_scale`` is accepted
+    device type (default: the CPU and the current accelerator; the CPU only where its autocast
+    takes ``patch_type``: not float16 on torch 2.1). ``loss_scale`` is accepted
     for apex's signature; loss scaling belongs to ``amp.initialize`` / ``amp.scale_loss``, as
     apex's own old ``handle.scale_loss`` was removed. Prefer ``amp.initialize(..., opt_level=
     "O1")``, which casts each initialized model's forward on any thread.
@@ -130,7 +148,7 @@ def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
         handle: AmpHandle = NoOpHandle()
         _amp_state.handle = handle
         return handle
-    device_types = autocast_device_types() if device_type is None else [device_type]
+    device_types = _device_types(device_type, patch_type)
     handle = InitHandle(patch_type, device_types, enable_caching, verbose)
     wrap_registered(handle)
     original = F.binary_cross_entropy

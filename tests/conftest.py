@@ -3,8 +3,10 @@ kernels per ISA, and the pure-torch fallback)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
 import pytest
@@ -113,6 +115,8 @@ def _order(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_order)  # stable: each module keeps its own order
+    if any(_on_npu(item) for item in items):
+        _npu_device().install_at_collection()
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture of the test, module-scoped ones too
@@ -129,11 +133,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # no float16 matmul or convolution, and autocast takes bfloat16 only; amp.initialize says so
 # itself, HalfUnsupportedError), and torch.amp.GradScaler (torch >= 2.3), the reference amp's loss
 # scaling is compared with. Only those errors, and only where the probe confirms the lack:
-# anything else a test raises is its failure.
+# anything else a test raises is its failure. The tests that compute in float16 wherever torch's
+# default device is run on the npu test device there instead (half_device, below): what is
+# skipped for float16 is what needs the CPU itself in float16 (tests/npu's comparisons of the
+# device with the CPU), or a worker process that cannot take the device (its own reason).
 _HALF_ON_CPU = ("not implemented for 'Half'", "AutocastCPU only support Bfloat16")
+_NPU_FIXTURES = ("npu", "npu_backend", "torch_npu", "saturating_npu")
 
 
-def _lacking(exc: BaseException) -> Optional[str]:
+def _lacking(exc: BaseException, item: pytest.Item) -> Optional[str]:
     import torch
 
     from amp import _torch_compat as compat
@@ -145,6 +153,9 @@ def _lacking(exc: BaseException) -> Optional[str]:
         if not (compat.half_matmul_supported("cpu") and compat.autocast_supports(
                 "cpu", torch.float16)):
             first = str(exc).splitlines()[0][:160]
+            if any(f in getattr(item, "fixturenames", ()) for f in _NPU_FIXTURES):
+                return (f"torch {version}'s CPU has no float16 matmul/autocast, and this test "
+                        f"compares the npu device with the CPU in float16: {first}")
             return f"torch {version}'s CPU has no float16 matmul/autocast: {first}"
     if (isinstance(exc, AttributeError) and "GradScaler" in str(exc)
             and compat.grad_scaler_class() is None):
@@ -152,12 +163,65 @@ def _lacking(exc: BaseException) -> Optional[str]:
     return None
 
 
+# ------------------------------------------------------------------ float16 on the npu test device
+#
+# Tests marked `half_device` compute in float16 on torch's default device (models and data made
+# without a device argument). Where torch's CPU has float16 kernels they run on the CPU, as
+# every other test does. Where it has none (torch 2.1), they run on the npu test device
+# (tests/npu/device) instead of being skipped: it computes float16 as an NPU does (float32
+# arithmetic, float16 results) where the CPU has no kernel. The device is installed when
+# collection ends (before any backward pass, as tests/npu/conftest.py does) and is torch's
+# default device during the test's call (`with torch.device("npu")`: factory functions without
+# a device argument make npu tensors). There a float16 error is the test's failure, never a
+# skip; and a marked test that ran no op on the device fails (its marker would be wrong).
+
+
+def _cpu_has_float16() -> bool:
+    import torch
+
+    from amp import _torch_compat as compat
+
+    return compat.half_matmul_supported("cpu") and compat.autocast_supports("cpu", torch.float16)
+
+
+def _on_npu(item: pytest.Item) -> bool:
+    """AMPFORGE_HALF_DEVICE=npu sends them there on any torch (to compare the two lines)."""
+    if item.get_closest_marker("half_device") is None:
+        return False
+    return os.environ.get("AMPFORGE_HALF_DEVICE") == "npu" or not _cpu_has_float16()
+
+
+def _npu_device() -> ModuleType:
+    """tests/npu/npu_device.py, the module tests/npu/conftest.py installs the device with."""
+    folder = str(TESTS_ROOT / "npu")
+    if folder not in sys.path:
+        sys.path.append(folder)
+    import npu_device
+
+    return npu_device
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if _on_npu(item):
+        import torch
+
+        installed = _npu_device().session_device()
+        before = installed.ops.fallback_calls()
+        with torch.device("npu"):
+            result = yield
+        # half_device(in_worker=True): the float16 work runs in worker processes the test starts
+        # on its default device (it checks where they ran itself).
+        in_worker = item.get_closest_marker("half_device").kwargs.get("in_worker", False)
+        if not in_worker and installed.ops.fallback_calls() == before:
+            raise AssertionError(
+                "marked half_device, but ran no op on the npu device it was given as torch's "
+                "default device: it computes nothing in float16 there")
+        return result
     try:
         return (yield)
     except Exception as exc:
-        reason = _lacking(exc)
+        reason = _lacking(exc, item)
         if reason is None:
             raise
         pytest.skip(reason)

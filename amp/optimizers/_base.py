@@ -13,6 +13,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor
 
+from .. import _torch_compat as compat
 from .. import multi_tensor as mt
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
@@ -96,9 +97,13 @@ def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
     return [g for group in sources for t in group if (g := _grad_of(t)) is not None]
 
 
-def grads_signature(grads: list[Tensor]) -> tuple:
+def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
     """Identity and in-place version of each gradient: a cached norm is reused only while this
-    is unchanged (clip_grad_norm_ on the grads between backward and step bumps the versions)."""
+    is unchanged (clip_grad_norm_ on the grads between backward and step bumps the versions).
+    None, and nothing is reused, where the grads' device's in-place foreach ops leave the
+    versions alone (torch 2.1 on an accelerator: clip_grad_norm_ would go unseen)."""
+    if not all(compat.foreach_bumps_versions(t) for t in {g.device.type for g in grads}):
+        return None
     return tuple((id(g), g._version) for g in grads)
 
 
@@ -128,7 +133,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
-        self._amp_cached_norm: Optional[tuple[float, tuple, float]] = None
+        self._amp_cached_norm: Optional[tuple[float, Optional[tuple], float]] = None
 
     # --- amp seam ----------------------------------------------------------------
     def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None:
@@ -181,7 +186,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         """The grad norm measured by amp's pass for these very grads and scale, else computed."""
         sources = self._grad_sources(model_params, grads_on_params)
         cached = self._amp_cached_norm
-        if (cached is not None and cached[0] == inv_scale
+        if (cached is not None and cached[0] == inv_scale and cached[1] is not None
                 and cached[1] == grads_signature(grads_of(sources))):
             return cached[2]
         return grad_norm(sources, inv_scale)[0]

@@ -1,9 +1,11 @@
 """Helper for test_resume.py, run in its own process.
 
-    _resume_worker.py full   LEVELS STEPS SAVE_AT DIR OUT.json  # train STEPS, checkpoint at SAVE_AT
-    _resume_worker.py resume LEVELS STEPS SAVE_AT DIR OUT.json  # load the checkpoint, finish
+    _resume_worker.py full   LEVELS STEPS SAVE_AT DIR OUT.json [DEVICE]  # train, checkpoint
+    _resume_worker.py resume LEVELS STEPS SAVE_AT DIR OUT.json [DEVICE]  # load it, finish
 
-Writes {level: {"losses": [...], "scales": [...], "saved_amp": {...}}} to OUT.json.
+Writes {level: {"losses": [...], "scales": [...], "saved_amp": {...}, "device": ...}} to
+OUT.json. DEVICE (default cpu) is torch's default device for the run: "npu" installs the npu
+test device (tests/npu/npu_device.py) first, as tests/conftest.py does for half_device tests.
 """
 from __future__ import annotations
 
@@ -58,16 +60,25 @@ def run(mode: str, level: str, steps: int, save_at: int, ckpt: Path) -> dict:
         optimizer.step()
         result["losses"].append(loss.item())
         result["scales"].append(amp.state_dict()["loss_scaler0"]["loss_scale"])
+    result["device"] = next(model.parameters()).device.type
     return result
 
 
 def main() -> None:
     mode, levels, steps, save_at, folder, out = sys.argv[1:7]
+    device = sys.argv[7] if len(sys.argv) > 7 else "cpu"
+    if device == "npu":
+        sys.path.append(str(Path(__file__).resolve().parents[1] / "npu"))
+        import npu_device
+
+        npu_device.install_at_collection()  # before this process's first backward pass
+        npu_device.session_device()
     torch.use_deterministic_algorithms(True)
-    results = {
-        level: run(mode, level, int(steps), int(save_at), Path(folder) / f"{level}.pt")
-        for level in levels.split(",")
-    }
+    with torch.device(device):
+        results = {
+            level: run(mode, level, int(steps), int(save_at), Path(folder) / f"{level}.pt")
+            for level in levels.split(",")
+        }
     Path(out).write_text(json.dumps(results))
 
 

@@ -22,12 +22,25 @@ def cpu_has_float16() -> bool:
     return compat.half_matmul_supported("cpu") and compat.autocast_supports("cpu", torch.float16)
 
 
-#: For tests whose float16 training on the CPU runs where tests/conftest.py cannot see its error
-#: (a worker process, a doctest): skipped, saying why, on a torch whose CPU has no float16.
-needs_cpu_float16 = pytest.mark.skipif(
-    not cpu_has_float16(),
-    reason=f"torch {torch.__version__}'s CPU has no float16 matmul/autocast, which this test "
-           "trains in (in a worker process or a docstring example)")
+def needs_cpu_float16(why_not_on_npu: str) -> pytest.MarkDecorator:
+    """For tests that train in float16 on the CPU and cannot run on the npu test device instead
+    (the ``half_device`` marker's way, tests/conftest.py), for the reason given: skipped, saying
+    both, on a torch whose CPU has no float16."""
+    return pytest.mark.skipif(
+        not cpu_has_float16(),
+        reason=f"torch {torch.__version__}'s CPU has no float16 matmul/autocast, which this test "
+               f"trains in; not on the npu test device either: {why_not_on_npu}")
+
+
+#: Why the tests that train under DistributedDataParallel over gloo stay on the CPU.
+GLOO_TAKES_NO_NPU = ("DistributedDataParallel all-reduces over gloo, which takes no npu tensors "
+                     "(the npu test device has no collective backend)")
+
+
+def default_device() -> torch.device:
+    """torch's default device in this test: the CPU, or the npu test device for a half_device
+    test on a torch whose CPU has no float16 (tests/conftest.py)."""
+    return torch.empty(0).device
 
 
 def make_data(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

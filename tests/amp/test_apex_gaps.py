@@ -105,7 +105,8 @@ def test_o1_cast_cache_never_serves_a_stale_weight(dtype):
 
 
 # ------------------------------------------------------------------ LARC, FusedAdam, FusedSGD
-@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2"])
+@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
+                                                for level in ("O1", "O2"))])
 def test_larc_zero_grad_takes_set_to_none_positionally(opt_level):
     model = torch.nn.Linear(3, 1)
     model, opt = amp.initialize(model, LARC(torch.optim.SGD(model.parameters(), lr=0.1)),
@@ -117,7 +118,8 @@ def test_larc_zero_grad_takes_set_to_none_positionally(opt_level):
     assert model.weight.grad is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, marks=pytest.mark.half_device),
+                                   torch.bfloat16])
 def test_fused_adam_master_weights_steps_fp32_masters_of_half_params(dtype):
     torch.manual_seed(0)
     half = torch.nn.Linear(8, 4).to(dtype)
@@ -199,7 +201,8 @@ def _train(models, make_opts, opt_level, steps=4):
 
 @pytest.mark.parametrize("n_models", [2, 3])
 @pytest.mark.parametrize("n_opts", [1, 2])
-@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2"])
+@pytest.mark.parametrize("opt_level",
+                         ["O0", "O1", pytest.param("O2", marks=pytest.mark.half_device)])
 def test_fused_sgd_with_several_models_losses_and_optimizers(n_models, n_opts, opt_level):
     def split(models, cls):
         params = [list(m.parameters()) for m in models]
@@ -286,6 +289,7 @@ def test_promote_registration_casts_to_the_widest_type():
     assert seen[-1] == (torch.bfloat16, torch.float32)
 
 
+@pytest.mark.half_device
 def test_registrations_are_consumed_by_the_o1_initialize():
     amp.register_half_function(torch.nn.functional, "gelu")
     amp.initialize(MatMul(), torch.optim.SGD(MatMul().parameters(), lr=0.1), opt_level="O2",

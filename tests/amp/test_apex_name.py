@@ -70,6 +70,7 @@ def test_names_apex_does_not_have_fail_as_imports_do():
         exec("from apex.contrib import no_such_thing", {})
 
 
+@pytest.mark.half_device
 def test_state_set_through_apex_amp_is_seen_through_amp():
     from apex import amp as apex_amp
 

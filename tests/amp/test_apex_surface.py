@@ -12,9 +12,12 @@ from amp_testlib import make_data, quickstart_model
 
 import amp
 
-LEVELS = [("O0", {}), ("O1", {}), ("O2", {}), ("O3", {}),
+# half_device (tests/conftest.py): the cases that compute in float16.
+_HALF = pytest.mark.half_device
+LEVELS = [("O0", {}), pytest.param(("O1", {}), marks=_HALF),
+          pytest.param(("O2", {}), marks=_HALF), pytest.param(("O3", {}), marks=_HALF),
           ("O2", {"cast_model_type": torch.bfloat16}), ("O3", {"half_dtype": torch.bfloat16}),
-          ("O2", {"keep_batchnorm_fp32": False})]
+          pytest.param(("O2", {"keep_batchnorm_fp32": False}), marks=_HALF)]
 LEVEL_IDS = ["O0", "O1", "O2", "O3", "O2-bf16", "O3-bf16", "O2-half-bn"]
 
 
@@ -53,6 +56,7 @@ def test_state_dict_is_fp32_at_every_opt_level(level):
         assert value.dtype == before[key].dtype and torch.equal(value, before[key]), key
 
 
+@pytest.mark.half_device
 def test_state_dict_hook_leaves_a_parent_model_alone():
     inner = _bn_model()
     model, _ = amp.initialize(inner, torch.optim.SGD(inner.parameters(), lr=0.1),
@@ -63,7 +67,8 @@ def test_state_dict_hook_leaves_a_parent_model_alone():
     assert sd["other.weight"].dtype == torch.float16  # not amp's model: untouched
 
 
-@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+# O1 autocasts to float16; the others cast nothing (cast_model_type=False).
+@pytest.mark.parametrize("opt_level", ["O0", pytest.param("O1", marks=_HALF), "O2", "O3"])
 def test_cast_model_type_false_means_do_not_cast(opt_level):
     model = _bn_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -80,6 +85,7 @@ def test_cast_model_type_false_means_do_not_cast(opt_level):
     opt.step()
 
 
+@pytest.mark.half_device
 def test_apex_spellings():
     model, opt = quickstart_model()
     amp.initialize(model, opt, opt_level="O2", keep_batchnorm_fp32="False", loss_scale="128.0",
@@ -99,6 +105,7 @@ def test_apex_spellings():
         amp.initialize(model, opt, defer_unscale="yes", verbosity=0)
 
 
+@pytest.mark.half_device
 def test_amp_state_is_apexs_state_object():
     from amp import _amp_state
     from amp._amp_state import _amp_state as same

@@ -83,6 +83,7 @@ def _backward(model, opt, x, y, inject=False):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(FUSED))
+@pytest.mark.half_device
 def test_grads_unscaled_when_scale_loss_exits(opt_level, name):
     x, y = make_data()
     model_f, opt_f = _setup(FUSED[name], opt_level)
@@ -116,6 +117,7 @@ def _train_with_clipping(model, opt, steps=6, max_norm=0.05, inject_at=None):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(FUSED))
+@pytest.mark.half_device
 def test_clip_grad_norm_through_master_params_matches_generic_path(opt_level, name):
     model_f, opt_f = _setup(FUSED[name], opt_level)
     norms_f = _train_with_clipping(model_f, opt_f, inject_at=2)
@@ -134,6 +136,7 @@ def test_clip_grad_norm_through_master_params_matches_generic_path(opt_level, na
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", list(TORCH))
+@pytest.mark.half_device
 def test_clip_grad_norm_fused_matches_torch_optim(opt_level, name):
     model_f, opt_f = _setup(FUSED[name], opt_level)
     _train_with_clipping(model_f, opt_f)
@@ -146,6 +149,7 @@ def test_clip_grad_norm_fused_matches_torch_optim(opt_level, name):
             assert torch.equal(m, p.to(m.dtype))
 
 
+@pytest.mark.half_device
 def test_clipping_between_scale_loss_and_step_invalidates_the_measured_norm():
     """FusedAdam's own max_grad_norm reuses the norm amp measured while unscaling -- but not
     once the user has clipped the gradients in between."""
@@ -158,6 +162,7 @@ def test_clipping_between_scale_loss_and_step_invalidates_the_measured_norm():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.half_device
 def test_deferred_unscale_is_opt_in_and_keeps_grads_scaled():
     x, y = make_data()
     model, opt = _setup(FUSED["adam"], "O2", defer_unscale=True)
@@ -173,6 +178,7 @@ def test_deferred_unscale_is_opt_in_and_keeps_grads_scaled():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.half_device
 def test_fused_sgd_materialize_master_grads_false_defers_at_o2_only():
     x, y = make_data()
     make = lambda ps: FusedSGD(ps, lr=0.05, materialize_master_grads=False)  # noqa: E731
@@ -187,9 +193,33 @@ def test_fused_sgd_materialize_master_grads_false_defers_at_o2_only():
         assert torch.equal(a.grad, b.grad)
 
 
+@pytest.mark.half_device
 def test_o2_master_grads_dropped_after_step_as_apex():
     x, y = make_data()
     model, opt = _setup(FUSED["sgd"], "O2")
     _backward(model, opt, x, y)
     opt.step()
     assert all(p.grad is None for p in amp.master_params(opt))
+
+
+def test_a_cached_norm_is_reused_only_where_in_place_foreach_ops_bump_versions(monkeypatch):
+    """The norm amp measured while unscaling is reused only while the gradients' versions are
+    unchanged; on a device whose in-place foreach ops leave versions alone (torch 2.1 on an
+    accelerator) a clip_grad_norm_ in between would go unseen, so nothing is reused there."""
+    from amp import _torch_compat as compat
+    from amp.optimizers import _base
+
+    g = torch.ones(3)
+    assert compat.foreach_bumps_versions("cpu")  # the CPU's foreach kernel runs per-tensor ops
+    before = _base.grads_signature([g])
+    torch._foreach_mul_([g], 0.5)  # what clip_grad_norm_ does
+    assert _base.grads_signature([g]) != before
+    opt = FusedAdam([torch.nn.Parameter(torch.ones(3))], lr=0.1, max_grad_norm=1.0)
+    opt.param_groups[0]["params"][0].grad = torch.full((3,), 2.0)
+    params = [list(opt.param_groups[0]["params"])]
+    opt._amp_note_grad_norm(123.0, _base.grads_of(params))  # as if measured: reused
+    assert opt._global_norm(params, 1.0, grads_on_params=True) == 123.0
+    monkeypatch.setattr(compat, "_foreach_version_answers", {"cpu": False})
+    assert _base.grads_signature([g]) is None
+    opt._amp_note_grad_norm(123.0, _base.grads_of(params))  # cannot be trusted: measured anew
+    assert opt._global_norm(params, 1.0, grads_on_params=True) == pytest.approx(12 ** 0.5)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from amp_testlib import GLOO_TAKES_NO_NPU, needs_cpu_float16
 from torch.nn.parallel import DistributedDataParallel
 
 import amp
@@ -81,6 +82,7 @@ def _train_ddp(level: str, make: Callable[[Any], Any], zero: str, steps: int = 5
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("level,make", [("O1", _sgd), ("O2", _sgd), ("O2", _npu_fused_sgd)],
                          ids=["O1-SGD", "O2-SGD", "O2-NpuFusedSGD"])
+@needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_ddp_zero_grad_keeps_the_combined_buffers(
         one_rank_group: None, level: str, make: Callable[[Any], Any],
         caplog: pytest.LogCaptureFixture) -> None:
@@ -101,6 +103,7 @@ def test_ddp_zero_grad_keeps_the_combined_buffers(
         assert torch.equal(got, want)
 
 
+@pytest.mark.half_device
 def test_a_gradient_set_to_none_comes_back_zeroed_in_its_buffer() -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
@@ -122,6 +125,7 @@ def test_a_gradient_set_to_none_comes_back_zeroed_in_its_buffer() -> None:
 
 
 # ------------------------------------------------------------------ the scaler's attributes
+@pytest.mark.half_device
 def test_scale_seq_len_is_the_scale_window() -> None:
     """GAN scripts: ``amp._amp_state.loss_scalers[0]._scale_seq_len = 50``."""
     amp.initialize(_model(), opt_level="O1", verbosity=0, dynamic_init_scale=8.0)
@@ -135,6 +139,7 @@ def test_scale_seq_len_is_the_scale_window() -> None:
         scaler._scale_seq_len = 0
 
 
+@pytest.mark.half_device
 def test_has_overflow_is_the_last_verdict_and_update_scale_takes_it() -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
@@ -164,6 +169,7 @@ def test_has_overflow_is_the_last_verdict_and_update_scale_takes_it() -> None:
 
 # ------------------------------------------------------------------ clipping a NaN norm
 @pytest.mark.parametrize("which", ["model", "optimizer"])
+@pytest.mark.half_device
 def test_fused_clipping_with_a_nan_norm_leaves_the_gradients_alone(which: str) -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
@@ -298,6 +304,7 @@ class MyFastBatchNorm(FastBatchNorm2d):
     pass
 
 
+@pytest.mark.half_device
 def test_o2_keeps_torch_npus_fast_batch_norms_in_float32() -> None:
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), FastBatchNorm2d(4), MyFastBatchNorm(4),
                                 torch.nn.BatchNorm2d(4))

@@ -65,6 +65,7 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("opt", [SGD, ADAM, FUSED_ADAM], ids=["SGD", "Adam", "FusedAdam"])
 @pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_combined_training_is_bit_equal_to_per_parameter(level: str, opt: Any) -> None:
     """An overflow step included: it is skipped and the scale backs off the same way."""
     ref, _, ref_scales = _train(level, opt, None, inject=(2,))
@@ -82,12 +83,14 @@ def test_combined_training_is_bit_equal_to_per_parameter(level: str, opt: Any) -
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_two_losses_and_accumulation_match(level: str) -> None:
     ref, _, _ = _train(level, SGD, None, losses=2, accumulate=2)
     got, _, _ = _train(level, SGD, True, losses=2, accumulate=2)
     _same(ref, got)
 
 
+@pytest.mark.half_device
 def test_model_zero_grad_zeroes_in_place() -> None:
     model, optimizer, _ = _train("O1", SGD, True, steps=2, zero="model")
     before = [p.grad for p in model.parameters()]
@@ -129,6 +132,7 @@ def _ops_of_unscale_and_zero(n_linear: int, level: str, combine: Optional[bool])
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_operations_per_step_do_not_grow_with_the_parameters(level: str) -> None:
     small = _ops_of_unscale_and_zero(5, level, True)
     large = _ops_of_unscale_and_zero(500, level, True)
@@ -142,6 +146,7 @@ def test_operations_per_step_do_not_grow_with_the_parameters(level: str) -> None
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")], ids=str)
 @pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_fused_clipping_equals_clip_grad_norm(level: str, norm_type: float) -> None:
     got, optimizer, _ = _train(level, SGD, True, steps=1)
     ref, ref_opt, _ = _train(level, SGD, None, steps=1)
@@ -161,6 +166,7 @@ def test_fused_clipping_equals_clip_grad_norm(level: str, norm_type: float) -> N
             optimizer.clip_model_grad_norm_fused(1.0)
 
 
+@pytest.mark.half_device
 def test_getters_before_backward_and_without_combining(caplog: pytest.LogCaptureFixture) -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -180,6 +186,7 @@ def test_getters_before_backward_and_without_combining(caplog: pytest.LogCapture
     assert "please set combine_grad=True or use npu fused optimizer" in caplog.text
 
 
+@pytest.mark.half_device
 def test_masks_cover_exactly_the_gradients() -> None:
     _, optimizer, _ = _train("O2", SGD, True, steps=1)
     grads = optimizer.get_optimizer_combined_grads()
@@ -191,6 +198,7 @@ def test_masks_cover_exactly_the_gradients() -> None:
         assert torch.equal(g * m, g)  # the padding is zero
 
 
+@pytest.mark.half_device
 def test_a_gradient_that_left_its_buffer_is_combined_again(
         caplog: pytest.LogCaptureFixture) -> None:
     model = _model()
@@ -240,6 +248,7 @@ class _ToyNpuFusedSGD(torch.optim.Optimizer):
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_segments_step_like_torch(level: str) -> None:
     def groups(cls: Any) -> Any:
         def make(params: Any) -> Any:
@@ -282,6 +291,7 @@ def test_ascend_rules_and_messages() -> None:
         init(opt_level="O1", combine_grad=True, combine_ddp=True)
 
 
+@pytest.mark.half_device
 def test_per_optimizer_switch_after_initialize() -> None:
     """Ascend's scripts turn combining off for one optimizer: `optimizer.accelerate = False`."""
     model = _model()
@@ -297,6 +307,7 @@ def test_per_optimizer_switch_after_initialize() -> None:
     assert optimizer.get_model_combined_grads() == []
 
 
+@pytest.mark.half_device
 def test_delay_overflow_check_unscales_but_neither_skips_nor_rescales() -> None:
     """apex's keyword: the scale stays and the step runs, inf and all."""
     model = torch.nn.Linear(3, 1)

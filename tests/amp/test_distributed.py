@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from amp_testlib import needs_cpu_float16, run_ranks
+from amp_testlib import GLOO_TAKES_NO_NPU, needs_cpu_float16, run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(),
@@ -38,14 +38,14 @@ def _check(ranks: list[dict], steps: int, inject: list[int]) -> None:
             assert other["checksum"] == first["checksum"], level  # replicas stayed identical
 
 
-@needs_cpu_float16
+@needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_overflow_on_one_rank_skips_on_every_rank(tmp_path: Path) -> None:
     steps, inject = 6, [3]
     _check(_run_ranks(tmp_path, world=2, steps=steps, inject=inject), steps, inject)
 
 
 @pytest.mark.slow
-@needs_cpu_float16
+@needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_overflow_agreement_stress_three_ranks(tmp_path: Path) -> None:
     """More steps, several injected overflows, three ranks, both opt levels: a teardown or
     agreement race shows up here before it shows up in the two-rank test."""
@@ -53,7 +53,7 @@ def test_overflow_agreement_stress_three_ranks(tmp_path: Path) -> None:
     _check(_run_ranks(tmp_path, world=3, steps=steps, inject=inject), steps, inject)
 
 
-@needs_cpu_float16
+@needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_combine_ddp_averages_like_distributed_data_parallel(tmp_path: Path) -> None:
     """Ascend's combine_ddp (bucketed all-reduce of the combined gradients, no DDP wrapper)
     against DistributedDataParallel itself: the same parameters, bit for bit, on both ranks."""

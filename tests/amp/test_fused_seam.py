@@ -68,6 +68,7 @@ def _step(model, optimizer, x, y, loss_ids=(0,), inject=False):
 
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_fused_path_matches_generic_path(opt_level):
     x, y = make_data()
     fused_model, fused_opt = _setup(TinyFusedSGD, opt_level)
@@ -101,6 +102,7 @@ def test_fused_grads_stay_scaled_in_memory():
     torch.testing.assert_close(scaled_grad, ref[0].weight.grad * 2.0**10)
 
 
+@pytest.mark.half_device
 def test_fused_overflow_skips_without_calling_the_update():
     x, y = make_data()
     model, optimizer = _setup(TinyFusedSGD, "O2")
@@ -113,6 +115,7 @@ def test_fused_overflow_skips_without_calling_the_update():
     assert optimizer.calls == ["check", "check", "fused"]
 
 
+@pytest.mark.half_device
 def test_two_losses_before_one_step_fall_back_to_generic_path():
     x, y = make_data()
     fused_model, fused_opt = _setup(TinyFusedSGD, "O2", num_losses=2)
@@ -137,6 +140,7 @@ def test_fused_optimizer_at_o0_uses_its_plain_step():
 
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_default_unscales_on_exit_and_uses_the_generic_step(opt_level):
     """An optimizer that speaks only the deferred seam (no _amp_unscaled_step): by default amp
     unscales in its own pass and runs the optimizer's plain step on the unscaled grads."""

@@ -65,7 +65,8 @@ def test_larc_clip_is_a_cap_scale_is_a_factor():
     torch.testing.assert_close(results[False], torch.full((4,), 1 - 0.1 * 0.5 * local))
 
 
-@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
+                                                for level in ("O1", "O2", "O3"))])
 def test_larc_through_amp_initialize(opt_level):
     model = _model()
     opt = LARC(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -89,6 +90,7 @@ def test_larc_through_amp_initialize(opt_level):
 
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
+@pytest.mark.half_device
 def test_larc_around_fused_sgd_matches_larc_around_torch_sgd(opt_level):
     results = []
     for make in (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),

@@ -20,7 +20,15 @@ from amp.legacy_init import InitHandle, NoOpHandle
 def _deactivated() -> Iterator[None]:
     yield
     _amp_state.handle._deactivate()
-    assert not compat.is_autocast_enabled("cpu")  # nothing left behind for the next test
+    # nothing left behind for the next test
+    for device_type in {"cpu", compat.current_accelerator() or "cpu"}:
+        assert not compat.is_autocast_enabled(device_type)
+
+
+def _device() -> str:
+    """The type of torch's default device, which the tests below cast on: the CPU, or the npu
+    test device where torch's CPU has no float16 (half_device, tests/conftest.py)."""
+    return torch.empty(0).device.type
 
 
 def _linear() -> torch.nn.Linear:
@@ -28,9 +36,10 @@ def _linear() -> torch.nn.Linear:
     return torch.nn.Linear(8, 8)
 
 
+@pytest.mark.half_device
 def test_init_casts_per_autocast_until_deactivate() -> None:
     lin, x = _linear(), torch.randn(4, 8, requires_grad=True)
-    handle = amp.init(device_type="cpu")
+    handle = amp.init(device_type=_device())
     assert isinstance(handle, InitHandle) and handle.is_active()
     assert _amp_state.handle is handle and handle.has_cache
     out = lin(x)
@@ -51,9 +60,10 @@ def test_bf16_and_the_accelerator_by_default() -> None:
         amp.init(patch_type=torch.float32)
 
 
+@pytest.mark.half_device
 def test_disable_casts_inside_init_and_inside_an_o1_forward() -> None:
     lin, x = _linear(), torch.randn(2, 8)
-    amp.init(device_type="cpu")
+    amp.init(device_type=_device())
     with amp.disable_casts():
         assert lin(x).dtype == torch.float32
         assert not _amp_state.handle.is_active()
@@ -80,6 +90,7 @@ def test_disable_casts_inside_init_and_inside_an_o1_forward() -> None:
     assert model.seen == [torch.bfloat16, torch.float32]
 
 
+@pytest.mark.half_device
 def test_registered_functions_are_consumed_by_init_and_restored() -> None:
     class Lib:
         @staticmethod
@@ -88,45 +99,50 @@ def test_registered_functions_are_consumed_by_init_and_restored() -> None:
 
     original = Lib.concat
     amp.register_half_function(Lib, "concat")
-    handle = amp.init(device_type="cpu")
+    handle = amp.init(device_type=_device())
     assert Lib.concat is not original
     assert Lib.concat(torch.ones(2), torch.ones(2)).dtype == torch.float16
     handle._deactivate()
     assert Lib.concat is original
 
 
+@pytest.mark.half_device
 def test_binary_cross_entropy_is_banned_on_half_unless_allowed() -> None:
     original = F.binary_cross_entropy
     half, target = torch.rand(4).half(), torch.rand(4)
-    handle = amp.init(device_type="cpu")
+    handle = amp.init(device_type=_device())
     with pytest.raises(NotImplementedError, match="BCEWithLogitsLoss"):
         torch.nn.BCELoss()(half, target)
     assert F.binary_cross_entropy(half.float(), target).dtype == torch.float32  # float: fine
     handle._deactivate()
     assert F.binary_cross_entropy is original
-    handle = amp.init(device_type="cpu", allow_banned=True)
+    handle = amp.init(device_type=_device(), allow_banned=True)
     assert torch.nn.BCELoss()(half, target).dtype == torch.float32
     handle._deactivate()
     assert F.binary_cross_entropy is original
 
 
+@pytest.mark.half_device
 def test_disabled_init_and_a_second_init() -> None:
     noop = amp.init(enabled=False)
     assert isinstance(noop, NoOpHandle) and not noop.is_active()
     assert _linear()(torch.randn(2, 8)).dtype == torch.float32
-    first = amp.init(device_type="cpu")
-    second = amp.init(device_type="cpu")  # replaces the first instead of nesting in it
+    first = amp.init(device_type=_device())
+    second = amp.init(device_type=_device())  # replaces the first instead of nesting in it
     assert not first.is_active() and second.is_active()
     second._deactivate()
     assert _linear()(torch.randn(2, 8)).dtype == torch.float32
 
 
+@pytest.mark.half_device
 def test_casting_is_for_the_thread_that_called_init() -> None:
     """autocast's state is per thread: a thread of its own does not cast (apex's patching was
     process-wide; amp.initialize's O1 casts each model's forward on any thread)."""
-    handle = amp.init(device_type="cpu")
+    device = _device()
+    handle = amp.init(device_type=device)
     seen: list[torch.dtype] = []
-    worker = threading.Thread(target=lambda: seen.append(_linear()(torch.randn(2, 8)).dtype))
+    worker = threading.Thread(target=lambda: seen.append(
+        _linear().to(device)(torch.randn(2, 8, device=device)).dtype))
     worker.start()
     worker.join()
     assert seen == [torch.float32]

@@ -99,6 +99,7 @@ def _clean_run(model, optimizer, x, y, steps: int):
            "masters and Adam state bit-identical; the next 6 clean steps bit-equal to a "
            "restored run's")
 @pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.half_device
 def test_overflow_storm_stops_at_min_scale_and_moves_nothing(name):
     config = CONFIGS[name]
     scaling = {"dynamic_init_scale": 2.0**10, "min_loss_scale": 1.0, "scale_window": 3}
@@ -165,6 +166,7 @@ POISONS = {
     result="one halving of the scale per bad step; parameters and optimizer state bit-identical")
 @pytest.mark.parametrize("poison", list(POISONS))
 @pytest.mark.parametrize("name", ["O1", "O2-combine_grad"])
+@pytest.mark.half_device
 def test_mixed_non_finite_gradients_skip_one_step_and_back_off_once(name, poison):
     x, y = make_data()
     model, optimizer = _build(CONFIGS[name], dynamic_init_scale=2.0**8)
@@ -183,6 +185,7 @@ def test_mixed_non_finite_gradients_skip_one_step_and_back_off_once(name, poison
     result="no skip, scale unchanged; the master gradients equal GradScaler's unscale bit for bit "
            "and stay non-zero")
 @pytest.mark.parametrize("name", ["O1", "O2"])
+@pytest.mark.half_device
 def test_denormal_gradients_are_unscaled_not_skipped(name):
     x, y = make_data()
     model, optimizer = _build(CONFIGS[name], dynamic_init_scale=4.0)
@@ -257,6 +260,7 @@ def test_non_finite_loss_at_o0_behaves_as_apex_and_plain_torch(caplog):
     result="the same loss scales, losses, parameters, masters and Adam state as the "
            "uninterrupted run, bit for bit")
 @pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.half_device
 def test_checkpoint_mid_streak_resumes_bit_exactly(name):
     config = CONFIGS[name]
     scaling = {"dynamic_init_scale": 2.0**12, "min_loss_scale": 2.0**4, "scale_window": 2}

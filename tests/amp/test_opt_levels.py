@@ -25,7 +25,8 @@ def _train(model, optimizer, steps=30, x=None, y=None):
     return losses
 
 
-@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
+                                                for level in ("O1", "O2", "O3"))])
 def test_quickstart_loop_loss_decreases(opt_level):
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
@@ -63,6 +64,7 @@ class ConvBN(nn.Module):
         return self.fc(self.bn(self.conv(x)).mean(dim=(2, 3)))
 
 
+@pytest.mark.half_device
 def test_o2_half_model_fp32_batchnorm_and_fp32_masters():
     torch.manual_seed(0)
     model = ConvBN()
@@ -94,6 +96,7 @@ def test_o2_half_model_fp32_batchnorm_and_fp32_masters():
     assert not torch.equal(masters[0], fp32_weight)
 
 
+@pytest.mark.half_device
 def test_o2_cast_model_outputs():
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(
@@ -102,6 +105,7 @@ def test_o2_cast_model_outputs():
     assert model(torch.randn(2, 10)).dtype == torch.float16
 
 
+@pytest.mark.half_device
 def test_o3_pure_half_no_masters():
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(model, optimizer, opt_level="O3", verbosity=0)
@@ -118,6 +122,7 @@ def _hooked_model(seen):
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
+@pytest.mark.half_device
 def test_o1_runs_forward_under_autocast_and_keeps_fp32_weights():
     seen = []
     model, optimizer = amp.initialize(*_hooked_model(seen), opt_level="O1", verbosity=0)
@@ -152,6 +157,7 @@ def test_bf16_through_cast_model_type_at_o2():
     assert amp._amp_state.opt_properties.half_dtype == torch.bfloat16
 
 
+@pytest.mark.half_device
 def test_overrides_replace_level_defaults():
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(
@@ -164,6 +170,7 @@ def test_overrides_replace_level_defaults():
     assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 128.0, "unskipped": 0}
 
 
+@pytest.mark.half_device
 def test_returns_the_shape_passed():
     m1, o1 = quickstart_model()
     m2, o2 = quickstart_model()
@@ -185,6 +192,7 @@ def test_disabled_returns_inputs_untouched_and_loss_passes_through():
         assert scaled_loss is loss
 
 
+@pytest.mark.half_device
 def test_any_torch_optimizer_works_at_o2():
     for make in (
         lambda p: torch.optim.Adam(p, lr=1e-2),
@@ -200,6 +208,7 @@ def test_any_torch_optimizer_works_at_o2():
         assert losses[-1] < losses[0], (type(optimizer).__name__, losses)
 
 
+@pytest.mark.half_device
 def test_add_param_group_after_initialize_gets_masters():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 4), nn.Linear(4, 1))
@@ -212,6 +221,7 @@ def test_add_param_group_after_initialize_gets_masters():
     assert not torch.equal(before, model[1].weight)
 
 
+@pytest.mark.half_device
 def test_gradient_accumulation_with_delay_unscale_matches_big_batch():
     x, y = make_data(n=64)
     ref, ref_opt = quickstart_model()
@@ -234,6 +244,7 @@ def test_gradient_accumulation_with_delay_unscale_matches_big_batch():
     torch.testing.assert_close(master_w, ref.weight, atol=2e-3, rtol=0)
 
 
+@pytest.mark.half_device
 def test_two_losses_two_scalers_accumulate_with_their_own_scales():
     x, y = make_data()
     ref, ref_opt = quickstart_model()
@@ -257,6 +268,7 @@ def test_two_losses_two_scalers_accumulate_with_their_own_scales():
                                 "loss_scaler1": {"loss_scale": 8.0, "unskipped": 1}}
 
 
+@pytest.mark.half_device
 def test_o2_model_zero_grad_is_enough_between_steps():
     x, y = make_data()
     results = []
@@ -273,6 +285,7 @@ def test_o2_model_zero_grad_is_enough_between_steps():
     assert torch.equal(results[0], results[1])
 
 
+@pytest.mark.half_device
 def test_o2_masters_follow_weights_loaded_after_initialize():
     pretrained, _ = quickstart_model(seed=42)
     model, optimizer = quickstart_model(seed=0)
@@ -287,6 +300,7 @@ def test_o2_masters_follow_weights_loaded_after_initialize():
     torch.testing.assert_close(master_w, pretrained.weight, atol=0.05, rtol=0)
 
 
+@pytest.mark.half_device
 def test_o2_untouched_masters_keep_exact_fp32_initial_weights():
     model, optimizer = quickstart_model()
     fp32_weight = model.weight.detach().clone()

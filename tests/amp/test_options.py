@@ -30,6 +30,7 @@ def test_illegal_combinations_raise_runtime_error_and_leave_model_alone(kwargs, 
     assert "forward" not in vars(model) and not hasattr(optimizer, "_amp_stash")
 
 
+@pytest.mark.half_device
 def test_legal_neighbours_of_the_illegal_combinations():
     for kwargs in (
         dict(opt_level="O1", cast_model_type=torch.float32),
@@ -101,6 +102,7 @@ def test_wrong_model_and_optimizer_types():
         amp.initialize(ddp_like, optimizer)
 
 
+@pytest.mark.half_device
 def test_string_forms_accepted_as_apex_does():
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O2", keep_batchnorm_fp32="True",
@@ -112,12 +114,14 @@ def test_string_forms_accepted_as_apex_does():
     assert amp._amp_state.loss_scalers[0].dynamic
 
 
+@pytest.mark.half_device
 def test_initial_scale_is_min_of_max_and_init():
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O1", max_loss_scale=1000.0, verbosity=0)
     assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 1000.0
 
 
+@pytest.mark.half_device
 def test_initialize_twice_on_the_same_objects_is_refused():
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
@@ -127,6 +131,7 @@ def test_initialize_twice_on_the_same_objects_is_refused():
         amp.initialize(model, opt_level="O1", verbosity=0)
 
 
+@pytest.mark.half_device
 def test_scale_loss_misuse():
     model, optimizer = quickstart_model()
     loss = model(torch.randn(2, 10)).sum()
@@ -146,6 +151,7 @@ def test_scale_loss_misuse():
             pass
 
 
+@pytest.mark.half_device
 def test_load_state_dict_mismatch():
     model, optimizer = quickstart_model()
     amp.initialize(model, optimizer, opt_level="O1", num_losses=2, verbosity=0)

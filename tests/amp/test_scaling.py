@@ -117,6 +117,7 @@ def _assert_identical(a, b):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+@pytest.mark.half_device
 def test_overflow_step_is_skipped_bit_identically_and_logged_once(opt_level, bad, caplog):
     x, y = make_data()
     torch.manual_seed(0)
@@ -149,6 +150,7 @@ def test_overflow_step_is_skipped_bit_identically_and_logged_once(opt_level, bad
     assert not torch.equal(before[1][0], next(amp.master_params(optimizer)))
 
 
+@pytest.mark.half_device
 def test_overflow_not_logged_at_verbosity_zero(caplog):
     x, y = make_data()
     model, optimizer = quickstart_model()
@@ -180,6 +182,7 @@ def test_unscale_matches_gradscaler_and_fallback():
     assert flag.item() == 1.0
 
 
+@pytest.mark.half_device
 def test_amp_state_round_trip_in_process():
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(model, optimizer, opt_level="O1", num_losses=2,

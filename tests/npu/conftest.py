@@ -15,54 +15,29 @@ torch allows that once per process, so it is never undone.
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
-from typing import Optional
 
+import npu_device
 import npu_module
 import pytest
 import torch
 import torch_npu_standin
-from npu_device import Installed, install
+from npu_device import Installed
 
 _FIXTURES = ("npu_backend", "npu", "torch_npu", "saturating_npu")
-_installed: Optional[Installed] = None
-_failure: Optional[BaseException] = None
-
-
-def _install() -> Installed:
-    # The cache outside the repository is only an optimisation: where it cannot be
-    # written, the build goes to a folder under the system's temporary directory.
-    return install(fallback_root=Path(tempfile.gettempdir()) / "ampforge-npu-device")
 
 
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    global _installed, _failure
-    wanted = any(
-        name in getattr(item, "fixturenames", ()) for item in items for name in _FIXTURES
-    )
-    if not wanted or _installed is not None or _failure is not None:
-        return
-    try:
-        _installed = _install()
-    except Exception as exc:  # reported by the fixture, against the tests that need it
-        _failure = exc
+    if any(name in getattr(item, "fixturenames", ()) for item in items for name in _FIXTURES):
+        npu_device.install_at_collection()
 
 
 @pytest.fixture(scope="session")
 def npu_backend() -> Installed:
-    global _installed
-    if _failure is not None:
-        raise RuntimeError(f"the npu test device could not be installed: {_failure}") from (
-            _failure
-        )
-    if _installed is None:  # not selected at collection (e.g. requested dynamically)
-        _installed = _install()
-    return _installed
+    return npu_device.session_device()
 
 
 @pytest.fixture(scope="session")
@@ -93,11 +68,12 @@ def saturating_npu(torch_npu: ModuleType, npu: torch.device) -> torch.device:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     # The device's cold build counts against CI's time: say what this session paid.
-    if _installed is None:
+    installed = npu_device.installed()
+    if installed is None:
         return
     how = (
-        f"built in {_installed.build_seconds:.1f}s"
-        if _installed.built
+        f"built in {installed.build_seconds:.1f}s"
+        if installed.built
         else "loaded from the cache"
     )
-    terminalreporter.write_line(f"npu test device: {how} ({_installed.path})")
+    terminalreporter.write_line(f"npu test device: {how} ({installed.path})")

@@ -205,6 +205,42 @@ def install(cache_root: Optional[Path] = None, fallback_root: Optional[Path] = N
     return _installed
 
 
+# --- one pytest session's device (tests/conftest.py, tests/npu/conftest.py) -------------------
+_session_failure: Optional[BaseException] = None
+
+
+def _install_for_tests() -> Installed:
+    # The cache outside the repository is only an optimisation: where it cannot be
+    # written, the build goes to a folder under the system's temporary directory.
+    return install(fallback_root=Path(tempfile.gettempdir()) / "ampforge-npu-device")
+
+
+def install_at_collection() -> None:
+    """Install the device when collection ends, before any test runs (so before the session's
+    first backward pass). A build failure is kept: ``session_device()`` raises it against the
+    tests that need the device, and only those fail."""
+    global _session_failure
+    if _installed is not None or _session_failure is not None:
+        return
+    try:
+        _install_for_tests()
+    except Exception as exc:
+        _session_failure = exc
+
+
+def session_device() -> Installed:
+    """The session's installed device (installed now if collection did not ask for it)."""
+    if _session_failure is not None:
+        raise RuntimeError(
+            f"the npu test device could not be installed: {_session_failure}"
+        ) from _session_failure
+    return _installed if _installed is not None else _install_for_tests()
+
+
+def installed() -> Optional[Installed]:
+    return _installed
+
+
 def _check_autograd() -> None:
     """Run one backward pass on the device. Autograd sizes its per-device worker threads
     once per process, at the first backward, from the devices registered then: a device

@@ -16,6 +16,8 @@ from apex.amp import _amp_state
 from apex.dump import HookerAndDumper
 from apex.optimizers import FusedAdam
 
+from amp import _torch_compat as compat
+
 
 @pytest.fixture(autouse=True)
 def _fresh_amp() -> Iterator[None]:
@@ -103,5 +105,13 @@ def test_old_o1_api_casts_with_the_accelerators_lists(npu: torch.device) -> None
     assert torch.softmax(x.half(), dim=1).dtype == torch.float32
     with amp.disable_casts():
         assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float32
+    # The CPU too, where its autocast takes float16 (torch >= 2.2); else init() leaves it out
+    # (torch 2.1), and refuses it when asked for it alone.
+    cpu_fp16 = compat.autocast_supports("cpu", torch.float16)
+    cpu_out = torch.nn.Linear(8, 8)(torch.randn(4, 8)).dtype
+    assert cpu_out == (torch.float16 if cpu_fp16 else torch.float32)
     handle._deactivate()
     assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float32
+    if not cpu_fp16:
+        with pytest.raises(compat.HalfUnsupportedError, match="patch_type=torch.bfloat16"):
+            amp.init(device_type="cpu")

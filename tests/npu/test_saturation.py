@@ -96,7 +96,8 @@ def test_the_mode_is_chosen_once_per_scaler_from_torch_npu(
     npu_module.set_saturation_mode(False)
     assert scaler.mode == "saturation"  # chosen once, at construction
     # A model on another device: amp.initialize passes its device type.
-    amp.initialize(torch.nn.Linear(2, 1), opt_level="O1", verbosity=0)
+    # (bfloat16: a CPU model's O1 in float16 needs torch >= 2.2's CPU autocast)
+    amp.initialize(torch.nn.Linear(2, 1), opt_level="O1", half_dtype=torch.bfloat16, verbosity=0)
     assert _amp_state.loss_scalers[0].mode == "inf_nan"
     # No torch_npu imported: inf/NaN mode, whatever the device.
     npu_module.set_saturation_mode(True)

@@ -17,7 +17,10 @@ from amp.optimizers import FusedAdam, FusedLAMB, FusedSGD
 # O3 runs in bf16: torch.optim.AdamW on fp16 parameters overflows to NaN here (its eps and
 # second moment underflow in fp16 storage), so it would be no reference.
 BF16 = {"cast_model_type": torch.bfloat16}
-LEVELS = [("O0", {}, False), ("O1", {}, True), ("O2", {}, True), ("O3", BF16, False),
+# half_device (tests/conftest.py): the levels that compute in float16.
+_HALF = pytest.mark.half_device
+LEVELS = [("O0", {}, False), pytest.param(("O1", {}, True), marks=_HALF),
+          pytest.param(("O2", {}, True), marks=_HALF), ("O3", BF16, False),
           ("O3", dict(BF16, loss_scale="dynamic"), True)]
 LEVEL_IDS = ["O0", "O1", "O2", "O3", "O3-dynamic"]
 
@@ -96,7 +99,7 @@ def test_quickstart_fused_matches_generic_path(level, pair, deferred):
                 assert torch.equal(m, p.to(m.dtype))
 
 
-@pytest.mark.parametrize("cast", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cast", [pytest.param(torch.float16, marks=_HALF), torch.bfloat16])
 def test_o2_fused_lamb_trains_and_writes_half_model(cast):
     model, opt = _setup(lambda ps: FusedLAMB(ps, lr=1e-2), "O2", cast_model_type=cast)
     x, y = _data()
@@ -108,6 +111,7 @@ def test_o2_fused_lamb_trains_and_writes_half_model(cast):
         assert torch.equal(m, p.to(m.dtype))
 
 
+@pytest.mark.half_device
 def test_o2_overflow_skips_step_and_backs_off():
     model, opt = _setup(lambda ps: FusedAdam(ps, lr=1e-2), "O2")
     _train(model, opt, steps=1)

@@ -420,11 +420,21 @@ void alias_unmarked_writes(const c10::OperatorHandle& op, torch::jit::Stack* sta
   }
 }
 
-// The op with its `low`-typed arguments widened to float32; then what it wrote rounded to
-// `low`: the `low` arguments it mutates (in-place and out= ops), and its float32 results. A
-// float32 result is rounded unless the op also took other floating-point inputs (float16
-// activations with float32 batch-norm parameters, say); then only the results shaped as its
-// first `low` input are (the activations, not the float32 statistics).
+// Whether an argument is a ScalarType (or an optional one): it travels as an int.
+bool names_type(const c10::Argument& argument) {
+  c10::TypePtr type = argument.real_type();
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    type = optional->getElementType();
+  }
+  return type->kind() == c10::TypeKind::ScalarTypeType;
+}
+
+// The op with its `low`-typed arguments (and dtype arguments naming `low`) widened to
+// float32; then what it wrote rounded to `low`: the `low` arguments it mutates (in-place and
+// out= ops), and its float32 results. A float32 result is rounded unless the op also took
+// other floating-point inputs (float16 activations with float32 batch-norm parameters, say);
+// then only the results shaped as its first `low` input are (the activations, not the float32
+// statistics).
 void run_in_fp32(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::ScalarType low) {
   ++half_in_fp32_calls;
   const auto& schema = op.schema();
@@ -452,7 +462,11 @@ void run_in_fp32(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::S
     const auto* alias = arguments[i].alias_info();
     const bool write = (alias != nullptr && alias->isWrite()) || writes_unmarked(op, i);
     c10::IValue& v = (*stack)[first_arg + i];
-    if (v.isTensor()) {
+    if (names_type(arguments[i]) && v.isInt() && v.toInt() == static_cast<int64_t>(low)) {
+      // A dtype argument naming `low` (_log_softmax_backward_data's input_dtype, say): the
+      // computation is float32's now.
+      v = static_cast<int64_t>(at::kFloat);
+    } else if (v.isTensor()) {
       v = widen(v.toTensor(), write);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> wide;
