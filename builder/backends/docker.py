@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from builder.arch import emulated_cpu
 from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
@@ -133,6 +134,9 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
     env.update(opts.epoch_env())
     if opts.jobs:
         env["MAX_JOBS"] = str(opts.jobs)
+    cpu = emulated_cpu(cell.machine) if cell.machine != job.resolved.host_machine else None
+    if cpu:  # binfmt's qemu-user reads it: the container's build and tests see that CPU
+        env["QEMU_CPU"] = cpu
     # The compiler cache outlives the container in a named volume: a rebuild after a one-file
     # change recompiles only that file (used when the image has ccache, or --ccache).
     volumes = {}

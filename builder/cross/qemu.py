@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 from packaging.utils import parse_wheel_filename
 
+from builder.arch import emulated_cpu
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
@@ -41,11 +42,18 @@ class QemuRun:
     seconds: float
 
 
+def qemu_argv(python: TargetPython) -> list[str]:
+    """The command that runs the target interpreter: QEMU, the CPU model it emulates
+    (:func:`builder.arch.emulated_cpu`), the sysroot, the interpreter."""
+    cpu = emulated_cpu(python.arch)
+    return [str(find_qemu(python.arch)), *(["-cpu", cpu] if cpu else []),
+            "-L", str(python.sysroot), str(python.executable)]
+
+
 def run_target_python(python: TargetPython, args: Sequence[str], *,
                       pythonpath: Sequence[Path] = (), cwd: Path | None = None,
                       timeout: float = 900, env: dict[str, str] | None = None) -> QemuRun:
     """Run the target interpreter with ``args`` under QEMU and capture its output."""
-    qemu = find_qemu(python.arch)
     run_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -56,7 +64,7 @@ def run_target_python(python: TargetPython, args: Sequence[str], *,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
     }
     run_env.update(env or {})
-    cmd = [str(qemu), "-L", str(python.sysroot), str(python.executable), *args]
+    cmd = [*qemu_argv(python), *args]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=run_env,
@@ -144,6 +152,7 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
         result = _run_checked(wheel, python, [site, torch.site], script, Path(tmp), timeout)
         report = json.loads(result.stdout.split("IMPORT-VERIFY ", 1)[1].splitlines()[0])
         report["qemu_wall_s"] = result.seconds
+        report["qemu_cpu"] = emulated_cpu(python.arch) or "qemu default"
         if test.enabled:
             assert project is not None, "a test-command needs the project's folder"
             report["test"] = run_test_under_qemu(
@@ -156,10 +165,8 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
 def _target_python_wrapper(python: TargetPython, bindir: Path) -> None:
     """``python``, ``python3`` and ``python3.X`` in *bindir*: the target interpreter under
     QEMU, so a test-command's ``python -m pytest`` runs on the target CPU."""
-    qemu = find_qemu(python.arch)
     bindir.mkdir(parents=True, exist_ok=True)
-    body = (f"#!/bin/sh\nexec {shlex.quote(str(qemu))} -L {shlex.quote(str(python.sysroot))} "
-            f"{shlex.quote(str(python.executable))} \"$@\"\n")
+    body = f"#!/bin/sh\nexec {shlex.join(qemu_argv(python))} \"$@\"\n"
     for name in ("python", "python3", f"python{python.version}"):
         (bindir / name).write_text(body)
         (bindir / name).chmod(0o755)

@@ -38,7 +38,8 @@ from builder.cross import (
     run_wheel_under_qemu,
     show_wheel,
 )
-from builder.cross.qemu import run_test_under_qemu
+from builder.arch import QEMU_CPU_ENV
+from builder.cross.qemu import run_target_python, run_test_under_qemu
 from builder.errors import StepFailed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -281,6 +282,31 @@ def test_repaired_wheel_runs_on_emulated_aarch64(tiny_repaired, target_python, t
     assert report["omp_threads"] == report["torch_threads"] == 2
     # One OpenMP runtime in the process, torch's.
     assert len(report["gomps"]) == 1 and "torch.libs/libgomp-" in report["gomps"][0], report
+
+
+HWCAPS = """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.getauxval.restype = ctypes.c_ulong
+hwcap, hwcap2 = libc.getauxval(16), libc.getauxval(26)  # AT_HWCAP, AT_HWCAP2
+print("HWCAPS", bool(hwcap & (1 << 22)), bool(hwcap2 & (1 << 14)))  # HWCAP_SVE, HWCAP2_BF16
+"""
+
+
+def test_the_emulated_cpu_is_a_server_class_armv8_2_unless_asked(target_python, monkeypatch):
+    """QEMU's default CPU (``max``) has BF16 and SVE, which torch 2.1's oneDNN then fails to use
+    ("could not create a primitive descriptor for a matmul primitive"); the cross path emulates
+    the arch's model (Neoverse N1: neither), and AMPFORGE_QEMU_CPU= brings QEMU's back."""
+    def caps() -> str:
+        out = run_target_python(target_python, ["-c", HWCAPS]).stdout
+        return next(x for x in out.splitlines() if x.startswith("HWCAPS "))
+
+    monkeypatch.delenv(QEMU_CPU_ENV, raising=False)
+    assert caps() == "HWCAPS False False"
+    monkeypatch.setenv(QEMU_CPU_ENV, "")
+    assert caps() == "HWCAPS True True"
+    monkeypatch.setenv(QEMU_CPU_ENV, "a64fx")  # SVE without BF16
+    assert caps() == "HWCAPS True False"
 
 
 def test_test_command_runs_on_the_emulated_target(target_python, tmp_path):
