@@ -29,7 +29,7 @@ OFFLINE ?=
 
 KERNEL_SOURCES := $(wildcard kernels/*.cpp kernels/*.h kernels/*/*.h kernels/*/*.cpp)
 
-.PHONY: help setup test promises lint fuzz docs bench bench-ascend bench-build bench-arm bench-matrix demo clean distclean
+.PHONY: help setup test promises lint fuzz soak docs bench bench-ascend bench-build bench-arm bench-matrix demo clean distclean
 
 help:
 	@echo "make builder-env            set up .venv with the builder alone (builder/requirements.lock; no torch)"
@@ -41,6 +41,7 @@ help:
 	@echo "make lint                   ruff over the tree"
 	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
 	@echo "make fuzz [FUZZ_MINUTES=$(FUZZ_MINUTES) FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)]   the config parsers' fuzz targets for minutes (a failing input: build/fuzz/)"
+	@echo "make soak [N=$(N)] [SOAK_ARGS=...]   N builds of one cell killed at random moments (SIGINT/TERM/KILL) beside cache prune; dist/ and the cache checked after each"
 	@echo "make docs                   the docs/ site: mkdocs build --strict into build/site"
 	@echo "make bench                  benchmarks (tables, baseline side by side)"
 	@echo "make bench-ascend [BENCH_ASCEND_ARGS=]   Ascend's combined tensors: device ops per step, CPU step"
@@ -223,6 +224,16 @@ DEMO_ARGS ?=
 
 demo: setup
 	$(PY_VENV) examples/amp_demo.py $(DEMO_ARGS)
+
+# soak: N builds of one cell (the host backend, a one-file C extension), each ended by SIGINT,
+# SIGTERM or SIGKILL at a random moment while `cache prune` runs beside them; after each,
+# dist/ and the cache are checked and the next build must succeed (benchmarks/soak.py).
+# SOAK_ARGS: e.g. "--max-minutes 30 --seed 7". tests/builder/test_soak.py is CI's short one.
+N ?= 30
+SOAK_ARGS ?=
+
+soak: builder-env
+	$(PY_VENV) benchmarks/soak.py --builds $(N) $(SOAK_ARGS)
 
 bench-build: builder-env
 	$(PY_VENV) benchmarks/build_cell.py $(BENCH_BUILD_ARGS)
