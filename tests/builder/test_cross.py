@@ -26,6 +26,7 @@ from elftools.elf.elffile import ELFFile
 from enginelib import missing
 from indexlib import make_wheel
 
+from builder.arch import QEMU_CPU_ENV
 from builder.config.projecttest import ProjectTest
 from builder.cross import (
     CrossToolchainMissing,
@@ -38,7 +39,6 @@ from builder.cross import (
     run_wheel_under_qemu,
     show_wheel,
 )
-from builder.arch import QEMU_CPU_ENV
 from builder.cross.qemu import run_target_python, run_test_under_qemu
 from builder.errors import StepFailed
 

@@ -1,6 +1,6 @@
 """CI's short soak (issue #38, part 7): benchmarks/soak.py, three rounds (one per signal), a
-fixed seed: about three minutes on 2 cores (a cold torch environment, then four builds). The long one is ``make soak N=...``; what a round does and checks is in the
-script's docstring."""
+fixed seed: about three minutes on 2 cores (a cold torch environment, then eight builds). The
+long one is ``make soak N=...``; what a round does and checks is in the script's docstring."""
 
 from __future__ import annotations
 
