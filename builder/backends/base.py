@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from builder.arch import ARCHES
 from builder.config.projecttest import NO_TEST, ProjectTest
-from builder.errors import BuilderError, ConfigError, EngineUnavailable
+from builder.errors import BuilderError, ConfigError, EngineUnavailable, StepFailed
 from builder.pipeline_types import CellResult, StepResult
 from builder.redact import Redactor
 from builder.wheel.localversion import add_local_version
 from builder.wheel.reproducible import ENV_VAR as EPOCH_VAR
 from builder.wheel.reproducible import SourceDateEpoch, normalize_wheel
+from builder.wheel.untrusted import release_problems
 
 if TYPE_CHECKING:  # the engines import docker's SDK: only when a backend needs one
     from builder.config import BuildConfig
@@ -256,6 +257,14 @@ class CellJob:
         (builder.wheel.localversion, builder.wheel.npuextra). A stable-ABI wheel (serving
         every torch from its minimum on) gets no label, ``torch>=<minimum>`` and the extra as
         a range (builder.plan.builds)."""
+        # The project's build is code from elsewhere: what it made is checked as a wheel from
+        # another machine is, before the rewrite, auditwheel or the verification unpack it.
+        problems = release_problems(wheel)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
+                                               if len(problems) > 5 else "")
+            raise StepFailed(f"the project's build made {wheel.name}, which is not a wheel "
+                             f"this builder repairs or releases: {shown}")
         r = self.resolved
         if r.stable:
             return add_local_version(wheel, None, out_dir, torch_npu=r.torch_npu,

@@ -143,3 +143,69 @@ def test_a_wheelhouse_wheel_with_unsafe_members_is_damaged(tmp_path: Path, case:
     """The cheap check every wheel taken in gets (wheelhouses, bundles, torch's own)."""
     problem = wheel_problem(_hostile(tmp_path, case))
     assert problem is not None and EXPECTED[case] in problem, problem
+
+
+# -- a cell's own output, before repair ---------------------------------------------------------
+
+HOSTILE_BACKEND = '''\
+"""An in-tree PEP 517 backend whose wheel holds what the case names."""
+import os, zipfile
+
+CASE = {case!r}
+NAME = "hostile-1.0-py3-none-any.whl"
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    info = "hostile-1.0.dist-info"
+    with zipfile.ZipFile(os.path.join(wheel_directory, NAME), "w") as zf:
+        zf.writestr("hostile/__init__.py", "")
+        if CASE == "dotdot":
+            zf.writestr("hostile/../../escaped.py", "print('out')\\n")
+        zf.writestr(info + "/METADATA", "Metadata-Version: 2.1\\nName: hostile\\nVersion: 1.0\\n")
+        zf.writestr(info + "/WHEEL", "Wheel-Version: 1.0\\nGenerator: hostile\\n"
+                    "Root-Is-Purelib: true\\nTag: py3-none-any\\n")
+        # "record-lies": RECORD names a digest no member has (and lists no other member).
+        zf.writestr(info + "/RECORD", "hostile/__init__.py,sha256=AAAA,0\\n" + info
+                    + "/RECORD,,\\n")
+    return NAME
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.promise(
+    promise="a wheel the project's own build makes is checked before the builder rewrites, "
+            "repairs or verifies it: a hostile one fails the cell naming the entry, and "
+            "nothing is written outside the build's folders",
+    fault="a project whose PEP 517 backend writes a wheel with a '../../' entry, or with a "
+          "RECORD that lies",
+    result="build exits 1 naming the wheel and the entry; dist/ keeps only what it had; no "
+           "escaped file anywhere")
+@pytest.mark.parametrize(("case", "expected"), [
+    ("dotdot", "entry 'hostile/../../escaped.py': a '..' segment"),
+    ("record-lies", "hostile/__init__.py': hostile-1.0.dist-info/RECORD records sha256="),
+])
+def test_a_hostile_wheel_from_the_projects_own_build_fails_the_cell(
+        tmp_path: Path, case: str, expected: str) -> None:
+    from enginelib import wheelhouse_cp311  # noqa: PLC0415 - the slow tests' helpers
+    from pipelinelib import dist_state, run_build, seed_dist  # noqa: PLC0415
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "hostile_backend.py").write_text(HOSTILE_BACKEND.format(case=case))
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "hostile_backend"\n'
+        'backend-path = ["."]\n')
+    before = seed_dist(tmp_path / "dist")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
+                  "--wheelhouse", str(wheelhouse_cp311()))
+    assert r.rc == 1, r.err[-3000:]
+    assert ("the project's build made hostile-1.0-py3-none-any.whl, which is not a wheel this "
+            "builder repairs or releases") in r.err, r.err[-3000:]
+    assert expected in r.err, r.err[-3000:]
+    assert "Traceback" not in r.err
+    assert dist_state(tmp_path / "dist") == before
+    assert not list(tmp_path.parent.rglob("escaped.py"))
