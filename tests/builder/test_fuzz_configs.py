@@ -24,7 +24,6 @@ import math
 import os
 import re
 import shutil
-import time
 import tracemalloc
 from collections.abc import Iterator
 from datetime import date
@@ -540,10 +539,9 @@ CORPUS_FILES = [p for kind in ("matrix", "support", "pyproject", "env") for p in
                          ids=[f"{p.parent.name}/{p.name}" for p in CORPUS_FILES])
 def test_corpus_file(work: Path, path: Path) -> None:
     """Each saved input as it is: one named ``ok-*`` is accepted, every other one refused as a
-    ConfigError naming the file and the key or line -- quickly (README.md lists them)."""
+    ConfigError naming the file and the key or line (README.md lists them)."""
     kind = path.parent.name
     payload = path.read_bytes()
-    start = time.monotonic()
     if kind == "pyproject":
         refused = _check_pyproject(work, payload, structured=False)
     else:
@@ -561,7 +559,6 @@ def test_corpus_file(work: Path, path: Path) -> None:
 
         refused = check_outcome(parse, files, structured=False, target=kind, payload=payload,
                                 suffix=path.suffix) is not None
-    assert time.monotonic() - start < 5, f"{path.name}: {time.monotonic() - start:.1f} s"
     if path.name.startswith("ok-"):
         assert not refused, f"{path.name} is a valid input"
     else:
@@ -611,17 +608,17 @@ def _bomb(levels: int = 9, width: int = 10) -> str:
     promise="a configuration file that is an alias bomb (billion laughs) is refused at once, "
             "naming the file, the line and the key where the aliases blow up",
     fault="a matrix file whose nine anchors of ten aliases each expand to 10^9 values",
-    result="ConfigError (exit 2) in under 2 s and under 50 MB, naming file, line and key and "
-           "the limit expected; the real support table's aliases still load")
+    result="ConfigError (exit 2) within 50 MB (the aliases are never expanded), naming file, "
+           "line and key and the limit expected; the real support table's aliases still load")
 def test_an_alias_bomb_is_refused_quickly(work: Path) -> None:
+    # Memory, not time, shows the bomb was not expanded (no timed assertions: a loaded
+    # machine would make them fail by chance); 10^9 values would take gigabytes.
     tracemalloc.start()
-    start = time.monotonic()
     try:
         exc, path = _refusal(work, _bomb())
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    assert time.monotonic() - start < 2
     assert peak < 50 * 2**20, f"{peak / 2**20:.0f} MB"
     assert exc.file == display_path(path) and exc.line is not None and exc.key
     assert "aliases" in said(exc) and "expected" in said(exc), said(exc)
@@ -632,10 +629,14 @@ def test_an_alias_bomb_is_refused_quickly(work: Path) -> None:
 def test_an_alias_bomb_in_the_support_table_is_refused(work: Path) -> None:
     path = work / "support-bomb.yaml"
     path.write_text(_bomb().replace("matrix:", "torch:"))
-    start = time.monotonic()
-    with pytest.raises(ConfigError, match="aliases") as info:
-        load_support(path, "support-bomb.yaml")
-    assert time.monotonic() - start < 2
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="aliases") as info:
+            load_support(path, "support-bomb.yaml")
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 50 * 2**20, f"{peak / 2**20:.0f} MB"
     assert info.value.file == "support-bomb.yaml" and info.value.line is not None
 
 
