@@ -49,7 +49,7 @@ def _ref(s: Setting) -> str:
 
 
 #: The cell's fields each matrix row carries (the record's), and the `make wheel` they give.
-MATRIX_FIELDS = ("cell", "runs-on", "arch", "python", "torch", "backend", "pull")
+MATRIX_FIELDS = ("cell", "runs-on", "arch", "python", "torch", "backend", "pull")  # + cuda
 MAKE_WHEEL = ("make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} "
               "TORCH=${{ matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}")
 
@@ -59,6 +59,8 @@ def _row(job: CiJob) -> Row:
     row = Row({"cell": job.cell, "runs-on": job.runs_on, "arch": values["ARCH"],
            "python": values["PY"], "torch": values["TORCH"], "backend": values["BACKEND"],
            "pull": values["PULL"]})
+    if "CUDA" in values:
+        row["cuda"] = values["CUDA"]
     if job.builder_artifact:
         row["built_by"] = job.builder_artifact
     return row
@@ -68,7 +70,8 @@ def make_wheel(job: CiJob) -> str:
     """The build step's command: the record's arguments through the matrix, the config's and
     project's (the same for every job) as written."""
     fixed = [a for a in job.make_args if a.split("=", 1)[0] in ("CONFIG", "PROJECT")]
-    return " ".join([MAKE_WHEEL, *fixed])
+    cuda = ["CUDA=${{ matrix.cuda }}"] if any(a.startswith("CUDA=") for a in job.make_args) else []
+    return " ".join([MAKE_WHEEL, *cuda, *fixed])
 
 
 def _setup_steps(cell: bool) -> list[dict[str, Any]]:

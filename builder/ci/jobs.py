@@ -21,6 +21,7 @@ from typing import Optional
 
 from builder.commands.plan import github_job
 from builder.config import Settings
+from builder.config.cuda import CPU
 from builder.errors import ConfigError
 from builder.plan.resolve import Resolution
 
@@ -109,12 +110,17 @@ def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str
     """The jobs for *resolution*, each with its ``make wheel`` arguments from its record."""
     by_cell = {c.identifier: c for c in resolution.cells}
     rows = [github_job(c, settings) for c in resolution.cells]
+    # A matrix with a CUDA axis has cells that differ only in CUDA: each job names its own, or
+    # `make wheel` would build every CUDA of its (arch, Python, torch), cpu included.
+    with_cuda = any(c.cell.cuda != CPU for c in resolution.cells)
     ids = {str(r["cell"]): job_id(str(r["job"]), str(r["cell"])) for r in rows}
     jobs = []
     for row in rows:
         cell = by_cell[str(row["cell"])]
         args = [f"ARCH={row['arch']}", f"PY={row['python']}", f"TORCH={row['torch']}",
                 f"BACKEND={row['backend']}", f"PULL={cell.settings['pull']['policy']}"]
+        if with_cuda:
+            args.append(f"CUDA={cell.cell.cuda}")
         if config:
             args.append(f"CONFIG={config}")
         if project:

@@ -121,6 +121,38 @@ def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
     assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
 
 
+def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> None:
+    """configs/cuda.yaml has cells that differ only in CUDA (cpu and 13.0): every job names its
+    CUDA, so its `make wheel` selects its cell alone (without it, the cpu job would build the
+    CUDA cell too, and each CUDA job the cpu one)."""
+    out = {ci: tmp_path / f"{ci}.yml" for ci in ("github", "gitlab")}
+    for ci, path in out.items():
+        res = run_cli("render", "--ci", ci, "--config", "configs/cuda.yaml", "--out", str(path))
+        assert res.rc == 0, res.err
+    github = yaml.safe_load(out["github"].read_text())["jobs"]
+    args = {}
+    for kind in ("build", "verify"):
+        (run,) = [s["run"] for s in github[kind]["steps"] if s.get("name") == kind]
+        assert "CUDA=${{ matrix.cuda }}" in run, run
+        for row in github[kind]["strategy"]["matrix"]["include"]:
+            args[row["cell"]] = {"ARCH": row["arch"], "PY": row["python"],
+                                 "TORCH": str(row["torch"]), "CUDA": str(row["cuda"])}
+    assert {a["CUDA"] for a in args.values()} == {"cpu", "13.0"}
+    gitlab = yaml.safe_load(out["gitlab"].read_text())
+    for job_id, job in gitlab.items():
+        if job_id.startswith(("build-", "verify-")):
+            (line,) = [s for s in job["script"] if s.startswith("make wheel")]
+            cell = line.rsplit("OUT=artifacts/dist-", 1)[1]
+            words = dict(w.split("=", 1) for w in line.split()[2:])
+            assert {k: words[k] for k in ("ARCH", "PY", "TORCH", "CUDA")} == args[cell], line
+    for cell, a in args.items():  # what each job's make wheel selects (make passes these on)
+        res = run_cli("plan", "--format", "json", "--config", "configs/cuda.yaml",
+                      "--arch", a["ARCH"], "--python", a["PY"], "--torch", a["TORCH"],
+                      "--cuda", a["CUDA"])
+        assert res.rc == 0, res.err
+        assert [c["id"] for c in json.loads(res.out)["cells"]] == [cell]
+
+
 def test_the_docs_page_shows_what_render_writes() -> None:
     page = (REPO_ROOT / "docs" / "ci-fleets.md").read_text()
     shown = page.split("```yaml\n", 1)[1].split("```", 1)[0]
