@@ -370,6 +370,10 @@ def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Contex
     root = Path(project).resolve() if project else default_project()
     cli = {key: getattr(args, key.replace("-", "_"), None) for key in KEYS}
     options = resolve_build_options(root, settings.config.build_options, ctx.env, cli)
+    from builder.config.cibwkeys import project_warnings  # noqa: PLC0415
+
+    for line in project_warnings(root):  # a cibuildwheel key not read is named, never dropped
+        ctx.output.err(f"warning: {line}")
     # The environment-pass values reach the build's processes, whose output (a before-build
     # that echoes, a test that prints its environment) goes to the cell's log and into error
     # lines: the redactor masks them there as it masks proxy passwords. The backends read

@@ -41,7 +41,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.config.projecttest import PLACEHOLDERS, cibuildwheel_section, parse_command
+from builder.config.projecttest import (
+    LINUX,
+    PLACEHOLDERS,
+    cibuildwheel_section,
+    linux_section,
+    parse_command,
+)
 from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 
@@ -223,10 +229,13 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
 
 
 def from_pyproject(project: Path) -> CibwOptions:
-    """The project's ``[tool.cibuildwheel]`` build options (none without a pyproject.toml)."""
+    """The project's ``[tool.cibuildwheel]`` build options, ``[tool.cibuildwheel.linux]``'s
+    replacing them key by key as in cibuildwheel (none without a pyproject.toml)."""
     section, file = cibuildwheel_section(project)
-    return layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
+    base = layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
                  key_prefix="tool.cibuildwheel.")
+    return layer(linux_section(section, file), origin=f"{file} [tool.cibuildwheel.{LINUX}]",
+                 file=file, key_prefix=f"tool.cibuildwheel.{LINUX}.", base=base)
 
 
 def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping[str, str],

@@ -138,11 +138,30 @@ def cibuildwheel_section(project: Path) -> tuple[dict[str, Any], str]:
     return pp.table(doc, "tool.cibuildwheel", str(path)), str(path)
 
 
+#: cibuildwheel's platform table the builder reads (it makes Linux wheels only).
+LINUX = "linux"
+
+
+def linux_section(section: dict[str, Any], file: str) -> dict[str, Any]:
+    """``[tool.cibuildwheel.linux]`` of *section*: its keys replace the global ones, as in
+    cibuildwheel; ConfigError when it is not a table."""
+    value = section.get(LINUX, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"is {type(value).__name__} ({brief(value)}); expected a table of "
+                          "the same keys as [tool.cibuildwheel]", file=file,
+                          key=f"tool.cibuildwheel.{LINUX}")
+    return value
+
+
 def from_pyproject(project: Path) -> ProjectTest:
-    """The project's ``[tool.cibuildwheel]`` test keys (none when it has no pyproject.toml)."""
+    """The project's ``[tool.cibuildwheel]`` test keys, ``[tool.cibuildwheel.linux]``'s over
+    them (none when it has no pyproject.toml)."""
     section, file = cibuildwheel_section(project)
-    return layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
-                 key_prefix="tool.cibuildwheel.")
+    return combine(
+        layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
+              key_prefix="tool.cibuildwheel."),
+        layer(linux_section(section, file), origin=f"{file} [tool.cibuildwheel.{LINUX}]",
+              file=file, key_prefix=f"tool.cibuildwheel.{LINUX}."))
 
 
 def layer(data: dict[str, Any], *, origin: str, file: Optional[str] = None,

@@ -1,0 +1,99 @@
+"""A project's ``[tool.cibuildwheel]`` as cibuildwheel users write it: the ``linux`` platform
+table is read over the global keys (cibuildwheel's precedence), and every key the builder does
+not read is named in a warning with what to do instead -- never dropped without a word."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from builder_testlib import run_cli
+
+from builder.config import REPO_ROOT
+from builder.config.cibwkeys import INSTEAD, READ, project_warnings
+
+REALISTIC = """\
+[build-system]
+requires = ["setuptools", "wheel", "torch"]
+build-backend = "setuptools.build_meta"
+
+[tool.cibuildwheel]
+build = "cp311-*"
+skip = "*-musllinux*"
+test-skip = "*-aarch64"
+before-all = "echo global"
+before-test = "pip install numpy"
+test-sources = ["tests"]
+test-requires = "pytest"
+test-command = "python -m pytest {project}/tests"
+tset-command = "a typo"
+
+[tool.cibuildwheel.linux]
+before-all = "echo linux"
+repair-wheel-command = "auditwheel repair -w {dest_dir} {wheel}"
+test-command = "python -c 'import ext'"
+manylinux-x86_64-image = "manylinux_2_28"
+
+[[tool.cibuildwheel.overrides]]
+select = "cp312-*"
+environment = { FOO = "1" }
+"""
+
+
+def _project(tmp_path: Path, text: str = REALISTIC) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "pyproject.toml").write_text(textwrap.dedent(text))
+    return root
+
+
+@pytest.mark.promise(
+    promise="a project's [tool.cibuildwheel] is read as cibuildwheel reads it for Linux (its "
+            "linux table over the global keys), and each key the builder does not read is "
+            "named with what to do instead",
+    fault="a realistic [tool.cibuildwheel]: build, skip, test-skip, before-test, test-sources, "
+          "a misspelt key, a linux table, an override",
+    result="plan exits 0; the linux table's before-all, repair-wheel-command and test-command "
+           "win, with their table named; one warning per unread key naming the file and key")
+def test_a_realistic_table_is_read_or_named_key_by_key(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    r = run_cli("plan", "--format", "json", "--project", str(project), "--arch", "X86",
+                "--python", "3.11", "--torch", "2.13.0")
+    assert r.rc == 0, r.err
+    (cell,) = json.loads(r.out)["cells"]
+    opts = cell["build_options"]
+    linux = f"{project / 'pyproject.toml'} [tool.cibuildwheel.linux]"
+    assert opts["before_all"] == "echo linux" and opts["sources"]["before-all"] == linux
+    assert opts["repair_wheel_command"] == "auditwheel repair -w {dest_dir} {wheel}"
+    warned = [line for line in r.err.splitlines() if line.startswith("warning: ")]
+    file = project / "pyproject.toml"
+    for key in ("build", "skip", "test-skip", "before-test", "test-sources", "overrides"):
+        assert any(w.startswith(f"warning: {file}: tool.cibuildwheel.{key}: ") for w in warned), \
+            (key, warned)
+    assert f"warning: {file}: tool.cibuildwheel.tset-command is unknown" in r.err, r.err
+    assert (f"warning: {file}: tool.cibuildwheel.linux.manylinux-x86_64-image: the base image "
+            "is the config's images.<ARCH>.base") in r.err, r.err
+    assert len(warned) == 8, warned  # and nothing about the keys that are read
+    from builder.config.projecttest import from_pyproject  # noqa: PLC0415
+
+    test = from_pyproject(project)
+    assert test.command == "python -c 'import ext'" and test.command_origin == linux
+    assert test.requires == ("pytest",)
+
+
+def test_this_repository_s_own_table_has_nothing_unread() -> None:
+    assert project_warnings(REPO_ROOT) == []
+
+
+def test_a_linux_value_that_is_not_a_table_exits_2_naming_it(tmp_path: Path) -> None:
+    project = _project(tmp_path, '[tool.cibuildwheel]\nlinux = "yes"\n')
+    r = run_cli("plan", "--project", str(project))
+    assert r.rc == 2, r.err
+    assert "tool.cibuildwheel.linux" in r.err and "expected a table" in r.err, r.err
+
+
+def test_the_table_says_something_for_every_key_it_does_not_read() -> None:
+    assert not READ & set(INSTEAD)
+    assert all(advice and not advice.endswith(".") for advice in INSTEAD.values())
