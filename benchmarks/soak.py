@@ -6,9 +6,9 @@ the next build must succeed (issue #38, part 7).
         [--prune-every SECONDS] [--wheelhouse DIR] [--keep DIR]
 
 ``make soak N=…`` runs it. The cell is the host backend's (this interpreter's Python, the
-torch of the wheelhouse) building a one-file C extension, every build with ``--force`` (a
-rebuild that replaces the cell's wheel with the same bytes: the builds are reproducible). A
-round:
+torch of the wheelhouse) building a one-file C extension; each round bumps the project's
+version, so every finished round adds a wheel (and entry) that must stay listed for the rest
+of the run. A round:
 
 1. a build, ended after a random delay (up to a warm build's duration: a faster one finishes
    first) by the round's signal, in turn SIGINT (to the builder's process group, as a
@@ -16,7 +16,8 @@ round:
    as the OOM killer: its pip and compiler may outlive it);
 2. its exit code must be the signal's (130, 143, -9), or 0 when it finished first;
 3. dist/ is checked (below), then the same build again, let finish: it must exit 0 and list
-   the cell's wheel; dist/ is checked again.
+   the round's wheel (built now, or up to date when the signalled build finished first);
+   dist/ is checked again.
 
 Meanwhile a thread runs ``python -m builder cache prune`` (the default policy) against the same
 cache every ``--prune-every`` seconds; it must never exit non-zero.
@@ -114,7 +115,7 @@ class Soak:
         argv = [sys.executable, "-m", "builder", "build", "--backend", "host",
                 "--project", str(self.scratch / "project"), "--wheelhouse",
                 str(self.wheelhouse), "--out", str(self.dist),
-                "--work-dir", str(self.scratch / "work"), "--force"]
+                "--work-dir", str(self.scratch / "work")]
         log = (self.log_dir / f"{name}.log").open("w")
         return subprocess.Popen(argv, cwd=self.scratch, env=self.env(), stdout=log,
                                 stderr=subprocess.STDOUT, preexec_fn=_terminal_defaults,
@@ -202,6 +203,7 @@ class Round:
 
 
 def run_round(soak: Soak, r: Round) -> None:
+    write_project(soak.scratch / "project", f"0.1.{r.number}")
     name = f"round{r.number}-{r.sig.name}"
     proc = soak.start_build(name)
     try:
@@ -229,8 +231,8 @@ def run_round(soak: Soak, r: Round) -> None:
     if rc != 0:
         r.problems.append(f"the build after {name} exited {rc}: "
                           f"{soak.log_tail(f'{name}-next')}")
-    elif not any(w.startswith("soakext-0.1.0") for w in _listed(soak.dist)):
-        r.problems.append(f"the build after {name} left no soakext wheel listed")
+    elif not any(w.startswith(f"soakext-0.1.{r.number}+") for w in _listed(soak.dist)):
+        r.problems.append(f"the build after {name} listed no soakext 0.1.{r.number} wheel")
     r.problems += [f"after {name}-next: {p}" for p in soak.check()]
 
 
@@ -301,12 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         soak = Soak(Path(tmp), (args.wheelhouse or default_wheelhouse()).resolve(), args.keep)
-        write_project(soak.scratch / "project", "0.1.0")
+        write_project(soak.scratch / "project", "0.0.0")
         first = soak.start_build("round0")
         if first.wait(timeout=1800) != 0:
             print(f"the first build failed:\n{soak.log_tail('round0')}", file=sys.stderr)
             return 1
         # The rounds aim at a warm build (torch environment made, compiler cache filled).
+        write_project(soak.scratch / "project", "0.1.0")  # a change: a real build
         warm_start = time.monotonic()
         if soak.start_build("round0-warm").wait(timeout=1800) != 0:
             print(f"the second build failed:\n{soak.log_tail('round0-warm')}", file=sys.stderr)

@@ -99,7 +99,8 @@ def rebuild_reason(out: Path, cell_id: str, parts: Mapping[str, Any]) -> str:
         out / "manifest.json").exists() else []
     if not entries:
         return "not built before (no manifest entry)"
-    recorded = (entries[-1].get("extra") or {}).get("inputs") or {}
+    newest = max(entries, key=lambda w: str(w.get("finished_at") or ""))
+    recorded = (newest.get("extra") or {}).get("inputs") or {}
     changed = sorted(k for k, v in parts.items() if recorded.get(k) != input_key({k: v})[:12])
     if changed:
         return "inputs changed since the last build: " + ", ".join(changed)

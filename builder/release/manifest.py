@@ -231,9 +231,13 @@ def record_wheel(dist: Path, entry: ManifestEntry) -> Path:
 
 
 def _with_entry(doc: dict[str, Any], entry: ManifestEntry) -> dict[str, Any]:
+    # An entry describes one file of dist/: the file's earlier entry for this cell goes, and
+    # any entry for other bytes under its name (publish_wheel allowed that replacement). The
+    # cell's entries for its other files stay, as the files do: a new version of the project
+    # built into the same dist/ adds its wheel beside the older one, whose entry is kept.
     kept = [w for w in doc["wheels"]
-            if not (w.get("cell") == entry.cell or (
-                w.get("file") == entry.file and w.get("sha256") != entry.sha256))]
+            if not (w.get("file") == entry.file and (
+                w.get("cell") == entry.cell or w.get("sha256") != entry.sha256))]
     kept.append(asdict(entry))
     kept.sort(key=lambda w: (str(w.get("cell")), str(w.get("file"))))
     return {**doc, "wheels": kept, "version": MANIFEST_VERSION, "updated_at": utc_now()}

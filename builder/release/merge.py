@@ -138,17 +138,18 @@ def combine(sources: Sequence[Source]) -> tuple[dict[str, Path], list[dict[str, 
             elif seen[0] != digest:
                 conflicts.append(f"{name}: sha256 {seen[0]} in {seen[1].path}, {digest} in "
                                  f"{s.path}")
-    by_cell: dict[str, tuple[dict[str, Any], Source, list[str]]] = {}
+    # One entry per (cell, file): a folder may hold several versions of a cell's wheel.
+    by_cell: dict[tuple[str, str], tuple[dict[str, Any], Source, list[str]]] = {}
     for s in sources:
         for entry in s.entries:
-            cell = str(entry.get("cell"))
+            cell = (str(entry.get("cell")), str(entry.get("file")))
             seen_entry = by_cell.get(cell)
             if seen_entry is None:
                 by_cell[cell] = (entry, s, [s.name])
             elif _comparable(seen_entry[0]) != _comparable(entry):
                 diff = sorted(k for k in {*_comparable(entry), *_comparable(seen_entry[0])}
                               if seen_entry[0].get(k) != entry.get(k))
-                conflicts.append(f"cell {cell}: the entries in {seen_entry[1].path} and "
+                conflicts.append(f"cell {cell[0]}: the entries in {seen_entry[1].path} and "
                                  f"{s.path} disagree ({', '.join(diff)}); two runners built "
                                  "it -- keep one folder's build")
             elif BUILT_BY in entry and BUILT_BY not in seen_entry[0]:

@@ -226,6 +226,31 @@ def test_publish_and_manifest_keep_earlier_entries(raw_wheel: Path, tmp_path: Pa
     assert doc["wheels"][0]["size"] == raw_wheel.stat().st_size
 
 
+@pytest.mark.promise(
+    promise="a new version of a project built into the same dist/ adds its wheel and entry "
+            "beside the older ones; a rebuild of the same file replaces only that file's entry",
+    fault="a cell's wheel recorded for version 0.0.1, then 0.0.2 of the same cell, then 0.0.2 "
+          "rebuilt",
+    result="both wheels stay listed with their sha256 (dist/ can still be indexed and "
+           "published); the rebuild leaves one entry for its file")
+def test_a_new_version_of_a_cell_keeps_the_older_wheels_entry(tmp_path: Path) -> None:
+    from indexlib import make_wheel  # noqa: PLC0415
+
+    from builder.release.distfiles import dist_wheels  # noqa: PLC0415
+
+    dist = tmp_path / "dist"
+    cell = "cp311-manylinux_x86_64-torch2.13.0"
+    old = publish_wheel(make_wheel(tmp_path / "v1", "cellpkg", "0.0.1"), dist)
+    record_wheel(dist, _entry(old, cell))
+    newer = make_wheel(tmp_path / "v2", "cellpkg", "0.0.2")
+    for _ in range(2):  # the second time: the same file rebuilt
+        record_wheel(dist, _entry(publish_wheel(newer, dist, [cell]), cell))
+    doc = read_manifest(dist)
+    assert sorted(w["file"] for w in doc["wheels"]) == sorted([old.name, newer.name])
+    assert {w["cell"] for w in doc["wheels"]} == {cell}
+    assert dist_wheels(dist).checked  # index and publish take this dist/ as it is
+
+
 def test_corrupt_manifest_is_never_overwritten(raw_wheel: Path, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     dist.mkdir()
