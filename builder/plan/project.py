@@ -62,6 +62,9 @@ class ProjectBounds:
     requires_python: Optional[SpecifierSet] = None
     torch: Optional[SpecifierSet] = None
     stable_abi: Optional[StableAbi] = None
+    #: ``[tool.ampforge] npu-extra = true``: the project asks for the ``npu`` extra (a
+    #: torch-npu pin written into its METADATA); never added to a project that does not.
+    npu_extra: bool = False
 
     def python_ok(self, python: str) -> bool:
         """Whether some patch release of *python* ("3.9") satisfies ``requires-python``."""
@@ -114,10 +117,22 @@ def read_bounds(project: Path) -> Optional[ProjectBounds]:
         if canonicalize_name(req.name) == "torch" and req.marker is None:
             torch = req.specifier if str(req.specifier) else None
     return ProjectBounds(file=shown, name=name, requires_python=requires_python, torch=torch,
-                         stable_abi=_stable_abi(data, shown))
+                         stable_abi=_stable_abi(data, shown), npu_extra=_npu_extra(data, shown))
 
 
 _MINOR = re.compile(r"\d{1,4}\.\d{1,4}")  # fullmatch: "2.10\n" is not a version
+
+
+NPU_EXTRA_KEY = "tool.ampforge.npu-extra"
+
+
+def _npu_extra(data: dict, shown: str) -> bool:
+    value = pyproject_table(data, "tool.ampforge", shown).get("npu-extra", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"is {brief(value)}; expected true (write the npu extra pinning the "
+                          "paired torch-npu into the wheel's METADATA) or false",
+                          file=shown, key=NPU_EXTRA_KEY)
+    return value
 
 
 def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:

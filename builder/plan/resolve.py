@@ -217,6 +217,10 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
     if pick_newest:
         records, picked = _newest(records, plan.dropped)
         notes += picked
+    if bounds is None or not bounds.npu_extra:  # other people's METADATA is theirs
+        why = ("the project does not ask for it (npu-extra = true in the [tool.ampforge] of "
+               f"its {bounds.file if bounds else 'pyproject.toml'} would)")
+        records = [replace(r, torch_npu=None, torch_npu_reason=why) for r in records]
     stable = bounds.stable_abi if bounds is not None else None
     if stable is None:
         stable = _detected(out, (project or REPO_ROOT).name)

@@ -7,6 +7,8 @@ independently (npulib). A real built wheel's METADATA is checked where the e2e t
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.metadata
 import json
 import textwrap
@@ -218,15 +220,25 @@ def test_metadata_without_a_body_or_dependencies_gets_the_extra_in_its_header() 
 
 
 def _wheel(tmp_path: Path, version: str, metadata: str) -> Path:
+    """A wheel as a build makes one: a RECORD listing every member with its sha256 (the label
+    step refuses one that does not, as any wheel from a project's build)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     w = tmp_path / f"demo-{version}-cp311-cp311-linux_x86_64.whl"
     info = f"demo-{version}.dist-info"
+    members = {"demo/__init__.py": b"x = 1\n",
+               f"{info}/METADATA": metadata.replace("Version: 1.0",
+                                                    f"Version: {version}").encode(),
+               f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n"}
+    rows = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in members.items()]
+    members[f"{info}/RECORD"] = ("\n".join([*rows, f"{info}/RECORD,,"]) + "\n").encode()
     with zipfile.ZipFile(w, "w") as zf:
-        zf.writestr("demo/__init__.py", "x = 1\n")
-        zf.writestr(f"{info}/METADATA", metadata.replace("Version: 1.0", f"Version: {version}"))
-        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
-        zf.writestr(f"{info}/RECORD", "")
+        for name, data in members.items():
+            zf.writestr(name, data)
     return w
+
+
+def _b64_digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def test_the_label_step_writes_the_extra_and_a_labelled_wheel_is_rewritten_only_once(
@@ -357,3 +369,43 @@ def test_plan_shows_none_for_a_cell_whose_torch_npu_has_no_wheel(tmp_path: Path)
     jobs = json.loads(run_cli("plan", "--config", str(cfg), "--format", "github").out)["include"]
     assert {j["cell"]: j["torch_npu"] for j in jobs} == {i: r["torch_npu"]
                                                          for i, r in records.items()}
+
+
+# ------------------------------------------------------------- other people's METADATA is theirs
+
+@pytest.mark.promise(
+    promise="the npu extra is written only into the wheels of a project that asks for it "
+            "([tool.ampforge] npu-extra = true); another project's METADATA gets no torch-npu",
+    fault="a third-party project without the key, the same with npu-extra = true, and with "
+          "npu-extra = \"yes\"",
+    result="plan's torch_npu is none with the reason, and no extra is written; with the key "
+           "the table's pin; a non-boolean exits 2 naming tool.ampforge.npu-extra")
+@pytest.mark.parametrize("asks", [None, True, "yes"])
+def test_the_npu_extra_is_written_only_where_the_project_asks(tmp_path: Path,
+                                                              asks: object) -> None:
+    project = tmp_path / "other"
+    project.mkdir()
+    table = "" if asks is None else f"\n[tool.ampforge]\nnpu-extra = {json.dumps(asks)}\n"
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "other"\nversion = "1.0"\n' + table)
+    r = run_cli("plan", "--format", "json", "--project", str(project), "--arch", "X86",
+                "--python", "3.11", "--torch", "2.13.0")
+    if asks == "yes":
+        assert r.rc == 2, r.err
+        assert "tool.ampforge.npu-extra" in r.err and "expected true" in r.err, r.err
+        return
+    assert r.rc == 0, r.err
+    (record,) = json.loads(r.out)["cells"]
+    want = expected_torch_npu("2.13.0", "3.11", "x86_64") if asks else None
+    assert record["torch_npu"] == want
+    if not asks:
+        assert "does not ask for it" in record["torch_npu_reason"]
+    resolution = resolve(load_settings(CliOverrides(arch="X86", python="3.11", torch="2.13.0"),
+                                       env={}), Host(Redactor()), registry(),
+                         out=tmp_path / "dist", project=project)
+    (resolved,) = resolution.cells
+    out = tmp_path / "labelled"
+    out.mkdir()
+    labelled = _job(resolved, tmp_path).label(_wheel(tmp_path / "raw", "1.0", METADATA), out)
+    _, reqs = npu_fields(wheel_metadata(labelled))
+    assert reqs == ([f'torch-npu=={want}; extra == "npu"'] if asks else [])
