@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import os
 import random
@@ -53,7 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCKS_DIR = ".locks"  # builder.release.manifest's per-cell lock folder
+sys.path.insert(0, str(ROOT))  # the builder's own names for what it writes into dist/
+
+from builder.release.manifest import LOCKS_DIR, sha256_file  # noqa: E402
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 EXPECTED_RC = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
 
@@ -137,7 +139,7 @@ class Soak:
             path = self.dist / name
             if not path.is_file():
                 problems.append(f"{name}: listed, not in dist/")
-            elif hashlib.sha256(path.read_bytes()).hexdigest() != entry.get("sha256"):
+            elif sha256_file(path) != entry.get("sha256"):
                 problems.append(f"{name}: its bytes are not the listed sha256")
         wheels = {p.name for p in self.dist.glob("*.whl")}
         problems += [f"{w}: in dist/, not listed" for w in sorted(wheels - set(entries))]
@@ -277,7 +279,7 @@ def table(rounds: Sequence[Round]) -> str:
 def default_wheelhouse() -> Path:
     """The test suite's cp311 wheelhouse (torch and the build requirements, filled by pip on
     first use), so the soak's torch environment installs from local files."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "builder")]
+    sys.path.insert(0, str(ROOT / "tests" / "builder"))
     from enginelib import wheelhouse_cp311  # noqa: PLC0415
 
     return wheelhouse_cp311()
