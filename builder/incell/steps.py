@@ -163,7 +163,7 @@ class CcacheSetupError(Exception):
 
 
 def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedir: str,
-                      statslog: str) -> dict[str, str]:
+                      statslog: str, cuda: bool = False) -> dict[str, str]:
     """The variables that compile every C/C++ file of a build through *ccache*, whatever drives
     the compiler: the one mechanism of every backend (the in-cell step and the cross build).
 
@@ -177,7 +177,8 @@ def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedi
     ``TORCH_NO_COMPILER_WRAPPER`` leaves the wrapping to the links, so each compile is counted
     once. Paths under *basedir* hash relative to it (another build folder still hits); each
     compile's statistic goes to *statslog* (counted per cell by the host side). *env* is the
-    build's environment (``CC``/``CXX``/``PATH`` as the build would see them); raises
+    build's environment (``CC``/``CXX``/``PATH`` as the build would see them); *cuda*: nvcc
+    (the first on that ``PATH``, the cell's toolkit) gets a link too. Raises
     :class:`CcacheSetupError` when a compiler is not found.
     """
     search = env.get("PATH", os.defpath)
@@ -201,6 +202,23 @@ def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedi
             real_dirs.append(folder)
     # ccache looks the real compiler up by the link's name on PATH, skipping itself: the
     # compilers' own folders (an absolute CC's too) come right after the links.
+    nvcc = shutil.which("nvcc", path=search) if cuda else None
+    if cuda and nvcc is None:
+        raise CcacheSetupError(f"a CUDA cell's build has no nvcc on PATH ({search})")
+    if nvcc is not None:
+        # nvcc too, for CUDA cells: a link named nvcc, and PYTORCH_NVCC naming it, the one
+        # way into torch's ninja rule (it runs $CUDA_HOME/bin/nvcc otherwise, unwrapped under
+        # TORCH_NO_COMPILER_WRAPPER). ccache (4.7) caches the `nvcc -MD -MF` compiles of
+        # newer torches' rule (2.13's); the `--generate-dependencies-with-compile` of older
+        # ones (2.6's) it cannot, and runs nvcc uncached. torch's setuptools path without
+        # ninja calls CUDA_HOME's nvcc directly.
+        link = bin_dir / "nvcc"
+        if not link.is_symlink():
+            link.symlink_to(ccache)
+        out["PYTORCH_NVCC"] = str(link)
+        folder = str(Path(nvcc).parent)
+        if folder not in real_dirs:
+            real_dirs.append(folder)
     out["PATH"] = os.pathsep.join([str(bin_dir), *real_dirs, search])
     out.update(TORCH_NO_COMPILER_WRAPPER="1", CCACHE_BASEDIR=basedir, CCACHE_NOHASHDIR="1",
                CCACHE_STATSLOG=statslog)
@@ -619,7 +637,7 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
             env.update(ccache_masquerade(
                 {**os.environ, **env}, work / "ccache-bin", ccache=str(shutil.which("ccache")),
                 basedir=str(Path(args.project).resolve().parent),
-                statslog=str(work / "ccache-stats.log")))
+                statslog=str(work / "ccache-stats.log"), cuda=bool(args.cuda_home)))
         except CcacheSetupError as exc:
             _fail(f"ccache: {exc}")
     project = str(Path(args.project).resolve())

@@ -15,18 +15,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from enginelib import missing
+from cudalib import index_nvcc, toolkit
 
-from builder.cache import cache_root, content_key, ensure_entry
-from builder.config import DEFAULT_CONFIG
 from builder.config.cuda import parse_arch_list
-from builder.config.load import load_settings
-from builder.config.model import CliOverrides
 from builder.engines.host import HostEngine
 from builder.errors import StepFailed
 from builder.plan.cudacell import CUDA_EXCLUDES, CudaRecord
@@ -45,34 +40,11 @@ extern "C" void launch_{n}(float* x, float a, int n) {{
 """
 
 
-def _toolkit():
-    table = load_settings(CliOverrides(config=str(DEFAULT_CONFIG)), env={}).config.support.cuda
-    toolkit = table.toolkit("13.0")
-    assert toolkit is not None
-    return toolkit
-
-
 @pytest.fixture(scope="session")
 def nvcc() -> Path:
     """The index's nvcc 13.0 (the support table's pins, by version and sha256), cached by the
     pins' content under the builder's cache root: downloaded once per machine."""
-    requirements = _toolkit().requirements("x86_64")
-    final = cache_root() / "cuda-toolkits" / f"cu130-{content_key(requirements)}"
-
-    def fill(tmp: Path) -> None:
-        (tmp / "requirements.txt").write_text("".join(r + "\n" for r in requirements))
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-             "--no-deps", "--require-hashes", "--target", str(tmp / "site"), "-r",
-             str(tmp / "requirements.txt")], capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            missing(f"the CUDA toolkit's wheels could not be installed from the package index:\n"
-                    f"{proc.stderr[-1500:]}", "CI needs the package index for the CUDA tests")
-
-    ensure_entry(final, fill)
-    found = final / "site" / "nvidia" / "cu13" / "bin" / "nvcc"
-    assert found.is_file(), sorted(p.name for p in (final / "site").iterdir())
-    return found
+    return index_nvcc()
 
 
 def _compile(nvcc: Path, out: Path, n: int, *gencode: str) -> Path:
@@ -149,7 +121,7 @@ def _wheel(tmp: Path, so: Path, name: str = "demo") -> Path:
 
 
 def _record(text: str) -> CudaRecord:
-    return CudaRecord(cuda="13.0", reason="test", arch_list=parse_arch_list(text, _toolkit()),
+    return CudaRecord(cuda="13.0", reason="test", arch_list=parse_arch_list(text, toolkit()),
                       arch_list_source="the test's cuda.arch_list")
 
 

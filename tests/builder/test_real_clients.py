@@ -203,6 +203,10 @@ def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) ->
         "torchsort/isotonic_cuda.cpython-311-x86_64-linux-gnu.so":
             "sm_80, sm_90, compute_90 (PTX)"}, cuda
     assert entry["extra"]["resolved"]["cuda"]["version"] == "13.0"
+    # Both compiles (isotonic_cpu.cpp by g++, isotonic_cuda.cu by nvcc) went through ccache:
+    # torch's ninja rule ran nvcc through the link PYTORCH_NVCC names.
+    stats = entry["extra"]["ccache"]
+    assert stats["hits"] + stats["misses"] == 2, stats
     log = (tmp_path / "work" / "logs" / f"{CUDA_CELL}.log").read_text()
     assert "torchsort cuda import ok" in log
     # No nvcc on the build's PATH but the toolkit's (CUDA_HOME's, from the index's wheels): the
