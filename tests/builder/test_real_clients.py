@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from enginelib import docker_engine, missing, wheelhouse_cp311
-from pipelinelib import CELL, manifest, run_build
+from pipelinelib import CELL, build_argv, builder_env, manifest, run_build
 
 from builder.images.base_image import build_base_image
 
@@ -213,3 +213,102 @@ def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) ->
     # device code above is that nvcc's.
     assert shutil.which("nvcc", path=_without_nvcc(os.environ["PATH"])) is None
     assert "nvidia-cuda-nvcc==13.0.88" in entry["extra"]["resolved"]["cuda"]["toolkit"][0]
+
+
+def _fetch_cuda_bundle(project: Path, config: Path, bundle: Path, path: str) -> str:
+    """``fetch --no-images`` of the CUDA cell on this connected machine: the CUDA torch, its
+    nvidia-* packages, the toolkit's pins and the project's build requirements. Its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder", "fetch", "--config", str(config), "--cuda", "13.0",
+         "--python", "3.11", "--arch", "X86", "--project", str(project), "--bundle",
+         str(bundle), "--no-images"],
+        capture_output=True, text=True, env=builder_env(PATH=path), cwd=bundle.parent,
+        timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_build
+@pytest.mark.timeout(5400)
+def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
+        sdists: Path, tmp_path: Path) -> None:
+    """The CUDA cell as a release engineer behind a proxy, then on an air-gapped machine, runs
+    it. A bundle is fetched on this connected machine; then
+
+    1. *through a proxy*: the builder runs in a network namespace whose one link leads to an
+       authenticating tinyproxy, and the only index (the bundle's wheels as PEP 503 pages, on
+       this machine's loopback) is reachable through it alone: the CUDA torch, its nvidia-*
+       packages and the toolkit's hashed pins all come through the proxy;
+    2. *air-gapped*: a namespace with loopback only, ``--bundle``, a fresh torch-environment
+       cache (the toolkit and torch come from the bundle) sharing the first build's compiler
+       cache: both compiles, nvcc's included, are hits, and the wheel is the same bytes.
+
+    Three CUDA torches' worth of moving (~3 GB each: fetch, proxy, bundle) and one compile of
+    isotonic_cuda.cu: the slowest test there is, outside CI's lane."""
+    from airgaplib import airgapped_env, require_unshare  # noqa: PLC0415
+    from netnslib import isolated_netns  # noqa: PLC0415
+    from proxylib import serve_index, tinyproxy, write_index  # noqa: PLC0415
+
+    from builder.config import REPO_ROOT  # noqa: PLC0415
+
+    unshare = require_unshare()
+    project = _unpack(sdists, TORCHSORT, tmp_path / "src")
+    path = _without_nvcc(os.environ["PATH"])
+    config = tmp_path / "cuda.yaml"
+    config.write_text(CUDA_CONFIG)
+    bundle = tmp_path / "bundle"
+    fetched = _fetch_cuda_bundle(project, config, bundle, path)
+    wheels = sorted(p.name for p in (bundle / "wheels").glob("*.whl"))
+    assert any(n.startswith("torch-2.14.1") for n in wheels), wheels
+    assert any(n.startswith("nvidia_cuda_nvcc-13.0") for n in wheels), wheels
+    print(fetched[-2000:])  # what it downloaded, and how much (the closing note reads it)
+
+    args = ("--backend", "host", "--cuda", "13.0", "--python", "3.11", "--arch", "X86",
+            "--project", str(project), "--test-command", TORCHSORT_CUDA_TEST)
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": path}
+    proxied, offline = tmp_path / "proxied", tmp_path / "offline"
+    proxied.mkdir()
+    offline.mkdir()
+    cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
+
+    # 1. Through the proxy, from an index nothing else reaches.
+    root = write_index(bundle / "wheels", tmp_path / "index")
+    with isolated_netns() as netns, serve_index(root) as index, \
+            tinyproxy(netns.host_addr, tmp_path / "proxy", ()) as proxy:
+        assert netns.can_connect(proxy.host, proxy.port)
+        assert not netns.can_connect("127.0.0.1", index.port), "the index is reachable directly"
+        via = tmp_path / "via-proxy.yaml"
+        via.write_text(CUDA_CONFIG + f"pip:\n  index_url: {index.url}\n")
+        proc = subprocess.run(
+            netns.argv(build_argv(proxied, "--config", str(via), *args,
+                                  "--http-proxy", proxy.url)),
+            capture_output=True, text=True, cwd=proxied, timeout=3600,
+            env=airgapped_env(AMPFORGE_CACHE=str(cache_a), **env))
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        log = proxy.log_text()
+    base = f"GET http://127.0.0.1:{index.port}/simple/"
+    for page in ("torch", "nvidia-cuda-nvcc"):
+        assert f"{base}{page}/ HTTP/1.1" in log, (page, log[-3000:])
+    first = _entry(proxied / "dist", CUDA_CELL)
+    assert first["extra"]["ccache"]["misses"] == 2, first["extra"]["ccache"]
+    assert first["extra"]["resolved"]["index"]["index_url"] == index.url
+
+    # 2. Air-gapped, from the bundle; the compiler cache is the first build's.
+    cache_b.mkdir()
+    (cache_b / "ccache").symlink_to(cache_a / "ccache")
+    proc = subprocess.run(
+        [unshare, "--net", "--", *build_argv(offline, "--config", str(config), *args,
+                                             "--bundle", str(bundle))],
+        capture_output=True, text=True, cwd=offline, timeout=3600,
+        env=airgapped_env(AMPFORGE_CACHE=str(cache_b), **env))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    second = _entry(offline / "dist", CUDA_CELL)
+    assert second["extra"]["ccache"] == {"hits": 2, "misses": 0}, second["extra"]["ccache"]
+    assert second["extra"]["cuda"]["device_code"] == first["extra"]["cuda"]["device_code"]
+    assert second["file"] == first["file"] and second["file"].startswith(
+        "torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_")
+    assert (offline / "dist" / second["file"]).read_bytes() == (
+        proxied / "dist" / first["file"]).read_bytes(), "the same inputs gave another wheel"
+    out = (offline / "work" / "logs" / f"{CUDA_CELL}.log").read_text()
+    assert "torchsort cuda import ok" in out
