@@ -64,11 +64,13 @@ def test_a_cuda_cell_records_its_cuda_toolkit_and_arch_list(tmp_path: Path) -> N
     assert "support table's default" in cuda["arch_list_source"]
     for lib in ("libcudart.so*", "libcuda.so*", "libtorch*.so", "libc10*.so", "libcublas*.so*"):
         assert lib in rec["auditwheel_exclude"], lib
-    # aarch64: the index lists no digests read here, so pins by version; the host backend alone
-    # installs a toolkit, so the cell needs a native runner.
+    # aarch64: its own wheels' digests (test_cuda_fatbin downloads them with --require-hashes);
+    # the host backend alone installs a toolkit, so the cell needs a native runner.
     arm = cells["cp311-manylinux_aarch64-torch2.14.1-cu130"]
-    assert not arm["cuda"]["toolkit_hashed"] and arm["cuda"]["toolkit"][0] == (
-        "nvidia-cuda-nvcc==13.0.88")
+    assert arm["cuda"]["toolkit_hashed"] and arm["cuda"]["toolkit"][0] == (
+        "nvidia-cuda-nvcc==13.0.88 --hash=sha256:"
+        "c7ff28f86a24effdc6c034fa15230c549a273e4771b10a7fec14996f8cf3307f")
+    assert arm["cuda"]["toolkit"] != cuda["toolkit"]  # another machine, other files
     assert not arm["buildable_here"] and arm["backend"] == "host"
     assert "the cross backend does not install a CUDA toolkit yet" in arm["backend_reason"]
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from cudalib import index_nvcc, toolkit
+from enginelib import missing
 
 from builder.config.cuda import parse_arch_list
 from builder.engines.host import HostEngine
@@ -171,3 +173,25 @@ def test_repair_leaves_the_cuda_runtime_external_only_with_cuda_excludes(
         assert not [n for n in zf.namelist() if ".libs/" in n], zf.namelist()
     assert "libcudart.so.13" in json.dumps(repaired.audit.external_libs)
     assert os.path.basename(str(repaired.wheel)).startswith("cudademo-1.0+torch2.14.cu130-")
+
+
+def test_the_aarch64_pins_are_the_indexs_files(tmp_path: Path) -> None:
+    """The support table's aarch64 digests are those of the index's manylinux2014_aarch64
+    wheels: pip downloads them for that platform with --require-hashes (~97 MB; an aarch64
+    runner's host build installs exactly these)."""
+    requirements = toolkit().requirements("aarch64")
+    assert all("--hash=sha256:" in r for r in requirements), requirements
+    (tmp_path / "requirements.txt").write_text("".join(r + "\n" for r in requirements))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
+         "--no-deps", "--require-hashes", "--only-binary=:all:", "--platform",
+         "manylinux2014_aarch64", "--python-version", "3.11", "--implementation", "py",
+         "-d", str(tmp_path / "wheels"), "-r", str(tmp_path / "requirements.txt")],
+        capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" not in proc.stderr:
+        missing(f"the toolkit's aarch64 wheels could not be downloaded:\n{proc.stderr[-1500:]}",
+                "CI needs the package index for the CUDA tests")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "wheels").glob("*.whl"))
+    assert len(names) == len(requirements) and all("aarch64" in n for n in names), names
+
