@@ -291,10 +291,10 @@ def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
     for path in out.sources:
         found = project / path
         if not found.exists() or not is_inside(project, found):
-            raise ConfigError(f"{path!r} is not in the project {project}; expected a path "
-                              "relative to its root that the tests need (it is copied into "
-                              "their working folder)", file=table.file,
-                              key=f"{SOURCES_KEY} ({out.origins.get(SOURCES_KEY)})")
+            raise ConfigError(f"{path!r} (set in {out.origins.get(SOURCES_KEY)}) is not in "
+                              f"the project {project}; expected a path relative to its root "
+                              "that the tests need (it is copied into their working folder)",
+                              file=table.file, key=SOURCES_KEY)
     if out.groups:
         from builder.config.depgroups import resolve_groups  # noqa: PLC0415
 
@@ -302,8 +302,8 @@ def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
         try:
             out = replace(out, group_requires=resolve_groups(doc, out.groups))
         except ValueError as exc:
-            raise ConfigError(str(exc), file=table.file,
-                              key=f"{GROUPS_KEY} ({out.origins.get(GROUPS_KEY)})") from None
+            raise ConfigError(f"{exc} (test-groups set in {out.origins.get(GROUPS_KEY)})",
+                              file=table.file, key=GROUPS_KEY) from None
     return out
 
 
