@@ -16,7 +16,7 @@ from builder.cli import (
     resolve_from_args,
 )
 from builder.commands.build import plan_document
-from builder.config import Settings
+from builder.config import BuildConfig, Settings
 from builder.config.pins import unpinned_reason
 from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
 
@@ -179,11 +179,11 @@ def _image_lines(resolution: Resolution) -> list[str]:
     return lines
 
 
-def _per_cell_lines(cfg: object, resolution: Resolution) -> list[str]:
+def _per_cell_lines(cfg: BuildConfig, resolution: Resolution) -> list[str]:
     """What a project's [tool.cibuildwheel] makes differ per cell: an override's options
     (the cells it selects, with its source) and test-skip's cells."""
     lines = []
-    base = getattr(cfg, "build_options").describe()
+    base = cfg.build_options.describe()
     for c in resolution.cells:
         if c.build_options is not None:
             lines += [f"option:  {c.identifier}: {line}" for line in c.build_options.describe()
