@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -362,26 +363,51 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Context) -> Settings:
     """*settings* with cibuildwheel's build options resolved over all their layers (the
     project's pyproject.toml, the config file, ``BUILDER_*``, the command line): what ``plan``
-    shows and every cell is built with."""
-    from builder.config.buildoptions import KEYS, resolve_build_options  # noqa: PLC0415
+    shows and every cell is built with; and the project's whole ``[tool.cibuildwheel]``
+    (build, skip, test-skip, archs, overrides, images: builder.config.cibwproject), which the
+    resolver applies per cell."""
+    from builder.arch import ARCHES  # noqa: PLC0415
+    from builder.config.buildoptions import KEYS, over, upper_layers  # noqa: PLC0415
+    from builder.config.buildoptions import from_pyproject as options_from  # noqa: PLC0415
+    from builder.config.cibwproject import read_project  # noqa: PLC0415
     from builder.config.model import default_project  # noqa: PLC0415
+    from builder.config.projecttest import upper_test  # noqa: PLC0415
 
     project = getattr(args, "project", None)
     root = Path(project).resolve() if project else default_project()
     cli = {key: getattr(args, key.replace("-", "_"), None) for key in KEYS}
-    options = resolve_build_options(root, settings.config.build_options, ctx.env, cli)
+    upper = upper_layers(settings.config.build_options, ctx.env, cli)
+    host_arch = next((a for a, spec in ARCHES.items() if spec.machine == platform.machine()),
+                     None)
+    cibw = read_project(root, host_arch=host_arch, upper_options=upper,
+                        upper_test=upper_test(settings.config.test,
+                                              getattr(args, "test_requires", None),
+                                              getattr(args, "test_command", None)))
+    options = over(options_from(root, table=cibw.table), upper)
     from builder.config.cibwkeys import project_warnings  # noqa: PLC0415
 
     for line in project_warnings(root):  # a cibuildwheel key not read is named, never dropped
+        ctx.output.err(f"warning: {line}")
+    for line in cibw.warnings:
         ctx.output.err(f"warning: {line}")
     # The environment-pass values reach the build's processes, whose output (a before-build
     # that echoes, a test that prints its environment) goes to the cell's log and into error
     # lines: the redactor masks them there as it masks proxy passwords. The backends read
     # this process's environment, in-process callers may give another.
+    names = {n for cell_options in (options, upper) for n in cell_options.environment_pass}
+    names |= {n for o in cibw.table.overrides for n in _pass_names(o.layer.data)}
     for env in (ctx.env, os.environ):
-        for value in options.passed(env).values():
-            ctx.output.redact.add_secret(value)
-    return replace(settings, config=replace(settings.config, build_options=options))
+        for name in sorted(names):
+            if env.get(name):
+                ctx.output.redact.add_secret(env[name])
+    return replace(settings, config=replace(settings.config, build_options=options, cibw=cibw))
+
+
+def _pass_names(data: Mapping[str, object]) -> list[str]:
+    """The names an override's ``environment-pass`` passes (their values are masked too)."""
+    value = data.get("environment-pass")
+    words = value.split() if isinstance(value, str) else value
+    return [w for w in words if isinstance(w, str)] if isinstance(words, list) else []
 
 
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,

@@ -24,7 +24,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -132,6 +132,12 @@ def _build_cell(
 ) -> CellResult:
     shared = shared if shared is not None else SharedWheels([resolved.cell])
     cell = resolved.cell
+    # The cell's own cibuildwheel options and test (a project's overrides and test-skip
+    # applied by the resolver): every backend reads them from the job's config and options.
+    if resolved.build_options is not None:
+        config = replace(config, build_options=resolved.build_options)
+    if resolved.test is not None:
+        opts = replace(opts, test=resolved.test)
     result = CellResult(cell=cell.identifier)
     start = time.monotonic()
     log_path = opts.work / "logs" / f"{cell.identifier}.log"

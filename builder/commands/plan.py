@@ -16,7 +16,7 @@ from builder.cli import (
     resolve_from_args,
 )
 from builder.commands.build import plan_document
-from builder.config import Settings
+from builder.config import BuildConfig, Settings
 from builder.config.pins import unpinned_reason
 from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
 
@@ -98,6 +98,7 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     lines.append(f"pull:    {cfg.pull} ({cfg.origins.get('pull')})")
     for option in cfg.build_options.describe():
         lines.append(f"option:  {option}")
+    lines += _per_cell_lines(cfg, resolution)
     lines += _image_lines(resolution)
     for host, cells in _build_hosts(resolution).items():
         lines.append(f"host:    torch {host.torch} on this host's Python {host.python} runs the "
@@ -166,13 +167,32 @@ def _build_hosts(resolution: Resolution) -> dict[BuildHost, int]:
 
 
 def _image_lines(resolution: Resolution) -> list[str]:
-    """Each base image the cells are built in, whole (the table shortens the digest), and
-    whether it is pinned."""
+    """Each base image the cells are built in, whole (the table shortens the digest), whether
+    it is pinned, and where it is set (the config, the project's manylinux-<arch>-image,
+    --base-image)."""
     lines = []
-    for ref in dict.fromkeys(c.image.ref for c in resolution.cells
-                             if c.buildable and c.image.family):  # docker, emulated
+    for ref, source in dict.fromkeys((c.image.ref, c.image_source) for c in resolution.cells
+                                     if c.buildable and c.image.family):  # docker, emulated
         pinned = unpinned_reason(ref) is None
-        lines.append(f"image:   {ref} ({'pinned by digest' if pinned else 'NOT pinned'})")
+        lines.append(f"image:   {ref} ({'pinned by digest' if pinned else 'NOT pinned'}; "
+                     f"{source or 'the config'})")
+    return lines
+
+
+def _per_cell_lines(cfg: BuildConfig, resolution: Resolution) -> list[str]:
+    """What a project's [tool.cibuildwheel] makes differ per cell: an override's options
+    (the cells it selects, with its source) and test-skip's cells."""
+    lines = []
+    base = cfg.build_options.describe()
+    for c in resolution.cells:
+        if c.build_options is not None:
+            lines += [f"option:  {c.identifier}: {line}" for line in c.build_options.describe()
+                      if line not in base]
+        if c.test is not None and c.test.skipped:
+            lines.append(f"test:    {c.identifier}: test-command not run ({c.test.skipped}); "
+                         "the builder's import check of its modules still runs")
+        elif c.test is not None and "overrides" in c.test.describe():
+            lines.append(f"test:    {c.identifier}: {c.test.describe()}")
     return lines
 
 

@@ -36,18 +36,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.config.projecttest import (
-    LINUX,
-    PLACEHOLDERS,
-    cibuildwheel_section,
-    linux_section,
-    parse_command,
-)
+from builder.config.cibwtable import CibwTable, read_table
+from builder.config.projecttest import PLACEHOLDERS, parse_command
 from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 
@@ -210,43 +205,63 @@ _PARSERS = {"environment": parse_environment, "environment-pass": parse_names,
 
 def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
           key_prefix: str = "", lines: Optional[Mapping[str, Optional[int]]] = None,
-          base: CibwOptions = NO_OPTIONS, name: Optional[str] = None) -> CibwOptions:
+          base: CibwOptions = NO_OPTIONS, name: Optional[str] = None,
+          inherit: Optional[Mapping[str, str]] = None) -> CibwOptions:
     """*base* with the keys *data* sets (absent or null: not set here) replaced; ConfigError
     (exit 2) naming the file, line and key of a bad value (*name*: the key's name in
-    messages, when it is a variable or a flag)."""
+    messages, when it is a variable or a flag). *inherit*: key -> ``append``/``prepend``
+    (an override's ``inherit``): the value is added to *base*'s instead of replacing it."""
     out = base
     for key in KEYS:
         if data.get(key) is None:
             continue
+        where = name or key_prefix + key
         try:
             parsed = _PARSERS[key](data[key])
         except ValueError as exc:
             raise ConfigError(str(exc), file=file, line=(lines or {}).get(key),
-                              key=name or key_prefix + key) from None
-        out = replace(out, **{key.replace("-", "_"): parsed},
-                      origins={**out.origins, key: origin})
+                              key=where) from None
+        attr, source = key.replace("-", "_"), origin
+        rule = (inherit or {}).get(key)
+        if rule is not None and key in out.origins:
+            parsed = merge(getattr(out, attr), parsed, rule, file=file, key=where)
+            source = f"{out.origins[key]} {rule}ed by {origin}"
+        out = replace(out, **{attr: parsed}, origins={**out.origins, key: source})
     return out
 
 
-def from_pyproject(project: Path) -> CibwOptions:
+def merge(before: Any, after: Any, rule: str, *, file: Optional[str], key: str) -> Any:
+    """cibuildwheel's ``inherit``: *after* appended to (or prepended before) *before*:
+    commands joined with ``&&``, lists and assignments concatenated (a later assignment
+    wins when the shell evaluates them); ConfigError for a key with one value (a frontend)."""
+    first, second = (before, after) if rule == "append" else (after, before)
+    if isinstance(first, tuple):
+        return first + second
+    if isinstance(first, str) and key.rsplit(".", 1)[-1] not in ("build-frontend",):
+        return f"{first} && {second}"
+    raise ConfigError(f"inherit = {rule!r}: {brief(before)} and {brief(after)} cannot be "
+                      "combined; expected inherit only on commands, lists and tables",
+                      file=file, key=key)
+
+
+def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
+                   table: Optional[CibwTable] = None) -> CibwOptions:
     """The project's ``[tool.cibuildwheel]`` build options, ``[tool.cibuildwheel.linux]``'s
-    replacing them key by key as in cibuildwheel (none without a pyproject.toml)."""
-    section, file = cibuildwheel_section(project)
-    base = layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
-                 key_prefix="tool.cibuildwheel.")
-    return layer(linux_section(section, file), origin=f"{file} [tool.cibuildwheel.{LINUX}]",
-                 file=file, key_prefix=f"tool.cibuildwheel.{LINUX}.", base=base)
+    replacing them key by key as in cibuildwheel, then the overrides that select the cell
+    named *identifiers* (none: the global value; none without a pyproject.toml)."""
+    table = table if table is not None else read_table(project)
+    out = NO_OPTIONS
+    for lay in table.layers(identifiers):
+        out = layer(lay.data, origin=lay.origin, file=table.file, key_prefix=lay.key_prefix,
+                    base=out, inherit=lay.inherit)
+    return out
 
 
-def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping[str, str],
-                          cli: Mapping[str, Optional[str]]) -> CibwOptions:
-    """pyproject < config file < ``BUILDER_*`` < command line (*cli*: key -> value or None)."""
-    out = from_pyproject(project)
-    for key in KEYS:  # the config file's layer replaces key by key
-        if key in config_layer.origins:
-            out = replace(out, **{key.replace("-", "_"):
-                                  getattr(config_layer, key.replace("-", "_"))},
-                          origins={**out.origins, key: config_layer.origins[key]})
+def upper_layers(config_layer: CibwOptions, env: Mapping[str, str],
+                 cli: Mapping[str, Optional[str]]) -> CibwOptions:
+    """The layers above the project's: config file < ``BUILDER_*`` < command line (*cli*:
+    key -> value or None)."""
+    out = config_layer
     for key, var in ENV.items():
         if env.get(var):
             out = layer({key: env[var]}, origin=f"environment {var}", name=var, base=out)
@@ -255,3 +270,22 @@ def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping
             out = layer({key: cli[key]}, origin=f"command line --{key}", name=f"--{key}",
                         base=out)
     return out
+
+
+def over(base: CibwOptions, upper: CibwOptions) -> CibwOptions:
+    """*base* with every key *upper* sets replaced by *upper*'s."""
+    out = base
+    for key in KEYS:
+        if key in upper.origins:
+            attr = key.replace("-", "_")
+            out = replace(out, **{attr: getattr(upper, attr)},
+                          origins={**out.origins, key: upper.origins[key]})
+    return out
+
+
+def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping[str, str],
+                          cli: Mapping[str, Optional[str]],
+                          identifiers: Optional[Sequence[str]] = None) -> CibwOptions:
+    """pyproject < config file < ``BUILDER_*`` < command line (*cli*: key -> value or None);
+    *identifiers*: the cell whose overrides apply (none: the global options)."""
+    return over(from_pyproject(project, identifiers), upper_layers(config_layer, env, cli))

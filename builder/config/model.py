@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.cudaconfig import NO_CUDA_OPTIONS, CudaOptions
@@ -181,6 +182,10 @@ class BuildConfig:
     build_options: CibwOptions = NO_OPTIONS
     #: The config's ``cuda`` section: per-CUDA index URLs and arch lists (cudaconfig)
     cuda: CudaOptions = NO_CUDA_OPTIONS
+    #: The project's whole [tool.cibuildwheel] (builder.config.cibwproject.CibwProject: build,
+    #: skip, test-skip, archs, overrides, images), set by the build and plan commands; None:
+    #: not read (every cell gets build_options and the command's test alike).
+    cibw: Any = None
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,6 +41,13 @@ COMMAND_KEY = "test-command"
 _EXAMPLE = "e.g. 'python -m pytest {project}/tests'"
 
 
+#: cibuildwheel's other test keys (read from the project's pyproject.toml only).
+BEFORE_KEY = "before-test"
+EXTRAS_KEY = "test-extras"
+SOURCES_KEY = "test-sources"
+GROUPS_KEY = "test-groups"
+
+
 @dataclass(frozen=True)
 class ProjectTest:
     """What verification runs beyond importing the wheel's modules (nothing by default)."""
@@ -50,14 +57,51 @@ class ProjectTest:
     #: Where each value came from (for messages), e.g. "command line --test-command".
     requires_origin: str = ""
     command_origin: str = ""
+    #: before-test: run in the verification venv before the wheel is installed.
+    before: Optional[str] = None
+    #: test-extras: the wheel is installed as ``wheel[extra,...]``.
+    extras: tuple[str, ...] = ()
+    #: test-sources: project-relative paths copied into the test's working folder.
+    sources: tuple[str, ...] = ()
+    #: test-groups, and the requirements they stand for (resolved here, from the project's
+    #: [dependency-groups]: builder.config.depgroups).
+    groups: tuple[str, ...] = ()
+    group_requires: tuple[str, ...] = ()
+    #: The origin of before-test, test-extras, test-sources, test-groups (key -> origin).
+    origins: Mapping[str, str] = field(default_factory=dict)
+    #: Why this cell's test is not run (test-skip), "" when it is.
+    skipped: str = ""
 
     @property
     def enabled(self) -> bool:
-        return self.command is not None
+        return self.command is not None and not self.skipped
+
+    @property
+    def install(self) -> tuple[str, ...]:
+        """Everything installed for the test: test-requires, then the groups'."""
+        return tuple(dict.fromkeys((*self.requires, *self.group_requires)))
 
     def key(self) -> dict[str, Any]:
-        """The part of a cell's input key: another test must run again on the same wheel."""
-        return {"requires": list(self.requires), "command": self.command}
+        """The part of a cell's input key: another test must run again on the same wheel (the
+        keys cibuildwheel's other test options add only when set, so a cell without them
+        keeps the key it had)."""
+        out: dict[str, Any] = {"requires": list(self.requires), "command": self.command}
+        extra = {"before": self.before, "extras": list(self.extras),
+                 "sources": list(self.sources), "groups": list(self.groups),
+                 "group_requires": list(self.group_requires), "skipped": bool(self.skipped)}
+        out.update({k: v for k, v in extra.items() if v})
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """What ``plan`` and the manifest show of the cell's test, with the sources."""
+        sources = {k: v for k, v in ((REQUIRES_KEY, self.requires_origin),
+                                     (COMMAND_KEY, self.command_origin)) if v}
+        return {"command": self.command, "requires": list(self.requires),
+                "before_test": self.before, "extras": list(self.extras),
+                "test_sources": list(self.sources), "groups": list(self.groups),
+                "group_requires": list(self.group_requires), "run": self.enabled,
+                "skipped": self.skipped or None,
+                "sources": dict(sorted({**sources, **self.origins}.items()))}
 
     def command_for(self, project: str) -> str:
         """The command with ``{project}``/``{package}`` naming *project* (a path inside the
@@ -65,11 +109,24 @@ class ProjectTest:
         assert self.command is not None
         return expand(self.command, project=project, package=project)
 
+    def before_for(self, project: str) -> Optional[str]:
+        """before-test with its placeholders naming *project*, as :meth:`command_for`."""
+        return expand(self.before, project=project, package=project) if self.before else None
+
     def describe(self) -> str:
         if self.command is None:
             return "none (the wheel's modules are imported)"
-        reqs = f"; test-requires {' '.join(self.requires)}" if self.requires else ""
-        return f"{self.command!r} ({self.command_origin}){reqs}"
+        parts = [f"{self.command!r} ({self.command_origin})"]
+        if self.requires:
+            parts.append(f"test-requires {' '.join(self.requires)}")
+        for key, value in ((BEFORE_KEY, self.before), (EXTRAS_KEY, ",".join(self.extras)),
+                           (SOURCES_KEY, " ".join(self.sources)),
+                           (GROUPS_KEY, " ".join(self.groups))):
+            if value:
+                parts.append(f"{key} {value!r} ({self.origins.get(key, '?')})")
+        if self.skipped:
+            parts.append(f"not run: {self.skipped}")
+        return "; ".join(parts)
 
 
 #: No test beyond the import of the wheel's modules (the default).
@@ -153,23 +210,121 @@ def linux_section(section: dict[str, Any], file: str) -> dict[str, Any]:
     return value
 
 
-def from_pyproject(project: Path) -> ProjectTest:
+_EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def parse_extras(value: Any) -> tuple[str, ...]:
+    """``"test,cuda"`` (cibuildwheel's comma-separated string) or a list; raises ValueError."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{brief(value)} is not a list of extras; expected e.g. 'test' or "
+                         "['test', 'cuda']")
+    out = []
+    for item in items:
+        if not isinstance(item, str) or not _EXTRA.fullmatch(item.strip()):
+            raise ValueError(f"{brief(item)} is not an extra's name; expected e.g. 'test'")
+        out.append(item.strip())
+    return tuple(out)
+
+
+def _words(value: Any, what: str, example: str) -> tuple[str, ...]:
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(
+            isinstance(i, str) and i.strip() for i in items):
+        raise ValueError(f"{brief(value)} is not a list of {what}; expected e.g. {example}")
+    return tuple(i.strip() for i in items)
+
+
+def parse_sources(value: Any) -> tuple[str, ...]:
+    """Project-relative paths (space-separated or a list); raises ValueError for one that is
+    absolute or climbs out of the project."""
+    paths = _words(value, "paths", "'tests pytest.ini' or ['tests']")
+    for path in paths:
+        if Path(path).is_absolute() or ".." in Path(path).parts:
+            raise ValueError(f"{brief(path)} is not inside the project; expected a path "
+                             "relative to its root, e.g. 'tests'")
+    return paths
+
+
+def parse_groups(value: Any) -> tuple[str, ...]:
+    return _words(value, "dependency groups", "'test' or ['test', 'typing']")
+
+
+#: key -> (ProjectTest attribute, parser, how inherit combines two values)
+_FIELDS = {REQUIRES_KEY: ("requires", parse_requires), COMMAND_KEY: ("command", parse_command),
+           BEFORE_KEY: ("before", parse_command), EXTRAS_KEY: ("extras", parse_extras),
+           SOURCES_KEY: ("sources", parse_sources), GROUPS_KEY: ("groups", parse_groups)}
+#: The keys a build config file and the command line set (the others: pyproject.toml only).
+CONFIG_KEYS = (REQUIRES_KEY, COMMAND_KEY)
+
+
+def origin_of(test: ProjectTest, key: str) -> str:
+    """Where *test*'s value of *key* came from ("" when not set)."""
+    if key == REQUIRES_KEY:
+        return test.requires_origin
+    if key == COMMAND_KEY:
+        return test.command_origin if test.command is not None else ""
+    return test.origins.get(key, "")
+
+
+def _set(test: ProjectTest, key: str, value: Any, origin: str) -> ProjectTest:
+    attr = _FIELDS[key][0]
+    if key == REQUIRES_KEY:
+        return replace(test, requires=value, requires_origin=origin)
+    if key == COMMAND_KEY:
+        return replace(test, command=value, command_origin=origin)
+    return replace(test, **{attr: value}, origins={**test.origins, key: origin})
+
+
+def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
+                   table: Any = None) -> ProjectTest:
     """The project's ``[tool.cibuildwheel]`` test keys, ``[tool.cibuildwheel.linux]``'s over
-    them (none when it has no pyproject.toml)."""
-    section, file = cibuildwheel_section(project)
-    return combine(
-        layer(section, origin=f"{file} [tool.cibuildwheel]", file=file,
-              key_prefix="tool.cibuildwheel."),
-        layer(linux_section(section, file), origin=f"{file} [tool.cibuildwheel.{LINUX}]",
-              file=file, key_prefix=f"tool.cibuildwheel.{LINUX}."))
+    them, then the overrides that select the cell named *identifiers* (none when it has no
+    pyproject.toml); test-sources checked against the project, test-groups resolved."""
+    from builder.config.cibwtable import read_table  # noqa: PLC0415 - it imports this module
+
+    table = table if table is not None else read_table(project)
+    out = NO_TEST
+    for lay in table.layers(identifiers):
+        out = layer(lay.data, origin=lay.origin, file=table.file, key_prefix=lay.key_prefix,
+                    base=out, inherit=lay.inherit)
+    for path in out.sources:
+        found = project / path
+        if not found.exists() or not is_inside(project, found):
+            raise ConfigError(f"{path!r} (set in {out.origins.get(SOURCES_KEY)}) is not in "
+                              f"the project {project}; expected a path relative to its root "
+                              "that the tests need (it is copied into their working folder)",
+                              file=table.file, key=SOURCES_KEY)
+    if out.groups:
+        from builder.config.depgroups import resolve_groups  # noqa: PLC0415
+
+        doc = pp.load_pyproject(project / "pyproject.toml", table.file) or {}
+        try:
+            out = replace(out, group_requires=resolve_groups(doc, out.groups))
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (test-groups set in {out.origins.get(GROUPS_KEY)})",
+                              file=table.file, key=GROUPS_KEY) from None
+    return out
 
 
-def layer(data: dict[str, Any], *, origin: str, file: Optional[str] = None,
-          key_prefix: str = "", lines: Optional[dict[str, Optional[int]]] = None) -> ProjectTest:
-    """One layer's values from a mapping holding ``test-requires``/``test-command`` (absent or
-    null: not set here); ConfigError (exit 2) naming the file, line and key."""
-    out = ProjectTest()
-    for key, parse in ((REQUIRES_KEY, parse_requires), (COMMAND_KEY, parse_command)):
+def is_inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
+          key_prefix: str = "", lines: Optional[Mapping[str, Optional[int]]] = None,
+          base: Optional[ProjectTest] = None,
+          inherit: Optional[Mapping[str, str]] = None) -> ProjectTest:
+    """*base* (default: nothing) with the test keys *data* sets replaced (absent or null: not
+    set here); *inherit*: key -> append | prepend, as cibuildwheel's overrides (commands
+    joined with ``&&``, lists concatenated). ConfigError (exit 2) naming the file, line and
+    key."""
+    out = base if base is not None else ProjectTest()
+    for key, (attr, parse) in _FIELDS.items():
         if data.get(key) is None:
             continue
         try:
@@ -177,10 +332,14 @@ def layer(data: dict[str, Any], *, origin: str, file: Optional[str] = None,
         except ValueError as exc:
             raise ConfigError(str(exc), file=file, line=(lines or {}).get(key),
                               key=key_prefix + key) from None
-        if key == REQUIRES_KEY:
-            out = ProjectTest(parsed, out.command, origin, out.command_origin)  # type: ignore
-        else:
-            out = ProjectTest(out.requires, parsed, out.requires_origin, origin)  # type: ignore
+        source = origin
+        rule = (inherit or {}).get(key)
+        if rule is not None and origin_of(out, key):
+            before = getattr(out, attr)
+            first, second = (before, parsed) if rule == "append" else (parsed, before)
+            parsed = first + second if isinstance(first, tuple) else f"{first} && {second}"
+            source = f"{origin_of(out, key)} {rule}ed by {origin}"
+        out = _set(out, key, parsed, source)
     return out
 
 
@@ -188,16 +347,17 @@ def combine(*layers: ProjectTest) -> ProjectTest:
     """Later layers replace earlier ones, key by key."""
     out = ProjectTest()
     for one in layers:
-        if one.requires_origin:
-            out = ProjectTest(one.requires, out.command, one.requires_origin, out.command_origin)
-        if one.command is not None:
-            out = ProjectTest(out.requires, one.command, out.requires_origin, one.command_origin)
+        for key, (attr, _parse) in _FIELDS.items():
+            if origin_of(one, key):
+                out = _set(out, key, getattr(one, attr), origin_of(one, key))
+        if GROUPS_KEY in one.origins:
+            out = replace(out, group_requires=one.group_requires)
     return out
 
 
-def resolve_project_test(project: Path, config_layer: ProjectTest, requires: Optional[str],
-                         command: Optional[str]) -> ProjectTest:
-    """The three layers for *project* (see the module docstring)."""
+def upper_test(config_layer: ProjectTest, requires: Optional[str],
+               command: Optional[str]) -> ProjectTest:
+    """The layers above the project's: the config file's, then the command line's."""
     cli = ProjectTest()
     if requires is not None:
         try:
@@ -207,8 +367,17 @@ def resolve_project_test(project: Path, config_layer: ProjectTest, requires: Opt
             raise ConfigError(str(exc), key="--test-requires") from None
     if command is not None:
         try:
-            cli = ProjectTest(cli.requires, parse_command(command), cli.requires_origin,
-                              "command line --test-command")
+            cli = replace(cli, command=parse_command(command),
+                          command_origin="command line --test-command")
         except ValueError as exc:
             raise ConfigError(str(exc), key="--test-command") from None
-    return combine(from_pyproject(project), config_layer, cli)
+    return combine(config_layer, cli)
+
+
+def resolve_project_test(project: Path, config_layer: ProjectTest, requires: Optional[str],
+                         command: Optional[str],
+                         identifiers: Optional[Sequence[str]] = None) -> ProjectTest:
+    """The three layers for *project* (see the module docstring); *identifiers*: the cell
+    whose overrides apply (none: the global test)."""
+    return combine(from_pyproject(project, identifiers),
+                   upper_test(config_layer, requires, command))

@@ -30,7 +30,7 @@ from builder.cross.sysroot import TargetPython
 from builder.cross.target_torch import TargetTorch
 from builder.cross.toolchain import find_qemu
 from builder.errors import StepFailed
-from builder.incell.steps import evaluate_environment
+from builder.incell.steps import copy_test_sources, evaluate_environment
 from builder.wheel.modules import compiled_files
 
 
@@ -158,7 +158,7 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
             report["test"] = run_test_under_qemu(
                 test, python, [site, torch.site], Path(tmp), project=project,
                 pip_env=pip_env, wheelhouse=wheelhouse, timeout=timeout, log=log,
-                environment=environment)
+                environment=environment, wheel=wheel)
     return report
 
 
@@ -170,6 +170,28 @@ def _target_python_wrapper(python: TargetPython, bindir: Path) -> None:
     for name in ("python", "python3", f"python{python.version}"):
         (bindir / name).write_text(body)
         (bindir / name).chmod(0o755)
+
+
+def extra_requirements(wheel: Path, extras: Sequence[str]) -> list[str]:
+    """The requirements the wheel's METADATA declares for *extras* (their ``extra``
+    markers dropped): what ``pip install wheel[extras]`` would add."""
+    import zipfile
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(zf.read(name).decode("utf-8"))
+    out = []
+    for raw in meta.get_all("Requires-Dist") or []:
+        req = Requirement(raw)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            continue  # not an extra's (installed with the wheel already)
+        if any(req.marker.evaluate({"extra": e}) for e in extras):
+            req.marker = None
+            out.append(str(req))
+    return out
 
 
 def install_test_requires(reqs: Sequence[str], dest: Path, python: TargetPython, *,
@@ -199,8 +221,10 @@ def run_test_under_qemu(test: ProjectTest, python: TargetPython, pythonpath: Seq
                         pip_env: Optional[dict[str, str]] = None,
                         wheelhouse: Optional[Path] = None, timeout: float = 900,
                         log: Optional[Callable[[Sequence[str]], None]] = None,
-                        environment: Sequence[tuple[str, str]] = ()) -> dict:
-    """The project's test-command on the target (see :func:`verify_wheel`)."""
+                        environment: Sequence[tuple[str, str]] = (),
+                        wheel: Optional[Path] = None) -> dict:
+    """The project's test-command on the target (see :func:`verify_wheel`); *wheel*: the
+    one tested, whose extras' requirements test-extras adds."""
     try:
         # cibuildwheel's test environment starts from the build's: its environment first,
         # then the target interpreter's folder and the install in front of what it set.
@@ -208,18 +232,38 @@ def run_test_under_qemu(test: ProjectTest, python: TargetPython, pythonpath: Seq
     except ValueError as exc:
         raise StepFailed(f"test-command under qemu-{python.arch}: {exc}") from None
     path = list(pythonpath)
-    if test.requires:
-        path.insert(0, install_test_requires(test.requires, scratch / "test-requires", python,
+    # test-requires, the test-groups' requirements and the extras' (cibuildwheel's
+    # test-extras: the wheel is installed already, its extras' requirements are added).
+    reqs = (*test.install, *(extra_requirements(wheel, test.extras)
+                             if wheel is not None and test.extras else ()))
+    if reqs:
+        path.insert(0, install_test_requires(reqs, scratch / "test-requires", python,
                                              pip_env=pip_env, wheelhouse=wheelhouse))
     bindir = scratch / "bin"
     _target_python_wrapper(python, bindir)
     cwd = scratch / "test-cwd"
     cwd.mkdir(parents=True)
+    try:
+        copy_test_sources(str(project), list(test.sources), cwd)
+    except SystemExit:  # the in-cell step's failure, in this process: a path the copy lacks
+        raise StepFailed(f"test-sources {' '.join(test.sources)}: not all in the project's "
+                         f"copy {project}") from None
     command = test.command_for(str(project))
     env = {**base, "PATH": f"{bindir}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
            "PYTHONPATH": os.pathsep.join(str(p) for p in path), "PYTHONNOUSERSITE": "1",
            "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "2")}
     env.pop("VIRTUAL_ENV", None)
+    before = test.before_for(str(project))
+    if before:  # cibuildwheel's before-test, from the project's folder, the target python
+        run = subprocess.run(["sh", "-c", before], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env, cwd=project,
+                             timeout=timeout)
+        if log is not None:
+            log([f"+ before-test (qemu-{python.arch}): {before}", *run.stdout.splitlines(),
+                 f"+ before-test exit {run.returncode}"])
+        if run.returncode != 0:
+            raise StepFailed(f"before-test failed under qemu-{python.arch} with exit code "
+                             f"{run.returncode}: {before}\n{run.stdout[-1500:]}")
     start = time.monotonic()
     try:
         proc = subprocess.run(["sh", "-c", command], stdout=subprocess.PIPE,

@@ -313,9 +313,16 @@ def smoke_in_session(
     step = "smoke test"
     if test.enabled:
         assert project, "a test-command needs the project's copy in the session"
-        argv += ["--test-command", test.command_for(project)]
-        for req in test.requires:
+        argv += ["--test-command", test.command_for(project), "--project", project]
+        for req in test.install:  # test-requires, then the test-groups' requirements
             argv += ["--test-requires", req]
+        before = test.before_for(project)
+        if before:
+            argv += ["--before-test", before]
+        for extra in test.extras:
+            argv += ["--test-extra", extra]
+        for source in test.sources:
+            argv += ["--test-source", source]
         step = "smoke test + test-command"
     return list(parse_result(session.run(argv, env=dict(passed or {}) or None,
                                          step=step))["modules"])

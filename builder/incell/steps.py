@@ -20,7 +20,8 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
                                          [--cflag FLAG ...]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
                           [--module NAME ...] [--library PATH ...]
-                          [--test-command CMD [--test-requires REQ ...]]
+                          [--test-command CMD [--test-requires REQ ...] [--project DIR]
+                           [--before-test CMD] [--test-extra EXTRA ...] [--test-source P ...]]
 """
 
 from __future__ import annotations
@@ -700,8 +701,17 @@ def cmd_smoke(args: argparse.Namespace) -> None:
         # on sys.path, after the venv's own): pip sees torch==X installed and resolves the
         # wheel's requirements against it instead of downloading torch a second time.
         layer_sites(py, args.torch_site.split(os.pathsep))
+    testing = bool(args.test_command)
+    if testing and args.before_test:
+        # cibuildwheel's before-test: in the verification venv, before the wheel is installed
+        # (it may install what the wheel's own install needs), from the project's copy.
+        _shell("before-test", args.before_test, _venv_env(args.venv, py, env),
+               args.project or args.venv)
+    # cibuildwheel's test-extras: the wheel installed with those extras (only for a test).
+    target = str(wheel) + (f"[{','.join(args.test_extra)}]" if testing and args.test_extra
+                           else "")
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, str(wheel)], env=env)
+          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, target], env=env)
     mods, libs = sorted(set(args.module)), sorted(set(args.library))
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
     # The other shared objects are loaded as their packages do (torch.ops.load_library), from
@@ -734,11 +744,8 @@ def _project_test(args: argparse.Namespace, py: str, environment: dict[str, str]
     cwd = Path(args.venv).resolve().parent / "test-cwd"
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    bindir = str(Path(py).parent)
-    env = {**os.environ, **environment}
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    env["VIRTUAL_ENV"] = str(Path(args.venv).resolve())
-    env.pop("PYTHONHOME", None)
+    copy_test_sources(args.project, args.test_source, cwd)
+    env = _venv_env(args.venv, py, environment)
     print("+ test-command: " + args.test_command, flush=True)
     start = time.monotonic()
     code = subprocess.call(["sh", "-c", args.test_command], env=env, cwd=str(cwd))
@@ -747,6 +754,31 @@ def _project_test(args: argparse.Namespace, py: str, environment: dict[str, str]
     if code != 0:
         _fail(f"test-command failed with exit code {code}: {args.test_command}")
     return round(seconds, 1)
+
+
+def _venv_env(venv_dir: str, py: str, environment: dict[str, str]) -> dict[str, str]:
+    """This process's environment with cibuildwheel's *environment* and the verification venv
+    active (its bin first on PATH), as the test's commands see it."""
+    env = {**os.environ, **environment}
+    env["PATH"] = str(Path(py).parent) + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(Path(venv_dir).resolve())
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def copy_test_sources(project: str, sources: list[str], cwd: Path) -> None:
+    """cibuildwheel's test-sources: each project-relative path copied into the test's working
+    folder, at the same relative place (the host side checked they are in the project)."""
+    for rel in sources:
+        src, dest = Path(project) / rel, cwd / rel
+        if not src.exists():
+            _fail(f"test-sources: {rel!r} is not in the project's copy {project}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest)
+        print(f"+ test-sources: copied {rel}", flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -833,6 +865,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "sh -c in an empty folder with the venv first on PATH")
     p.add_argument("--test-requires", action="append", default=[],
                    help="a requirement installed before --test-command (repeatable)")
+    p.add_argument("--project", default="", help="the project's copy (test-sources, "
+                                                  "before-test's folder)")
+    p.add_argument("--before-test", default="", metavar="CMD",
+                   help="run in the venv before the wheel is installed (with --test-command)")
+    p.add_argument("--test-extra", action="append", default=[], metavar="EXTRA",
+                   help="install the wheel with this extra (repeatable; with --test-command)")
+    p.add_argument("--test-source", action="append", default=[], metavar="PATH",
+                   help="a project-relative path copied into the test's folder (repeatable)")
     p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
                    help="cibuildwheel's environment, as build-wheel's (repeatable)")
     p.add_argument("--module", action="append", default=[],

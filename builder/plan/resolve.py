@@ -21,11 +21,15 @@ from typing import Any, Optional
 from builder.backends.base import Backend, Host, ImageChoice
 from builder.backends.choose import choose
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
+from builder.config.buildoptions import CibwOptions
+from builder.config.cibwproject import identifiers_of
 from builder.config.pins import parse_ref
+from builder.config.projecttest import ProjectTest
 from builder.errors import BuilderError
 from builder.incell.steps import needs_cxx_floor
 from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select, widen
+from builder.plan.cibwselect import narrow, with_archs
 from builder.plan.cudacell import CudaRecord, resolve_cuda
 from builder.plan.project import StableAbi, read_bounds
 from builder.release.manifest import read_manifest
@@ -73,6 +77,13 @@ class ResolvedCell:
     setuptools: str = "setuptools"
     setuptools_reason: str = ""
     cxx_floor: bool = False
+    #: The cell's own cibuildwheel options and test (a project's overrides that select it
+    #: applied; builder.config.cibwproject); None: the config's, for every cell alike.
+    build_options: Optional[CibwOptions] = None
+    test: Optional[ProjectTest] = None
+    #: Where the base image's reference comes from (the config, the project's
+    #: manylinux-<arch>-image, --base-image).
+    image_source: str = ""
 
     @property
     def stable(self) -> bool:
@@ -103,6 +114,7 @@ class ResolvedCell:
             "buildable_here": self.buildable, "runner": self.runner,
             "runner_reason": self.runner_reason,
             "base_image": self.image.ref, "base_image_id": self.image.image_id,
+            "base_image_source": self.image_source or None,
             # the digest the ref pins (a new one is a new recipe, so a new cell key); None:
             # unpinned, or no image (host, cross)
             "base_image_digest": parse_ref(self.image.ref).digest,
@@ -117,6 +129,8 @@ class ResolvedCell:
             "cxx_floor": self.cxx_floor,
             "docker_platform": c.docker_platform, "network": self.network,
             **self.settings, "output": self.output,
+            # the project's test as this cell runs it (test-skip, overrides applied)
+            "test": self.test.record() if self.test is not None else None,
         }
 
 
@@ -206,10 +220,14 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
     selection = settings.selection
     if selection.empty and not everything:
         selection = default_selection(selection, host)
+    if config.cibw is not None:  # the project's archs, where no arch was named
+        selection = with_archs(selection, config.cibw)
     pick_newest = selection.torch is None and selection.python is not None
     bounds = read_bounds(project or REPO_ROOT)
     config, widened = widen(config, selection)
     plan = select(expand(config, bounds), selection, newest=False, config=config, bounds=bounds)
+    if config.cibw is not None:  # the project's build / skip, after the selection
+        plan = narrow(plan, config.cibw)
     plan = replace(plan, notes=widened + plan.notes)
     records = [_resolve_cell(cell, config, selection, host, backends, out)
                for cell in plan.cells]
@@ -242,7 +260,18 @@ def _detected(out: Path, project: str) -> Optional[StableAbi]:
 def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: Host,
                   backends: Mapping[str, Backend], out: Path) -> ResolvedCell:
     origin = config.origins.get("backend", "built-in default")
-    cell = _override(cell, config, host, config.backend)
+    image_source = f"{config.source_name} images.{cell.arch}.base"
+    options, test = config.build_options, None
+    if config.cibw is not None:  # the project's own, its overrides for this cell applied
+        ids = identifiers_of(cell)
+        options, test = config.cibw.options_for(ids), config.cibw.test_for(ids)
+        found = config.cibw.image_for(ids, cell.machine, cell.image.ref)
+        if found is not None:
+            cell, image_source = _with_image(cell, found[0]), found[1]
+        config = replace(config, build_options=options)
+    named = _override(cell, config, host, config.backend)
+    if named is not cell:
+        cell, image_source = named, config.origins.get("base_image", "--base-image")
     choice = choose(cell, config.backend, origin, host, backends, config.support)
     image = backends[choice.backend].base_image(cell, host, config)
     if image.family is not None:  # docker, emulated: the image actually used
@@ -279,7 +308,9 @@ def _resolve_cell(cell: Cell, config: BuildConfig, selection: Selection, host: H
         cxx_floor=needs_cxx_floor(glibc_of(plat)),
         network=_network(config, choice.backend), torch_npu=npu.release,
         torch_npu_reason=npu.reason, settings=_settings(config),
-        output=str(out), host_machine=host.machine)
+        output=str(out), host_machine=host.machine,
+        build_options=options if config.cibw is not None else None, test=test,
+        image_source=image_source if image.family is not None else THIS_HOST)
 
 
 def _newest(records: Sequence[ResolvedCell],
