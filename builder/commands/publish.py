@@ -15,7 +15,7 @@ from packaging.utils import parse_wheel_filename
 from builder.cli import Context
 from builder.config import CliOverrides, load_settings
 from builder.errors import ConfigError, StepFailed
-from builder.release import local_versions
+from builder.release import local_versions, trusted
 from builder.release.distfiles import dist_wheels
 from builder.release.manifest import sha256_file
 from builder.release.repository import existing_files
@@ -47,6 +47,10 @@ publish up front (exit 2, each wheel named, nothing uploaded): publish the stabl
 (no label) there, with --skip-local-versions to leave the labelled ones out, and the labelled
 ones to a per-torch index (`index --per-torch`) or a private repository. Other repositories
 are taken to accept local versions; --no-accepts-local-versions says one does not.
+
+--trusted-publishing (a GitLab job with `id_tokens: PYPI_ID_TOKEN: aud: pypi`): no password;
+the job's OIDC token (env PYPI_ID_TOKEN) is exchanged at the index's /_/oidc/mint-token for a
+short-lived API token, which twine uploads with as __token__ (both masked in all output).
 
 --stage DIR does everything above but the upload: the wheels that would go up are copied into
 DIR (new or empty), for an uploader that is not twine -- pypa/gh-action-pypi-publish with
@@ -90,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check as for an upload, then copy the wheels that would go up into "
                    "DIR (new or empty) instead of uploading (for another uploader, e.g. "
                    "trusted publishing)")
+    p.add_argument("--trusted-publishing", action="store_true",
+                   help=f"authenticate with the CI's OIDC token (env {trusted.ID_TOKEN_ENV}) "
+                   "exchanged for a short-lived API token, instead of a password")
     p.add_argument("--config", metavar="FILE",
                    help="build configuration YAML for publish.repository_url "
                    "(default: configs/matrix.yaml)")
@@ -226,6 +233,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     password = ctx.env.get(PASSWORD_ENV)
     if password:
         redact.add_secret(password)
+    id_token = ctx.env.get(trusted.ID_TOKEN_ENV)
+    if id_token:
+        redact.add_secret(id_token)
+    if args.trusted_publishing:
+        if args.stage:
+            raise ConfigError("--stage uploads nothing, so it takes no credentials; drop "
+                              "--trusted-publishing (the uploader of the staged folder "
+                              "authenticates itself)", key="--trusted-publishing")
+        if not id_token:
+            raise ConfigError(f"no OIDC token in {trusted.ID_TOKEN_ENV}; a GitLab job gets one "
+                              f"from `id_tokens: {trusted.ID_TOKEN_ENV}: aud: pypi` (testpypi "
+                              "for TestPyPI)", key="--trusted-publishing")
     env_url = ctx.env.get(URL_ENV)
     if env_url:
         redact.add_url(env_url)
@@ -283,6 +302,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.err(f"staged {len(wheels)} wheel(s) in {args.stage} for {url}; nothing "
                        "was uploaded")
         return 0
+    if args.trusted_publishing:
+        # Minted last, after every check: the token lives minutes, and is only needed here.
+        minted = trusted.mint_token(url, id_token or "")
+        redact.add_secret(minted)
+        ctx.output.err(f"trusted publishing: {trusted.mint_url(url)} minted an upload token "
+                       "for this job")
+        username = trusted.TOKEN_USER
+        env[PASSWORD_ENV] = minted
     cmd = twine_command(wheels, url, username=username)
     proc = _run_twine(cmd, env)
     lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]

@@ -7,13 +7,17 @@ command (twine as a subprocess); what was uploaded is fetched back with the real
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import http.server
+import json
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -364,3 +368,93 @@ def test_repository_name_and_url_together_are_a_usage_error(
     rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--repository-url",
                           "http://127.0.0.1:9/")
     assert rc == 2 and "--repository-url or --repository, not both" in output, output
+
+
+# --- trusted publishing (GitLab): the CI's OIDC token exchanged for an upload token -----------
+
+ID_TOKEN = "eyJ-oidc-S3cret-7a1b"  # what GitLab's id_tokens would put in PYPI_ID_TOKEN
+MINTED = "pypi-Minted-S3cret-c0ffee"  # what the index mints for it; both never printed
+
+
+class _FakeIndex(http.server.BaseHTTPRequestHandler):
+    """PyPI's two endpoints trusted publishing needs: the exchange, and the upload that takes
+    only the minted token (the file name is kept from the multipart body)."""
+
+    uploads: list[str]
+    minted_for: list[str]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, code: int, doc: dict) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/_/oidc/mint-token":
+            token = json.loads(body).get("token")
+            self.minted_for.append(token)
+            if token != ID_TOKEN:
+                self._answer(422, {"message": "Token request failed", "errors": [
+                    {"code": "invalid-publisher", "description": "valid token, but no "
+                     "corresponding publisher"}]})
+                return
+            self._answer(200, {"success": True, "token": MINTED})
+            return
+        auth = base64.b64encode(f"__token__:{MINTED}".encode()).decode()
+        if self.path != "/legacy/" or self.headers.get("Authorization") != f"Basic {auth}":
+            self._answer(403, {"message": "Invalid or non-existent authentication"})
+            return
+        self.uploads += re.findall(rb'filename="([^"]+)"', body)
+        self._answer(200, {})
+
+
+@pytest.fixture
+def fake_pypi(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_FakeIndex]]:
+    handler = type("Handler", (_FakeIndex,), {"uploads": [], "minted_for": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    import twine.utils  # noqa: PLC0415 -- only these tests patch it
+
+    monkeypatch.setattr(twine.utils, "DEFAULT_REPOSITORY",
+                        f"http://127.0.0.1:{httpd.server_address[1]}/legacy/")
+    try:
+        yield handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_trusted_publishing_exchanges_the_oidc_token_and_uploads_what_pypi_takes(
+    tmp_path: Path, fake_pypi: type[_FakeIndex], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist, stable, labelled = _mixed_dist(tmp_path, "pubtrusted")
+    args = (str(dist), "--repository", "pypi", "--skip-local-versions", "--trusted-publishing")
+    # No token in the job: a usage error naming what the job needs, nothing exchanged.
+    rc, output = _publish(capsys, *args, password="")
+    assert rc == 2 and "PYPI_ID_TOKEN" in output and "id_tokens" in output, output
+    assert fake_pypi.minted_for == []
+    # A token no publisher matches: the index's reason, nothing uploaded, the token unprinted.
+    rc, output = _publish(capsys, *args, password="", PYPI_ID_TOKEN="eyJ-other-S3cret-99")
+    assert rc == 1 and "invalid-publisher" in output and "HTTP 422" in output, output
+    assert "eyJ-other-S3cret-99" not in output and fake_pypi.uploads == []
+    # The job's token: minted, and the upload authenticates with the minted one only.
+    rc, output = _publish(capsys, *args, password="", PYPI_ID_TOKEN=ID_TOKEN)
+    assert rc == 0, output
+    assert fake_pypi.minted_for[-1] == ID_TOKEN
+    assert fake_pypi.uploads == [stable.name.encode()]
+    assert cap_lines(output, ".whl") == [stable.name]
+    assert ID_TOKEN not in output and MINTED not in output
+    assert "minted an upload token" in output
+    # Still all or nothing for local versions: without the skip, refused before any exchange.
+    before = len(fake_pypi.minted_for)
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--trusted-publishing",
+                          password="", PYPI_ID_TOKEN=ID_TOKEN)
+    assert rc == 2 and labelled[0].name in output, output
+    assert len(fake_pypi.minted_for) == before
