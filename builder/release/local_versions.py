@@ -100,7 +100,7 @@ def labelled(wheels: Iterable[Path]) -> list[Path]:
 def refusal(refused: Iterable[Path], url: str, why: str) -> str:
     """The message for wheels a repository would refuse: each one, and where to take them."""
     names = "\n  ".join(f"{w.name} (local version +{local_version(w)})" for w in refused)
-    return (f"{url} takes no local versions ({why}); nothing was uploaded. Refused:\n  {names}\n"
+    return (f"{url} takes no local versions: {why}; nothing was uploaded. Refused:\n  {names}\n"
             "For PyPI publish the stable-ABI wheels (no +torch label; docs/stable-wheels.md), "
             "e.g. with --skip-local-versions to leave the labelled ones out. The labelled wheels "
             "go to a per-torch index (`python -m builder index DIST --per-torch`, "
