@@ -11,6 +11,9 @@ from builder.ci.jobs import (
     PROVISION,
     PUBLISH_COMMAND,
     PUBLISH_SETTINGS,
+    PYPI_ENVIRONMENT,
+    PYPI_STAGE,
+    PYPI_STAGE_COMMAND,
     RELEASE,
     SETTINGS,
     CiJob,
@@ -26,6 +29,14 @@ SETUP_PYTHON = "actions/setup-python@v5"
 UPLOAD = "actions/upload-artifact@v4"
 DOWNLOAD = "actions/download-artifact@v4"
 CACHE = "actions/cache@v4"
+#: PyPA's uploader, pinned by the commit of a release tag: the one step that holds an upload
+#: credential (the OIDC token it exchanges) runs code that cannot change under the same name.
+#: Bump both together to a newer release's commit (the comment is its tag, as Dependabot
+#: writes it): a re-render writes this pin over any edit of the file.
+PYPI_PUBLISH_SHA = "ed0c53931b1dc9bd32cbe73a98c7f6766f8a527e"
+PYPI_PUBLISH_VERSION = "v1.13.0"
+PYPI_PUBLISH = f"pypa/gh-action-pypi-publish@{PYPI_PUBLISH_SHA}"
+ON_TAG = "startsWith(github.ref, 'refs/tags/')"
 VENV_KEY = ("builder-env-${{ runner.os }}-${{ runner.arch }}-"
             "${{ hashFiles('builder/requirements.lock') }}")
 
@@ -111,6 +122,12 @@ def _cell_jobs(jobs: list[CiJob], kind: str, needs: list[str]) -> dict[str, Any]
     return doc
 
 
+#: The count of wheels staged for PyPI, as a job output: the publish job is skipped when it
+#: is 0 (a project with no stable-ABI wheel), where the uploader would fail on an empty folder.
+PYPI_COUNT = (f'echo "wheels=$(find {PYPI_STAGE} -name \'*.whl\' | wc -l)" '
+              '>> "$GITHUB_OUTPUT"')
+
+
 def _release_job(wf: Workflow, needs: list[str]) -> dict[str, Any]:
     steps = _setup_steps(cell=False)
     steps.append({"name": "every job's dist/", "uses": DOWNLOAD,
@@ -118,11 +135,43 @@ def _release_job(wf: Workflow, needs: list[str]) -> dict[str, Any]:
     steps += [{"name": cmd.split(" -m builder ", 1)[1], "run": cmd} for cmd in release_commands()]
     steps.append({"name": "upload the release", "uses": UPLOAD,
                   "with": {"name": "release", "path": f"{RELEASE}/\n{INDEX}/\n"}})
-    steps.append({"name": "publish", "if": "startsWith(github.ref, 'refs/tags/')",
-                  "env": {s.name: _ref(s) for s in PUBLISH_SETTINGS},
-                  "run": PUBLISH_COMMAND})
-    return {"name": "merge, index and publish", "runs-on": wf.release_runs_on,
-            "needs": needs, "steps": steps}
+    if wf.publish == "token":
+        steps.append({"name": "publish", "if": ON_TAG,
+                      "env": {s.name: _ref(s) for s in PUBLISH_SETTINGS},
+                      "run": PUBLISH_COMMAND})
+        return {"name": "merge, index and publish", "runs-on": wf.release_runs_on,
+                "needs": needs, "steps": steps}
+    # On every run, not only tags: a branch finds out what PyPI would get (and whether it
+    # passes `twine check --strict`) before anyone pushes the tag.
+    steps.append({"name": "the wheels PyPI takes", "id": "pypi",
+                  "run": f"{PYPI_STAGE_COMMAND}\n{PYPI_COUNT}\n"})
+    steps.append({"name": "upload the wheels PyPI takes", "uses": UPLOAD,
+                  "with": {"name": "pypi", "path": f"{PYPI_STAGE}/",
+                           "if-no-files-found": "ignore"}})
+    return {"name": "merge and index", "runs-on": wf.release_runs_on, "needs": needs,
+            "outputs": {"pypi_wheels": "${{ steps.pypi.outputs.wheels }}"}, "steps": steps}
+
+
+def _publish_job(wf: Workflow) -> dict[str, Any]:
+    """PyPI trusted publishing: a job of its own, so the OIDC token it may mint is reachable
+    from two steps that run no project code (no checkout, no builder), on tags only, in the
+    environment PyPI's publisher names."""
+    return {
+        "name": "publish to PyPI (trusted publishing)",
+        "needs": ["release"],
+        "if": f"{ON_TAG} && needs.release.outputs.pypi_wheels != '0'",
+        "runs-on": wf.release_runs_on,
+        "environment": PYPI_ENVIRONMENT,
+        "permissions": {"contents": "read", "id-token": "write"},
+        "steps": [
+            {"name": "the wheels PyPI takes", "uses": DOWNLOAD,
+             "with": {"name": "pypi", "path": PYPI_STAGE}},
+            # No password: the action exchanges the job's OIDC token for a short-lived PyPI
+            # token, and signs each wheel (PEP 740 attestations, shown on PyPI).
+            {"name": "upload to PyPI", "uses": PYPI_PUBLISH,
+             "with": {"packages-dir": f"{PYPI_STAGE}/", "attestations": True}},
+        ],
+    }
 
 
 def render(wf: Workflow) -> str:
@@ -135,6 +184,8 @@ def render(wf: Workflow) -> str:
         if cells:
             jobs[kind] = _cell_jobs(cells, kind, needs=list(jobs))
     jobs["release"] = _release_job(wf, needs=list(jobs))
+    if wf.publish == "trusted":
+        jobs["publish"] = _publish_job(wf)
     doc: dict[str, Any] = {
         "name": "wheels",
         "on": {"push": {"branches": ["main"], "tags": ["v*"]}, "pull_request": {},
@@ -143,4 +194,7 @@ def render(wf: Workflow) -> str:
         "env": {s.name: _ref(s) for s in SETTINGS},
         "jobs": jobs,
     }
-    return header(wf, "github") + dump(doc)
+    # YAML has no place for the version in the data: the pin's comment, as Dependabot reads it.
+    text = dump(doc).replace(f"uses: {PYPI_PUBLISH}\n",
+                             f"uses: {PYPI_PUBLISH}  # {PYPI_PUBLISH_VERSION}\n")
+    return header(wf, "github") + text

@@ -15,6 +15,7 @@ from builder.ci.jobs import (
     ARTIFACTS,
     INDEX,
     PUBLISH_COMMAND,
+    PYPI_ENVIRONMENT,
     RELEASE,
     CiJob,
     Workflow,
@@ -23,6 +24,12 @@ from builder.ci.jobs import (
     set_up_commands,
 )
 from builder.ci.yamltext import dump
+from builder.release.trusted import ID_TOKEN_ENV
+
+#: Trusted publishing: the release's wheels PyPI takes (no local version), uploaded with the
+#: job's OIDC token exchanged for a short-lived one (`publish --trusted-publishing`).
+TRUSTED_PUBLISH_COMMAND = (f"{PUBLISH_COMMAND} --repository pypi --skip-local-versions "
+                           "--trusted-publishing")
 
 SETTINGS_SCRIPT = """\
 if [ -n "${BUILDER_CA_BUNDLE:-}" ]; then
@@ -70,7 +77,7 @@ def render(wf: Workflow) -> str:
         "script": release_commands(),
         "artifacts": {"name": "release", "paths": [f"{RELEASE}/", f"{INDEX}/"]},
     }
-    jobs["publish"] = {
+    publish: dict[str, Any] = {
         "stage": "release",
         "tags": [wf.release_runs_on],
         "needs": [{"job": "release", "artifacts": True}],
@@ -79,5 +86,12 @@ def render(wf: Workflow) -> str:
         "extends": TEMPLATE,
         "script": [PUBLISH_COMMAND],
     }
+    if wf.publish == "trusted":
+        # The OIDC token only in this job, for PyPI's audience; the environment is the one
+        # PyPI's trusted publisher names (and where GitLab's protection rules apply).
+        publish.update({"environment": PYPI_ENVIRONMENT,
+                        "id_tokens": {ID_TOKEN_ENV: {"aud": "pypi"}},
+                        "script": [TRUSTED_PUBLISH_COMMAND]})
+    jobs["publish"] = publish
     doc = {"stages": ["build", "verify", "release"], **jobs}
     return header(wf, "gitlab") + dump(doc)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from builder.ci import PUBLISH_MODES
 from builder.commands.plan import github_job
 from builder.config import Settings
 from builder.config.cuda import CPU
@@ -51,7 +52,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BUILDER_INDEX_URL", False, "the package index the builds install from"),
     Setting("BUILDER_CA_PEM", False, "extra CA certificates (PEM text) of a proxy or index"),
 )
-#: The publish step's credentials, twine's own variables.
+#: The publish step's credentials in ``token`` mode, twine's own variables.
 PUBLISH_SETTINGS: tuple[Setting, ...] = (
     Setting("TWINE_REPOSITORY_URL", False, "the repository `publish` uploads to"),
     Setting("TWINE_USERNAME", True, "its user"),
@@ -83,6 +84,7 @@ class Workflow:
     release_runs_on: str
     config: str  # the config file the plan came from, as the workflow names it
     source: str  # the command that rendered it
+    publish: str = PUBLISH_MODES[0]  # trusted | token (builder/ci/__init__.py)
 
 
 def job_id(kind: str, cell: str) -> str:
@@ -106,7 +108,8 @@ def in_checkout(value: Optional[str], option: str) -> Optional[str]:
 
 
 def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str],
-             project: Optional[str], source: str) -> Workflow:
+             project: Optional[str], source: str,
+             publish: str = PUBLISH_MODES[0]) -> Workflow:
     """The jobs for *resolution*, each with its ``make wheel`` arguments from its record."""
     by_cell = {c.identifier: c for c in resolution.cells}
     rows = [github_job(c, settings) for c in resolution.cells]
@@ -136,7 +139,7 @@ def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str
     runners = settings.config.runners
     release_on = runners.get("x86_64") or next(iter(runners.values()), "ubuntu-24.04")
     return Workflow(jobs=tuple(jobs), release_runs_on=release_on,
-                    config=config or "configs/matrix.yaml", source=source)
+                    config=config or "configs/matrix.yaml", source=source, publish=publish)
 
 
 def artifact_name(cell: str) -> str:
@@ -167,6 +170,14 @@ def release_commands() -> list[str]:
 
 
 PUBLISH_COMMAND = f"{VENV_PYTHON} -m builder publish {RELEASE}"
+#: Where the release job puts the wheels PyPI takes (no local version: the stable-ABI ones),
+#: checked as `publish` checks an upload to PyPI; the labelled ones stay in the per-torch index.
+PYPI_STAGE = "pypi-dist"
+PYPI_STAGE_COMMAND = (f"{VENV_PYTHON} -m builder publish {RELEASE} --repository pypi "
+                      f"--skip-local-versions --stage {PYPI_STAGE}")
+#: The GitHub environment the publish job runs in: PyPI's trusted publisher names it, and its
+#: protection rules (required reviewers, tags only) are the maintainers' release approval.
+PYPI_ENVIRONMENT = "pypi"
 
 
 def header(wf: Workflow, service: str) -> str:
@@ -175,11 +186,19 @@ def header(wf: Workflow, service: str) -> str:
     if service == "gitlab":
         names += ", BUILDER_CA_BUNDLE (a File variable)"
     builds = sum(j.kind == "build" for j in wf.jobs)
+    if wf.publish == "token":
+        release = "one release job (merge, index --per-torch; publish on tags)."
+    elif service == "github":
+        release = (f"one release job (merge, index --per-torch, the wheels PyPI takes), one "
+                   f"publish job on tags (PyPI trusted publishing, environment "
+                   f"{PYPI_ENVIRONMENT}).")
+    else:
+        release = ("one release job (merge, index --per-torch), one publish job on tags "
+                   "(the wheels PyPI takes, by PyPI trusted publishing: id_tokens aud pypi).")
     lines = [
         f"Rendered by `{wf.source}` from {wf.config}: re-render it after changing the config.",
         f"{builds} build job(s) (one per wheel), {len(wf.jobs) - builds} verify job(s) (a cell "
-        "served by another job's stable-ABI wheel), one release job (merge, index --per-torch; "
-        "publish on tags).",
+        f"served by another job's stable-ABI wheel), {release}",
         f"Proxy / CA / index come from the CI's settings by name ({names}); unset ones are "
         "empty and ignored.",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,9 @@ from packaging.utils import parse_wheel_filename
 from builder.cli import Context
 from builder.config import CliOverrides, load_settings
 from builder.errors import ConfigError, StepFailed
+from builder.release import local_versions, trusted
 from builder.release.distfiles import dist_wheels
+from builder.release.manifest import sha256_file
 from builder.release.repository import existing_files
 
 NAME = "publish"
@@ -24,7 +27,8 @@ Check the wheels in DIST against DIST/manifest.json (when present: every wheel m
 listed with the same sha256), then upload them with twine (python -m twine upload).
 
 Repository URL, first found wins:
-  --repository-url URL > env TWINE_REPOSITORY_URL > config publish.repository_url
+  --repository-url URL > --repository pypi|testpypi (twine's own upload URLs) >
+  env TWINE_REPOSITORY_URL > config publish.repository_url
 Credentials are twine's own: --username or env TWINE_USERNAME, and env TWINE_PASSWORD
 (deliberately no --password option: a command line is visible to every process). The
 password, and any user:password@ in the URL, are masked (***) in every line printed.
@@ -35,13 +39,28 @@ listed with a different sha256 is an error. (twine's own --skip-existing works o
 PyPI and TestPyPI since twine 6, so it is not passed through.)
 
 Before any upload, `twine check --strict` must pass for every wheel (what PyPI checks of
-the metadata: a description that renders, its content type). A wheel with a local version
-(+torchX.Y) is refused by PyPI itself: publish those to your own index (`index --per-torch`),
-and the stable-ABI wheels (no label, torch>=2.10) to PyPI.
+the metadata: a description that renders, its content type).
 
-Exit codes: 0 uploaded (or all already there with --skip-existing); 1 a wheel does not
-match the manifest or the repository's copy, fails `twine check --strict`, or the upload
-failed (twine's message is shown); 2 no repository URL, or a bad one, or DIST holds no wheel."""
+PyPI and TestPyPI refuse a wheel whose version has a local label (+torch2.13,
++torch2.14.cu130). Publishing to their upload URL, any such wheel in DIST refuses the whole
+publish up front (exit 2, each wheel named, nothing uploaded): publish the stable-ABI wheels
+(no label) there, with --skip-local-versions to leave the labelled ones out, and the labelled
+ones to a per-torch index (`index --per-torch`) or a private repository. Other repositories
+are taken to accept local versions; --no-accepts-local-versions says one does not.
+
+--trusted-publishing (a GitLab job with `id_tokens: PYPI_ID_TOKEN: aud: pypi`): no password;
+the job's OIDC token (env PYPI_ID_TOKEN) is exchanged at the index's /_/oidc/mint-token for a
+short-lived API token, which twine uploads with as __token__ (both masked in all output).
+
+--stage DIR does everything above but the upload: the wheels that would go up are copied into
+DIR (new or empty), for an uploader that is not twine -- pypa/gh-action-pypi-publish with
+trusted publishing, in the workflow `render --ci github` writes.
+
+Exit codes: 0 uploaded or staged (or nothing left to upload with --skip-existing or
+--skip-local-versions); 1 a wheel does not match the manifest or the repository's copy, fails
+`twine check --strict`, or the upload failed (twine's message is shown); 2 no repository URL,
+or a bad one, DIST holds no wheel, a wheel the repository refuses (local version), or a
+--stage folder that is not empty."""
 
 URL_ENV = "TWINE_REPOSITORY_URL"
 USER_ENV = "TWINE_USERNAME"
@@ -54,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository-url", metavar="URL",
                    help=f"upload endpoint, e.g. http://127.0.0.1:8080/ (env {URL_ENV}; config "
                    "publish.repository_url)")
+    p.add_argument("--repository", choices=local_versions.REPOSITORY_NAMES, default=None,
+                   help="upload to PyPI or TestPyPI: twine's own upload URL for that name "
+                   "(instead of --repository-url)")
     p.add_argument("--username", "-u", metavar="NAME", help=f"user name (env {USER_ENV})")
     p.add_argument("--skip-existing", action="store_true",
                    help="skip files the repository already lists with the same sha256 (a "
@@ -61,16 +83,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index-url", metavar="URL",
                    help="the repository's PEP 503 simple index, read by --skip-existing "
                    "(default: <repository-url>/simple/, where pypiserver serves it)")
+    p.add_argument("--accepts-local-versions", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="whether the repository takes versions with a local label (+torch2.13): "
+                   "default no for PyPI and TestPyPI, yes for any other")
+    p.add_argument("--skip-local-versions", action="store_true",
+                   help="leave out the wheels whose version has a local label, naming each, "
+                   "and publish the rest (the stable-ABI wheels, for PyPI)")
+    p.add_argument("--stage", metavar="DIR", default=None,
+                   help="check as for an upload, then copy the wheels that would go up into "
+                   "DIR (new or empty) instead of uploading (for another uploader, e.g. "
+                   "trusted publishing)")
+    p.add_argument("--trusted-publishing", action="store_true",
+                   help=f"authenticate with the CI's OIDC token (env {trusted.ID_TOKEN_ENV}) "
+                   "exchanged for a short-lived API token, instead of a password")
     p.add_argument("--config", metavar="FILE",
                    help="build configuration YAML for publish.repository_url "
                    "(default: configs/matrix.yaml)")
 
 
 def resolve_repository_url(
-    cli_value: str | None, env: Mapping[str, str], config_value: str | None
+    cli_value: str | None, env: Mapping[str, str], config_value: str | None,
+    name: str | None = None,
 ) -> tuple[str, str]:
-    """(URL, where it came from); ConfigError (exit 2) when none is given or it is not http(s)."""
-    for value, origin in ((cli_value, "--repository-url"), (env.get(URL_ENV), URL_ENV),
+    """(URL, where it came from); ConfigError (exit 2) when none is given or it is not http(s).
+    *name*: ``--repository pypi|testpypi``, twine's URL for it."""
+    if cli_value and name:
+        raise ConfigError(f"give --repository-url or --repository, not both (got "
+                          f"{cli_value!r} and {name!r})", key="--repository")
+    named = local_versions.known_repositories()[name] if name else None
+    for value, origin in ((cli_value, "--repository-url"), (named, f"--repository {name}"),
+                          (env.get(URL_ENV), URL_ENV),
                           (config_value, "config publish.repository_url")):
         if value:
             parts = urlsplit(value)
@@ -78,8 +121,8 @@ def resolve_repository_url(
                 raise ConfigError("expected an http(s) URL such as http://127.0.0.1:8080/, got "
                                   f"{value!r}", key=origin)
             return value, origin
-    raise ConfigError(f"no repository URL; pass --repository-url URL, set {URL_ENV}, or set "
-                      "publish.repository_url in the config file")
+    raise ConfigError(f"no repository URL; pass --repository-url URL (or --repository pypi), "
+                      f"set {URL_ENV}, or set publish.repository_url in the config file")
 
 
 def _run_twine(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -148,26 +191,89 @@ def already_there(
     return todo, notes
 
 
+def without_local_versions(
+    wheels: Sequence[Path], url: str, *, declared: bool | None, skip: bool,
+) -> tuple[list[Path], list[str]]:
+    """(wheels to publish, notes). All or nothing: ConfigError (exit 2) naming every labelled
+    wheel when the repository refuses local versions and *skip* was not asked for; with
+    *skip*, the labelled wheels are left out whatever the repository takes."""
+    labelled = local_versions.labelled(wheels)
+    if skip:
+        notes = [f"{w.name}: local version +{local_versions.local_version(w)}; left out "
+                 "(--skip-local-versions)" for w in labelled]
+        return [w for w in wheels if w not in labelled], notes
+    rule = local_versions.policy(url, declared)
+    if labelled and not rule.accepts:
+        raise ConfigError(local_versions.refusal(labelled, url, rule.why))
+    return list(wheels), []
+
+
+def check_stage(folder: Path) -> None:
+    """ConfigError (exit 2) unless *folder* is new or empty: the uploader that takes it
+    uploads everything in it, so a file left from another release would go up too."""
+    if folder.is_dir() and any(folder.iterdir()):
+        raise ConfigError(f"{folder} is not empty; expected a new or empty folder (the uploader "
+                          "takes everything in it)", key="--stage")
+
+
+def stage(wheels: Sequence[Path], sha256: Mapping[str, str], folder: Path) -> None:
+    """Copy *wheels* into *folder* (made if missing; an empty one when nothing is to go up,
+    so the step after it finds the folder), each checked against its recorded sha256."""
+    check_stage(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        copy = Path(shutil.copyfile(w, folder / w.name))
+        if sha256_file(copy) != sha256[w.name]:
+            raise StepFailed(f"{copy}: sha256 differs from {w} after copying; the disk or "
+                             "another process changed it")
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     redact = ctx.output.redact
     password = ctx.env.get(PASSWORD_ENV)
     if password:
         redact.add_secret(password)
+    id_token = ctx.env.get(trusted.ID_TOKEN_ENV)
+    if id_token:
+        redact.add_secret(id_token)
+    if args.trusted_publishing:
+        if args.stage:
+            raise ConfigError("--stage uploads nothing, so it takes no credentials; drop "
+                              "--trusted-publishing (the uploader of the staged folder "
+                              "authenticates itself)", key="--trusted-publishing")
+        if not id_token:
+            raise ConfigError(f"no OIDC token in {trusted.ID_TOKEN_ENV}; a GitLab job gets one "
+                              f"from `id_tokens: {trusted.ID_TOKEN_ENV}: aud: pypi` (testpypi "
+                              "for TestPyPI)", key="--trusted-publishing")
     env_url = ctx.env.get(URL_ENV)
     if env_url:
         redact.add_url(env_url)
     settings = load_settings(CliOverrides(config=args.config), ctx.env)
     url, origin = resolve_repository_url(args.repository_url, ctx.env,
-                                         settings.config.publish.repository_url)
+                                         settings.config.publish.repository_url,
+                                         args.repository)
     redact.add_url(url)
+    if args.stage:
+        check_stage(Path(args.stage))
     found = dist_wheels(Path(args.dist))
     for note in found.notes:
         ctx.output.err(f"note: {note}")
     check = "sha256 match manifest.json" if found.checked else "no manifest"
-    ctx.output.err(f"publishing {len(found.wheels)} wheel(s) from {found.dist} ({check}) to "
+    doing = f"staging in {args.stage} for" if args.stage else "publishing to"
+    ctx.output.err(f"{len(found.wheels)} wheel(s) from {found.dist} ({check}), {doing} "
                    f"{url} (from {origin})")
+    # Before any network read or upload: a refused wheel stops the whole release here.
+    wheels, notes = without_local_versions(found.wheels, url, declared=args.accepts_local_versions,
+                                           skip=args.skip_local_versions)
+    for note in notes:
+        ctx.output.err(note)
+    if not wheels:
+        if args.stage:
+            stage([], found.sha256, Path(args.stage))
+        ctx.output.err(f"nothing to publish: all {len(found.wheels)} wheel(s) have a local "
+                       "version (the stable-ABI wheels have none: docs/stable-wheels.md)")
+        return 0
     username = args.username or ctx.env.get(USER_ENV)
-    wheels = list(found.wheels)
     if args.skip_existing:
         plain_url, auth = _split_credentials(url)
         if auth is None and username and password:
@@ -178,6 +284,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         for note in notes:
             ctx.output.err(note)
         if not wheels:
+            if args.stage:
+                stage([], found.sha256, Path(args.stage))
             ctx.output.err(f"nothing to upload: all {len(found.wheels)} wheel(s) are "
                            "already there")
             return 0
@@ -187,6 +295,21 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     env.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
     twine_check(wheels, env)
     ctx.output.err(f"twine check --strict: {len(wheels)} wheel(s) passed")
+    if args.stage:
+        stage(wheels, found.sha256, Path(args.stage))
+        for w in wheels:
+            ctx.output.out(w.name)
+        ctx.output.err(f"staged {len(wheels)} wheel(s) in {args.stage} for {url}; nothing "
+                       "was uploaded")
+        return 0
+    if args.trusted_publishing:
+        # Minted last, after every check: the token lives minutes, and is only needed here.
+        minted = trusted.mint_token(url, id_token or "")
+        redact.add_secret(minted)
+        ctx.output.err(f"trusted publishing: {trusted.mint_url(url)} minted an upload token "
+                       "for this job")
+        username = trusted.TOKEN_USER
+        env[PASSWORD_ENV] = minted
     cmd = twine_command(wheels, url, username=username)
     proc = _run_twine(cmd, env)
     lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]

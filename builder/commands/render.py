@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from builder.atomicfile import atomic_write
+from builder.ci import PUBLISH_MODES
 from builder.cli import (
     EVERY_CELL,
     Context,
@@ -35,10 +36,18 @@ same resolved records `plan` prints: one build job per wheel (`plan --format git
 cell's `make wheel ARCH= PY= TORCH= BACKEND= PULL=` from its record, its dist/ uploaded as the
 artifact dist-<cell id>; one verify job per cell served by another job's stable-ABI wheel
 (after that job, with its dist/); and one release job that takes every artifact, runs `merge`
-and `index --per-torch`, and `publish` on tags. Proxy, CA and index come from the CI's secrets
-and variables by name (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, BUILDER_INDEX_URL, BUILDER_CA_PEM;
-TWINE_* for publish), never by value. With no backend named (--backend, BUILDER_BACKEND,
-build.backend), the jobs use docker: the runners build in the manylinux base images.
+and `index --per-torch`, and publishes on tags. Proxy, CA and index come from the CI's secrets
+and variables by name (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, BUILDER_INDEX_URL, BUILDER_CA_PEM),
+never by value.
+
+--publish trusted (the default): the release job stages the wheels PyPI takes (no +torch
+label: `publish --repository pypi --skip-local-versions --stage`), and on tags a publish job
+uploads them with PyPI trusted publishing (OIDC; no stored password: configure the publisher
+on PyPI). --publish token: the release job runs `publish release` on tags with TWINE_*
+(repository URL, user, password) from the CI's settings, every wheel, as before.
+
+With no backend named (--backend, BUILDER_BACKEND, build.backend), the jobs use docker: the
+runners build in the manylinux base images.
 
   python -m builder render --ci github --out .github/workflows/wheels.yml
   python -m builder render --ci gitlab --out .gitlab-ci.yml"""
@@ -55,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ci", choices=("github", "gitlab"), default=None,
                    help="write a CI workflow that builds every selected cell's wheel on its "
                    "runner, merges and indexes them (see above)")
+    p.add_argument("--publish", choices=PUBLISH_MODES, default=None,
+                   help="with --ci: how the release is published on tags: trusted (default: PyPI "
+                   "trusted publishing, the wheels PyPI takes) or token (TWINE_* secrets)")
     p.add_argument("--project", metavar="PATH", default=None,
                    help="the project the jobs build, as `build --project` (a path inside "
                    "this checkout; default: this repository)")
@@ -71,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.ci:
         return _render_ci(args, ctx)
+    if args.publish:
+        raise ConfigError("--publish says how a CI workflow publishes; it needs --ci github or "
+                          "--ci gitlab", key="--publish")
     args.out = args.out or "build/dockerfiles"
     settings, resolution = resolve_from_args(args, ctx, everything=True)
     recipes = render_all([c.cell for c in resolution.cells], settings.config)
@@ -110,11 +125,16 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     argv = ["python -m builder render --ci", args.ci]
     argv += [f"--config {config}"] if config else []
     argv += [f"--project {project}"] if project else []
-    wf = workflow(settings, resolution, config=config, project=project, source=" ".join(argv))
+    publish = args.publish or "trusted"
+    argv += [f"--publish {publish}"] if args.publish else []
+    wf = workflow(settings, resolution, config=config, project=project, source=" ".join(argv),
+                  publish=publish)
     text = (github if args.ci == "github" else gitlab).render(wf)
     builds = sum(j.kind == "build" for j in wf.jobs)
-    summary = (f"{builds} build job(s), {len(wf.jobs) - builds} verify job(s), 1 release job "
-               f"({args.ci})")
+    # GitLab's publish was always a job of its own; GitHub's is one with trusted publishing.
+    publish_job = ", 1 publish job" if publish == "trusted" or args.ci == "gitlab" else ""
+    summary = (f"{builds} build job(s), {len(wf.jobs) - builds} verify job(s), 1 release job"
+               f"{publish_job} ({args.ci}, publish: {publish})")
     if args.out is None:
         ctx.output.out(text.rstrip("\n"))
         ctx.output.err(summary)

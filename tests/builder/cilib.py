@@ -3,8 +3,11 @@
 Only what the workflows ``render --ci github`` writes is understood, and anything else fails
 the test (a new construct must be taught here, not skipped): ``run:`` steps go to
 ``bash -eo pipefail`` with the job's environment, ``$GITHUB_ENV`` is honoured between steps,
-``${{ matrix.* }}``, ``${{ secrets.* }}`` and ``${{ vars.* }}`` are filled in (secrets and
-variables from this machine's environment: the CI's settings holding this machine's proxy), and
+``$GITHUB_OUTPUT`` gives the step's outputs (``steps.<id>.outputs.*``, then the job's
+``outputs:``, which a later job reads as ``needs.<job>.outputs.*``; a job's own ``if:`` is
+checked before it starts), ``${{ matrix.* }}``, ``${{ secrets.* }}`` and ``${{ vars.* }}`` are
+filled in (secrets and variables from this machine's environment: the CI's settings holding
+this machine's proxy), and
 the actions the workflow uses are done by hand: ``checkout`` is a fresh ``git clone`` per job,
 ``setup-python`` checks the interpreters are on PATH, ``cache`` restores ``.venv`` (a link to
 this machine's builder environment), ``upload-artifact`` and
@@ -34,6 +37,8 @@ class JobRun:
     seconds: float
     steps: list[str] = field(default_factory=list)  # "name: ran" / "name: skipped (why)"
     seconds_per_step: dict[str, float] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)  # the job's `outputs:`, filled in
+    skipped: str = ""  # the job's own `if:` when it was false (nothing ran)
 
 
 def fill(text: str, context: Mapping[str, Any]) -> str:
@@ -42,22 +47,32 @@ def fill(text: str, context: Mapping[str, Any]) -> str:
         scope, _, key = expr.partition(".")
         if scope in ("matrix", "secrets", "vars") and key:
             return str(context[scope].get(key, ""))
+        out = re.fullmatch(r"(steps|needs)\.([\w-]+)\.outputs\.([\w-]+)", expr)
+        if out:
+            return str(context[out.group(1)].get(out.group(2), {}).get(out.group(3), ""))
         raise AssertionError(f"expression the emulator does not know: {expr!r}")
     return _EXPR.sub(value, text)
 
 
 def condition(expr: str, context: Mapping[str, Any]) -> bool:
-    """The ``if:`` forms the renderer writes: matrix comparisons joined by ``||``, and
-    ``startsWith(github.ref, '...')``."""
+    """The ``if:`` forms the renderer writes: matrix comparisons joined by ``||``,
+    ``startsWith(github.ref, '...')``, and ``needs.<job>.outputs.<name> != '...'`` joined to it
+    by ``&&``."""
+    if "&&" in expr:
+        return all(condition(part, context) for part in expr.split("&&"))
     result = False
     for part in expr.split("||"):
         part = part.strip()
         m = re.fullmatch(r"matrix\.([\w-]+) == '([^']*)'", part)
         t = re.fullmatch(r"startsWith\(github\.ref, '([^']*)'\)", part)
+        n = re.fullmatch(r"needs\.([\w-]+)\.outputs\.([\w-]+) != '([^']*)'", part)
         if m:
             result |= str(context["matrix"].get(m.group(1))) == m.group(2)
         elif t:
             result |= str(context["github"]["ref"]).startswith(t.group(1))
+        elif n:
+            assert n.group(1) in context["needs"], f"if: {part!r}: give the run of {n.group(1)}"
+            result |= str(context["needs"][n.group(1)].get(n.group(2), "")) != n.group(3)
         else:
             raise AssertionError(f"if: the emulator does not know {part!r}")
     return result
@@ -73,12 +88,24 @@ class Runner:
         self.env = dict(env)
 
     def run_job(self, workflow: Mapping[str, Any], job_id: str,
-                matrix: Mapping[str, Any] | None = None) -> JobRun:
+                matrix: Mapping[str, Any] | None = None, *, ref: str = "refs/heads/main",
+                needs: Mapping[str, JobRun] | None = None) -> JobRun:
+        """*ref*: what ``github.ref`` is (a tag: ``refs/tags/v1``); *needs*: the runs of the
+        jobs this one needs, whose outputs it reads."""
         job = workflow["jobs"][job_id]
         name = str((matrix or {}).get("cell", job_id))
         work = self.root / "jobs" / name
         start = time.monotonic()
         run = JobRun(job_id, name, work, 0.0)
+        context = {"matrix": dict(matrix or {}), "secrets": self.env, "vars": self.env,
+                   "github": {"ref": ref}, "steps": {},
+                   "needs": {k: v.outputs for k, v in (needs or {}).items()}}
+        # Only the jobs whose outputs it reads need their runs given (artifacts are shared).
+        assert set(context["needs"]) <= set(job.get("needs", [])), (
+            f"{job_id} needs only {job.get('needs')}")
+        if "if" in job and not condition(job["if"], context):
+            run.skipped = str(job["if"])
+            return run
         subprocess.run(["git", "clone", "-q", str(self.origin), str(work)], check=True)
         # The builder's environment as the workflow's actions/cache step restores it (make
         # builder-env finds its stamp and does nothing).
@@ -87,8 +114,6 @@ class Runner:
         temp.mkdir(parents=True)
         github_env = temp / "github_env"
         github_env.touch()
-        context = {"matrix": dict(matrix or {}), "secrets": self.env, "vars": self.env,
-                   "github": {"ref": "refs/heads/main"}}
         env = {**self.env, "GITHUB_ACTIONS": "true", "RUNNER_NAME": f"emulated {name}",
                "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env)}
         env.update({k: fill(str(v), context) for k, v in workflow.get("env", {}).items()})
@@ -100,6 +125,9 @@ class Runner:
             step_env = {**env, **{k: fill(str(v), context) for k, v in
                                   step.get("env", {}).items()}}
             began = time.monotonic()
+            output = temp / f"github_output_{len(run.steps)}"
+            output.touch()
+            step_env["GITHUB_OUTPUT"] = str(output)
             if "uses" in step:
                 self._action(step, context, work)
             else:
@@ -113,8 +141,12 @@ class Runner:
                 for line in github_env.read_text().splitlines():
                     key, _, value = line.partition("=")
                     env[key] = value
+                if "id" in step:
+                    context["steps"][step["id"]] = dict(
+                        line.partition("=")[::2] for line in output.read_text().splitlines())
             run.steps.append(f"{label}: ran")
             run.seconds_per_step[label] = time.monotonic() - began
+        run.outputs = {k: fill(str(v), context) for k, v in job.get("outputs", {}).items()}
         run.seconds = time.monotonic() - start
         return run
 
@@ -137,7 +169,11 @@ class Runner:
             paths = args["path"].split()
             for path in paths:
                 src = work / path
-                assert src.is_dir() or args.get("if-no-files-found") != "error", path
+                if not (src.is_dir() and any(p.is_file() for p in src.rglob("*"))):
+                    # upload-artifact's if-no-files-found: error fails, warn / ignore upload
+                    # nothing (no artifact of that name exists afterwards)
+                    assert args.get("if-no-files-found") != "error", path
+                    continue
                 # One path: its contents are the artifact's root; several: their common
                 # folder is (here, the checkout), as upload-artifact v4 does.
                 shutil.copytree(src, dest if len(paths) == 1 else dest / path.rstrip("/"),

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import twine.utils
 import yaml
 from builder_testlib import run_cli
 from cilib import Runner, base_env, commit_all, source_repository
@@ -30,9 +33,9 @@ PROXY_ENV = {"HTTPS_PROXY": f"http://ci:{PASSWORD}@proxy.example:3128"}
 SCHEMAS = {"github": "vendor.github-workflows", "gitlab": "vendor.gitlab-ci"}
 
 
-def _render(tmp_path: Path, ci: str) -> tuple[str, dict]:
+def _render(tmp_path: Path, ci: str, *extra: str) -> tuple[str, dict]:
     out = tmp_path / f"{ci}.yml"
-    res = run_cli("render", "--ci", ci, "--out", str(out), env=PROXY_ENV)
+    res = run_cli("render", "--ci", ci, *extra, "--out", str(out), env=PROXY_ENV)
     assert res.rc == 0, res.err
     assert res.out.startswith(f"wrote {out}: 20 build job(s), 6 verify job(s), 1 release job")
     assert "note: --ci: BACKEND=docker for every job" in res.err
@@ -54,7 +57,7 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
         tmp_path: Path) -> None:
     text, doc = _render(tmp_path, "github")
     jobs = doc["jobs"]
-    assert list(jobs) == ["build", "verify", "release"]
+    assert list(jobs) == ["build", "verify", "release", "publish"]
     fields = ("cell", "runs-on", "arch", "python", "torch", "backend")
     for kind in ("build", "verify"):
         rows = jobs[kind]["strategy"]["matrix"]["include"]
@@ -83,9 +86,6 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
     assert ".venv/bin/python -m builder merge artifacts/dist-* --out release" in runs
     assert ".venv/bin/python -m builder index release --per-torch --out build/index" in runs
     assert ".venv/bin/python -m builder index release --out build/index" in runs
-    publish = release["steps"][-1]
-    assert publish["if"] == "startsWith(github.ref, 'refs/tags/')"
-    assert publish["env"]["TWINE_PASSWORD"] == "${{ secrets.TWINE_PASSWORD }}"
     # Settings by name: the proxy is a secret reference, whatever this shell held.
     assert doc["env"]["HTTPS_PROXY"] == "${{ secrets.HTTPS_PROXY }}"
     assert doc["env"]["BUILDER_INDEX_URL"] == "${{ vars.BUILDER_INDEX_URL }}"
@@ -93,6 +93,73 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
                            "configs/matrix.yaml")
     # Deterministic: the same plan gives the same bytes.
     assert _render(tmp_path / "again", "github")[0] == text
+
+
+def _no_registry_host(text: str) -> None:
+    """PyPI's upload URL is twine's (``publish --repository pypi``): no host of it is written
+    into the file (the upload host, nor the index's domain under it)."""
+    for url in (twine.utils.DEFAULT_REPOSITORY, twine.utils.TEST_REPOSITORY):
+        host = urlsplit(url).hostname or ""
+        assert host and host not in text and host.split(".", 1)[1] not in text, host
+
+
+PINNED = re.compile(r"pypa/gh-action-pypi-publish@[0-9a-f]{40}")
+
+
+def test_the_github_release_is_published_by_trusted_publishing_by_default(
+        tmp_path: Path) -> None:
+    """No stored password: the publish job alone may mint an OIDC token, runs no project code,
+    and uploads only what PyPI takes, with the uploader pinned by commit."""
+    text, doc = _render(tmp_path, "github")  # validated against GitHub's schema in _render
+    jobs = doc["jobs"]
+    assert doc["permissions"] == {"contents": "read"}
+    for job_id, job in jobs.items():
+        if job_id != "publish":
+            assert "id-token" not in job.get("permissions", {}), job_id
+    publish = jobs["publish"]
+    assert publish["permissions"] == {"contents": "read", "id-token": "write"}
+    assert publish["environment"] == "pypi"
+    assert publish["needs"] == ["release"]
+    assert publish["if"] == ("startsWith(github.ref, 'refs/tags/') && "
+                             "needs.release.outputs.pypi_wheels != '0'")
+    download, upload = publish["steps"]
+    assert "run" not in download and "run" not in upload  # no checkout, no builder: no code
+    assert download["uses"].startswith("actions/download-artifact@")
+    assert download["with"] == {"name": "pypi", "path": "pypi-dist"}
+    assert PINNED.fullmatch(upload["uses"]), upload["uses"]
+    assert upload["with"] == {"packages-dir": "pypi-dist/", "attestations": True}
+    (line,) = [ln for ln in text.splitlines() if "gh-action-pypi-publish@" in ln]
+    assert re.search(r"@[0-9a-f]{40}  # v\d+\.\d+\.\d+$", line), line  # the tag it is
+    # The release job stages what PyPI takes, on every run (a branch sees it before the tag).
+    release = jobs["release"]
+    (stage,) = [s for s in release["steps"] if s.get("id") == "pypi"]
+    assert "if" not in stage
+    assert stage["run"].startswith(".venv/bin/python -m builder publish release --repository "
+                                   "pypi --skip-local-versions --stage pypi-dist\n")
+    assert release["outputs"] == {"pypi_wheels": "${{ steps.pypi.outputs.wheels }}"}
+    assert [s["with"]["name"] for s in release["steps"]
+            if "upload-artifact" in s.get("uses", "")] == ["release", "pypi"]
+    assert "TWINE" not in text and "secrets.TWINE_PASSWORD" not in text
+    _no_registry_host(text)
+
+
+def test_the_token_mode_keeps_the_twine_secrets_publish_step(tmp_path: Path) -> None:
+    text, doc = _render(tmp_path, "github", "--publish", "token")
+    jobs = doc["jobs"]
+    assert list(jobs) == ["build", "verify", "release"]
+    publish = jobs["release"]["steps"][-1]
+    assert publish["if"] == "startsWith(github.ref, 'refs/tags/')"
+    assert publish["run"] == ".venv/bin/python -m builder publish release"
+    assert publish["env"] == {"TWINE_REPOSITORY_URL": "${{ vars.TWINE_REPOSITORY_URL }}",
+                              "TWINE_USERNAME": "${{ secrets.TWINE_USERNAME }}",
+                              "TWINE_PASSWORD": "${{ secrets.TWINE_PASSWORD }}"}
+    assert "id-token" not in text and "gh-action-pypi-publish" not in text
+    assert text.startswith("# Rendered by `python -m builder render --ci github --publish "
+                           "token` from configs/matrix.yaml")
+    # The default's other jobs are the same jobs.
+    _, default = _render(tmp_path / "default", "github")
+    assert {k: default["jobs"][k] for k in ("build", "verify")} == \
+        {k: jobs[k] for k in ("build", "verify")}
 
 
 def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
@@ -118,6 +185,25 @@ def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
             assert cells[job_id]["script"][0] == (f"cp -a artifacts/dist-{builder} "
                                                   f"artifacts/dist-{cell}")
     assert sorted(n["job"] for n in doc["release"]["needs"]) == sorted(cells)
+    assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
+
+
+def test_the_gitlab_publish_job_uses_trusted_publishing_unless_told_token(
+        tmp_path: Path) -> None:
+    text, doc = _render(tmp_path, "gitlab")  # validated against GitLab's schema in _render
+    publish = doc["publish"]
+    assert publish["id_tokens"] == {"PYPI_ID_TOKEN": {"aud": "pypi"}}
+    assert [k for k, job in doc.items() if isinstance(job, dict) and "id_tokens" in job] == \
+        ["publish"]
+    assert publish["environment"] == "pypi"
+    assert publish["script"] == [".venv/bin/python -m builder publish release --repository pypi "
+                                 "--skip-local-versions --trusted-publishing"]
+    assert "TWINE" not in text
+    _no_registry_host(text)
+
+    text, doc = _render(tmp_path / "token", "gitlab", "--publish", "token")
+    assert doc["publish"]["script"] == [".venv/bin/python -m builder publish release"]
+    assert "id_tokens" not in text and "environment" not in doc["publish"]
     assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
 
 
@@ -164,6 +250,11 @@ def test_the_docs_page_shows_what_render_writes() -> None:
 def test_render_ci_usage_errors_exit_2_naming_the_option(tmp_path: Path) -> None:
     res = run_cli("render", "--ci", "github", "--print")
     assert res.rc == 2 and "--print" in res.err, res.err
+    res = run_cli("render", "--publish", "token", "--out", str(tmp_path / "df0"))
+    assert res.rc == 2 and "--publish" in res.err and "--ci" in res.err, res.err
+    assert not (tmp_path / "df0").exists()
+    res = run_cli("render", "--ci", "github", "--publish", "password")
+    assert res.rc == 2 and "--publish" in res.err and "'trusted'" in res.err, res.err
     outside = tmp_path / "matrix.yaml"
     outside.write_text("matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n")
     res = run_cli("render", "--ci", "gitlab", "--config", str(outside))
@@ -217,7 +308,16 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
     (wheel,) = dist.glob("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_*_x86_64*.whl")
 
     release = runner.run_job(workflow, "release")
-    assert "publish: skipped (if: startsWith(github.ref, 'refs/tags/'))" in release.steps
+    # The trusted-publishing default: what PyPI takes is staged on every run; tinyext has no
+    # stable-ABI wheel, so nothing is, and the publish job is skipped even on a tag.
+    assert "the wheels PyPI takes: ran" in release.steps
+    assert list((release.workdir / "pypi-dist").iterdir()) == []
+    assert release.outputs == {"pypi_wheels": "0"}
+    assert not (runner.artifacts / "pypi").exists()
+    for ref in ("refs/heads/main", "refs/tags/v0.0.1"):
+        skipped = runner.run_job(workflow, "publish", ref=ref, needs={"release": release})
+        assert skipped.skipped.startswith("startsWith(github.ref, 'refs/tags/')"), skipped
+        assert skipped.steps == []
     merged = release.workdir / "release"
     doc = json.loads((merged / "manifest.json").read_text())
     (entry,) = doc["wheels"]

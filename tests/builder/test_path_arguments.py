@@ -64,7 +64,7 @@ def _argv(command: str, dest: str, value: str, tmp: Path) -> tuple[list[str], st
     # The other arguments these commands require, well-formed.
     if command in ("index", "merge") and dest != "out":
         argv += ["--out", str(tmp / "out")]
-    if (command, dest) in (("index", "out"), ("publish", "config")):
+    if (command, dest) in (("index", "out"), ("publish", "config"), ("publish", "stage")):
         argv.insert(1, str(good))  # DIST
     return argv, spelled
 

@@ -7,13 +7,17 @@ command (twine as a subprocess); what was uploaded is fetched back with the real
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import http.server
+import json
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -247,3 +251,210 @@ def test_skip_existing_on_a_private_repository(
         rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
                               "--skip-existing", password="")
         assert rc == 1 and "HTTP 401" in output, output
+
+
+# --- local versions: PyPI and TestPyPI refuse them, checked before anything goes up ---------
+
+def _mixed_dist(tmp: Path, name: str) -> tuple[Path, Path, list[Path]]:
+    """A release like the builder's: one stable-ABI wheel (no label), two labelled ones."""
+    dist = tmp / "dist"
+    stable = make_wheel(dist, name, "1.0", tag="cp311-abi3-manylinux_2_28_x86_64")
+    labelled = [make_wheel(dist, name, "1.0+torch2.13", tag="cp311-cp311-manylinux_2_28_x86_64"),
+                make_wheel(dist, name, "1.0+torch2.14.cu130",
+                           tag="cp311-cp311-manylinux_2_28_x86_64")]
+    for w in (stable, *labelled):
+        _record(dist, w)
+    return dist, stable, labelled
+
+
+def _on_server(srv: Server, project: str) -> list[str]:
+    """The files of *project* the (module-wide) server holds."""
+    return sorted(p.name for p in srv.packages.iterdir() if p.name.startswith(project + "-"))
+
+
+@pytest.fixture
+def server_as_pypi(server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """The local server standing in for PyPI: twine's own default upload URL (the one place
+    the builder learns PyPI's) pointed at it, so what would reach PyPI reaches it instead."""
+    import twine.utils  # noqa: PLC0415 -- only these tests patch it
+
+    monkeypatch.setattr(twine.utils, "DEFAULT_REPOSITORY", server.url)
+    return server
+
+
+def test_pypi_refuses_every_local_version_before_anything_is_uploaded(
+    tmp_path: Path, server_as_pypi: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = server_as_pypi
+    dist, stable, labelled = _mixed_dist(tmp_path, "publocal")
+    for args in (("--repository", "pypi"), ("--repository-url", srv.url)):
+        rc, output = _publish(capsys, str(dist), *args)
+        assert rc == 2, output
+        assert "pypi refuses local versions" in output and "nothing was uploaded" in output
+        for w in labelled:  # each one named, with its label
+            assert w.name in output, output
+        assert "(local version +torch2.14.cu130)" in output
+        # which way to go: the stable-ABI wheel for PyPI, a per-torch or private index for the rest
+        assert "stable-ABI" in output and "docs/stable-wheels.md" in output
+        assert "--per-torch" in output and "accepts local versions" in output
+        assert "twine check" not in output  # refused before twine ran at all
+        assert _on_server(srv, "publocal") == []  # all or nothing: not even the stable one
+    # Saying PyPI takes them is refused too: it never does.
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--accepts-local-versions")
+    assert rc == 2 and "--accepts-local-versions" in output, output
+    assert _on_server(srv, "publocal") == []
+
+    # --skip-local-versions: the stable wheel goes up, the labelled ones are named and stay.
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--skip-local-versions")
+    assert rc == 0, output
+    assert cap_lines(output, ".whl") == [stable.name]
+    for w in labelled:
+        assert f"{w.name}: local version" in output and "left out" in output
+    assert _on_server(srv, "publocal") == [stable.name]
+    assert PASSWORD not in output
+
+
+def test_another_repository_takes_local_versions_unless_told_otherwise(
+    tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist, stable, labelled = _mixed_dist(tmp_path, "pubprivlocal")
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url,
+                          "--no-accepts-local-versions")
+    assert rc == 2, output
+    assert "--no-accepts-local-versions" in output and labelled[0].name in output
+    assert _on_server(server, "pubprivlocal") == []
+    rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
+    assert rc == 0, output
+    assert sorted(cap_lines(output, ".whl")) == sorted(w.name for w in (stable, *labelled))
+    for w in (stable, *labelled):
+        assert (server.packages / w.name).read_bytes() == w.read_bytes()
+
+
+def test_stage_checks_as_for_pypi_and_copies_only_what_pypi_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the emitted trusted-publishing job runs: no upload, no credentials, no network."""
+    dist, stable, labelled = _mixed_dist(tmp_path, "pubstage")
+    out = tmp_path / "pypi-dist"
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--stage", str(out),
+                          password="")
+    assert rc == 2 and labelled[0].name in output, output
+    assert not out.exists()
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--skip-local-versions",
+                          "--stage", str(out), password="")
+    assert rc == 0, output
+    assert "twine check --strict: 1 wheel(s) passed" in output
+    assert [p.name for p in out.iterdir()] == [stable.name]
+    assert (out / stable.name).read_bytes() == stable.read_bytes()
+    # The uploader takes everything in the folder: one left over from before is refused.
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--skip-local-versions",
+                          "--stage", str(out), password="")
+    assert rc == 2 and "--stage" in output and "not empty" in output, output
+    # Only labelled wheels: an empty folder, and it says so (a project with no stable wheel).
+    only = tmp_path / "only"
+    _record(only, make_wheel(only, "pubstage", "2.0+torch2.9"))
+    empty = tmp_path / "empty-stage"
+    rc, output = _publish(capsys, str(only), "--repository", "pypi", "--skip-local-versions",
+                          "--stage", str(empty), password="")
+    assert rc == 0, output
+    assert empty.is_dir() and list(empty.iterdir()) == []
+    assert "nothing to publish" in output
+
+
+def test_repository_name_and_url_together_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _dist(tmp_path, "pubboth")
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--repository-url",
+                          "http://127.0.0.1:9/")
+    assert rc == 2 and "--repository-url or --repository, not both" in output, output
+
+
+# --- trusted publishing (GitLab): the CI's OIDC token exchanged for an upload token -----------
+
+ID_TOKEN = "eyJ-oidc-S3cret-7a1b"  # what GitLab's id_tokens would put in PYPI_ID_TOKEN
+MINTED = "pypi-Minted-S3cret-c0ffee"  # what the index mints for it; both never printed
+
+
+class _FakeIndex(http.server.BaseHTTPRequestHandler):
+    """PyPI's two endpoints trusted publishing needs: the exchange, and the upload that takes
+    only the minted token (the file name is kept from the multipart body)."""
+
+    uploads: list[str]
+    minted_for: list[str]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, code: int, doc: dict) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/_/oidc/mint-token":
+            token = json.loads(body).get("token")
+            self.minted_for.append(token)
+            if token != ID_TOKEN:
+                self._answer(422, {"message": "Token request failed", "errors": [
+                    {"code": "invalid-publisher", "description": "valid token, but no "
+                     "corresponding publisher"}]})
+                return
+            self._answer(200, {"success": True, "token": MINTED})
+            return
+        auth = base64.b64encode(f"__token__:{MINTED}".encode()).decode()
+        if self.path != "/legacy/" or self.headers.get("Authorization") != f"Basic {auth}":
+            self._answer(403, {"message": "Invalid or non-existent authentication"})
+            return
+        self.uploads += re.findall(rb'filename="([^"]+)"', body)
+        self._answer(200, {})
+
+
+@pytest.fixture
+def fake_pypi(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_FakeIndex]]:
+    handler = type("Handler", (_FakeIndex,), {"uploads": [], "minted_for": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    import twine.utils  # noqa: PLC0415 -- only these tests patch it
+
+    monkeypatch.setattr(twine.utils, "DEFAULT_REPOSITORY",
+                        f"http://127.0.0.1:{httpd.server_address[1]}/legacy/")
+    try:
+        yield handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_trusted_publishing_exchanges_the_oidc_token_and_uploads_what_pypi_takes(
+    tmp_path: Path, fake_pypi: type[_FakeIndex], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist, stable, labelled = _mixed_dist(tmp_path, "pubtrusted")
+    args = (str(dist), "--repository", "pypi", "--skip-local-versions", "--trusted-publishing")
+    # No token in the job: a usage error naming what the job needs, nothing exchanged.
+    rc, output = _publish(capsys, *args, password="")
+    assert rc == 2 and "PYPI_ID_TOKEN" in output and "id_tokens" in output, output
+    assert fake_pypi.minted_for == []
+    # A token no publisher matches: the index's reason, nothing uploaded, the token unprinted.
+    rc, output = _publish(capsys, *args, password="", PYPI_ID_TOKEN="eyJ-other-S3cret-99")
+    assert rc == 1 and "invalid-publisher" in output and "HTTP 422" in output, output
+    assert "eyJ-other-S3cret-99" not in output and fake_pypi.uploads == []
+    # The job's token: minted, and the upload authenticates with the minted one only.
+    rc, output = _publish(capsys, *args, password="", PYPI_ID_TOKEN=ID_TOKEN)
+    assert rc == 0, output
+    assert fake_pypi.minted_for[-1] == ID_TOKEN
+    assert fake_pypi.uploads == [stable.name.encode()]
+    assert cap_lines(output, ".whl") == [stable.name]
+    assert ID_TOKEN not in output and MINTED not in output
+    assert "minted an upload token" in output
+    # Still all or nothing for local versions: without the skip, refused before any exchange.
+    before = len(fake_pypi.minted_for)
+    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--trusted-publishing",
+                          password="", PYPI_ID_TOKEN=ID_TOKEN)
+    assert rc == 2 and labelled[0].name in output, output
+    assert len(fake_pypi.minted_for) == before
