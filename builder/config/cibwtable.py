@@ -81,12 +81,22 @@ class CibwTable:
 EMPTY_TABLE = CibwTable(file="pyproject.toml", base=())
 
 
+def _shown(file: str) -> str:
+    """*file* as an origin names it: its name in the project's root (``pyproject.toml``)."""
+    return Path(file).name
+
+
 def read_table(project: Path) -> CibwTable:
     """The project's table as layers; ConfigError (exit 2) naming the key of a malformed
     ``overrides`` entry."""
     section, file = cibuildwheel_section(project)
-    base = (Layer(section, f"{file} [tool.cibuildwheel]", "tool.cibuildwheel."),
-            Layer(linux_section(section, file), f"{file} [tool.cibuildwheel.{LINUX}]",
+    # Origins name the file as the project has it (pyproject.toml), not where it is checked
+    # out: they are in each cell's record, which must be the same for `plan` run in the
+    # project and for the build of a copy of it (and in the input key, stable across folders).
+    # Errors still name the whole path.
+    shown = _shown(file)
+    base = (Layer(section, f"{shown} [tool.cibuildwheel]", "tool.cibuildwheel."),
+            Layer(linux_section(section, file), f"{shown} [tool.cibuildwheel.{LINUX}]",
                   f"tool.cibuildwheel.{LINUX}."))
     raw = section.get(OVERRIDES)
     if raw is None:
@@ -117,6 +127,7 @@ def _override(index: int, entry: Any, file: str) -> Override:
                           f"{' | '.join(repr(r) for r in INHERIT_RULES)}", file=file,
                           key=f"{key}.inherit")
     data = {k: v for k, v in entry.items() if k not in ("select", "inherit")}
-    origin = f"{file} [[tool.cibuildwheel.overrides]] #{index + 1} (select = {select!r})"
+    origin = (f"{_shown(file)} [[tool.cibuildwheel.overrides]] #{index + 1} "
+              f"(select = {select!r})")
     rules = {k: v for k, v in inherit.items() if v != "none"}
     return Override(index, select, parse([select]), Layer(data, origin, f"{key}.", rules))

@@ -157,7 +157,7 @@ def test_the_table_view_names_the_cells_an_override_changes(tmp_path: Path) -> N
                 "--python", "3.10,3.11")
     assert r.rc == 0, r.err
     assert ("option:  cp311-manylinux_x86_64-torch2.13.0: before-build: 'echo second' "
-            f"({project / 'pyproject.toml'} [[tool.cibuildwheel.overrides]] #2") in r.out, r.out
+            "(pyproject.toml [[tool.cibuildwheel.overrides]] #2") in r.out, r.out
     assert "option:  cp310-manylinux_x86_64-torch2.13.0" not in r.out
 
 
@@ -211,7 +211,7 @@ def test_build_and_skip_drop_cells_and_plan_names_key_and_source(tmp_path: Path)
     assert {c["id"] for c in doc["cells"]} == {
         "cp311-manylinux_x86_64-torch2.13.0", "cp312-manylinux_x86_64-torch2.13.0"}
     reasons = {d["id"]: d["reason"] for d in doc["dropped"]}
-    file = project / "pyproject.toml"
+    file = "pyproject.toml"  # as the project has it, not where it is checked out
     assert reasons["cp310-manylinux_x86_64-torch2.13.0"] == (
         f"not selected by the project's build = 'cp3{{11,12}}-*' ({file} [tool.cibuildwheel])")
     assert reasons["cp311-manylinux_aarch64-torch2.13.0"] == (
