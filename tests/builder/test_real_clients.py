@@ -27,9 +27,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from airgaplib import airgapped_env, require_unshare
 from enginelib import docker_engine, missing, wheelhouse_cp311
+from netnslib import isolated_netns
 from pipelinelib import CELL, build_argv, builder_env, manifest, run_build
+from proxylib import serve_index, tinyproxy, write_index
 
+from builder.config import REPO_ROOT
 from builder.images.base_image import build_base_image
 
 #: (requirement, the sdist's folder) of each client.
@@ -247,12 +251,6 @@ def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
 
     Three CUDA torches' worth of moving (~3 GB each: fetch, proxy, bundle) and one compile of
     isotonic_cuda.cu: the slowest test there is, outside CI's lane."""
-    from airgaplib import airgapped_env, require_unshare  # noqa: PLC0415
-    from netnslib import isolated_netns  # noqa: PLC0415
-    from proxylib import serve_index, tinyproxy, write_index  # noqa: PLC0415
-
-    from builder.config import REPO_ROOT  # noqa: PLC0415
-
     unshare = require_unshare()
     project = _unpack(sdists, TORCHSORT, tmp_path / "src")
     path = _without_nvcc(os.environ["PATH"])
