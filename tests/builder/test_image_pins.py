@@ -227,7 +227,7 @@ def test_update_images_moves_the_pin_from_v1_to_v2(pushed: Pushed, tmp_path: Pat
     assert record["buildable_here"] and "has the base image" in record["backend_reason"]
     assert record["base_image_id"] == engine.image_id("ampforge-test/pin-tiny:v2")
     r = run_cli("plan", "--config", str(cfg), *SELECT)
-    assert f"image:   {pin2} (pinned by digest)" in r.out
+    assert f"image:   {pin2} (pinned by digest; {cfg} images.X86.base)" in r.out, r.out
     # render writes the new pin into FROM ...
     r = run_cli("render", "--config", str(cfg), *SELECT, "--out", str(tmp_path / "r2"))
     assert r.rc == 0, r.err
