@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builder.arch import emulated_cpu
-from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
 from builder.config import BaseImage, BuildConfig
@@ -21,12 +21,13 @@ from builder.engines.pull import needs_pull, pull_image
 from builder.errors import StepFailed
 from builder.inputkey import input_key
 from builder.plan.cells import Cell
+from builder.plan.resolved import ImageChoice
 from builder.wheel.repair import CONTAINER_AUDITWHEEL
 from builder.wheel.wheelcheck import tag_glibc
 
 if TYPE_CHECKING:
     from builder.images.render import Recipe
-    from builder.plan.resolve import ResolvedCell
+    from builder.plan.resolved import ResolvedCell
 
 #: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
 RUN_LABEL = f"{CONTAINER_LABEL}.run"

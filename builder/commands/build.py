@@ -31,7 +31,8 @@ from builder.errors import ConfigError
 from builder.images.render import render_recipe
 from builder.offline.bundle import Bundle
 from builder.pipeline import PipelineOptions, build_cells
-from builder.plan.resolve import Resolution, ResolvedCell
+from builder.plan.resolve import Resolution
+from builder.plan.resolved import ResolvedCell
 from builder.progress import Progress, summary_table
 from builder.projecttree import check_project_tree, is_inside
 from builder.wheel.reproducible import resolve_source_date_epoch

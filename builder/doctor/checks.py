@@ -23,7 +23,8 @@ from builder.config import Settings
 from builder.config.pins import parse_ref, unpinned_reason
 from builder.doctor.report import FAIL, OK, WARN, Check
 from builder.errors import BuilderError
-from builder.plan.resolve import Resolution, ResolvedCell
+from builder.plan.resolve import Resolution
+from builder.plan.resolved import ResolvedCell
 
 if TYPE_CHECKING:
     from builder.cache.prune import Inventory
