@@ -24,5 +24,3 @@ def registry() -> dict[str, Backend]:
     return {b.name: b for b in (DockerBackend(), HostBackend(), CrossBackend(),
                                 EmulatedBackend())}
 
-
-NAMES: tuple[str, ...] = ("docker", "host", "cross", "emulated")

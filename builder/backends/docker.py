@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builder.arch import emulated_cpu
+from builder.backend_kinds import backend_kind
 from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
@@ -220,7 +221,7 @@ def pull_base_images(cells: Sequence[ResolvedCell], engine: DockerEngine, proxy:
     pulled: list[str] = []
     for c in cells:
         ref, policy = c.image.ref, c.cell.image.pull
-        if (c.backend not in ("docker", "emulated") or c.cell.machine != c.host_machine
+        if (not backend_kind(c.backend).in_container or c.cell.machine != c.host_machine
                 or ref.startswith(LOCAL_PREFIX) or ref in pulled):
             continue
         if needs_pull(policy, engine.image_id(ref) is not None):
