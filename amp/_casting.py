@@ -11,22 +11,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .cast_registry import O1Context, handle_for, o1_forward
+from ._o1_state import O1Context, o1_forward
+from .cast_registry import cast_tensors, handle_for
 from .opt_levels import Properties
-
-
-def cast_tensors(value: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating-point tensor inside ``value`` (nested tuples, lists, dicts) to ``dtype``;
-    anything else passes through unchanged."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(cast_tensors(v, dtype) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(cast_tensors(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, cast_tensors(v, dtype)) for k, v in value.items())
-    return value
 
 
 def _cast_module_tensors(module: nn.Module, dtype: torch.dtype) -> None:

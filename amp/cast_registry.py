@@ -1,6 +1,7 @@
 """apex's user cast registry for O1: ``amp.register_half_function(module, name)``,
 ``register_float_function``, ``register_promote_function`` (and the decorator forms
-``half_function``, ``float_function``, ``promote_function``), plus ``_amp_state.handle``.
+``half_function``, ``float_function``, ``promote_function``), and the O1 ``amp.initialize``'s
+``_amp_state.handle`` that wraps them (the handle and the O1 forward: amp/_o1_state.py).
 
 O1 here is ``torch.autocast`` around each initialized model's ``forward`` (amp/_casting.py),
 not apex's patching of torch's namespaces. A registered function is still wrapped as apex wraps
@@ -24,22 +25,19 @@ function replaces the first.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from ._torch_compat import current_accelerator, is_autocast_enabled
+from ._amp_state import _amp_state
+from ._o1_state import _O1_FORWARD, AmpHandle, O1Context
 
 logger = logging.getLogger("amp")
 
 __all__ = [
-    "AmpHandle",
     "float_function",
     "half_function",
     "promote_function",
@@ -51,91 +49,13 @@ __all__ = [
 KINDS = ("half", "float", "promote")
 
 
-@dataclass(frozen=True)
-class O1Context:
-    """What the casters need while an amp O1 forward runs."""
-
-    half_dtype: torch.dtype
-    device_type: str
-    user_cast_preferred: bool
-
-
-# Set by the O1 forward (amp/_casting.py) for its duration; None outside any O1 forward.
-_O1_FORWARD: contextvars.ContextVar[Optional[O1Context]] = contextvars.ContextVar(
-    "amp_o1_forward", default=None)
-
 # (module, name) -> kind, in registration order; consumed by the next O1 amp.initialize.
 _REGISTRY: dict[tuple[int, str], tuple[Any, str, str]] = {}
-
-
-class AmpHandle:
-    """apex's ``_amp_state.handle``: the O1 casting of one ``amp.initialize``.
-
-    ``is_active()`` is True from that O1 ``amp.initialize`` until ``_deactivate()``, which
-    (as apex's) restores every function the registry wrapped and turns O1 casting off for the
-    models initialized with it: their forwards then run without autocast. apex's tests and
-    tools call ``_amp_state.handle._deactivate()`` between runs."""
-
-    def __init__(self, active: bool = False, verbose: bool = False) -> None:
-        self._active = active
-        self._verbose = verbose
-        self._wrapped: list[tuple[Any, str, Any]] = []  # (module, name, original)
-        self.props: Any = None  # the Properties of the amp.initialize it belongs to
-
-    def is_active(self) -> bool:
-        return self._active
-
-    @property
-    def verbose(self) -> bool:
-        return self._verbose
-
-    @property
-    def has_cache(self) -> bool:
-        # The cast cache is autocast's (weights cast once per forward, dropped on exit).
-        return self._active and torch.is_autocast_cache_enabled()
-
-    def _clear_cache(self) -> None:
-        torch.clear_autocast_cache()
-
-    def _save_func(self, module: Any, name: str, original: Any) -> None:
-        self._wrapped.append((module, name, original))
-
-    def _deactivate(self) -> None:
-        for module, name, original in reversed(self._wrapped):
-            setattr(module, name, original)
-        self._wrapped = []
-        self._active = False
-
-    @contextlib.contextmanager
-    def _disable_casts(self) -> Iterator[None]:
-        """apex's: no O1 casting inside the block -- autocast off on every device type where
-        it is on (also inside an O1 forward, which entered it), registered functions uncast,
-        O1 forwards started inside run without autocast."""
-        was_active = self._active
-        self._active = False
-        token = _O1_FORWARD.set(None)
-        try:
-            with contextlib.ExitStack() as stack:
-                for device_type in autocast_device_types():
-                    if is_autocast_enabled(device_type):
-                        stack.enter_context(torch.autocast(device_type, enabled=False))
-                yield
-        finally:
-            _O1_FORWARD.reset(token)
-            self._active = was_active
-
-
-def autocast_device_types() -> list[str]:
-    """The device types autocast may be on for here: the CPU and the current accelerator."""
-    current = current_accelerator()
-    return ["cpu"] if current is None or current == "cpu" else ["cpu", current]
 
 
 def _register(module: Any, name: str, kind: str) -> None:
     if not hasattr(module, name):
         raise ValueError(f"No function named {name} in module {module}.")  # apex's message
-    from ._amp_state import _amp_state
-
     if _amp_state.handle.is_active():
         logger.warning("amp: register_%s_function(%s, %r) after amp.initialize takes effect "
                        "at the next O1 amp.initialize (as in apex)", kind,
@@ -157,6 +77,20 @@ def register_promote_function(module: Any, name: str) -> None:
     """Under O1, cast the floating-point tensor arguments of ``module.name`` to the widest
     floating type among them."""
     _register(module, name, "promote")
+
+
+def cast_tensors(value: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating-point tensor inside ``value`` (nested tuples, lists, dicts) to ``dtype``;
+    anything else passes through unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(cast_tensors(v, dtype) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_tensors(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, cast_tensors(v, dtype)) for k, v in value.items())
+    return value
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -183,8 +117,6 @@ def _target_dtype(kind: str, ctx: O1Context, args: tuple, kwargs: dict) -> Optio
 
 def make_caster(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
     """*fn*, casting its arguments as *kind* says while an amp O1 forward runs."""
-    from ._casting import cast_tensors
-
     @functools.wraps(fn)
     def caster(*args: Any, **kwargs: Any) -> Any:
         ctx = _O1_FORWARD.get()
@@ -221,8 +153,6 @@ def handle_for(props: Any, verbose: bool = False) -> AmpHandle:
     """The active handle of the O1 ``amp.initialize`` whose options are *props*: made by its
     first model (wrapping every registered function; the registry is then empty, as apex's)
     and shared by its other models. It becomes ``_amp_state.handle``."""
-    from ._amp_state import _amp_state
-
     if _amp_state.handle.props is props:
         return _amp_state.handle
     handle = AmpHandle(active=True, verbose=verbose)
@@ -240,13 +170,3 @@ def wrap_registered(handle: AmpHandle) -> None:
         setattr(module, name, make_caster(original, kind))
         handle._save_func(module, name, original)
     _REGISTRY.clear()
-
-
-@contextlib.contextmanager
-def o1_forward(ctx: O1Context) -> Iterator[None]:
-    """The casters cast while this is entered (the O1 forward of an initialized model)."""
-    token = _O1_FORWARD.set(ctx)
-    try:
-        yield
-    finally:
-        _O1_FORWARD.reset(token)

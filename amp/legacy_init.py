@@ -26,15 +26,8 @@ import torch.nn.functional as F
 
 from . import _torch_compat as compat
 from ._amp_state import _amp_state
-from ._casting import cast_tensors
-from .cast_registry import (
-    _O1_FORWARD,
-    AmpHandle,
-    O1Context,
-    _tensors,
-    autocast_device_types,
-    wrap_registered,
-)
+from ._o1_state import _O1_FORWARD, AmpHandle, O1Context, autocast_device_types
+from .cast_registry import _tensors, cast_tensors, wrap_registered
 from .opt_levels import HALF_DTYPES
 
 BANNED_MESSAGE = (

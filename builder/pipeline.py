@@ -50,7 +50,7 @@ from builder.images.render import Recipe
 from builder.inputkey import builder_digest, find_up_to_date, input_key, rebuild_reason, tree_digest
 from builder.pipeline_types import BUILT, FAILED, UP_TO_DATE, CellResult
 from builder.plan.builds import min_torch
-from builder.plan.resolve import ResolvedCell
+from builder.plan.resolved import ResolvedCell
 from builder.redact import Redactor
 from builder.release.manifest import ManifestEntry, building, publish_recorded, utc_now
 from builder.release.provenance import built_on

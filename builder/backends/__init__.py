@@ -1,7 +1,7 @@
 """Backends: where and how a cell becomes a repaired, verified wheel.
 
-One module per backend behind :class:`~builder.backends.base.Backend`, one registry, one ``auto``
-chooser (:mod:`builder.backends.choose`):
+One module per backend behind :class:`~builder.backends.base.Backend`, and one registry; which
+backend builds a cell is the plan's decision (:mod:`builder.plan.choose`):
 
 * ``docker`` -- the cell's image from its rendered Dockerfile, steps in a container (a Podman
   socket is an engine of this backend);
@@ -24,5 +24,3 @@ def registry() -> dict[str, Backend]:
     return {b.name: b for b in (DockerBackend(), HostBackend(), CrossBackend(),
                                 EmulatedBackend())}
 
-
-NAMES: tuple[str, ...] = ("docker", "host", "cross", "emulated")

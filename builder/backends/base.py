@@ -4,10 +4,11 @@ A backend is one module under ``builder.backends`` with one object behind the sm
 :class:`Backend` protocol, collected in :data:`builder.backends.REGISTRY`:
 
 * ``availability(cell, host, support)`` -- whether this host can build *cell* that way, and why
-  (or why not); the resolver (:mod:`builder.plan.resolve`) asks every backend before anything runs,
+  (or why not); the resolver (:mod:`builder.plan.resolve`, choosing in :mod:`builder.plan.choose`)
+  asks every backend before anything runs,
   so ``plan`` and ``build`` take the same decision from the same facts;
 * ``base_image(cell, host, config)`` -- the image (or interpreter, or sysroot) the cell is built
-  in, as the resolved record names it;
+  in, as the resolved record (:mod:`builder.plan.resolved`) names it;
 * ``build(job)`` -- the cell's steps into a repaired, verified wheel in the staging folder.
 
 Nothing outside this package switches on a backend's name.
@@ -26,6 +27,7 @@ from builder.arch import ARCHES
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.errors import BuilderError, ConfigError, EngineUnavailable, StepFailed
 from builder.pipeline_types import CellResult, StepResult
+from builder.plan.resolved import ImageChoice, ResolvedCell
 from builder.redact import Redactor
 from builder.wheel.localversion import add_local_version
 from builder.wheel.reproducible import ENV_VAR as EPOCH_VAR
@@ -40,7 +42,6 @@ if TYPE_CHECKING:  # the engines import docker's SDK: only when a backend needs 
     from builder.engines.emulation import Emulation
     from builder.images.render import Recipe
     from builder.plan.cells import Cell
-    from builder.plan.resolve import ResolvedCell
 
 T = TypeVar("T")
 
@@ -52,34 +53,6 @@ class Availability:
     #: ok only once the engine has pulled the base image (``--pull missing``): ``auto`` takes
     #: such a backend only when no other can build the cell as things stand.
     pull: bool = False
-
-
-@dataclass(frozen=True)
-class BuildHost:
-    """The interpreter and torch on *this* host that run a project's build for a cell of another
-    machine (the cross backend): a cached torch environment, never the builder's own."""
-
-    python: str  # X.Y of the host interpreter
-    torch: str  # the torch release installed beside it
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"python": self.python, "torch": self.torch, "reason": self.reason}
-
-    def key(self) -> tuple[str, str]:
-        """What decides the environment: (python, torch)."""
-        return self.python, self.torch
-
-
-@dataclass(frozen=True)
-class ImageChoice:
-    """Where a cell is built: an image ref (docker, emulated) or a description (host, cross)."""
-
-    ref: str
-    image_id: Optional[str] = None
-    family: Optional[str] = None  # manylinux | debian, for the rendered recipe
-    plat: Optional[str] = None  # the image's own glibc tag
-    build_host: Optional[BuildHost] = None  # cross: what runs the project's build here
 
 
 class Host:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.backends.base import Availability, BuildHost, Built, CellJob, Host, ImageChoice
+from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.pipenv import pip_env
 from builder.backends.session import repair_with_command
 from builder.backends.torchenv import host_torch_env
@@ -40,6 +40,7 @@ from builder.errors import StepFailed
 from builder.incell.steps import add_compile_flags
 from builder.inputkey import BUILDER_DIR, tree_digest
 from builder.plan.cells import Cell
+from builder.plan.resolved import BuildHost, ImageChoice
 from builder.projecttree import copy_project_tree
 from builder.release.manifest import sha256_file
 from builder.wheel.repair import oldest_tag, split_wheel_name

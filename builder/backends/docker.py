@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builder.arch import emulated_cpu
-from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backend_kinds import backend_kind
+from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
 from builder.config import BaseImage, BuildConfig
@@ -21,12 +22,13 @@ from builder.engines.pull import needs_pull, pull_image
 from builder.errors import StepFailed
 from builder.inputkey import input_key
 from builder.plan.cells import Cell
+from builder.plan.resolved import ImageChoice
 from builder.wheel.repair import CONTAINER_AUDITWHEEL
 from builder.wheel.wheelcheck import tag_glibc
 
 if TYPE_CHECKING:
     from builder.images.render import Recipe
-    from builder.plan.resolve import ResolvedCell
+    from builder.plan.resolved import ResolvedCell
 
 #: Label on every container of one ``build`` run, so an interrupted parallel run can remove them.
 RUN_LABEL = f"{CONTAINER_LABEL}.run"
@@ -219,7 +221,7 @@ def pull_base_images(cells: Sequence[ResolvedCell], engine: DockerEngine, proxy:
     pulled: list[str] = []
     for c in cells:
         ref, policy = c.image.ref, c.cell.image.pull
-        if (c.backend not in ("docker", "emulated") or c.cell.machine != c.host_machine
+        if (not backend_kind(c.backend).in_container or c.cell.machine != c.host_machine
                 or ref.startswith(LOCAL_PREFIX) or ref in pulled):
             continue
         if needs_pull(policy, engine.image_id(ref) is not None):

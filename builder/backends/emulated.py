@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.docker import (
     DockerBackend,
     base_image_step,
@@ -23,6 +23,7 @@ from builder.config import BuildConfig
 from builder.config.support import SupportTable
 from builder.engines.emulation import how_to_enable, require_emulation
 from builder.plan.cells import Cell
+from builder.plan.resolved import ImageChoice
 
 
 def local_base_tag(cell: Cell) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from builder.backends.base import Availability, Built, CellJob, Host, ImageChoice
+from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.pipenv import pip_env
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import host_torch_env
@@ -17,6 +17,7 @@ from builder.config.support import SupportTable
 from builder.engines.host import HostEngine, find_python
 from builder.errors import StepFailed
 from builder.plan.cells import Cell
+from builder.plan.resolved import ImageChoice
 from builder.wheel.repair import host_auditwheel
 
 

@@ -24,7 +24,7 @@ from builder.backends.torchenv import (
     superseded,
 )
 from builder.cache import lock_entry, lock_path
-from builder.cache.prune import Entry, held
+from builder.cache.entries import Entry, held
 
 
 def _epoch(stamp: str) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from builder.backend_kinds import backend_kind
 from builder.ci import PUBLISH_MODES
 from builder.commands.plan import github_job
 from builder.config import Settings
@@ -153,7 +154,7 @@ PROVISION = "sudo builder/cross/provision.sh"
 def set_up_commands(job: CiJob) -> list[str]:
     """The README's set-up for a job's backend: the cross/emulated tools, the builder's env."""
     steps = []
-    if job.backend in ("cross", "emulated"):
+    if backend_kind(job.backend).foreign:
         steps.append(PROVISION)
     steps.append("make builder-env")
     return steps

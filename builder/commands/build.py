@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from builder import signals
+from builder.backend_kinds import backend_kind
 from builder.backends import registry
 from builder.backends.base import Host
 from builder.cli import (
@@ -31,7 +32,8 @@ from builder.errors import ConfigError
 from builder.images.render import render_recipe
 from builder.offline.bundle import Bundle
 from builder.pipeline import PipelineOptions, build_cells
-from builder.plan.resolve import Resolution, ResolvedCell
+from builder.plan.resolve import Resolution
+from builder.plan.resolved import ResolvedCell
 from builder.progress import Progress, summary_table
 from builder.projecttree import check_project_tree, is_inside
 from builder.wheel.reproducible import resolve_source_date_epoch
@@ -163,7 +165,7 @@ def _check_network(config: BuildConfig, cells: list[ResolvedCell],
     if config.offline.enabled:
         raise ConfigError(f"--network {name}: offline builds run with no network at all; "
                           "drop --network or --offline", key=key)
-    others = sorted({c.backend for c in cells if c.backend not in ("docker", "emulated")})
+    others = sorted({c.backend for c in cells if not backend_kind(c.backend).in_container})
     if others:
         raise ConfigError(f"--network {name} is for the docker backend; this build uses "
                           f"{', '.join(others)}", key=key)
@@ -184,7 +186,7 @@ def _local_base_images(cells: list[ResolvedCell], engine: DockerEngine,
     from builder.images.base_image import BaseImageSpec, build_base_image  # noqa: PLC0415
 
     machines = sorted({c.cell.machine for c in cells if c.image.ref.startswith(LOCAL_PREFIX)
-                       and c.backend in ("docker", "emulated")})
+                       and backend_kind(c.backend).in_container})
     for machine in machines:
         err("base image: building or reusing the local one (python -m builder base-image"
             f"{'' if machine == cells[0].host_machine else ' --arch ' + machine})")
@@ -315,7 +317,7 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
     here = list(resolution.here)
     elsewhere = list(resolution.elsewhere)
     # Usage errors (exit 2) first, whatever this host can build.
-    if any(c.backend in ("host", "cross") for c in here) and args.parallel > 1:
+    if any(not backend_kind(c.backend).in_container for c in here) and args.parallel > 1:
         raise ConfigError("--parallel > 1 needs the docker backend (host and cross builds "
                           "share this machine's compiler and caches)", key="--parallel")
     # What every cell's copy of the project leaves out, said once; a file over the copy's
@@ -323,7 +325,7 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
     for line in check_project_tree(project, ctx.env).lines(vcs=False):
         err(f"note: {line}")
     engine = None
-    if config.network is not None or any(c.backend in ("docker", "emulated") for c in here):
+    if config.network is not None or any(backend_kind(c.backend).in_container for c in here):
         _check_network(config, list(resolution.cells), None)  # the checks that need no engine
         from builder.engines.docker import DockerEngine  # noqa: PLC0415 - the docker SDK
 
@@ -347,7 +349,7 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
     for c in here:
         err(f"backend for {c.identifier}: {c.backend} -- {c.backend_reason}")
     # Render every docker/emulated recipe before anything runs: a bad value stops it all.
-    jobs = [(c, render_recipe(c.cell, config) if c.backend in ("docker", "emulated") else None)
+    jobs = [(c, render_recipe(c.cell, config) if backend_kind(c.backend).in_container else None)
             for c in here]
     opts = PipelineOptions(project=project, out=Path(args.out).resolve(),
                            work=Path(args.work_dir).resolve(),

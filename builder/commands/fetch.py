@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from builder.backend_kinds import backend_kind
 from builder.cli import (
     HOST_CELL,
     Context,
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     cells = [c.cell for c in resolution.cells]
     # Base images are saved for the cells built in one (docker, emulated); host and cross
     # cells build without an image.
-    imaged = {c.identifier for c in resolution.cells if c.backend in ("docker", "emulated")}
+    imaged = {c.identifier for c in resolution.cells if backend_kind(c.backend).in_container}
 
     old = begin_fetch(root)
     wheels_dir = root / WHEELS_DIR

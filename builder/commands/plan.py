@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from builder.backends.base import BuildHost
 from builder.cli import (
     EVERY_CELL,
     Context,
@@ -18,7 +17,8 @@ from builder.cli import (
 from builder.commands.build import plan_document
 from builder.config import BuildConfig, Settings
 from builder.config.pins import unpinned_reason
-from builder.plan.resolve import THIS_HOST, Resolution, ResolvedCell
+from builder.plan.resolve import Resolution
+from builder.plan.resolved import THIS_HOST, BuildHost, ResolvedCell
 
 NAME = "plan"
 HELP = "show the resolved cells (torch, backend, base image, tag, where) and every dropped cell"

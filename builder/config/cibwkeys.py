@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.buildoptions import KEYS
-from builder.config.cibwtable import GLOBAL_ONLY, OVERRIDES, read_table
+from builder.config.cibwtable import GLOBAL_ONLY, LINUX, OVERRIDES, read_table
 from builder.config.projecttest import (
     BEFORE_KEY,
     COMMAND_KEY,
     EXTRAS_KEY,
     GROUPS_KEY,
-    LINUX,
     REQUIRES_KEY,
     SOURCES_KEY,
 )

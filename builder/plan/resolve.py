@@ -1,4 +1,5 @@
-"""The resolved cell: one record per cell with every decision and its reason.
+"""The resolver: one record per cell with every decision and its reason
+(:class:`~builder.plan.resolved.ResolvedCell`).
 
 One resolver (:func:`resolve`) turns settings + this host's facts into records; ``plan`` prints
 them (``--format json`` prints exactly :meth:`ResolvedCell.to_dict`), ``render``/``fetch``/
@@ -14,124 +15,24 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.backends.base import Backend, Host, ImageChoice
-from builder.backends.choose import choose
+from builder.backend_kinds import backend_kind
+from builder.backends.base import Backend, Host
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
-from builder.config.buildoptions import CibwOptions
 from builder.config.cibwproject import identifiers_of
-from builder.config.pins import parse_ref
-from builder.config.projecttest import ProjectTest
 from builder.errors import BuilderError
 from builder.incell.steps import needs_cxx_floor
 from builder.plan.builds import assign, detected
 from builder.plan.cells import Cell, DroppedCell, expand, select, widen
+from builder.plan.choose import choose
 from builder.plan.cibwselect import narrow, with_archs
-from builder.plan.cudacell import CudaRecord, resolve_cuda
+from builder.plan.cudacell import resolve_cuda
 from builder.plan.project import StableAbi, read_bounds
+from builder.plan.resolved import THIS_HOST, ResolvedCell, glibc_of
 from builder.release.manifest import read_manifest
-
-#: What ``base_image`` is when the backend builds without an image (host, cross).
-THIS_HOST = "this host"
-
-
-@dataclass(frozen=True)
-class ResolvedCell:
-    cell: Cell  # with the base image actually used
-    torch_reason: str
-    backend: str
-    backend_reason: str
-    buildable: bool  # on this host
-    runner: str  # THIS_HOST, or the CI runner label of a native machine
-    runner_reason: str
-    image: ImageChoice
-    plat: str  # the platform tag the wheel must meet (never above torch's own)
-    plat_reason: str
-    network: str
-    torch_npu: Optional[str]  # the release the wheel's `npu` extra pins; None: no extra
-    torch_npu_reason: str
-    settings: Mapping[str, Any] = field(default_factory=dict)  # proxy/CA/index, masked
-    output: str = ""
-    host_machine: str = ""
-    # Which build serves the cell (builder.plan.builds): "stable" (one abi3 wheel on torch's
-    # stable ABI per arch, built by `built_by`, verified here) or "per-torch" (its own).
-    wheel: str = "per-torch"
-    build_group: str = ""
-    built_by: str = ""
-    build_reason: str = ""
-    torch_requirement: str = ""  # the stable wheel's, e.g. torch>=2.10 ("": pinned per torch)
-    #: The CUDA decisions (builder.plan.cudacell): cpu, or the CUDA, its torch's index, the
-    #: toolkit pins, the arch list and the libraries auditwheel leaves external.
-    cuda: CudaRecord = CudaRecord(cuda="cpu", reason="cpu")
-    #: The libraries auditwheel must leave external (build.auditwheel_exclude + CUDA's)
-    auditwheel_exclude: tuple[str, ...] = ()
-    # The cell torch's line facts (configs/support.yaml), applied by every backend's build:
-    # its C++ string ABI (the -D_GLIBCXX_USE_CXX11_ABI the compile uses), the setuptools its
-    # cpp_extension accepts, and whether the C++ floor header is compiled in (a ceiling below
-    # manylinux_2_28: builder.incell.steps.CXX_FLOOR_SHIM).
-    cxx11_abi: bool = True
-    cxx11_abi_reason: str = ""
-    setuptools: str = "setuptools"
-    setuptools_reason: str = ""
-    cxx_floor: bool = False
-    #: The cell's own cibuildwheel options and test (a project's overrides that select it
-    #: applied; builder.config.cibwproject); None: the config's, for every cell alike.
-    build_options: Optional[CibwOptions] = None
-    test: Optional[ProjectTest] = None
-    #: Where the base image's reference comes from (the config, the project's
-    #: manylinux-<arch>-image, --base-image).
-    image_source: str = ""
-
-    @property
-    def stable(self) -> bool:
-        return self.wheel == "stable"
-
-    @property
-    def local_version(self) -> Optional[str]:
-        """The wheel's local version label (``torch2.13``); None for a stable wheel, which
-        serves many torches and so names none (and may go to PyPI)."""
-        return None if self.stable else self.cell.torch_local
-
-    @property
-    def identifier(self) -> str:
-        return self.cell.identifier
-
-    def to_dict(self) -> dict[str, Any]:
-        c = self.cell
-        return {
-            "id": c.identifier, "arch": c.arch, "machine": c.machine, "python": c.python,
-            "cp": c.cp, "torch": c.torch, "torch_reason": self.torch_reason,
-            "cuda": self.cuda.to_dict(), "auditwheel_exclude": list(self.auditwheel_exclude),
-            "local_version": self.local_version,
-            "wheel": self.wheel, "build_group": self.build_group or c.identifier,
-            "built_by": self.built_by or c.identifier, "build_reason": self.build_reason,
-            "torch_requirement": self.torch_requirement or None,
-            "torch_npu": self.torch_npu, "torch_npu_reason": self.torch_npu_reason,
-            "backend": self.backend, "backend_reason": self.backend_reason,
-            "buildable_here": self.buildable, "runner": self.runner,
-            "runner_reason": self.runner_reason,
-            "base_image": self.image.ref, "base_image_id": self.image.image_id,
-            "base_image_source": self.image_source or None,
-            # the digest the ref pins (a new one is a new recipe, so a new cell key); None:
-            # unpinned, or no image (host, cross)
-            "base_image_digest": parse_ref(self.image.ref).digest,
-            "family": c.image.family, "python_path": c.python_path,
-            # cross cells: the host interpreter + torch that run the project's build
-            "build_host": (self.image.build_host.to_dict()
-                           if self.image.build_host is not None else None),
-            "plat": self.plat, "plat_reason": self.plat_reason,
-            "glibc": glibc_of(self.plat),
-            "cxx11_abi": self.cxx11_abi, "cxx11_abi_reason": self.cxx11_abi_reason,
-            "setuptools": self.setuptools, "setuptools_reason": self.setuptools_reason,
-            "cxx_floor": self.cxx_floor,
-            "docker_platform": c.docker_platform, "network": self.network,
-            **self.settings, "output": self.output,
-            # the project's test as this cell runs it (test-skip, overrides applied)
-            "test": self.test.record() if self.test is not None else None,
-        }
 
 
 @dataclass(frozen=True)
@@ -150,12 +51,6 @@ class Resolution:
         return tuple(c for c in self.cells if not c.buildable)
 
 
-def glibc_of(plat: str) -> str:
-    """``manylinux_2_17_aarch64`` -> ``2.17``."""
-    parts = plat.split("_")
-    return f"{parts[1]}.{parts[2]}" if len(parts) > 3 and parts[0] == "manylinux" else ""
-
-
 def default_selection(selection: Selection, host: Host) -> Selection:
     """``make wheel`` with nothing named: this host's arch and the builder's own Python."""
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -172,7 +67,8 @@ def _override(cell: Cell, config: BuildConfig, host: Host, backend: str) -> Cell
     """``--base-image`` (BUILDER_BASE_IMAGE): this host's arch's image; with ``--backend
     emulated`` also the other arch's. ``local`` is the image ``builder base-image`` makes."""
     ref = config.base_image
-    if ref is None or (cell.machine != host.machine and backend != "emulated"):
+    if ref is None or (cell.machine != host.machine
+                       and (backend == "auto" or not backend_kind(backend).emulated)):
         return cell
     if ref == "local":
         from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - auditwheel data
@@ -205,7 +101,7 @@ def _settings(config: BuildConfig) -> dict[str, Any]:
 def _network(config: BuildConfig, backend: str) -> str:
     if config.offline.enabled:
         return "none (offline)"
-    if backend in ("docker", "emulated"):
+    if backend_kind(backend).in_container:
         return config.network or "the engine's default bridge"
     return "this host's network"
 

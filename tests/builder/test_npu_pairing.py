@@ -29,7 +29,8 @@ from builder.config.support import load_support
 from builder.engines.base import OutputLog
 from builder.errors import ConfigError
 from builder.pipeline_types import CellResult
-from builder.plan.resolve import ResolvedCell, resolve
+from builder.plan.resolve import resolve
+from builder.plan.resolved import ResolvedCell
 from builder.redact import Redactor
 from builder.wheel.localversion import add_local_version
 from builder.wheel.npuextra import add_npu_extra

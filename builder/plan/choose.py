@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from builder.backend_kinds import KINDS
 from builder.backends.base import Availability, Backend, Host
 from builder.config.support import SupportTable
 from builder.plan.cells import Cell
 
-NATIVE_ORDER = ("docker", "host")
-FOREIGN_ORDER = ("cross", "emulated")
-#: The backends that install a CUDA cell's toolkit (builder.backends.torchenv, host only so far:
-#: the docker torch layer, the cross sysroot and the emulated image do not yet).
-CUDA_BACKENDS = ("host",)
+NATIVE_ORDER = tuple(k.name for k in KINDS if not k.foreign)
+FOREIGN_ORDER = tuple(k.name for k in KINDS if k.foreign)
+#: The backends that install a CUDA cell's toolkit (BackendKind.cuda).
+CUDA_BACKENDS = tuple(k.name for k in KINDS if k.cuda)
 
 
 def _availability(backends: Mapping[str, Backend], name: str, cell: Cell, host: Host,
