@@ -179,7 +179,7 @@ def test_the_projects_test_command_runs_in_the_verification_venv(tmp_path: Path)
     r = run_build(tmp_path, "--backend", "host", "--project", str(project),
                   "--wheelhouse", str(wheelhouse_cp311()))
     assert r.rc == 0, r.err[-4000:]
-    assert (f"test-command: 'python {{project}}/checks/run.py {{project}} {{package}}' "
+    assert ("test-command: 'python {project}/checks/run.py {project} {package}' "
             "(pyproject.toml [tool.cibuildwheel])") in r.err, r.err
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     # Run, with both placeholders naming the project's copy in the session (not the source).
