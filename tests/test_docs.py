@@ -184,3 +184,19 @@ def test_the_reference_lists_every_make_variable() -> None:
     assert not missing and not unknown, (
         f"docs/reference.md, Make variables: missing {sorted(missing)}; "
         f"not in the Makefile {sorted(unknown)}")
+
+
+def test_where_things_live_names_every_folder_and_only_real_ones() -> None:
+    """docs/development.md's map: one line per folder of the repository as git has it (the top
+    level, and one level down in amp/, builder/ and tests/), none for a folder that is gone."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    listed = {m.rstrip("/") for m in re.findall(r"^- `([^`]+/)`", section, re.M)}
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    parts = [f.split("/") for f in files]
+    folders = {p[0] for p in parts if len(p) > 1}
+    folders |= {"/".join(p[:2]) for p in parts
+                if len(p) > 2 and p[0] in ("amp", "builder", "tests")}
+    assert sorted(folders - listed) == [], "folders missing from the map"
+    assert sorted(listed - folders) == [], "the map names folders the repository lacks"
