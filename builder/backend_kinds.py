@@ -35,6 +35,8 @@ KINDS: tuple[BackendKind, ...] = (
 )
 #: Every backend's name, in this order (the config's ``backend`` values besides ``auto``).
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
+#: What the config's ``backend`` and ``--backend`` take: ``auto`` (builder.plan.choose), then each.
+CHOICES: tuple[str, ...] = ("auto", *NAMES)
 _BY_NAME = {k.name: k for k in KINDS}
 
 

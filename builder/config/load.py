@@ -148,7 +148,7 @@ ENV: dict[str, str] = {
     "index_url": "BUILDER_INDEX_URL",
     "cuda": "BUILDER_CUDA",
 }
-BACKENDS = ("auto", *backend_kinds.NAMES)
+BACKENDS = backend_kinds.CHOICES
 #: When the engine pulls a cell's base image: the ones it lacks, every build, or never.
 PULL_POLICIES = ("missing", "always", "never")
 

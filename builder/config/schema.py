@@ -94,7 +94,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                                   {"type": "null"}]},
                 "extra_cflags": {"type": "array", "items": {"type": "string"}},
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
-                "backend": {"enum": ["auto", *backend_kinds.NAMES]},
+                "backend": {"enum": list(backend_kinds.CHOICES)},
                 "network": _NULLABLE_STRING,
                 "pull": {"enum": ["missing", "always", "never"]},
             },
