@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from builder.config.model import (
 )
 from builder.config.proxy import PROXY_KEYS, ProxySettings, proxies_from_env
 from builder.config.schema import JOBS_MAX
-from builder.config.support import load_support
+from builder.config.support import SupportTable, load_support
 from builder.config.yamlfile import YamlDocument, brief, clip, format_path, path_problem
 from builder.errors import ConfigError
 from builder.netpip import NetworkOptions
@@ -194,6 +194,37 @@ def _parse_pull(raw: str, origin: str) -> str:
     return raw
 
 
+@dataclass
+class _Layers:
+    """What every section of :func:`load_settings` reads: the two documents merged, the
+    environment and command line above them, and the origins the sections fill in."""
+
+    cli: CliOverrides
+    env: Mapping[str, str]
+    defaults: YamlDocument
+    doc: YamlDocument
+    merged: dict[str, Any]
+    origins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def file_origin(self) -> str:
+        return f"config file {self.doc.file}"
+
+    def origin_of(self, *path: str) -> tuple[str, YamlDocument]:
+        """Which document supplied *path* (for relative paths and line numbers)."""
+        node: Any = self.doc.data
+        for p in path:
+            if not isinstance(node, dict) or p not in node:
+                return "built-in default", self.defaults
+            node = node[p]
+        return self.file_origin, self.doc
+
+    def folder_of(self, *path: str) -> Path:
+        """The folder of the document that supplied *path*: its relative paths start there."""
+        file = Path(self.origin_of(*path)[1].file)
+        return (file if file.is_absolute() else REPO_ROOT / file).parent
+
+
 def load_settings(
     cli: CliOverrides | None = None,
     env: Mapping[str, str] | None = None,
@@ -203,142 +234,173 @@ def load_settings(
     env = os.environ if env is None else env
     config_path = Path(cli.config) if cli.config else DEFAULT_CONFIG
     defaults, doc = load_config_file(config_path)
-    merged = _merge(defaults.data, doc.data)
-    origins: dict[str, str] = {}
-    file_origin = f"config file {doc.file}"
+    src = _Layers(cli, env, defaults, doc, _merge(defaults.data, doc.data))
+    # The sections in this order: the first bad value found is the one said.
+    support = _support(src)
+    matrix = _matrix(src, support)
+    images = _images(src.merged)
+    build = _build(src)
+    pip = _pip(src)
+    offline = _offline(src)
+    proxy = _proxy(src)
+    ca = _ca(src)
+    where = _where(src, images)
+    project = _project_layers(src)
+    cuda = cudaconfig.layer(src.merged, doc, support.cuda, src.file_origin)
+    config = BuildConfig(
+        cuda=cuda,
+        source=Path(os.path.abspath(config_path)),
+        source_name=doc.file,
+        matrix=matrix,
+        images=where.images,
+        build=build,
+        pip=pip,
+        proxy=proxy,
+        ca_bundle=ca,
+        offline=offline,
+        support=support,
+        origins=src.origins,
+        publish=PublishOptions(repository_url=src.merged["publish"]["repository_url"]),
+        backend=where.backend,
+        network=where.network,
+        pull=where.pull,
+        base_image=where.base_image,
+        runners=dict(src.merged["runners"]),
+        **project,
+    )
+    if src.merged["publish"]["repository_url"] is not None:
+        src.origins["publish.repository_url"] = src.origin_of("publish", "repository_url")[0]
+    if offline.enabled:
+        config = never_pull(config, src.origins["offline"])
+    return Settings(config=config, selection=_selection(cli, env))
 
-    def origin_of(*path: str) -> tuple[str, YamlDocument]:
-        """Which document supplied *path* (for relative paths and line numbers)."""
-        node: Any = doc.data
-        for p in path:
-            if not isinstance(node, dict) or p not in node:
-                return "built-in default", defaults
-            node = node[p]
-        return file_origin, doc
 
-    # support table: relative to whichever file named it
-    sup_origin, sup_doc = origin_of("support")
-    base_dir = Path(
-        sup_doc.file if Path(sup_doc.file).is_absolute() else REPO_ROOT / sup_doc.file
-    ).parent
-    support_path = (base_dir / merged["support"]).resolve()
+def _support(src: _Layers) -> SupportTable:
+    """The support table, relative to whichever file named it."""
+    sup_doc = src.origin_of("support")[1]
+    support_path = (src.folder_of("support") / src.merged["support"]).resolve()
     found = path_problem(support_path, "not found")
     if found:
         raise ConfigError(
-            f"support table {brief(merged['support'])} {found} (looked for "
+            f"support table {brief(src.merged['support'])} {found} (looked for "
             f"{clip(support_path)}); "
             "expected a YAML file like configs/support.yaml",
             file=sup_doc.file,
             line=sup_doc.line(("support",)),
             key="support",
         )
-    support = load_support(support_path, display_path(support_path))
+    return load_support(support_path, display_path(support_path))
 
-    # matrix
-    m = merged["matrix"]
+
+def _matrix(src: _Layers, support: SupportTable) -> MatrixSpec:
+    """The matrix: its torches known to the support table, its include/exclude rules."""
+    m, doc = src.merged["matrix"], src.doc
     for i, torch in enumerate(m["torch"]):
         if not support.knows(torch):
-            p = ("matrix", "torch", i)
-            raise ConfigError(
-                f"torch {torch} is not in the support table {support.file}; expected one of "
-                f"{', '.join(support.wheels)} (add a line there for a new release)",
-                file=doc.file,
-                line=doc.line(p),
-                key=format_path(p),
-            )
-    rules: dict[str, list[MatrixRule]] = {"include": [], "exclude": []}
-    for kind in rules:
-        for i, raw in enumerate(m.get(kind, [])):
-            rule = MatrixRule(
-                kind=kind,
-                index=i,
-                arch=_as_tuple(raw.get("arch")),
-                python=_as_tuple(raw.get("python")),
-                torch=_as_tuple(raw.get("torch")),
-                file=doc.file,
-                line=doc.line(("matrix", kind, i)),
-                cuda=_cuda_tuple(raw.get("cuda")),
-                cuda_arch_list=_include_arch_list(raw, doc, ("matrix", kind, i), support),
-            )
-            if kind == "include" and rule.torch and not support.knows(rule.torch[0]):
-                p = ("matrix", kind, i, "torch")
-                raise ConfigError(
-                    f"torch {rule.torch[0]} is not in the support table {support.file}; "
-                    f"expected one of {', '.join(support.wheels)}",
-                    file=doc.file,
-                    line=doc.line(p),
-                    key=format_path(p),
-                )
-            rules[kind].append(rule)
-    matrix = MatrixSpec(
+            raise _unknown_torch(torch, support, doc, ("matrix", "torch", i),
+                                 " (add a line there for a new release)")
+    rules = {kind: _rules(kind, m.get(kind, []), doc, support) for kind in ("include", "exclude")}
+    return MatrixSpec(
         arches=tuple(m["arch"]),
         pythons=tuple(m["python"]),
         torches=tuple(m["torch"]),
-        include=tuple(rules["include"]),
-        exclude=tuple(rules["exclude"]),
+        include=rules["include"],
+        exclude=rules["exclude"],
         cudas=tuple(dict.fromkeys(values.cuda_version(c) for c in m.get("cuda", ["cpu"]))),
     )
 
-    images = {
+
+def _rules(kind: str, raws: list[dict[str, Any]], doc: YamlDocument,
+           support: SupportTable) -> tuple[MatrixRule, ...]:
+    """The matrix's ``include`` or ``exclude`` entries (*kind*); an include's torch known."""
+    rules = []
+    for i, raw in enumerate(raws):
+        rule = MatrixRule(
+            kind=kind,
+            index=i,
+            arch=_as_tuple(raw.get("arch")),
+            python=_as_tuple(raw.get("python")),
+            torch=_as_tuple(raw.get("torch")),
+            file=doc.file,
+            line=doc.line(("matrix", kind, i)),
+            cuda=_cuda_tuple(raw.get("cuda")),
+            cuda_arch_list=_include_arch_list(raw, doc, ("matrix", kind, i), support),
+        )
+        if kind == "include" and rule.torch and not support.knows(rule.torch[0]):
+            raise _unknown_torch(rule.torch[0], support, doc, ("matrix", kind, i, "torch"))
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _unknown_torch(torch: str, support: SupportTable, doc: YamlDocument, path: tuple,
+                   hint: str = "") -> ConfigError:
+    """The error for a matrix torch the support table lacks, at *path* of the file."""
+    return ConfigError(f"torch {torch} is not in the support table {support.file}; expected "
+                       f"one of {', '.join(support.wheels)}{hint}",
+                       file=doc.file, line=doc.line(path), key=format_path(path))
+
+
+def _images(merged: Mapping[str, Any]) -> dict[str, BaseImage]:
+    """Each arch's base image as the file says (the pull policy is applied by :func:`_where`)."""
+    return {
         name: BaseImage(
             ref=img["base"], family=img["family"], plat=img["plat"], python_path=img["python_path"]
         )
         for name, img in merged["images"].items()
     }
 
-    # build options: jobs has all four layers
-    jobs = merged["build"]["jobs"]
-    origins["jobs"] = origin_of("build", "jobs")[0]
-    jobs, origins["jobs"] = _layered("jobs", jobs, origins["jobs"], env, cli.jobs, _parse_jobs)
-    build = BuildOptions(
+
+def _build(src: _Layers) -> BuildOptions:
+    """Build options: jobs has all four layers."""
+    build = src.merged["build"]
+    jobs, src.origins["jobs"] = _layered("jobs", build["jobs"], src.origin_of("build", "jobs")[0],
+                                         src.env, src.cli.jobs, _parse_jobs)
+    return BuildOptions(
         jobs=jobs,
-        extra_cflags=tuple(merged["build"]["extra_cflags"]),
-        auditwheel_exclude=tuple(merged["build"]["auditwheel_exclude"]),
+        extra_cflags=tuple(build["extra_cflags"]),
+        auditwheel_exclude=tuple(build["auditwheel_exclude"]),
     )
+
+
+def _pip(src: _Layers) -> PipOptions:
+    """pip's index and its retries and timeout (file, then environment)."""
+    pip = src.merged["pip"]
     net = {}
     for key, parse in (("retries", _parse_retries), ("timeout", _parse_timeout)):
-        origins[f"pip_{key}"] = origin_of("pip", key)[0]
-        net[key], origins[f"pip_{key}"] = _layered(
-            f"pip_{key}", merged["pip"][key], origins[f"pip_{key}"], env, None, parse)
-    index_url, origins["index_url"] = _layered(
-        "index_url", merged["pip"]["index_url"], origin_of("pip", "index_url")[0], env, None,
+        net[key], src.origins[f"pip_{key}"] = _layered(
+            f"pip_{key}", pip[key], src.origin_of("pip", key)[0], src.env, None, parse)
+    index_url, src.origins["index_url"] = _layered(
+        "index_url", pip["index_url"], src.origin_of("pip", "index_url")[0], src.env, None,
         _parse_index_url)
-    pip = PipOptions(
+    return PipOptions(
         index_url=index_url,
-        extra_index_urls=tuple(merged["pip"]["extra_index_urls"]),
+        extra_index_urls=tuple(pip["extra_index_urls"]),
         network=NetworkOptions(retries=int(net["retries"]), timeout=float(net["timeout"])),
     )
 
-    # offline
-    off = merged["offline"]
-    offline_enabled = off["enabled"]
-    origins["offline"] = origin_of("offline", "enabled")[0]
-    offline_enabled, origins["offline"] = _layered(
-        "offline", offline_enabled, origins["offline"], env, None, _parse_bool)
-    if cli.offline is not None:
-        offline_enabled, origins["offline"] = cli.offline, "command line --offline"
-    wh_doc = origin_of("offline", "wheelhouse")[1]
-    wh_base = (
-        (REPO_ROOT / wh_doc.file).parent
-        if not Path(wh_doc.file).is_absolute()
-        else Path(wh_doc.file).parent
-    )
+
+def _offline(src: _Layers) -> OfflineOptions:
+    """Offline on or off, the wheelhouse (relative to the file naming it) and the bundle."""
+    off, origins = src.merged["offline"], src.origins
+    enabled, origins["offline"] = _layered(
+        "offline", off["enabled"], src.origin_of("offline", "enabled")[0], src.env, None,
+        _parse_bool)
+    if src.cli.offline is not None:
+        enabled, origins["offline"] = src.cli.offline, "command line --offline"
     bundle: Path | None = None
     if off.get("bundle"):
-        b_doc = origin_of("offline", "bundle")[1]
-        b_file = Path(b_doc.file)
-        bundle = Path(os.path.normpath(
-            (b_file if b_file.is_absolute() else REPO_ROOT / b_file).parent / off["bundle"]))
-        origins["bundle"] = origin_of("offline", "bundle")[0]
-    raw_bundle, bundle_origin = _layered("bundle", None, "", env, cli.bundle)
+        bundle = Path(os.path.normpath(src.folder_of("offline", "bundle") / off["bundle"]))
+        origins["bundle"] = src.origin_of("offline", "bundle")[0]
+    raw_bundle, bundle_origin = _layered("bundle", None, "", src.env, src.cli.bundle)
     if raw_bundle is not None:
         bundle, origins["bundle"] = Path(os.path.abspath(raw_bundle)), bundle_origin
-    offline = OfflineOptions(
-        enabled=offline_enabled, wheelhouse=Path(os.path.normpath(wh_base / off["wheelhouse"])),
-        bundle=bundle,
-    )
+    wheelhouse = src.folder_of("offline", "wheelhouse") / off["wheelhouse"]
+    return OfflineOptions(enabled=enabled, wheelhouse=Path(os.path.normpath(wheelhouse)),
+                          bundle=bundle)
 
-    # proxies
+
+def _proxy(src: _Layers) -> ProxySettings:
+    """The proxies through the file, the standard variables and the flags; each checked."""
     proxy_values: dict[str, str | None] = {}
     proxy_origins: dict[str, str] = {}
     proxy_notes: dict[str, str] = {}  # per key: only the winning layer's note is said
@@ -355,44 +417,53 @@ def load_settings(
                     "read it")
 
     for key in PROXY_KEYS:
-        set_proxy(key, merged["proxy"][key], origin_of("proxy", key)[0])
-    for key, (value, name) in proxies_from_env(env).items():
+        set_proxy(key, src.merged["proxy"][key], src.origin_of("proxy", key)[0])
+    for key, (value, name) in proxies_from_env(src.env).items():
         set_proxy(key, value, f"environment {name}")
     for key in PROXY_KEYS:
-        value = getattr(cli, key)
+        value = getattr(src.cli, key)
         if value is not None:
             set_proxy(key, value or None, "command line --" + key.replace("_", "-"))
-    proxy = ProxySettings(values=proxy_values, origins=proxy_origins,
-                          notes=tuple(proxy_notes[k] for k in PROXY_KEYS if k in proxy_notes))
+    return ProxySettings(values=proxy_values, origins=proxy_origins,
+                         notes=tuple(proxy_notes[k] for k in PROXY_KEYS if k in proxy_notes))
 
-    # CA bundle
+
+def _ca(src: _Layers) -> Path | None:
+    """The CA bundle: the file's (relative to it), else the environment's or the flag's."""
     ca: Path | None = None
-    if merged["ca_bundle"] is not None:
-        ca_origin, ca_doc = origin_of("ca_bundle")
-        base = (
-            Path(ca_doc.file).parent
-            if Path(ca_doc.file).is_absolute()
-            else (REPO_ROOT / ca_doc.file).parent
-        )
-        ca = _ca_bundle(base / merged["ca_bundle"], "ca_bundle", ca_doc)
-        origins["ca_bundle"] = ca_origin
-    raw_ca, ca_origin = _layered("ca_bundle", None, "", env, cli.ca_bundle)
+    if src.merged["ca_bundle"] is not None:
+        ca_origin, ca_doc = src.origin_of("ca_bundle")
+        ca = _ca_bundle(src.folder_of("ca_bundle") / src.merged["ca_bundle"], "ca_bundle",
+                        ca_doc)
+        src.origins["ca_bundle"] = ca_origin
+    raw_ca, ca_origin = _layered("ca_bundle", None, "", src.env, src.cli.ca_bundle)
     if raw_ca is not None:
         ca = _ca_bundle(Path(raw_ca), ca_origin)
-        origins["ca_bundle"] = ca_origin
+        src.origins["ca_bundle"] = ca_origin
+    return ca
 
-    # where and how: backend, network, base image override, runners
+
+@dataclass(frozen=True)
+class _Where:
+    backend: str
+    network: str | None
+    pull: str
+    images: dict[str, BaseImage]  # with the pull policy
+    base_image: str | None
+
+
+def _where(src: _Layers, images: Mapping[str, BaseImage]) -> _Where:
+    """Where and how: backend, network, pull policy, base image override, runners."""
+    build, cli, env, origins = src.merged["build"], src.cli, src.env, src.origins
     backend, origins["backend"] = _layered(
-        "backend", merged["build"]["backend"], origin_of("build", "backend")[0], env,
-        cli.backend, _parse_backend)
+        "backend", build["backend"], src.origin_of("build", "backend")[0], env, cli.backend,
+        _parse_backend)
     network, origins["network"] = _layered(
-        "network", merged["build"]["network"], origin_of("build", "network")[0], env,
-        cli.network)
+        "network", build["network"], src.origin_of("build", "network")[0], env, cli.network)
     # A bundle implies offline too; that is decided where the bundle is opened, and the
     # build applies never_pull() there.
-    pull, origins["pull"] = _layered("pull", merged["build"]["pull"],
-                                     origin_of("build", "pull")[0], env, cli.pull, _parse_pull)
-    images = {arch: replace(image, pull=pull) for arch, image in images.items()}
+    pull, origins["pull"] = _layered("pull", build["pull"], src.origin_of("build", "pull")[0],
+                                     env, cli.pull, _parse_pull)
     base_image, origins["base_image"] = _layered(
         "base_image", None, "config file images.<ARCH>.base", env, cli.base_image)
     if base_image is not None and base_image != "local":
@@ -400,47 +471,23 @@ def load_settings(
             values.image_ref(base_image)
         except ValueError as exc:
             raise ConfigError(str(exc), key=origins["base_image"]) from None
-    origins["runners"] = origin_of("runners")[0]
+    origins["runners"] = src.origin_of("runners")[0]
+    return _Where(backend=backend, network=network, pull=pull, base_image=base_image,
+                  images={arch: replace(image, pull=pull) for arch, image in images.items()})
 
-    # a project's own tests (the file's layer; builder.config.projecttest has the others)
-    test = projecttest.layer(
-        merged, origin=file_origin, file=doc.file,
-        lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)})
 
-    # cibuildwheel's build options (the file's layer; builder.config.buildoptions has the others)
-    build_options = buildoptions.layer(
-        merged, origin=file_origin, file=doc.file,
-        lines={k: doc.line((k,)) for k in buildoptions.KEYS})
-
-    cuda = cudaconfig.layer(merged, doc, support.cuda, file_origin)
-
-    config = BuildConfig(
-        cuda=cuda,
-        source=Path(os.path.abspath(config_path)),
-        source_name=doc.file,
-        matrix=matrix,
-        images=images,
-        build=build,
-        pip=pip,
-        proxy=proxy,
-        ca_bundle=ca,
-        offline=offline,
-        support=support,
-        origins=origins,
-        publish=PublishOptions(repository_url=merged["publish"]["repository_url"]),
-        backend=backend,
-        network=network,
-        pull=pull,
-        base_image=base_image,
-        runners=dict(merged["runners"]),
-        test=test,
-        build_options=build_options,
-    )
-    if merged["publish"]["repository_url"] is not None:
-        origins["publish.repository_url"] = origin_of("publish", "repository_url")[0]
-    if offline.enabled:
-        config = never_pull(config, origins["offline"])
-    return Settings(config=config, selection=_selection(cli, env))
+def _project_layers(src: _Layers) -> dict[str, Any]:
+    """The file's layer of a project's own tests (builder.config.projecttest) and of
+    cibuildwheel's build options (builder.config.buildoptions); those modules have the others."""
+    doc = src.doc
+    return {
+        "test": projecttest.layer(
+            src.merged, origin=src.file_origin, file=doc.file,
+            lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)}),
+        "build_options": buildoptions.layer(
+            src.merged, origin=src.file_origin, file=doc.file,
+            lines={k: doc.line((k,)) for k in buildoptions.KEYS}),
+    }
 
 
 def never_pull(config: BuildConfig, origin: str) -> BuildConfig:
