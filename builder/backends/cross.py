@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from builder.backend_kinds import CROSS
 from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.pipenv import pip_env
 from builder.backends.session import repair_with_command
@@ -186,7 +187,7 @@ def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTor
 
 
 class CrossBackend:
-    name = "cross"
+    name = CROSS.name
 
     def __init__(self) -> None:
         self._targets: dict[str, CrossTarget] = {}

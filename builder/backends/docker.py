@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builder.arch import emulated_cpu
-from builder.backend_kinds import backend_kind
+from builder.backend_kinds import DOCKER, backend_kind
 from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.session import build_in_cell
 from builder.backends.torchenv import IMAGE_VENV_PYTHON, docker_torch_image
@@ -162,7 +162,7 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
 
 
 class DockerBackend:
-    name = "docker"
+    name = DOCKER.name
 
     def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
         if cell.machine != host.machine:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from builder.backend_kinds import EMULATED
 from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.docker import (
     DockerBackend,
@@ -43,7 +44,7 @@ def present_base(cell: Cell, host: Host) -> Optional[str]:
 
 
 class EmulatedBackend:
-    name = "emulated"
+    name = EMULATED.name
 
     def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
         if cell.machine == host.machine:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from builder.backend_kinds import HOST
 from builder.backends.base import Availability, Built, CellJob, Host
 from builder.backends.pipenv import pip_env
 from builder.backends.session import build_in_cell
@@ -22,7 +23,7 @@ from builder.wheel.repair import host_auditwheel
 
 
 class HostBackend:
-    name = "host"
+    name = HOST.name
 
     def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
         if cell.machine != host.machine:

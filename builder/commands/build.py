@@ -365,7 +365,8 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
         # the cross cells' host torch environment.
         hosts = host_torches([(c.identifier, c.image.build_host.key()
                                if c.image.build_host is not None else None) for c in here])
-        preflight([(c.cell, c.backend == "host") for c in here if c.backend != "cross"],
+        wants = [(c.cell, backend_kind(c.backend).offline_wheels) for c in here]
+        preflight([(cell, wheels == "here") for cell, wheels in wants if wheels != "build host"],
                   opts.wheelhouse, f"offline bundle {bundle.root}" if bundle else
                   f"wheelhouse {opts.wheelhouse}", project, err, hosts,
                   toolkits={c.identifier: c.cuda.toolkit for c in here})

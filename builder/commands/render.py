@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from builder.atomicfile import atomic_write
+from builder.backend_kinds import DOCKER
 from builder.ci import PUBLISH_MODES
 from builder.cli import (
     EVERY_CELL,
@@ -116,8 +117,8 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
         # this host would pick (its local Pythons, its cross toolchain) says nothing of them.
         origins = {**cfg.origins, "backend": "render --ci: the CI runners build in the "
                                              "manylinux base images"}
-        settings = replace(settings, config=replace(cfg, backend="docker", origins=origins))
-        ctx.output.err("note: --ci: BACKEND=docker for every job (the CI runners build in "
+        settings = replace(settings, config=replace(cfg, backend=DOCKER.name, origins=origins))
+        ctx.output.err(f"note: --ci: BACKEND={DOCKER.name} for every job (the CI runners build in "
                        "the manylinux base images); name --backend for another")
     # The records name the jobs' output folder, dist/ (as `plan`'s do), not the workflow file.
     jobs_args = argparse.Namespace(**{**vars(args), "out": "dist"})

@@ -18,7 +18,17 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from builder.backend_kinds import backend_kind
+from builder.backend_kinds import (
+    CROSS_SYSROOTS,
+    CROSS_TOOLCHAIN,
+    EMULATION,
+    ENGINE,
+    KINDS,
+    REPAIR_TOOLS,
+    backend_kind,
+    may_need,
+    must_need,
+)
 from builder.backends.base import Host
 from builder.config import Settings
 from builder.config.pins import parse_ref, unpinned_reason
@@ -32,10 +42,8 @@ if TYPE_CHECKING:
     from builder.engines.docker import DockerEngine
 
 GIB = 2**30
-#: Rough disk use of one cell by backend, in GiB: torch's CPU wheel installs to about 1 GiB
-#: and a cell installs it twice (the build, then the fresh venv of the smoke test); a docker
-#: cell adds its image layers and container, a cross cell only the aarch64 wheel and sysroot.
-DISK_PER_CELL_GIB = {"docker": 4, "emulated": 4, "host": 3, "cross": 2}
+#: Rough disk use of one cell by backend, in GiB (BackendKind.disk_per_cell_gib says why).
+DISK_PER_CELL_GIB = {k.name: k.disk_per_cell_gib for k in KINDS}
 #: The caches' sizes past which the doctor warns. A torch environment or torch layer is about
 #: 0.8 GB, a cross target (sysroot, site, wheel) about 0.8 GB: a machine building the whole
 #: matrix on every backend holds well under 20 GB of current entries, and 5 GB of entries that
@@ -91,8 +99,7 @@ def engine(scope: Scope) -> Check:
         kind = "podman" if e.is_podman else "docker"
         return Check("engine", OK, f"{kind} {e.server_version} answers at {e.base_url}")
     first, _, hint = scope.engine_error.partition("\n")
-    needed = (scope.config.backend == "auto"
-              or backend_kind(scope.config.backend).in_container)
+    needed = may_need(scope.config.backend, ENGINE)
     why = ("" if needed else f" (not needed: --backend {scope.config.backend})")
     return Check("engine", FAIL if needed else WARN, first + why,
                  hint.replace("Start an engine and try again:\n", "").replace("  - ", "")
@@ -121,7 +128,7 @@ def _probe_image(scope: Scope) -> Optional[str]:
     """An image of this host's arch the engine has: a selected cell's, else a local one."""
     machine = scope.host.machine
     for c in scope.resolution.cells:
-        if c.cell.machine == machine and c.image.image_id and c.backend in ("docker",):
+        if c.cell.machine == machine and c.image.image_id and _native_container(c.backend):
             return c.image.ref
     from builder.images.base_image import IMAGE_REPOSITORY, BaseImageSpec  # noqa: PLC0415
 
@@ -138,6 +145,12 @@ def _probe_image(scope: Scope) -> Optional[str]:
             if f"-{deb}-" in ref:
                 return str(ref)
     return None
+
+
+def _native_container(backend: str) -> bool:
+    """The cell's image runs here without emulation (an image of this host's arch)."""
+    kind = backend_kind(backend)
+    return kind.in_container and not kind.emulated
 
 
 def ca_trust(scope: Scope) -> list[Check]:
@@ -267,7 +280,7 @@ def emulation(scope: Scope) -> list[Check]:
         elif not needed:
             checks.append(Check(name, OK, f"not needed for the selected cells ({found.reason})"))
         else:
-            checks.append(Check(name, FAIL if scope.config.backend == "emulated" else WARN,
+            checks.append(Check(name, FAIL if must_need(scope.config.backend, EMULATION) else WARN,
                                 found.reason + " (emulated containers; cross builds verify "
                                 "under qemu-user without it)", how_to_enable(machine)))
     return checks
@@ -292,12 +305,13 @@ def cross_tools(scope: Scope) -> list[Check]:
         tools = Check("cross toolchain", OK, f"{tc.cxx.name} {tc.version()}, {qemu}")
     except CrossToolchainMissing as exc:
         first, _, rest = exc.message.partition(". ")
-        needed = bool(arm) and scope.config.backend in ("auto", "cross")
-        status = (FAIL if scope.config.backend == "cross" and arm else WARN) if needed else OK
+        needed = bool(arm) and may_need(scope.config.backend, CROSS_TOOLCHAIN)
+        status = ((FAIL if must_need(scope.config.backend, CROSS_TOOLCHAIN) and arm else WARN)
+                  if needed else OK)
         tools = Check("cross toolchain", status, first + ("" if needed else
                       " (not needed for the selected cells)"), rest)
     checks = [tools]
-    wanted = sorted({c.cell.python for c in arm if c.backend == "cross"
+    wanted = sorted({c.cell.python for c in arm if CROSS_SYSROOTS in backend_kind(c.backend).needs
                      or cross_available("aarch64", c.cell.python)[0]}, key=_version)
     if wanted:
         folder = cache_root() / "sysroots"
@@ -345,11 +359,13 @@ def _deb_version(package: str) -> str:
 
 def disk_space(scope: Scope) -> list[Check]:
     need: dict[Path, float] = {}
-    where = {"host": scope.work_dir, "cross": _cache_dir()}
     docker_root = _docker_root(scope.engine)
+    where = {"engine": docker_root or scope.work_dir, "work": scope.work_dir,
+             "cache": _cache_dir()}
     for c in scope.resolution.here:
-        folder = where.get(c.backend) or docker_root or scope.work_dir
-        need[folder] = need.get(folder, 0) + DISK_PER_CELL_GIB.get(c.backend, 3)
+        kind = backend_kind(c.backend)
+        folder = where[kind.disk_in]
+        need[folder] = need.get(folder, 0) + kind.disk_per_cell_gib
     if not need:
         need[scope.work_dir] = 0
     by_device: dict[int, tuple[Path, float]] = {}
@@ -417,7 +433,7 @@ def repair_tools(scope: Scope) -> list[Check]:
     auditwheel, the patchelf next to it first on PATH: builder.wheel.repair.host_auditwheel)."""
     from builder.wheel.repair import host_auditwheel  # noqa: PLC0415
 
-    needed = any(not backend_kind(b).in_container for b in scope.backends())
+    needed = any(REPAIR_TOOLS in backend_kind(b).needs for b in scope.backends())
     problems, found = [], []
     try:
         found.append(f"auditwheel {version('auditwheel')}")

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from builder.backend_kinds import backend_kind
+from builder.backend_kinds import requested_kind
 from builder.config import BuildConfig
 from builder.errors import ConfigError, EngineUnavailable
 from builder.offline.bundle import Bundle, load_images, read_bundle, verify_bundle
@@ -53,7 +53,8 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
     """The base image ref for *arch*: ``--base-image`` if given, else the bundle's. The bundle's
     images for *arch* are loaded into the engine first (docker backends only)."""
     image = bundle.image_for(arch)
-    if backend != "auto" and not backend_kind(backend).in_container:
+    asked = requested_kind(backend)
+    if asked is not None and not asked.in_container:
         return base_ref
     if image is None:
         if base_ref is None:
@@ -65,7 +66,7 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
     try:
         engine = DockerEngine(redactor=redactor)
     except EngineUnavailable:
-        if backend != "auto":
+        if asked is not None:
             raise
         return base_ref  # auto will choose the host backend and say why
     load_images(engine, bundle, [arch], lambda m: say(f"bundle: {m}"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from builder.backend_kinds import KINDS
+from builder.backend_kinds import KINDS, requested_kind
 from builder.backends.base import Availability, Backend, Host
 from builder.config.support import SupportTable
 from builder.plan.cells import Cell
@@ -43,7 +43,7 @@ class Choice:
 
 def choose(cell: Cell, requested: str, origin: str, host: Host,
            backends: Mapping[str, Backend], support: SupportTable) -> Choice:
-    if requested != "auto":
+    if requested_kind(requested) is not None:
         got = _availability(backends, requested, cell, host, support)
         return Choice(requested, got.ok, f"{requested} asked for ({origin}): {got.reason}")
     order = NATIVE_ORDER if cell.machine == host.machine else FOREIGN_ORDER

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from builder.backend_kinds import backend_kind
+from builder.backend_kinds import backend_kind, requested_kind
 from builder.backends.base import Backend, Host
 from builder.config import REPO_ROOT, BaseImage, BuildConfig, Selection, Settings, values
 from builder.config.cibwproject import identifiers_of
@@ -67,8 +67,8 @@ def _override(cell: Cell, config: BuildConfig, host: Host, backend: str) -> Cell
     """``--base-image`` (BUILDER_BASE_IMAGE): this host's arch's image; with ``--backend
     emulated`` also the other arch's. ``local`` is the image ``builder base-image`` makes."""
     ref = config.base_image
-    if ref is None or (cell.machine != host.machine
-                       and (backend == "auto" or not backend_kind(backend).emulated)):
+    asked = requested_kind(backend)
+    if ref is None or (cell.machine != host.machine and (asked is None or not asked.emulated)):
         return cell
     if ref == "local":
         from builder.images.base_image import BaseImageSpec  # noqa: PLC0415 - auditwheel data
