@@ -23,7 +23,6 @@ from builder.backend_kinds import (
     CROSS_TOOLCHAIN,
     EMULATION,
     ENGINE,
-    KINDS,
     REPAIR_TOOLS,
     backend_kind,
     may_need,
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from builder.engines.docker import DockerEngine
 
 GIB = 2**30
-#: Rough disk use of one cell by backend, in GiB (BackendKind.disk_per_cell_gib says why).
-DISK_PER_CELL_GIB = {k.name: k.disk_per_cell_gib for k in KINDS}
 #: The caches' sizes past which the doctor warns. A torch environment or torch layer is about
 #: 0.8 GB, a cross target (sysroot, site, wheel) about 0.8 GB: a machine building the whole
 #: matrix on every backend holds well under 20 GB of current entries, and 5 GB of entries that
@@ -306,7 +303,7 @@ def cross_tools(scope: Scope) -> list[Check]:
     except CrossToolchainMissing as exc:
         first, _, rest = exc.message.partition(". ")
         needed = bool(arm) and may_need(scope.config.backend, CROSS_TOOLCHAIN)
-        status = ((FAIL if must_need(scope.config.backend, CROSS_TOOLCHAIN) and arm else WARN)
+        status = ((FAIL if must_need(scope.config.backend, CROSS_TOOLCHAIN) else WARN)
                   if needed else OK)
         tools = Check("cross toolchain", status, first + ("" if needed else
                       " (not needed for the selected cells)"), rest)

@@ -8,7 +8,6 @@ import pytest
 from builder import backend_kinds as bk
 from builder.backends import registry
 from builder.config.load import BACKENDS
-from builder.doctor.checks import DISK_PER_CELL_GIB
 
 
 def test_the_backend_classes_take_their_names_from_the_list() -> None:
@@ -47,7 +46,8 @@ def test_the_engine_is_needed_exactly_by_the_container_backends() -> None:
 
 
 def test_disk_per_cell_and_where() -> None:
-    assert DISK_PER_CELL_GIB == {"docker": 4, "emulated": 4, "host": 3, "cross": 2}
+    assert {k.name: k.disk_per_cell_gib for k in bk.KINDS} == {
+        "docker": 4, "emulated": 4, "host": 3, "cross": 2}
     assert {k.name: k.disk_in for k in bk.KINDS} == {
         "docker": "engine", "emulated": "engine", "host": "work", "cross": "cache"}
 
