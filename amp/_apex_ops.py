@@ -1,15 +1,27 @@
-"""apex's ``amp_C.multi_tensor_*`` entry points for tensors the compiled ones refuse.
+"""apex's ``amp_C.multi_tensor_*`` entry points: their conventions, written once.
 
-``amp._C.multi_tensor_*`` (kernels/apex_api.cpp) run on CPU tensors only. Code written for
-apex calls them through ``multi_tensor_applier`` with tensors on the accelerator (on Ascend:
-``npu``) and expects the call to work there, as apex's ops work on the device they were
-built for. So ``multi_tensor_applier`` hands a call whose tensors are not on the CPU to the
-functions below: the same argument order, defaults and ``noop_flag`` rules as apex_api.cpp,
-computed by amp's pure-torch multi-tensor ops on the tensors' own device. Returned norms
-are float32 tensors on that device (apex returns them on its device too).
+``amp._C.multi_tensor_*(chunk_size, noop_flag, tensor_lists, *args)`` are the functions below,
+whichever binding was built (each binding's module init calls :func:`install`), and they serve
+every device: they unpack apex's ``tensor_lists`` and call amp's multi-tensor ops
+(``amp.multi_tensor``, ``amp.multi_tensor_more``), which run the compiled kernels on CPU
+tensors and amp's pure-torch versions on any other device (CUDA, Ascend's ``npu``), so code
+written for apex's ``multi_tensor_applier`` works on the device it was written for. Conventions
+kept from apex:
+
+* ``tensor_lists`` is a list of lists (grads, params, ...) in apex's order; how many lists
+  each op takes is checked here (``_count``);
+* ``noop_flag`` (a one-element tensor) is set to 1 when scale/axpby/l2norm meet a non-finite
+  value, never cleared; ``multi_tensor_sgd`` does nothing when it is already set;
+* ``multi_tensor_lamb`` clips by ``global_grad_norm / max_grad_norm`` when the norm exceeds it;
+* ``chunk_size`` is accepted and ignored: the CPU kernels chunk the work themselves.
+
+Returned norms are float32 tensors on the tensors' device (apex returns them on its device).
+Python rather than C++ is the one place because only Python reaches every device: C++ could
+serve CPU tensors only, and the other devices would need these rules a second time.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -141,3 +153,10 @@ OPS: dict[str, Callable[..., Any]] = {
               multi_tensor_unscale_l2norm, multi_tensor_adam, multi_tensor_sgd,
               multi_tensor_lamb, multi_tensor_adagrad, multi_tensor_novograd)
 }
+
+
+def install(module: ModuleType) -> None:
+    """Give amp._C *module* (either binding) apex's entry points, as its own functions: apex
+    code reaches them as ``amp_C.multi_tensor_*`` and ``multi_tensor_applier`` takes them."""
+    for name, fn in OPS.items():
+        setattr(module, name, fn)

@@ -4,10 +4,9 @@ That module registers its ops with torch's dispatcher (``torch.ops.amp_C.*``) an
 imported, hands itself to :func:`install`, which gives it the functions of the pybind11 module
 (kernels/bindings.cpp) with the same names, keyword arguments, defaults and results, so
 ``amp._C.multi_tensor_scale(...)``, ``amp.multi_tensor_applier`` and the rest of ``amp`` do not
-see which binding was built. What differs is translated here:
+see which binding was built (apex's ``multi_tensor_*`` are amp._apex_ops', installed by both
+bindings). What differs is translated here:
 
-* apex's ``tensor_lists`` (a list of lists, which an op schema cannot express) is passed
-  flattened with the length of each list; ``chunk_size`` is dropped (both bindings ignore it);
 * a bad argument leaves the op as RuntimeError ``[ValueError] ...`` / ``[TypeError] ...`` and is
   raised again here as that type, as the pybind11 module raises it;
 * ``l2norm``'s per-tensor norms are None unless asked for; ``supported_isas`` is a list.
@@ -17,7 +16,6 @@ Only torch is imported: this runs inside ``import amp._C``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Callable, Optional
 
@@ -51,16 +49,10 @@ def _device_names(message: str) -> str:
     return message if name == "privateuseone" else message.replace("privateuseone", name)
 
 
-def _flat(tensor_lists: Sequence[Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[int]]:
-    lists = [list(x) for x in tensor_lists]
-    return [t for x in lists for t in x], [len(x) for x in lists]
-
-
 def _build() -> dict[str, Callable[..., Any]]:
     ops = {n: _op(n) for n in (
         "isa", "set_isa", "supported_isas", "parallel_threads_seen", "scale", "axpby", "l2norm",
-        "adam", "sgd", "lamb", "scale_l2norm", "adagrad", "novograd", "limit_probe", "mt_scale",
-        "mt_axpby", "mt_l2norm", "mt_adam", "mt_sgd", "mt_lamb", "mt_adagrad", "mt_novograd")}
+        "adam", "sgd", "lamb", "scale_l2norm", "adagrad", "novograd", "limit_probe")}
 
     def isa() -> str:
         """ISA of the kernels in use"""
@@ -130,65 +122,9 @@ def _build() -> dict[str, Callable[..., Any]]:
         return _call(ops["limit_probe"], grads, params, exp_avgs, exp_avg_sqs, model_params,
                      passes)
 
-    def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):  # type: ignore[no-untyped-def]
-        """apex: (chunk_size, noop_flag, [in, out], scale)"""
-        _call(ops["mt_scale"], noop_flag, *_flat(tensor_lists), scale)
-
-    def multi_tensor_axpby(chunk_size, noop_flag, tensor_lists, a, b, arg_to_check):  # type: ignore[no-untyped-def]
-        """apex: (chunk_size, noop_flag, [x, y, out], a, b, arg_to_check)"""
-        _call(ops["mt_axpby"], noop_flag, *_flat(tensor_lists), a, b, arg_to_check)
-
-    def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=None):  # type: ignore[no-untyped-def]
-        """apex: (chunk_size, noop_flag, [x], per_tensor) -> (norm, per_tensor_norms)"""
-        return _call(ops["mt_l2norm"], noop_flag, *_flat(tensor_lists), None, bool(per_tensor))
-
-    def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale,  # type: ignore[no-untyped-def]
-                                    per_tensor=None):
-        """apex: norm of x * inv_scale, x untouched"""
-        return _call(ops["mt_l2norm"], noop_flag, *_flat(tensor_lists), inv_scale,
-                     bool(per_tensor))
-
-    def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step,  # type: ignore[no-untyped-def]
-                          mode, bias_correction, weight_decay):
-        """apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step,
-        mode, bias_correction, weight_decay)"""
-        _call(ops["mt_adam"], *_flat(tensor_lists), lr, beta1, beta2, eps, step, mode,
-              bias_correction, weight_decay)
-
-    def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr,  # type: ignore[no-untyped-def]
-                         nesterov, first_run, wd_after_momentum, scale=1.0):
-        """apex: (chunk_size, noop_flag, [g, p, mom(, p_half)], wd, momentum, dampening, lr,
-        nesterov, first_run, wd_after_momentum, scale)"""
-        _call(ops["mt_sgd"], noop_flag, *_flat(tensor_lists), wd, momentum, dampening, lr,
-              nesterov, first_run, wd_after_momentum, scale)
-
-    def multi_tensor_lamb(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step,  # type: ignore[no-untyped-def]
-                          bias_correction, weight_decay, grad_averaging, mode, global_grad_norm,
-                          max_grad_norm, use_nvlamb=None):
-        """apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step,
-        bias_correction, weight_decay, grad_averaging, mode, global_grad_norm, max_grad_norm,
-        use_nvlamb)"""
-        _call(ops["mt_lamb"], *_flat(tensor_lists), lr, beta1, beta2, eps, step,
-              bias_correction, weight_decay, grad_averaging, mode, global_grad_norm,
-              max_grad_norm, bool(use_nvlamb))
-
-    def multi_tensor_adagrad(chunk_size, noop_flag, tensor_lists, lr, eps, mode, weight_decay):  # type: ignore[no-untyped-def]
-        """apex: (chunk_size, noop_flag, [g, p, sum(, p_half)], lr, eps, mode, weight_decay)"""
-        _call(ops["mt_adagrad"], *_flat(tensor_lists), lr, eps, mode, weight_decay)
-
-    def multi_tensor_novograd(chunk_size, noop_flag, tensor_lists, grad_norms, lr, beta1,  # type: ignore[no-untyped-def]
-                              beta2, eps, step, bias_correction, weight_decay, grad_averaging,
-                              moment_mode, norm_type):
-        """apex: (chunk_size, noop_flag, [g, p, m(, p_half)], grad_norms, lr, beta1, beta2,
-        eps, step, bias_correction, weight_decay, grad_averaging, moment_mode, norm_type)"""
-        _call(ops["mt_novograd"], *_flat(tensor_lists), grad_norms, lr, beta1, beta2, eps,
-              step, bias_correction, weight_decay, grad_averaging, moment_mode, norm_type)
-
     return {f.__name__: f for f in (
         isa, set_isa, supported_isas, _parallel_threads_seen, scale, axpby, l2norm, adam, sgd,
-        lamb, scale_l2norm, adagrad, novograd, _limit_probe, multi_tensor_scale,
-        multi_tensor_axpby, multi_tensor_l2norm, multi_tensor_unscale_l2norm, multi_tensor_adam,
-        multi_tensor_sgd, multi_tensor_lamb, multi_tensor_adagrad, multi_tensor_novograd)}
+        lamb, scale_l2norm, adagrad, novograd, _limit_probe)}
 
 
 def install(module: ModuleType, functions: Optional[dict[str, Callable[..., Any]]] = None) -> None:

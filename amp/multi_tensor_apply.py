@@ -8,21 +8,16 @@ apex's argument order and set ``noop_flag`` to 1 on inf/NaN as apex's do::
     flag = torch.zeros(1, dtype=torch.int)
     multi_tensor_applier(amp_C.multi_tensor_scale, flag, [grads, grads], 1.0 / 128)
 
-The compiled ops take CPU tensors only. When tensors on another device (CUDA, or Ascend's
-``npu``) are passed with one of those ops, the call runs amp's pure-torch version of the
-same op on that device instead (``amp._apex_ops``: same arguments, same ``noop_flag``
-rules; one ``AmpDeviceFallbackWarning`` per device type), as apex code written for its
-device expects. Any other callable is called as given.
+Those ops serve every device (``amp._apex_ops``, apex's conventions written once): CPU
+tensors run the compiled kernels, tensors on another device (CUDA, or Ascend's ``npu``) amp's
+pure-torch version of the same op on that device (one ``AmpDeviceFallbackWarning`` per device
+type), as apex code written for its device expects. Any other callable is called as given.
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-import torch
-
-from . import _apex_ops, _ext
-from ._device import KERNEL_DEVICE_TYPE
+from . import _ext
 
 __all__ = ["MultiTensorApply", "multi_tensor_applier"]
 
@@ -47,31 +42,7 @@ class MultiTensorApply:
         if not callable(op):
             raise TypeError(f"multi_tensor_applier: op must be callable (e.g. "
                             f"amp._C.multi_tensor_scale); got {type(op).__name__}")
-        return _for_device(op, tensor_lists)(self.chunk_size, noop_flag_buffer, tensor_lists,
-                                             *args)
-
-
-def _first_device(tensor_lists: Any) -> Optional[torch.device]:
-    for tensors in tensor_lists if isinstance(tensor_lists, (list, tuple)) else ():
-        for t in tensors if isinstance(tensors, (list, tuple)) else ():
-            if isinstance(t, torch.Tensor):
-                return t.device
-    return None
-
-
-def _for_device(op: Callable[..., Any], tensor_lists: Any) -> Callable[..., Any]:
-    """``op`` itself, or, for one of amp._C's apex ops given non-CPU tensors, its pure-torch
-    twin (the compiled op would refuse them)."""
-    device = _first_device(tensor_lists)
-    if device is None or device.type == KERNEL_DEVICE_TYPE:
-        return op
-    name = getattr(op, "__name__", "")
-    # Only amp._C's own ops (whether or not amp._ext would load the module now).
-    compiled = sys.modules.get("amp._C")
-    twin = _apex_ops.OPS.get(name)
-    if twin is None or compiled is None or getattr(compiled, name, None) is not op:
-        return op
-    return twin
+        return op(self.chunk_size, noop_flag_buffer, tensor_lists, *args)
 
 
 multi_tensor_applier = MultiTensorApply(2048 * 32)  # apex's default chunk size

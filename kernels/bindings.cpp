@@ -1,6 +1,7 @@
 // amp._C through pybind11 over ATen: the binding for torch < 2.10 (no stable C ABI there)
 // and for Python 3.9 (below the abi3 floor of bindings_stable.cpp). setup.py compiles exactly
-// one of the two bindings with the shared ops (ops.cpp, apex_api.cpp) and kernels.
+// one of the two bindings with the shared ops (ops.cpp) and kernels; apex's multi_tensor_*
+// entry points are amp._apex_ops' (Python: they serve every device), installed at import.
 //
 // apex's amp_C family of multi-tensor kernels for CPUs: one generic driver (`run_chunks`,
 // driver.h) splits every tensor of a model-sized list into fixed-size chunks and runs a small
@@ -23,7 +24,6 @@ namespace py = pybind11;
 using amp_driver::View;
 using amp_driver::ViewList;
 using TensorList = std::vector<at::Tensor>;
-using Lists = std::vector<TensorList>;
 
 namespace {
 
@@ -58,13 +58,6 @@ ViewList views(const TensorList& ts) { return amp_driver::views_of(ts, view_of);
 struct OptViews : amp_driver::OptionalViews {
   explicit OptViews(const std::optional<TensorList>& ts) : OptionalViews(ts, view_of) {}
 };
-
-std::vector<ViewList> views(const Lists& lists) {
-  std::vector<ViewList> out;
-  out.reserve(lists.size());
-  for (const TensorList& l : lists) out.push_back(views(l));
-  return out;
-}
 
 void parallel(int64_t n, void (*body)(int64_t, int64_t, void*), void* ctx) {
   py::gil_scoped_release no_gil;
@@ -172,85 +165,13 @@ double limit_probe(const TensorList& grads, const TensorList& params, const Tens
                               half.get(), passes);
 }
 
-// --- apex's multi_tensor_* ------------------------------------------------------------------
-
-void raise_flag(const at::Tensor& noop_flag, bool overflow) {
-  if (overflow) noop_flag.fill_(1);
-}
-
-void mt_scale(int64_t, const at::Tensor& noop, const Lists& lists, double s) {
-  raise_flag(noop, amp_apex::scale(views(lists), s));
-}
-
-void mt_axpby(int64_t, const at::Tensor& noop, const Lists& lists, double a, double b,
-              int arg_to_check) {
-  raise_flag(noop, amp_apex::axpby(views(lists), a, b, arg_to_check));
-}
-
-// (norm as a one-element float32 tensor, per-tensor norms as float32 or an empty tensor).
-py::tuple l2norm_impl(const at::Tensor& noop, const Lists& lists, double s,
-                      std::optional<bool> per_tensor, const char* op) {
-  const bool per = per_tensor.value_or(false);
-  const amp_ops::L2Norm r = amp_apex::l2norm(views(lists), s, per, op);
-  raise_flag(noop, r.nonfinite);
-  at::Tensor norm = at::full({1}, r.norm, at::kFloat);
-  at::Tensor per_norms = per ? double_tensor(r.per).to(at::kFloat) : at::empty({0}, at::kFloat);
-  return py::make_tuple(norm, per_norms);
-}
-
-py::tuple mt_l2norm(int64_t, const at::Tensor& noop, const Lists& lists,
-                    std::optional<bool> per_tensor) {
-  return l2norm_impl(noop, lists, 1.0, per_tensor, "multi_tensor_l2norm");
-}
-
-py::tuple mt_unscale_l2norm(int64_t, const at::Tensor& noop, const Lists& lists,
-                            const at::Tensor& inv_scale, std::optional<bool> per_tensor) {
-  return l2norm_impl(noop, lists, inv_scale.item<double>(), per_tensor,
-                     "multi_tensor_unscale_l2norm");
-}
-
-void mt_adam(int64_t, const at::Tensor&, const Lists& lists, double lr, double beta1,
-             double beta2, double eps, int64_t step, int mode, int bias_correction,
-             double weight_decay) {
-  amp_apex::adam(views(lists), lr, beta1, beta2, eps, step, mode, bias_correction, weight_decay);
-}
-
-void mt_sgd(int64_t, const at::Tensor& noop, const Lists& lists, double wd, double momentum,
-            double dampening, double lr, bool nesterov, bool first_run, bool wd_after_momentum,
-            double scale) {
-  amp_apex::sgd(views(lists), noop.item<double>() != 0.0, wd, momentum, dampening, lr,
-                nesterov, first_run, wd_after_momentum, scale);
-}
-
-void mt_lamb(int64_t, const at::Tensor&, const Lists& lists, double lr, double beta1,
-             double beta2, double eps, int64_t step, int bias_correction, double weight_decay,
-             int grad_averaging, int mode, const at::Tensor& global_grad_norm,
-             double max_grad_norm, std::optional<bool> use_nvlamb) {
-  amp_apex::lamb(views(lists), lr, beta1, beta2, eps, step, bias_correction, weight_decay,
-                 grad_averaging, mode, global_grad_norm.item<double>(), max_grad_norm,
-                 use_nvlamb.value_or(false));
-}
-
-void mt_adagrad(int64_t, const at::Tensor&, const Lists& lists, double lr, double eps, int mode,
-                double weight_decay) {
-  amp_apex::adagrad(views(lists), lr, eps, mode, weight_decay);
-}
-
-void mt_novograd(int64_t, const at::Tensor&, const Lists& lists, const at::Tensor& grad_norms,
-                 double lr, double beta1, double beta2, double eps, int64_t step,
-                 int bias_correction, double weight_decay, int grad_averaging, int moment_mode,
-                 int norm_type) {
-  amp_apex::novograd(views(lists), view_of(grad_norms), lr, beta1, beta2, eps, step,
-                     bias_correction, weight_decay, grad_averaging, moment_mode, norm_type);
-}
-
 }  // namespace
 
 const amp_driver::Binding& amp_driver::binding() { return kBinding; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb, adagrad, "
-            "novograd; apex's multi_tensor_* entry points)";
+            "novograd; apex's multi_tensor_* entry points from amp._apex_ops)";
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -307,36 +228,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("passes") = 3,
         "benchmark yardstick: the ideal step's memory traffic with trivial arithmetic "
         "(overwrites params and moments)");
-  m.def("multi_tensor_scale", &mt_scale, "apex: (chunk_size, noop_flag, [in, out], scale)");
-  m.def("multi_tensor_axpby", &mt_axpby,
-        "apex: (chunk_size, noop_flag, [x, y, out], a, b, arg_to_check)");
-  m.def("multi_tensor_l2norm", &mt_l2norm, py::arg("chunk_size"), py::arg("noop_flag"),
-        py::arg("tensor_lists"), py::arg("per_tensor") = py::none(),
-        "apex: (chunk_size, noop_flag, [x], per_tensor) -> (norm, per_tensor_norms)");
-  m.def("multi_tensor_unscale_l2norm", &mt_unscale_l2norm, py::arg("chunk_size"),
-        py::arg("noop_flag"), py::arg("tensor_lists"), py::arg("inv_scale"),
-        py::arg("per_tensor") = py::none(),
-        "apex: norm of x * inv_scale, x untouched");
-  m.def("multi_tensor_adam", &mt_adam,
-        "apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step, "
-        "mode, bias_correction, weight_decay)");
-  m.def("multi_tensor_sgd", &mt_sgd, py::arg("chunk_size"), py::arg("noop_flag"),
-        py::arg("tensor_lists"), py::arg("wd"), py::arg("momentum"), py::arg("dampening"),
-        py::arg("lr"), py::arg("nesterov"), py::arg("first_run"),
-        py::arg("wd_after_momentum"), py::arg("scale") = 1.0,
-        "apex: (chunk_size, noop_flag, [g, p, mom(, p_half)], wd, momentum, dampening, lr, "
-        "nesterov, first_run, wd_after_momentum, scale)");
-  m.def("multi_tensor_lamb", &mt_lamb, py::arg("chunk_size"), py::arg("noop_flag"),
-        py::arg("tensor_lists"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
-        py::arg("eps"), py::arg("step"), py::arg("bias_correction"), py::arg("weight_decay"),
-        py::arg("grad_averaging"), py::arg("mode"), py::arg("global_grad_norm"),
-        py::arg("max_grad_norm"), py::arg("use_nvlamb") = py::none(),
-        "apex: (chunk_size, noop_flag, [g, p, m, v(, p_half)], lr, beta1, beta2, eps, step, "
-        "bias_correction, weight_decay, grad_averaging, mode, global_grad_norm, "
-        "max_grad_norm, use_nvlamb)");
-  m.def("multi_tensor_adagrad", &mt_adagrad,
-        "apex: (chunk_size, noop_flag, [g, p, sum(, p_half)], lr, eps, mode, weight_decay)");
-  m.def("multi_tensor_novograd", &mt_novograd,
-        "apex: (chunk_size, noop_flag, [g, p, m(, p_half)], grad_norms, lr, beta1, beta2, eps, "
-        "step, bias_correction, weight_decay, grad_averaging, moment_mode, norm_type)");
+  // apex's multi_tensor_* entry points: amp._apex_ops, the one place their conventions live.
+  py::module_::import("amp._apex_ops").attr("install")(m);
 }

@@ -2,14 +2,14 @@
 // limited API (Py_LIMITED_API 3.10): one binary that loads into every torch >= 2.10 on every
 // CPython >= 3.10, so one abi3 wheel per architecture. setup.py compiles it instead of the
 // pybind11 binding (bindings.cpp) when the torch built against allows it; both compile the
-// same ops (ops.cpp, apex_api.cpp) and kernels.
+// same ops (ops.cpp) and kernels.
 //
 // The ops are registered with torch's dispatcher as torch.ops.amp_C.* (STABLE_TORCH_LIBRARY:
 // schemas of Tensor[] lists and scalars). The Python module itself has no functions of its
 // own: PyInit__C records the module's facts and hands it to amp._stable_binding, which gives
 // it the pybind11 module's functions (names, keyword arguments, defaults, results) over those
-// ops. apex's list of lists (`tensor_lists`), which a schema cannot express, arrives flattened
-// with the length of each list.
+// ops; apex's multi_tensor_* entry points are amp._apex_ops' (Python, over these ops: they
+// serve every device), installed at import as the pybind11 module installs them.
 //
 // Errors: bad arguments leave the op as a std::runtime_error whose message starts with
 // "[ValueError] " or "[TypeError] "; torch raises it as RuntimeError and amp._stable_binding
@@ -82,22 +82,6 @@ struct OptViews : amp_driver::OptionalViews {
   explicit OptViews(const std::optional<TensorList>& ts) : OptionalViews(ts, view_of) {}
 };
 
-// apex's tensor_lists, flattened by amp._stable_binding: `sizes[i]` tensors per list.
-amp_apex::Lists unflatten(const TensorList& flat, const std::vector<int64_t>& sizes) {
-  amp_apex::Lists lists;
-  lists.reserve(sizes.size());
-  size_t at = 0;
-  for (int64_t n : sizes) {
-    STD_TORCH_CHECK(n >= 0 && at + static_cast<size_t>(n) <= flat.size(),
-                    "amp._C: tensor_lists sizes do not match the tensors passed");
-    ViewList l;
-    l.reserve(n);
-    for (int64_t i = 0; i < n; ++i) l.push_back(view_of(flat[at++]));
-    lists.push_back(std::move(l));
-  }
-  return lists;
-}
-
 // Device names as torch prints them (c10's DeviceTypeName is not part of the stable ABI).
 std::string device_name(const View& v) {
   const torch::stable::Device d = tensor_of(v).device();
@@ -146,14 +130,6 @@ Tensor from_values(const std::vector<double>& xs, ScalarType dtype) {
   double* d = static_cast<double*>(t.data_ptr());
   for (size_t i = 0; i < xs.size(); ++i) d[i] = xs[i];
   return dtype == ScalarType::Double ? t : torch::stable::to(t, dtype);
-}
-
-double item(const Tensor& t) {
-  const Tensor d = torch::stable::to(t, ScalarType::Double);
-  double v = 0.0;
-  STD_TORCH_CHECK(aoti_torch_item_float64(d.get(), &v) == AOTI_TORCH_SUCCESS,
-                  "amp._C: cannot read a one-element tensor");
-  return v;
 }
 
 // --- amp._C's ops ---------------------------------------------------------------------------
@@ -274,79 +250,6 @@ double limit_probe(TensorList grads, TensorList params, TensorList exp_avgs,
   });
 }
 
-// --- apex's multi_tensor_* (chunk_size is dropped by amp._stable_binding: it is ignored) -----
-
-void raise_flag(Tensor noop_flag, bool overflow) {
-  if (overflow) torch::stable::fill_(noop_flag, 1.0);
-}
-
-void mt_scale(Tensor noop, TensorList flat, std::vector<int64_t> sizes, double s) {
-  guarded([&] { raise_flag(noop, amp_apex::scale(unflatten(flat, sizes), s)); });
-}
-
-void mt_axpby(Tensor noop, TensorList flat, std::vector<int64_t> sizes, double a, double b,
-              int64_t arg_to_check) {
-  guarded([&] { raise_flag(noop, amp_apex::axpby(unflatten(flat, sizes), a, b, arg_to_check)); });
-}
-
-// (norm as a one-element float32 tensor, per-tensor norms as float32 or an empty tensor).
-// `inv_scale`: the unscale variant's one-element tensor, or None for plain l2norm.
-std::tuple<Tensor, Tensor> mt_l2norm(Tensor noop, TensorList flat, std::vector<int64_t> sizes,
-                                     std::optional<Tensor> inv_scale, bool per_tensor) {
-  return guarded([&] {
-    const char* op = inv_scale ? "multi_tensor_unscale_l2norm" : "multi_tensor_l2norm";
-    const amp_ops::L2Norm r = amp_apex::l2norm(unflatten(flat, sizes),
-                                               inv_scale ? item(*inv_scale) : 1.0, per_tensor, op);
-    raise_flag(noop, r.nonfinite);
-    Tensor norm = torch::stable::full({1}, r.norm, ScalarType::Float);
-    return std::make_tuple(norm, from_values(r.per, ScalarType::Float));
-  });
-}
-
-void mt_adam(TensorList flat, std::vector<int64_t> sizes, double lr, double beta1, double beta2,
-             double eps, int64_t step, int64_t mode, int64_t bias_correction,
-             double weight_decay) {
-  guarded([&] {
-    amp_apex::adam(unflatten(flat, sizes), lr, beta1, beta2, eps, step, mode, bias_correction,
-                   weight_decay);
-  });
-}
-
-void mt_sgd(Tensor noop, TensorList flat, std::vector<int64_t> sizes, double wd, double momentum,
-            double dampening, double lr, bool nesterov, bool first_run, bool wd_after_momentum,
-            double scale) {
-  guarded([&] {
-    amp_apex::sgd(unflatten(flat, sizes), item(noop) != 0.0, wd, momentum, dampening, lr,
-                  nesterov, first_run, wd_after_momentum, scale);
-  });
-}
-
-void mt_lamb(TensorList flat, std::vector<int64_t> sizes, double lr, double beta1, double beta2,
-             double eps, int64_t step, int64_t bias_correction, double weight_decay,
-             int64_t grad_averaging, int64_t mode, Tensor global_grad_norm,
-             double max_grad_norm, bool use_nvlamb) {
-  guarded([&] {
-    amp_apex::lamb(unflatten(flat, sizes), lr, beta1, beta2, eps, step, bias_correction,
-                   weight_decay, grad_averaging, mode, item(global_grad_norm), max_grad_norm,
-                   use_nvlamb);
-  });
-}
-
-void mt_adagrad(TensorList flat, std::vector<int64_t> sizes, double lr, double eps, int64_t mode,
-                double weight_decay) {
-  guarded([&] { amp_apex::adagrad(unflatten(flat, sizes), lr, eps, mode, weight_decay); });
-}
-
-void mt_novograd(TensorList flat, std::vector<int64_t> sizes, Tensor grad_norms, double lr,
-                 double beta1, double beta2, double eps, int64_t step, int64_t bias_correction,
-                 double weight_decay, int64_t grad_averaging, int64_t moment_mode,
-                 int64_t norm_type) {
-  guarded([&] {
-    amp_apex::novograd(unflatten(flat, sizes), view_of(grad_norms), lr, beta1, beta2, eps, step,
-                       bias_correction, weight_decay, grad_averaging, moment_mode, norm_type);
-  });
-}
-
 }  // namespace
 
 const amp_driver::Binding& amp_driver::binding() { return kBinding; }
@@ -381,24 +284,6 @@ STABLE_TORCH_LIBRARY(amp_C, m) {
         "int norm_type, bool init_norms, float grad_scale) -> ()");
   m.def("limit_probe(Tensor[] grads, Tensor[] params, Tensor[] exp_avgs, "
         "Tensor[]? exp_avg_sqs, Tensor[]? model_params, int passes) -> float");
-  m.def("mt_scale(Tensor noop_flag, Tensor[] flat, int[] sizes, float scale) -> ()");
-  m.def("mt_axpby(Tensor noop_flag, Tensor[] flat, int[] sizes, float a, float b, "
-        "int arg_to_check) -> ()");
-  m.def("mt_l2norm(Tensor noop_flag, Tensor[] flat, int[] sizes, Tensor? inv_scale, "
-        "bool per_tensor) -> (Tensor, Tensor)");
-  m.def("mt_adam(Tensor[] flat, int[] sizes, float lr, float beta1, float beta2, float eps, "
-        "int step, int mode, int bias_correction, float weight_decay) -> ()");
-  m.def("mt_sgd(Tensor noop_flag, Tensor[] flat, int[] sizes, float wd, float momentum, "
-        "float dampening, float lr, bool nesterov, bool first_run, bool wd_after_momentum, "
-        "float scale) -> ()");
-  m.def("mt_lamb(Tensor[] flat, int[] sizes, float lr, float beta1, float beta2, float eps, "
-        "int step, int bias_correction, float weight_decay, int grad_averaging, int mode, "
-        "Tensor global_grad_norm, float max_grad_norm, bool use_nvlamb) -> ()");
-  m.def("mt_adagrad(Tensor[] flat, int[] sizes, float lr, float eps, int mode, "
-        "float weight_decay) -> ()");
-  m.def("mt_novograd(Tensor[] flat, int[] sizes, Tensor grad_norms, float lr, float beta1, "
-        "float beta2, float eps, int step, int bias_correction, float weight_decay, "
-        "int grad_averaging, int moment_mode, int norm_type) -> ()");
 }
 
 // CompositeExplicitAutograd: one kernel for every device key, so a meta or CUDA tensor in a
@@ -418,14 +303,6 @@ STABLE_TORCH_LIBRARY_IMPL(amp_C, CompositeExplicitAutograd, m) {
   m.impl("adagrad", TORCH_BOX(&adagrad));
   m.impl("novograd", TORCH_BOX(&novograd));
   m.impl("limit_probe", TORCH_BOX(&limit_probe));
-  m.impl("mt_scale", TORCH_BOX(&mt_scale));
-  m.impl("mt_axpby", TORCH_BOX(&mt_axpby));
-  m.impl("mt_l2norm", TORCH_BOX(&mt_l2norm));
-  m.impl("mt_adam", TORCH_BOX(&mt_adam));
-  m.impl("mt_sgd", TORCH_BOX(&mt_sgd));
-  m.impl("mt_lamb", TORCH_BOX(&mt_lamb));
-  m.impl("mt_adagrad", TORCH_BOX(&mt_adagrad));
-  m.impl("mt_novograd", TORCH_BOX(&mt_novograd));
 }
 
 // --- the Python module ------------------------------------------------------------------------
@@ -457,5 +334,14 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
     return nullptr;
   }
   Py_DECREF(done);
+  // apex's multi_tensor_* entry points: amp._apex_ops, the one place their conventions live.
+  PyObject* apex = PyImport_ImportModule("amp._apex_ops");
+  PyObject* installed = apex ? PyObject_CallMethod(apex, "install", "O", m) : nullptr;
+  Py_XDECREF(apex);
+  if (installed == nullptr) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  Py_DECREF(installed);
   return m;
 }

@@ -3,7 +3,7 @@
 // binary for torch >= 2.10): list validation (`check_list`), chunking (`make_chunks`), the
 // parallel loop (`run_chunks`) and the kernel table chosen at import. It includes no torch
 // header: a binding turns its tensors into `View`s and supplies the parallel backend
-// (`binding()`), so the ops (ops.cpp, apex_api.cpp) are compiled once, the same for both.
+// (`binding()`), so the ops (ops.cpp) are compiled once, the same for both.
 // Ops add a per-chunk lambda, never a new driver.
 #pragma once
 
@@ -371,27 +371,3 @@ double limit_probe(const ViewList& grads, const ViewList& params, const ViewList
                    const ViewList* exp_avg_sqs, const ViewList* model_params, int64_t passes);
 int64_t parallel_threads_seen();
 }  // namespace amp_ops
-
-// apex's `amp_C.multi_tensor_*` entry points (apex_api.cpp) over lists of lists, minus the
-// noop flag and one-element tensor arguments, which the bindings read and write: each
-// returns whether the flag must be raised (a non-finite value was met).
-namespace amp_apex {
-using Lists = std::vector<amp_driver::ViewList>;
-bool scale(const Lists& lists, double s);
-bool axpby(const Lists& lists, double a, double b, int64_t arg_to_check);
-// The norm of x * s, x untouched; `op` names the entry point in errors.
-amp_ops::L2Norm l2norm(const Lists& lists, double s, bool per_tensor, const char* op);
-void adam(const Lists& lists, double lr, double beta1, double beta2, double eps, int64_t step,
-          int64_t mode, int64_t bias_correction, double weight_decay);
-// `flag_set`: the noop flag was already raised (apex's SGD then skips the step).
-void sgd(const Lists& lists, bool flag_set, double wd, double momentum, double dampening,
-         double lr, bool nesterov, bool first_run, bool wd_after_momentum, double scale);
-void lamb(const Lists& lists, double lr, double beta1, double beta2, double eps, int64_t step,
-          int64_t bias_correction, double weight_decay, int64_t grad_averaging, int64_t mode,
-          double global_grad_norm, double max_grad_norm, bool use_nvlamb);
-void adagrad(const Lists& lists, double lr, double eps, int64_t mode, double weight_decay);
-void novograd(const Lists& lists, const amp_driver::View& grad_norms, double lr, double beta1,
-              double beta2, double eps, int64_t step, int64_t bias_correction,
-              double weight_decay, int64_t grad_averaging, int64_t moment_mode,
-              int64_t norm_type);
-}  // namespace amp_apex

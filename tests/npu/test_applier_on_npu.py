@@ -134,7 +134,11 @@ def test_other_callables_are_called_as_given(npu: torch.device) -> None:
     assert seen == [(multi_tensor_applier.chunk_size, "npu", (7,))]
 
 
-def test_compiled_op_called_directly_refuses_npu(npu: torch.device, amp_C: Any) -> None:
+def test_apex_op_called_directly_serves_npu(npu: torch.device, amp_C: Any) -> None:
+    # amp._C's multi_tensor_* are amp._apex_ops' (one place for apex's conventions): called
+    # without multi_tensor_applier they run on the tensors' device too.
     lists = [[torch.ones(3, device=npu)], [torch.empty(3, device=npu)]]
-    with pytest.raises(ValueError, match="is on npu:0; the compiled kernels take CPU tensors"):
-        amp_C.multi_tensor_scale(2048, torch.zeros(1, dtype=torch.int), lists, 2.0)
+    flag = torch.zeros(1, dtype=torch.int, device=npu)
+    amp_C.multi_tensor_scale(2048, flag, lists, 2.0)
+    assert lists[1][0].device.type == "npu" and lists[1][0].cpu().tolist() == [2.0, 2.0, 2.0]
+    assert flag.item() == 0
