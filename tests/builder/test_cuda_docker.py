@@ -26,12 +26,14 @@ from typing import Any, Optional
 
 import pytest
 from builder_testlib import SUPPORT
+from enginelib import docker_engine
 
 from builder.backends import registry
 from builder.backends.base import CellJob, Host, PipelineOptions, Steps
 from builder.backends.torchenv import docker_torch_image
 from builder.config import CliOverrides, Settings, load_settings
 from builder.engines.base import OutputLog, RunResult
+from builder.images.base_image import build_base_image
 from builder.images.render import render_recipe
 from builder.pipeline_types import CellResult
 from builder.plan.resolve import resolve
@@ -267,6 +269,7 @@ def test_docker_cuda_cell_builds_a_verified_cuda_extension(tmp_path: Path) -> No
     torch in a fresh venv (no GPU)."""
     if shutil.which("docker") is None:
         pytest.skip("no docker client")  # the engine itself: the backend's availability
+    base = build_base_image(docker_engine())  # the local base image (no registry reachable)
     project = _cuda_project(tmp_path / "twice")
     cfg = tmp_path / "cuda.yaml"
     cfg.write_text(f"support: {SUPPORT}\n"
@@ -287,6 +290,7 @@ def test_docker_cuda_cell_builds_a_verified_cuda_extension(tmp_path: Path) -> No
     built = subprocess.run(
         [sys.executable, "-m", "builder", "build", "--config", str(cfg), "--cuda", "13.0",
          "--python", "3.11", "--arch", "X86", "--torch", "2.14.1", "--backend", "docker",
+         "--base-image", base.tag,
          "--project", str(project), "--wheelhouse", str(bundle / "wheels"),
          "--out", str(tmp_path / "dist")],
         capture_output=True, text=True, timeout=3600)
