@@ -50,13 +50,14 @@ class BackendKind:
     needs: frozenset[str]
     #: Under QEMU user emulation in the engine (emulated).
     emulated: bool = False
-    #: It installs a CUDA cell's toolkit (builder.backends.torchenv: host only so far; the
-    #: docker torch layer, the cross sysroot and the emulated image do not yet).
+    #: It installs a CUDA cell's toolkit (builder.backends.torchenv: the host's torch venv and
+    #: the docker torch layer; the cross sysroot and the emulated image do not yet).
     cuda: bool = False
 
 
 DOCKER = BackendKind("docker", in_container=True, foreign=False, disk_per_cell_gib=4,
-                     disk_in="engine", offline_wheels="cell", needs=frozenset({ENGINE}))
+                     disk_in="engine", offline_wheels="cell", needs=frozenset({ENGINE}),
+                     cuda=True)
 HOST = BackendKind("host", in_container=False, foreign=False, disk_per_cell_gib=3,
                    disk_in="work", offline_wheels="here", needs=frozenset({REPAIR_TOOLS}),
                    cuda=True)

@@ -32,7 +32,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +51,7 @@ from builder.cache import (
     tree_problems,
     write_tree_manifest,
 )
+from builder.engines.base import Session
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
 from builder.engines.host import HostEngine
 from builder.incell import STEPS_SCRIPT, install_toolkit, install_torch, parse_result
@@ -68,6 +69,31 @@ TORCH_REPOSITORY = "ampforge/torch"
 LAYER_LOCKS = "torch-layers"
 #: The cell image's venv (``docker/partials/python.j2``: ``AMPFORGE_VENV``).
 IMAGE_VENV_PYTHON = "/opt/ampforge/venv/bin/python"
+
+
+def install_cell_torch(job: CellJob, session: Session, python: str, steps: str, *,
+                       wheelhouse: Optional[str], requirements: Sequence[str],
+                       env: Optional[dict[str, str]] = None,
+                       torch: Optional[str] = None) -> None:
+    """torch and *requirements* into *python*'s environment in *session* and, for a CUDA cell,
+    its toolkit beside them: what every backend's torch environment holds (the host's cached
+    venv, the docker torch layer). *torch*: another release than the cell's (the cross
+    backend's host torch), installed without CUDA."""
+    cuda = job.resolved.cuda if torch is None else None
+    install_torch(session, python, steps, torch=torch or job.cell.torch, wheelhouse=wheelhouse,
+                  index_url=(cuda.torch_index_url if cuda and cuda.torch_index_url
+                             else job.config.pip.index_url),
+                  env=env, extra_requirements=requirements)
+    if cuda is not None and cuda.enabled:
+        # The toolkit from the package index (the cell's usual sources: its proxies and
+        # indexes, a bundle's wheelhouse offline), pinned by the resolved record: no system
+        # CUDA. The build's CUDA_HOME, TORCH_CUDA_ARCH_LIST, PATH and nvcc's ccache link come
+        # from the in-cell build step, which finds this toolkit in the environment.
+        got = install_toolkit(session, python, steps, requirements=cuda.toolkit,
+                              hashed=cuda.toolkit_hashed, wheelhouse=wheelhouse,
+                              index_url=job.config.pip.index_url, env=env)
+        job.log.note(f"ampforge: CUDA {cuda.cuda} toolkit in {got['cuda_home']} "
+                     f"({got['nvcc']})")
 
 
 def torch_key_parts(job: CellJob, where: Mapping[str, Any],
@@ -99,6 +125,7 @@ KEY_INPUTS = frozenset({"torch", "requirements", "source", "offline", "steps"})
 HOST_WHERE = frozenset({"python", "python_version"})
 HOST_OPTIONAL = frozenset({"interpreter_torch", "cuda"})
 DOCKER_WHERE = frozenset({"cell_image"})
+DOCKER_OPTIONAL = frozenset({"cuda"})
 
 
 def superseded(parts: Mapping[str, Any], name_key: str, where: frozenset[str],
@@ -218,21 +245,9 @@ def host_torch_env(job: CellJob, python: str, env: Mapping[str, str],
                                             machine=platform.machine())
                 wheelhouse = (str(job.opts.wheelhouse.resolve()) if job.opts.wheelhouse
                               else None)
-                cuda = job.resolved.cuda if torch is None else None
-                install_torch(session, str(made["python"]), steps, torch=version,
-                              wheelhouse=wheelhouse,
-                              index_url=(cuda.torch_index_url if cuda and cuda.torch_index_url
-                                         else job.config.pip.index_url),
-                              extra_requirements=requirements)
-                if cuda is not None and cuda.enabled:
-                    # The toolkit from the package index (the cell's usual sources, a bundle's
-                    # wheelhouse offline), pinned by the resolved record: no system CUDA.
-                    got = install_toolkit(session, str(made["python"]), steps,
-                                          requirements=cuda.toolkit, hashed=cuda.toolkit_hashed,
-                                          wheelhouse=wheelhouse,
-                                          index_url=job.config.pip.index_url)
-                    job.log.note(f"ampforge: CUDA {cuda.cuda} toolkit in {got['cuda_home']} "
-                                 f"({got['nvcc']})")
+                install_cell_torch(job, session, str(made["python"]), steps,
+                                   wheelhouse=wheelhouse, requirements=requirements,
+                                   torch=torch)
             (tmp / "key.json").write_text(json.dumps(parts, sort_keys=True, indent=1) + "\n")
             # What the environment holds, so that the next build can tell it was not changed.
             write_tree_manifest(tmp / "venv", tmp / TREE_MANIFEST)
@@ -320,9 +335,8 @@ def docker_torch_image(job: CellJob, engine: DockerEngine, cell_image: str,
         requirements = tuple(parts["requirements"])
         announce_large_download(job, session, IMAGE_VENV_PYTHON, steps,
                                 requirements=requirements, env=pip_env)
-        install_torch(session, IMAGE_VENV_PYTHON, steps, torch=cell.torch, wheelhouse=wheelhouse,
-                      index_url=job.config.pip.index_url, env=pip_env,
-                      extra_requirements=requirements)
+        install_cell_torch(job, session, IMAGE_VENV_PYTHON, steps, wheelhouse=wheelhouse,
+                           requirements=requirements, env=pip_env)
         session.run(["rm", "-rf", session.workdir], cwd="/", step="clean torch layer")
         engine.commit(session, tag, labels={CELL_LABEL: cell.identifier,
                                             PARTS_LABEL: json.dumps(parts, sort_keys=True)})

@@ -17,6 +17,7 @@ from typing import Any
 
 from builder.backends.torchenv import (
     CELL_LABEL,
+    DOCKER_OPTIONAL,
     DOCKER_WHERE,
     PARTS_LABEL,
     TORCH_REPOSITORY,
@@ -57,7 +58,8 @@ def torch_layers(engine: Any) -> list[Entry]:
         except ValueError:
             parts = {}
         key = tags[0].rsplit("-", 1)[-1] if tags else ""
-        why = superseded(parts, key, DOCKER_WHERE) if tags else "untagged (no build finds it)"
+        why = (superseded(parts, key, DOCKER_WHERE, DOCKER_OPTIONAL) if tags
+               else "untagged (no build finds it)")
         if not why and engine.image_id(str(parts["cell_image"])) is None:
             why = f"its cell image {str(parts['cell_image'])[:19]} is gone from the engine"
         meta = api.inspect_image(img["Id"]).get("Metadata") or {}

@@ -65,13 +65,14 @@ def test_a_cuda_cell_records_its_cuda_toolkit_and_arch_list(tmp_path: Path) -> N
     for lib in ("libcudart.so*", "libcuda.so*", "libtorch*.so", "libc10*.so", "libcublas*.so*"):
         assert lib in rec["auditwheel_exclude"], lib
     # aarch64: its own wheels' digests (test_cuda_fatbin downloads them with --require-hashes);
-    # the host backend alone installs a toolkit, so the cell needs a native runner.
+    # the cross and emulated backends install no toolkit, so the cell needs a native runner
+    # (docker there, else host: the backends that do).
     arm = cells["cp311-manylinux_aarch64-torch2.14.1-cu130"]
     assert arm["cuda"]["toolkit_hashed"] and arm["cuda"]["toolkit"][0] == (
         "nvidia-cuda-nvcc==13.0.88 --hash=sha256:"
         "c7ff28f86a24effdc6c034fa15230c549a273e4771b10a7fec14996f8cf3307f")
     assert arm["cuda"]["toolkit"] != cuda["toolkit"]  # another machine, other files
-    assert not arm["buildable_here"] and arm["backend"] == "host"
+    assert not arm["buildable_here"] and arm["backend"] == "docker"
     assert "the cross backend does not install a CUDA toolkit yet" in arm["backend_reason"]
 
 
