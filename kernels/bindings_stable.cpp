@@ -312,6 +312,15 @@ PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "amp._C",
                        "amp._C: multi-tensor CPU kernels on torch's stable ABI (the functions "
                        "are set by amp._stable_binding over torch.ops.amp_C)",
                        -1, nullptr, nullptr, nullptr, nullptr, nullptr};
+
+// `<module>.install(m)`; false with the Python error set when the import or the call fails.
+bool install_from(const char* module, PyObject* m) {
+  PyObject* api = PyImport_ImportModule(module);
+  PyObject* done = api ? PyObject_CallMethod(api, "install", "O", m) : nullptr;
+  Py_XDECREF(api);
+  Py_XDECREF(done);
+  return done != nullptr;
+}
 }  // namespace
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
@@ -326,22 +335,11 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
     Py_DECREF(m);
     return nullptr;
   }
-  PyObject* api = PyImport_ImportModule("amp._stable_binding");
-  PyObject* done = api ? PyObject_CallMethod(api, "install", "O", m) : nullptr;
-  Py_XDECREF(api);
-  if (done == nullptr) {
+  // The functions of the pybind11 module, then apex's multi_tensor_* entry points
+  // (amp._apex_ops, the one place their conventions live).
+  if (!install_from("amp._stable_binding", m) || !install_from("amp._apex_ops", m)) {
     Py_DECREF(m);
     return nullptr;
   }
-  Py_DECREF(done);
-  // apex's multi_tensor_* entry points: amp._apex_ops, the one place their conventions live.
-  PyObject* apex = PyImport_ImportModule("amp._apex_ops");
-  PyObject* installed = apex ? PyObject_CallMethod(apex, "install", "O", m) : nullptr;
-  Py_XDECREF(apex);
-  if (installed == nullptr) {
-    Py_DECREF(m);
-    return nullptr;
-  }
-  Py_DECREF(installed);
   return m;
 }
