@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -133,7 +132,7 @@ def _job(tmp_path: Path, engine: _Engine, settings: Settings,
     opts = PipelineOptions(project=tmp_path, out=tmp_path / "dist", work=tmp_path / "work",
                            wheelhouse=wheelhouse, offline=settings.config.offline.enabled)
     return CellJob(resolved=resolved, config=settings.config, opts=opts,
-                   log=OutputLog(sink=_LINES.append),
+                   log=OutputLog(sink=_fresh_lines().append),
                    log_path=tmp_path / "log", stage=tmp_path / "stage",
                    steps=Steps(CellResult(cell=CELL), lambda cell, step: None), run_id="run-1",
                    engine=engine,  # type: ignore[arg-type]
@@ -141,8 +140,14 @@ def _job(tmp_path: Path, engine: _Engine, settings: Settings,
                    recipe=render_recipe(resolved.cell, settings.config))
 
 
-#: What the cells' logs said (OutputLog's sink).
+#: What the last job's log said (OutputLog's sink), emptied for each job so a test reads only
+#: its own cell's lines.
 _LINES: list[str] = []
+
+
+def _fresh_lines() -> list[str]:
+    _LINES.clear()
+    return _LINES
 
 
 def _verb(engine: _Engine, verb: str) -> tuple[list[str], dict[str, str]]:
@@ -267,8 +272,6 @@ def test_docker_cuda_cell_builds_a_verified_cuda_extension(tmp_path: Path) -> No
     then build the cell with the docker backend from that wheelhouse: the wheel's name tells
     its CUDA, its module holds exactly the asked SASS/PTX, and it imports beside the CUDA
     torch in a fresh venv (no GPU)."""
-    if shutil.which("docker") is None:
-        pytest.skip("no docker client")  # the engine itself: the backend's availability
     base = build_base_image(docker_engine())  # the local base image (no registry reachable)
     project = _cuda_project(tmp_path / "twice")
     cfg = tmp_path / "cuda.yaml"
