@@ -104,6 +104,13 @@ class CibwOptions:
     def uses_uv(self) -> bool:
         return self.build_frontend in UV_FRONTENDS
 
+    def frontend_requirements(self) -> list[str]:
+        """What the frontend installs into the build environment besides the cell's build
+        requirements (the offline pre-flight checks a wheelhouse for them, ``fetch``
+        downloads them): pypa/build, the pinned uv."""
+        return ([uv_pin().requirement] if self.uses_uv else []) + (
+            ["build"] if self.build_frontend in ("build", "build[uv]") else [])
+
     @property
     def frontend_spec(self) -> str:
         """The frontend as cibuildwheel spells it: ``build[uv]; args: --no-isolation``."""

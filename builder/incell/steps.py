@@ -309,8 +309,11 @@ def pip_configuration(python: str) -> dict[str, str]:
     """pip's configuration files' settings as PIP_* names (``global.index-url`` ->
     ``PIP_INDEX_URL``; an ``install.`` key wins over a ``global.`` one, as for ``pip install``);
     {} when the environment has no pip."""
-    proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
-                          text=True)
+    try:
+        proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True)
+    except OSError:
+        return {}
     found: dict[str, tuple[int, str]] = {}
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
         key, eq, raw = line.partition("=")
@@ -327,16 +330,23 @@ def pip_configuration(python: str) -> dict[str, str]:
     return {var: value for var, (_rank, value) in found.items()}
 
 
-def uv_environment(env: dict[str, str], configured: dict[str, str]) -> tuple[dict[str, str],
-                                                                           list[str]]:
+def uv_environment(env: dict[str, str], configured: dict[str, str],
+                   offline: bool = False) -> tuple[dict[str, str], list[str]]:
     """uv's variables for pip's settings: *env*'s PIP_* variables (the builder's index, CA and
     network settings, and the caller's), else pip's configuration files' (*configured*). A UV_*
-    variable already in *env* is kept. Returns the variables and, for the log, what came from
-    where (names only: an index URL may carry a password)."""
-    out: dict[str, str] = {"UV_PYTHON_DOWNLOADS": "never"}  # the cell's interpreter, no other
+    variable already in *env* is kept. *offline* (a wheelhouse build): no index at all, and
+    ``UV_OFFLINE``, as the builder's pip gets no index then. Returns the variables and, for
+    the log, what came from where (names only: an index URL may carry a password)."""
+    # UV_PYTHON_DOWNLOADS: the cell's interpreter or none, never one uv would download.
+    out: dict[str, str] = {"UV_PYTHON_DOWNLOADS": "never"}
     said: list[str] = []
+    if offline:
+        out["UV_OFFLINE"] = "1"
+        said.append("UV_OFFLINE (a wheelhouse build)")
     for pip_var, uv_var in PIP_TO_UV:
         if uv_var in env or uv_var in out:
+            continue
+        if offline and uv_var in ("UV_DEFAULT_INDEX", "UV_INDEX"):
             continue
         value, where = env.get(pip_var), pip_var
         if not value and pip_var in configured:
@@ -742,7 +752,8 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # Before before-build, as cibuildwheel's uv is there: `uv pip install` in it installs
         # into the build environment (UV_PYTHON), with pip's settings carried over.
         uv, uv_version = install_uv(args, env)
-        mapped, said = uv_environment({**os.environ, **env}, pip_configuration(sys.executable))
+        mapped, said = uv_environment({**os.environ, **env}, pip_configuration(sys.executable),
+                                      offline=bool(args.wheelhouse))
         env.update(mapped, UV_PYTHON=sys.executable)
         env["PATH"] = str(Path(uv).parent) + os.pathsep + env.get("PATH",
                                                                   os.environ.get("PATH", ""))
