@@ -98,7 +98,8 @@ class CibwOptions:
                 # Only when set: the keys of builds without them stay what they were.
                 **({"build_frontend_args": list(self.build_frontend_args)}
                    if self.build_frontend_args else {}),
-                **({"uv": uv_pin().requirement} if self.uses_uv else {})}
+                # The pin with its hashes: other bytes under the same version rebuild too.
+                **({"uv": uv_pin().requirements_line()} if self.uses_uv else {})}
 
     @property
     def uses_uv(self) -> bool:

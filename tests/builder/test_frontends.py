@@ -125,7 +125,8 @@ def test_plan_shows_the_frontend_its_args_and_the_uv_pin(tmp_path: Path) -> None
     opts = cell["build_options"]
     assert opts["build_frontend"] == "build[uv]"
     assert opts["build_frontend_args"] == ["--no-isolation"]
-    assert opts["uv"] == f"uv=={uv_pin().version}"  # a new pin: a new input key
+    assert opts["uv"] == uv_pin().requirements_line()  # a new pin: a new input key
+    assert opts["uv"].startswith(f"uv=={uv_pin().version} --hash=sha256:")
     assert opts["sources"]["build-frontend"] == "pyproject.toml [tool.cibuildwheel]"
     # The command line's table form wins over pyproject's, as every layer does.
     r = _plan(tmp_path, "--project", str(project), "--config", str(config),
@@ -309,4 +310,5 @@ def test_a_host_build_with_a_uv_frontend(tmp_path: Path, frontend: str, built_by
     assert "Fixed-up wheel written to" in log and "smoke: imported ['tinyext._C']" in log
     (entry,) = [e for e in manifest(tmp_path / "dist")["wheels"] if e["cell"] == CELL]
     recorded = entry["extra"]["resolved"]["build_options"]
-    assert recorded["build_frontend"] == name and recorded["uv"] == f"uv=={version}"
+    assert recorded["build_frontend"] == name
+    assert recorded["uv"] == uv_pin().requirements_line()
