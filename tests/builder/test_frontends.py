@@ -282,11 +282,14 @@ def test_the_offline_preflight_and_fetch_list_uv_for_its_frontends(tmp_path: Pat
 ])
 def test_a_host_build_with_a_uv_frontend(tmp_path: Path, frontend: str, built_by: str) -> None:
     """A tiny extension built by the host backend from a wheelhouse (offline) with the frontend
-    its pyproject.toml names: the log shows the pinned uv installed with its hashes, uv's part
-    (installing pypa/build, or building), the ``; args:`` words on the frontend's command, and
-    the wheel repaired and import-checked."""
+    its pyproject.toml names: the log shows the pinned uv installed with its hashes, found by
+    before-build, uv's part (installing pypa/build, or building), the ``; args:`` words on the
+    frontend's command, and the wheel repaired and import-checked."""
     house = _house()
-    project = _project(tmp_path / "proj", f"build-frontend = {frontend}\n")
+    # before-build finds the pinned uv first on PATH, aimed at the build's interpreter.
+    project = _project(tmp_path / "proj", f"build-frontend = {frontend}\n"
+                       """before-build = 'test "$UV_PYTHON" = "$(command -v python)" && """
+                       """uv --version | sed "s/^/before-build sees /"'\n""")
     r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--config",
                   str(_config(tmp_path)), "--wheelhouse", str(house))
     assert r.rc == 0, r.err[-4000:]
@@ -296,6 +299,7 @@ def test_a_host_build_with_a_uv_frontend(tmp_path: Path, frontend: str, built_by
     assert install and "-m pip install" in install[0] and "--no-index" in install[0], log[:3000]
     assert f"Successfully installed uv-{version}" in log
     assert f"+ uv: uv {version}" in log and "UV_OFFLINE (a wheelhouse build)" in log
+    assert f"before-build sees uv {version}" in log, log[:4000]
     (command,) = [x for x in log.splitlines() if built_by in x and x.startswith("+ ")]
     name = "build[uv]" if "build[uv]" in frontend else "uv"
     assert f"+ build frontend: {name} (" in log and f"uv {version}" in log
