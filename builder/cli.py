@@ -159,8 +159,10 @@ BUILD_OPTION_FLAGS: dict[str, tuple[str, str]] = {
                      "PATH"),
     "config-settings": ("SETTINGS", "PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
                         "--config-settings=--build-option=--cpp_ext)"),
-    "build-frontend": ("FRONTEND", "pip (default: pip wheel, the build environment's pip) or "
-                       "build (pypa/build, installed into the build environment)"),
+    "build-frontend": ("FRONTEND", "pip (default: pip wheel, the build environment's pip), "
+                       "build (pypa/build, installed into the build environment), build[uv] "
+                       "(pypa/build installed by the pinned uv) or uv (uv build); "
+                       "'NAME; args: ARGS' adds arguments to the frontend's command"),
     "repair-wheel-command": ("CMD", "replaces auditwheel repair: {wheel} and {dest_dir} "
                              "placeholders"),
 }

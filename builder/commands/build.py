@@ -369,7 +369,9 @@ def _execute(args: argparse.Namespace, ctx: Context, settings: Settings,
         preflight([(cell, wheels == "here") for cell, wheels in wants if wheels != "build host"],
                   opts.wheelhouse, f"offline bundle {bundle.root}" if bundle else
                   f"wheelhouse {opts.wheelhouse}", project, err, hosts,
-                  toolkits={c.identifier: c.cuda.toolkit for c in here})
+                  toolkits={c.identifier: c.cuda.toolkit for c in here},
+                  frontends={c.identifier: (c.build_options or config.build_options)
+                             .frontend_requirements() for c in here})
     err(f"project: {project}; out: {opts.out}; logs: {opts.work / 'logs'}")
     err(f"source date epoch: {epoch.describe()}")
     err(f"test-command: {test.describe()}")

@@ -224,8 +224,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     machine = platform.machine()
     # A CUDA cell's toolkit pins travel with its torch (builder.plan.cudacell).
     toolkits = {r.identifier: r.cuda.toolkit for r in resolution.cells}
+    # What each cell's build frontend installs (pypa/build, the pinned uv) travels too.
+    frontends = {r.identifier: (r.build_options or config.build_options)
+                 .frontend_requirements() for r in resolution.cells}
     downloads = [(Target(c.python, c.machine, c.plat, c.identifier),
-                  cell_requirements(c.torch, project, toolkits[c.identifier]), (c.identifier,))
+                  cell_requirements(c.torch, project, toolkits[c.identifier],
+                                    frontends[c.identifier]), (c.identifier,))
                  for c in cells]
     downloads += [(host.target(machine, config.support.torch_plat(host.torch, machine)),
                    cell_requirements(host.torch), host.cells)

@@ -20,10 +20,16 @@ names); the environment (``BUILDER_ENVIRONMENT``, ``BUILDER_ENVIRONMENT_PASS``,
   first on ``PATH`` (``pip install`` installs into it).
 * ``config-settings`` -- PEP 517 config settings for the project's build backend (``KEY=VALUE``
   words, or a table whose values may be lists), e.g. ``--build-option=--cpp_ext``.
-* ``build-frontend`` -- ``pip`` (``pip wheel --no-build-isolation``: the build environment's own
-  pip, whose version the cell's log records) or ``build`` (pypa/build, ``python -m build --wheel
-  --no-isolation``: installed into the build environment first; it calls the backend itself,
-  no pip involved in the build).
+* ``build-frontend`` -- cibuildwheel's names: ``pip`` (``pip wheel --no-build-isolation``: the
+  build environment's own pip, whose version the cell's log records), ``build`` (pypa/build,
+  ``python -m build --wheel --no-isolation``: installed into the build environment first; it
+  calls the backend itself, no pip involved in the build), ``build[uv]`` (pypa/build with uv as
+  its installer: the pinned uv (configs/uv.txt) installed first, then pypa/build by ``uv pip
+  install``) or ``uv`` (``uv build --wheel --no-build-isolation`` with the pinned uv). Each may
+  carry extra arguments for the frontend's command, cibuildwheel's ``NAME; args: ARGS`` string
+  (shell words) or its table ``{name = NAME, args = [...]}``, e.g. ``build; args:
+  --skip-dependency-check``. The builder never isolates a build (torch must be in the build's
+  environment), so ``build[uv]`` gets no ``--installer=uv``: uv installs the build's tools.
 * ``repair-wheel-command`` -- replaces the builder's ``auditwheel repair`` (``{wheel}``: the
   wheel, ``{dest_dir}``: the folder the repaired wheel must be written to); verification
   checks its result as it checks the builder's own.
@@ -43,12 +49,19 @@ from typing import Any, Optional
 
 from builder.config.cibwtable import CibwTable, read_table
 from builder.config.projecttest import PLACEHOLDERS, parse_command
+from builder.config.uvpin import uv_pin
 from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 
 KEYS: tuple[str, ...] = ("environment", "environment-pass", "before-all", "before-build",
                          "config-settings", "build-frontend", "repair-wheel-command")
-FRONTENDS: tuple[str, ...] = ("pip", "build")
+FRONTENDS: tuple[str, ...] = ("pip", "build", "build[uv]", "uv")
+#: The frontends that run the pinned uv (configs/uv.txt) in the build environment.
+UV_FRONTENDS: tuple[str, ...] = ("build[uv]", "uv")
+#: cibuildwheel's spellings of a frontend, for messages.
+FRONTEND_FORMS = ("one of pip, build, build[uv], uv, optionally with arguments for the "
+                  "frontend: 'NAME; args: ARGS' (e.g. 'build; args: --skip-dependency-check') "
+                  "or a table {name = NAME, args = [ARG, ...]}")
 #: The environment variable of each key (the builder's namespace, as its other settings).
 ENV: dict[str, str] = {k: "BUILDER_" + k.upper().replace("-", "_") for k in KEYS}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -67,6 +80,8 @@ class CibwOptions:
     before_build: Optional[str] = None
     config_settings: tuple[tuple[str, str], ...] = ()
     build_frontend: str = "pip"
+    #: The ``; args:`` words, added to the frontend's command after the builder's own.
+    build_frontend_args: tuple[str, ...] = ()
     repair_wheel_command: Optional[str] = None
     #: Where each key's value came from, e.g. {"environment": "command line --environment"}.
     origins: Mapping[str, str] = field(default_factory=dict)
@@ -79,7 +94,30 @@ class CibwOptions:
                 "before_all": self.before_all, "before_build": self.before_build,
                 "config_settings": [list(s) for s in self.config_settings],
                 "build_frontend": self.build_frontend,
-                "repair_wheel_command": self.repair_wheel_command}
+                "repair_wheel_command": self.repair_wheel_command,
+                # Only when set: the keys of builds without them stay what they were.
+                **({"build_frontend_args": list(self.build_frontend_args)}
+                   if self.build_frontend_args else {}),
+                # The pin with its hashes: other bytes under the same version rebuild too.
+                **({"uv": uv_pin().requirements_line()} if self.uses_uv else {})}
+
+    @property
+    def uses_uv(self) -> bool:
+        return self.build_frontend in UV_FRONTENDS
+
+    def frontend_requirements(self) -> list[str]:
+        """What the frontend installs into the build environment besides the cell's build
+        requirements (the offline pre-flight checks a wheelhouse for them, ``fetch``
+        downloads them): pypa/build, the pinned uv."""
+        return ([uv_pin().requirement] if self.uses_uv else []) + (
+            ["build"] if self.build_frontend in ("build", "build[uv]") else [])
+
+    @property
+    def frontend_spec(self) -> str:
+        """The frontend as cibuildwheel spells it: ``build[uv]; args: --no-isolation``."""
+        if not self.build_frontend_args:
+            return self.build_frontend
+        return f"{self.build_frontend}; args: {shlex.join(self.build_frontend_args)}"
 
     def record(self) -> dict[str, Any]:
         """What ``plan`` and the manifest show: the values and their sources."""
@@ -87,7 +125,7 @@ class CibwOptions:
 
     def describe(self) -> list[str]:
         """One line per option set, with its source (passed variables by name)."""
-        values = self.key()
+        values = {**self.key(), "build_frontend": self.frontend_spec}
         return [f"{key}: {values[key.replace('-', '_')]!r} ({self.origins[key]})"
                 for key in KEYS if key in self.origins]
 
@@ -173,11 +211,59 @@ def parse_config_settings(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def parse_frontend(value: Any) -> str:
-    if value not in FRONTENDS:
-        raise ValueError(f"{brief(value)} is not a build frontend; expected one of "
-                         f"{', '.join(FRONTENDS)}")
-    return str(value)
+def _split_semicolons(text: str) -> list[str]:
+    """*text* split at the ``;`` outside quotes (cibuildwheel's option separator)."""
+    parts, current, quote = [], "", ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ";":
+            parts.append(current)
+            current = ""
+            continue
+        current += char
+    return [*parts, current]
+
+
+def parse_frontend(value: Any) -> tuple[str, tuple[str, ...]]:
+    """cibuildwheel's ``build-frontend``: ``NAME``, ``NAME; args: ARGS`` or a table
+    ``{name = NAME, args = [...]}`` -> (name, args); raises ValueError naming the forms."""
+    if isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in ("name", "args"))
+        if unknown or "name" not in value:
+            what = f"unknown key {', '.join(unknown)}" if unknown else "no name"
+            raise ValueError(f"{brief(dict(value))}: {what}; expected {FRONTEND_FORMS}")
+        name, raw = value["name"], value.get("args", [])
+        if isinstance(raw, str):
+            raw = _shell_words(raw, value)
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(a, str) for a in raw):
+            raise ValueError(f"args {brief(raw)} is not a list of strings; expected "
+                             f"{FRONTEND_FORMS}")
+        args = tuple(raw)
+    elif isinstance(value, str):
+        first, *rest = _split_semicolons(value)
+        name, words = first.strip(), []
+        for part in rest:
+            key, colon, text = part.partition(":")
+            if not colon or key.strip() != "args":
+                raise ValueError(f"{brief(part.strip())} in {brief(value)} is not "
+                                 f"'args: ARGS'; expected {FRONTEND_FORMS}")
+            words += _shell_words(text, value)
+        args = tuple(words)
+    else:
+        raise ValueError(f"{brief(value)} is not a build frontend; expected {FRONTEND_FORMS}")
+    if name not in FRONTENDS:
+        raise ValueError(f"{brief(name)} is not a build frontend; expected {FRONTEND_FORMS}")
+    return str(name), args
+
+
+def _shell_words(text: str, whole: Any) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"args in {brief(whole)}: {exc}; expected {FRONTEND_FORMS}") from None
 
 
 def parse_repair(value: Any) -> str:
@@ -224,9 +310,13 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
         attr, source = key.replace("-", "_"), origin
         rule = (inherit or {}).get(key)
         if rule is not None and key in out.origins:
+            if key == "build-frontend":  # one value: merge says why it cannot be combined
+                merge(out.frontend_spec, data[key], rule, file=file, key=where)
             parsed = merge(getattr(out, attr), parsed, rule, file=file, key=where)
             source = f"{out.origins[key]} {rule}ed by {origin}"
-        out = replace(out, **{attr: parsed}, origins={**out.origins, key: source})
+        values = ({"build_frontend": parsed[0], "build_frontend_args": parsed[1]}
+                  if key == "build-frontend" else {attr: parsed})
+        out = replace(out, **values, origins={**out.origins, key: source})
     return out
 
 
@@ -235,9 +325,10 @@ def merge(before: Any, after: Any, rule: str, *, file: Optional[str], key: str) 
     commands joined with ``&&``, lists and assignments concatenated (a later assignment
     wins when the shell evaluates them); ConfigError for a key with one value (a frontend)."""
     first, second = (before, after) if rule == "append" else (after, before)
-    if isinstance(first, tuple):
+    frontend = key.rsplit(".", 1)[-1] in ("build-frontend",)
+    if isinstance(first, tuple) and not frontend:
         return first + second
-    if isinstance(first, str) and key.rsplit(".", 1)[-1] not in ("build-frontend",):
+    if isinstance(first, str) and not frontend:
         return f"{first} && {second}"
     raise ConfigError(f"inherit = {rule!r}: {brief(before)} and {brief(after)} cannot be "
                       "combined; expected inherit only on commands, lists and tables",
@@ -277,8 +368,10 @@ def over(base: CibwOptions, upper: CibwOptions) -> CibwOptions:
     out = base
     for key in KEYS:
         if key in upper.origins:
-            attr = key.replace("-", "_")
-            out = replace(out, **{attr: getattr(upper, attr)},
+            attrs = [key.replace("-", "_")]
+            if key == "build-frontend":
+                attrs.append("build_frontend_args")
+            out = replace(out, **{a: getattr(upper, a) for a in attrs},
                           origins={**out.origins, key: upper.origins[key]})
     return out
 

@@ -151,7 +151,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "before-build": {"anyOf": [{"type": "string"}, {"type": "null"},
                                    {"type": "array", "items": {"type": "string"}}]},
         "config-settings": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "object"}]},
-        "build-frontend": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "build-frontend": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "object"}]},
         "repair-wheel-command": {"anyOf": [{"type": "string"}, {"type": "null"},
                                            {"type": "array", "items": {"type": "string"}}]},
         "publish": {

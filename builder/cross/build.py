@@ -285,8 +285,12 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             env["CCACHE_DIR"] = str(cache_root() / "ccache")
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
+        if options.uses_uv:  # the pinned uv is installed by the in-cell step only
+            raise StepFailed(f"cross build: build-frontend {options.frontend_spec!r} is not "
+                             "supported by the cross backend; expected pip or build (or "
+                             "--backend host/docker for build[uv] and uv)")
         cmd = frontend_argv(host, options.build_frontend, str(src), str(wheel_dir),
-                            list(options.config_settings))
+                            list(options.config_settings), options.build_frontend_args)
         if options.build_frontend == "pip":
             cmd[3:3] = ["--no-cache-dir", "-v"]
         start = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from builder.config.buildoptions import NO_OPTIONS, CibwOptions
 from builder.config.projecttest import NO_TEST, ProjectTest, expand
+from builder.config.uvpin import uv_pin
 from builder.engines.base import RunResult, Session
 from builder.errors import StepFailed
 from builder.projecttree import CopyReport, copy_project_tree
@@ -154,9 +155,9 @@ def build_in_session(
             vpy = str(made["python"])
         installed = install_torch(session, vpy, steps, torch=torch, wheelhouse=wheelhouse,
                                   index_url=index_url, extra_requirements=extra_requirements)
-    if prepared is not None and (options.before_build or options.build_frontend == "build"):
-        # before-build's installs and pypa/build go into a venv of this build layered on the
-        # prepared (cached, shared) torch environment, never into that environment itself.
+    if prepared is not None and (options.before_build or options.build_frontend != "pip"):
+        # before-build's installs, pypa/build and uv go into a venv of this build layered on
+        # the prepared (cached, shared) torch environment, never into that environment itself.
         made = parse_result(session.run(
             [python, steps, "venv", posixpath.join(work, "build-venv"),
              "--layer", os.pathsep.join(installed.get("sites", ()))], step="create build venv"))
@@ -184,7 +185,7 @@ def build_in_session(
         argv.append("--cxx-floor")
     argv += [f"--cflag={flag}" for flag in cflags]  # "=": a flag starts with "-"
     argv += build_option_args(options, project_in)
-    if wheelhouse:  # where the build frontend `build` is installed from
+    if wheelhouse:  # where pypa/build and uv (build[uv], uv) are installed from
         argv += ["--wheelhouse", wheelhouse]
     elif index_url:
         argv += ["--index-url", index_url]
@@ -213,7 +214,11 @@ def build_option_args(options: CibwOptions, project: str) -> list[str]:
         if command:
             argv.append(f"{flag}={expand(command, project=project, package=project)}")
     argv += [f"--config-setting={k}={v}" for k, v in options.config_settings]
-    return [*argv, "--frontend", options.build_frontend]
+    argv += ["--frontend", options.build_frontend]
+    argv += [f"--frontend-arg={a}" for a in options.build_frontend_args]  # "=": "-n" too
+    if options.uses_uv:  # the pin (configs/uv.txt), hashes and all
+        argv.append(f"--uv-requirement={uv_pin().requirements_line()}")
+    return argv
 
 
 def environment_args(options: CibwOptions) -> list[str]:

@@ -18,6 +18,8 @@ Usage (each step prints one final ``AMPFORGE_RESULT {json}`` line that the host 
                                          [--shim auto|on|off] [--prefix-map OLD=NEW]
                                          [--no-libm-floor] [--cxx-floor] [--cxx11-abi 0|1]
                                          [--cflag FLAG ...]
+                                         [--frontend pip|build|build[uv]|uv]
+                                         [--frontend-arg ARG ...] [--uv-requirement LINE]
     python steps.py smoke --wheel W --torch 2.13.0 --venv DEST [--wheelhouse DIR] [--torch-site DIR]
                           [--module NAME ...] [--library PATH ...]
                           [--test-command CMD [--test-requires REQ ...] [--project DIR]
@@ -256,21 +258,121 @@ def evaluate_environment(assignments: list[tuple[str, str]], env: dict[str, str]
 
 
 def frontend_argv(python: str, frontend: str, project: str, out: str,
-                  config_settings: list[tuple[str, str]]) -> list[str]:
+                  config_settings: list[tuple[str, str]], args: tuple[str, ...] = (),
+                  uv: str = "uv") -> list[str]:
     """The command that builds *project*'s wheel into *out* without build isolation: pip's
-    ``pip wheel`` or pypa/build's ``python -m build``, with the PEP 517 config settings.
+    ``pip wheel``, pypa/build's ``python -m build`` (``build`` and ``build[uv]``: uv installed
+    the tools, the build itself is pypa/build's) or ``uv build`` (*uv*: its executable), with
+    the PEP 517 config settings and cibuildwheel's ``; args:`` words (*args*) last.
     pip reads config settings only on the PEP 517 path (``--use-pep517``: a ``setup.py``-only
     project would otherwise run ``setup.py bdist_wheel`` and drop them, pip 23 silently)."""
-    if frontend == "build":  # pypa/build spells it in the singular
+    if frontend in ("build", "build[uv]"):  # pypa/build spells it in the singular
         return [python, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
                 "--outdir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
-                project]
+                project, *args]
+    if frontend == "uv":
+        # --python: the build environment's interpreter runs the backend (uv finds no other);
+        # --no-build-isolation: torch and the build requirements are the ones installed there.
+        return [uv, "build", "--wheel", "--no-build-isolation", "--python", python,
+                "--out-dir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
+                project, *args]
     settings = [f"--config-settings={k}={v}" for k, v in config_settings]
     return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
             "--disable-pip-version-check", "--no-input",
             *(["--use-pep517"] if settings else []), *settings, "-w", out,
             # A bare name would be looked up on the index: always pass a path.
-            project]
+            project, *args]
+
+
+#: pip's settings (its environment variables; ``pip config`` keys are the same names without
+#: ``PIP_``, lower case, ``-`` for ``_``) and uv's variable for each: uv reads no pip.conf and
+#: no PIP_* variable, so the step carries them over. uv reads HTTP(S)_PROXY, ALL_PROXY and
+#: NO_PROXY itself, and SSL_CERT_FILE (a PEM bundle: the builder's merged CA bundle).
+PIP_TO_UV: tuple[tuple[str, str], ...] = (
+    ("PIP_INDEX_URL", "UV_DEFAULT_INDEX"),
+    ("PIP_EXTRA_INDEX_URL", "UV_INDEX"),
+    ("PIP_FIND_LINKS", "UV_FIND_LINKS"),
+    ("PIP_NO_INDEX", "UV_NO_INDEX"),
+    ("PIP_TRUSTED_HOST", "UV_INSECURE_HOST"),
+    ("PIP_CERT", "SSL_CERT_FILE"),
+    ("PIP_CLIENT_CERT", "SSL_CLIENT_CERT"),
+    ("PIP_TIMEOUT", "UV_HTTP_TIMEOUT"),
+    ("PIP_DEFAULT_TIMEOUT", "UV_HTTP_TIMEOUT"),
+    ("PIP_RETRIES", "UV_HTTP_RETRIES"),
+)
+#: uv's separators differ from pip's for lists of URLs: pip takes spaces everywhere, uv's
+#: UV_FIND_LINKS takes commas.
+_UV_COMMA_LISTS = ("UV_FIND_LINKS",)
+
+
+def pip_configuration(python: str) -> dict[str, str]:
+    """pip's configuration files' settings as PIP_* names (``global.index-url`` ->
+    ``PIP_INDEX_URL``; an ``install.`` key wins over a ``global.`` one, as for ``pip install``);
+    {} when the environment has no pip."""
+    try:
+        proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True)
+    except OSError:
+        return {}
+    found: dict[str, tuple[int, str]] = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        key, eq, raw = line.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or section not in ("global", "install"):
+            continue  # ":env:." lines are PIP_* variables, read from the environment itself
+        value = raw.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        rank = 1 if section == "install" else 0
+        var = "PIP_" + name.upper().replace("-", "_")
+        if var not in found or found[var][0] <= rank:
+            found[var] = (rank, value)
+    return {var: value for var, (_rank, value) in found.items()}
+
+
+def uv_environment(env: dict[str, str], configured: dict[str, str],
+                   offline: bool = False) -> tuple[dict[str, str], list[str]]:
+    """uv's variables for pip's settings: *env*'s PIP_* variables (the builder's index, CA and
+    network settings, and the caller's), else pip's configuration files' (*configured*). A UV_*
+    variable already in *env* is kept. *offline* (a wheelhouse build): no index at all, and
+    ``UV_OFFLINE``, as the builder's pip gets no index then. Returns the variables and, for
+    the log, what came from where (names only: an index URL may carry a password)."""
+    # UV_PYTHON_DOWNLOADS: the cell's interpreter or none, never one uv would download.
+    out: dict[str, str] = {"UV_PYTHON_DOWNLOADS": "never"}
+    said: list[str] = []
+    if offline:
+        out["UV_OFFLINE"] = "1"
+        said.append("UV_OFFLINE (a wheelhouse build)")
+    for pip_var, uv_var in PIP_TO_UV:
+        if uv_var in env or uv_var in out:
+            continue
+        if offline and uv_var in ("UV_DEFAULT_INDEX", "UV_INDEX"):
+            continue
+        value, where = env.get(pip_var), pip_var
+        if not value and pip_var in configured:
+            value, where = configured[pip_var], "pip.conf " + pip_var[4:].lower().replace(
+                "_", "-")
+        if not value:
+            continue
+        if uv_var in _UV_COMMA_LISTS:
+            value = ",".join(value.split())
+        if uv_var in ("UV_HTTP_TIMEOUT", "UV_HTTP_RETRIES"):  # uv takes whole numbers
+            try:
+                value = str(max(1 if uv_var == "UV_HTTP_TIMEOUT" else 0, round(float(value))))
+            except ValueError:
+                continue
+        if uv_var == "UV_NO_INDEX" and value.lower() not in ("1", "true", "yes", "on"):
+            continue
+        out[uv_var] = value
+        said.append(f"{uv_var} from {where}")
+    return out, said
+
+
+def uv_source_args(args: argparse.Namespace) -> list[str]:
+    """``uv pip install``'s form of :func:`_pip_source_args`."""
+    if args.wheelhouse:
+        return ["--no-index", "--find-links", args.wheelhouse]
+    return ["--default-index", args.index_url] if args.index_url else []
 
 
 def layer_sites(python: str, sites: list[str]) -> None:
@@ -645,6 +747,18 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     if args.before_all:
         _shell("before-all", args.before_all, env, project)
     bindir = str(Path(sys.executable).parent)
+    uv, uv_version = "", ""
+    if args.frontend in ("build[uv]", "uv"):
+        # Before before-build, as cibuildwheel's uv is there: `uv pip install` in it installs
+        # into the build environment (UV_PYTHON), with pip's settings carried over.
+        uv, uv_version = install_uv(args, env)
+        mapped, said = uv_environment({**os.environ, **env}, pip_configuration(sys.executable),
+                                      offline=bool(args.wheelhouse))
+        env.update(mapped, UV_PYTHON=sys.executable)
+        env["PATH"] = str(Path(uv).parent) + os.pathsep + env.get("PATH",
+                                                                  os.environ.get("PATH", ""))
+        print(f"+ uv: {uv_version} at {uv}; pip's settings for uv: "
+              f"{', '.join(said) or 'none set'}", flush=True)
     if args.before_build:
         # The build environment's python and pip first on PATH, as cibuildwheel's.
         path = bindir + os.pathsep + env.get("PATH", os.environ.get("PATH", ""))
@@ -656,12 +770,23 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         except subprocess.CalledProcessError:
             _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
                   "--no-input", *_pip_source_args(args), "build"], env=env)
+    elif args.frontend == "build[uv]":
+        try:
+            subprocess.check_call([sys.executable, "-c", "import build"],
+                                  stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            _run([uv, "pip", "install", "--python", sys.executable, *uv_source_args(args),
+                  "build"], env=env)
     pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"],
                                  capture_output=True, text=True).stdout.split(" from ")[0]
-    print(f"+ build frontend: {args.frontend} ({pip_version or 'no pip'})", flush=True)
+    tools = [pip_version or "no pip"] + ([uv_version] if uv else [])
+    print(f"+ build frontend: {args.frontend} ({', '.join(tools)})", flush=True)
+    if args.frontend_arg:
+        print(f"+ build frontend args: {shlex.join(args.frontend_arg)}", flush=True)
     settings = [tuple(c.split("=", 1)) for c in args.config_setting]
     _run_build(frontend_argv(sys.executable, args.frontend, project, str(out),
-                             settings), env=env)  # type: ignore[arg-type]
+                             settings, tuple(args.frontend_arg), uv or "uv"),
+               env=env)  # type: ignore[arg-type]
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
@@ -672,7 +797,30 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
               f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
               "to its version")
     _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim),
-            frontend=args.frontend, pip=pip_version)
+            frontend=args.frontend, pip=pip_version, uv=uv_version)
+
+
+def install_uv(args: argparse.Namespace, env: dict[str, str]) -> tuple[str, str]:
+    """The pinned uv (``--uv-requirement``: configs/uv.txt's line, with its hashes) into this
+    environment by pip, ``--require-hashes``, from the wheelhouse offline; its executable and
+    ``uv --version``."""
+    if not args.uv_requirement:
+        _fail(f"build frontend {args.frontend} needs --uv-requirement (the pinned uv)")
+    req = Path(args.out).resolve().parent / "uv-requirements.txt"
+    req.write_text(args.uv_requirement + "\n")
+    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+          "--no-compile", "--no-deps", "--require-hashes", *_pip_source_args(args),
+          "-r", str(req)], env=env)
+    scripts = [sysconfig.get_path("scripts"), str(Path(sys.executable).parent)]
+    uv = next((str(Path(d, "uv")) for d in scripts if Path(d, "uv").is_file()), "")
+    if not uv:
+        _fail(f"pip installed {args.uv_requirement.split()[0]} but no uv executable is in "
+              f"{' or '.join(scripts)}")
+    version = subprocess.run([uv, "--version"], capture_output=True, text=True)
+    if version.returncode != 0:
+        _fail(f"{uv} --version failed (exit {version.returncode}): "
+              f"{version.stderr.strip()[-300:]}")
+    return uv, version.stdout.strip()
 
 
 def _check_cxx11_abi(expected: bool) -> None:
@@ -845,7 +993,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--before-build", default="", metavar="CMD")
     p.add_argument("--config-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a PEP 517 config setting for the build backend (repeatable)")
-    p.add_argument("--frontend", choices=("pip", "build"), default="pip")
+    p.add_argument("--frontend", choices=("pip", "build", "build[uv]", "uv"), default="pip")
+    p.add_argument("--frontend-arg", action="append", default=[], metavar="ARG",
+                   help="cibuildwheel's '; args:': added to the frontend's command (repeatable)")
+    p.add_argument("--uv-requirement", default="", metavar="LINE",
+                   help="the pinned uv for build[uv] and uv: 'uv==X --hash=sha256:...'")
     sources(p)
     p.add_argument("--cflag", action="append", default=[], metavar="FLAG",
                    help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)")

@@ -149,12 +149,13 @@ def host_torches(records: Sequence[tuple[str, Optional[tuple[str, str]]]]) -> li
 
 
 def cell_requirements(torch: str, project: Optional[Path] = None,
-                      toolkit: Sequence[str] = ()) -> list[str]:
+                      toolkit: Sequence[str] = (), frontend: Sequence[str] = ()) -> list[str]:
     """Everything a cell's build and smoke test pip-install: ``torch==X``, the build tools,
     and the project's static build-system requires and dependencies (the smoke test installs
     the wheel, so its dependencies too); a CUDA cell's *toolkit* pins (its resolved record's,
-    ``--hash`` options dropped: the install checks them) too."""
-    reqs = [f"torch=={torch}", *BUILD_TOOLS, *(t.split(" ")[0] for t in toolkit)]
+    ``--hash`` options dropped: the install checks them) too, and what its build frontend
+    installs (*frontend*: pypa/build, the pinned uv; CibwOptions.frontend_requirements)."""
+    reqs = [f"torch=={torch}", *BUILD_TOOLS, *(t.split(" ")[0] for t in toolkit), *frontend]
     names = {canonicalize_name(r.split("=")[0]) for r in reqs}
     for req in _project_requirements(project) if project else []:
         parsed = _requirement(req, "pyproject.toml")

@@ -88,15 +88,18 @@ def _host_plat(machine: str) -> str:
 def preflight(cells: Sequence[tuple[Cell, bool]], wheelhouse: Path, where: str,
               project: Optional[Path], say: Callable[[str], None],
               hosts: Sequence[HostTorch] = (),
-              toolkits: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+              toolkits: Optional[Mapping[str, Sequence[str]]] = None,
+              frontends: Optional[Mapping[str, Sequence[str]]] = None) -> None:
     """Each ``(cell, on_host)`` checked against *wheelhouse*, and each host torch environment
-    (*hosts*: the cross cells'); ConfigError naming every gap."""
+    (*hosts*: the cross cells'); ConfigError naming every gap. *toolkits*, *frontends*: a
+    cell's CUDA toolkit pins and what its build frontend installs, by cell id."""
     wheels = index_wheelhouse(wheelhouse)
     machine = platform.machine()
     checks = [(Target(cell.python, cell.machine,
                       _host_plat(cell.machine) if on_host else cell.plat, cell.identifier),
                cell_requirements(cell.torch, project,
-                                 (toolkits or {}).get(cell.identifier, ())))
+                                 (toolkits or {}).get(cell.identifier, ()),
+                                 (frontends or {}).get(cell.identifier, ())))
               for cell, on_host in cells]
     checks += [(host.target(machine, _host_plat(machine)), cell_requirements(host.torch))
                for host in hosts]

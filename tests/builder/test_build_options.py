@@ -162,7 +162,7 @@ def test_plan_takes_builds_option_flags_and_shows_them_resolved(tmp_path: Path) 
     ("cli", ("--config-settings", "novalue"), "--config-settings"),
     ("cli", ("--environment-pass", "NOT-A-NAME"), "--environment-pass"),
     ("cli", ("--repair-wheel-command", "auditwheel repair {wheel}"), "--repair-wheel-command"),
-    ("env", ("BUILDER_BUILD_FRONTEND", "uv"), "BUILDER_BUILD_FRONTEND"),
+    ("env", ("BUILDER_BUILD_FRONTEND", "uv[build]"), "BUILDER_BUILD_FRONTEND"),
     ("config", ("build-frontend", "'flit'"), "build-frontend"),
     ("config", ("before-all", "''"), "before-all"),
     ("pyproject", ("environment", "'A'"), "tool.cibuildwheel.environment"),
