@@ -85,6 +85,28 @@ def make_wheel(job: CiJob) -> str:
     return " ".join([MAKE_WHEEL, *cuda, *fixed])
 
 
+#: What a CUDA cell's job removes first. Its torch with the nvidia-* wheels is a 3 GB download
+#: and about 6 GB installed (the docker torch layer: 6.3 GB, docs/cuda-wheels.md), next to the
+#: toolkit's 2 GB; GitHub states 14 GB of disk for a standard hosted runner. These folders are the
+#: runner image's preinstalled toolchains no build here uses (.NET, Android SDK, GHC, CodeQL,
+#: Swift): about 25 GB. Setup-python's interpreters (the rest of /opt/hostedtoolcache) stay.
+FREE_DISK_PATHS = ("/usr/share/dotnet", "/usr/local/lib/android", "/opt/ghc", "/usr/local/.ghcup",
+                   "/opt/hostedtoolcache/CodeQL", "/usr/share/swift")
+FREE_DISK_SCRIPT = ("df -h / | tail -n 1\n"
+                    f"sudo rm -rf {' '.join(FREE_DISK_PATHS)}\n"
+                    "df -h / | tail -n 1\n")
+FREE_DISK_NAME = "free disk for the CUDA torch"
+FREE_DISK_IF = "matrix.cuda != 'cpu'"
+
+
+def has_cuda(job: CiJob) -> bool:
+    return any(a.startswith("CUDA=") and a != "CUDA=cpu" for a in job.make_args)
+
+
+def _free_disk_step() -> dict[str, Any]:
+    return {"name": FREE_DISK_NAME, "if": FREE_DISK_IF, "run": FREE_DISK_SCRIPT}
+
+
 def _setup_steps(cell: bool) -> list[dict[str, Any]]:
     # The host backend builds with the cell's own Python, the builder runs on 3.11: the last
     # version listed is the default python3.
@@ -107,6 +129,10 @@ def _setup_steps(cell: bool) -> list[dict[str, Any]]:
 
 def _cell_jobs(jobs: list[CiJob], kind: str, needs: list[str]) -> dict[str, Any]:
     steps = _setup_steps(cell=True)
+    if any(has_cuda(j) for j in jobs):
+        # First, before anything lands on the disk; only in a matrix with CUDA cells, so a
+        # matrix without them renders as before.
+        steps.insert(0, _free_disk_step())
     if kind == "verify":
         steps.append({"name": "the stable-ABI wheel its build job made", "uses": DOWNLOAD,
                       "with": {"name": "${{ matrix.built_by }}", "path": "dist"}})

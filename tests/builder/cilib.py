@@ -55,7 +55,7 @@ def fill(text: str, context: Mapping[str, Any]) -> str:
 
 
 def condition(expr: str, context: Mapping[str, Any]) -> bool:
-    """The ``if:`` forms the renderer writes: matrix comparisons joined by ``||``,
+    """The ``if:`` forms the renderer writes: matrix comparisons (``==``, ``!=``) joined by ``||``,
     ``startsWith(github.ref, '...')``, and ``needs.<job>.outputs.<name> != '...'`` joined to it
     by ``&&``."""
     if "&&" in expr:
@@ -63,11 +63,12 @@ def condition(expr: str, context: Mapping[str, Any]) -> bool:
     result = False
     for part in expr.split("||"):
         part = part.strip()
-        m = re.fullmatch(r"matrix\.([\w-]+) == '([^']*)'", part)
+        m = re.fullmatch(r"matrix\.([\w-]+) (==|!=) '([^']*)'", part)
         t = re.fullmatch(r"startsWith\(github\.ref, '([^']*)'\)", part)
         n = re.fullmatch(r"needs\.([\w-]+)\.outputs\.([\w-]+) != '([^']*)'", part)
         if m:
-            result |= str(context["matrix"].get(m.group(1))) == m.group(2)
+            same = str(context["matrix"].get(m.group(1))) == m.group(3)
+            result |= same if m.group(2) == "==" else not same
         elif t:
             result |= str(context["github"]["ref"]).startswith(t.group(1))
         elif n:

@@ -23,14 +23,23 @@ import pytest
 import twine.utils
 import yaml
 from builder_testlib import run_cli
-from cilib import Runner, base_env, commit_all, source_repository
+from cilib import Runner, base_env, commit_all, condition, source_repository
 from enginelib import write_tiny_extension
+from indexlib import make_wheel
 
 from builder.config import REPO_ROOT
+from builder.release.manifest import ManifestEntry, record_wheel
 
 PASSWORD = "Pr0xy-s3cret-9d2e"
 PROXY_ENV = {"HTTPS_PROXY": f"http://ci:{PASSWORD}@proxy.example:3128"}
 SCHEMAS = {"github": "vendor.github-workflows", "gitlab": "vendor.gitlab-ci"}
+
+
+def _validates(ci: str, path: Path) -> None:
+    """*path* against the service's own schema (check-jsonschema's bundled copy, no network)."""
+    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                            SCHEMAS[ci], str(path)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def _render(tmp_path: Path, ci: str, *extra: str) -> tuple[str, dict]:
@@ -39,9 +48,7 @@ def _render(tmp_path: Path, ci: str, *extra: str) -> tuple[str, dict]:
     assert res.rc == 0, res.err
     assert res.out.startswith(f"wrote {out}: 20 build job(s), 6 verify job(s), 1 release job")
     assert "note: --ci: BACKEND=docker for every job" in res.err
-    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                            SCHEMAS[ci], str(out)], capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0, check.stdout + check.stderr
+    _validates(ci, out)
     text = out.read_text()
     assert PASSWORD not in text and "proxy.example" not in text
     return text, yaml.safe_load(text)
@@ -215,6 +222,7 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
     for ci, path in out.items():
         res = run_cli("render", "--ci", ci, "--config", "configs/cuda.yaml", "--out", str(path))
         assert res.rc == 0, res.err
+        _validates(ci, path)
     github = yaml.safe_load(out["github"].read_text())["jobs"]
     args = {}
     for kind in ("build", "verify"):
@@ -237,6 +245,90 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
                       "--cuda", a["CUDA"])
         assert res.rc == 0, res.err
         assert [c["id"] for c in json.loads(res.out)["cells"]] == [cell]
+
+
+def test_a_cuda_job_frees_the_runners_disk_first_and_a_cpu_job_does_not(
+        tmp_path: Path) -> None:
+    """A CUDA torch is several GB: each CUDA row's job removes the runner's preinstalled
+    toolchains before anything is checked out or installed; a cpu row skips the step, and a
+    matrix without CUDA cells has no such step at all (its file is as before)."""
+    path = tmp_path / "github.yml"
+    res = run_cli("render", "--ci", "github", "--config", "configs/cuda.yaml", "--out", str(path))
+    assert res.rc == 0, res.err
+    jobs = yaml.safe_load(path.read_text())["jobs"]
+    build = jobs["build"]
+    first = build["steps"][0]
+    assert first["name"] == "free disk for the CUDA torch", first
+    assert first["run"].splitlines()[1] == (
+        "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /usr/local/.ghcup "
+        "/opt/hostedtoolcache/CodeQL /usr/share/swift")
+    assert "/opt/hostedtoolcache " not in first["run"]  # setup-python's interpreters stay
+    assert build["steps"][1]["uses"].startswith("actions/checkout@")
+    rows = build["strategy"]["matrix"]["include"]
+    frees = {r["cell"]: condition(first["if"], {"matrix": r}) for r in rows}
+    assert frees == {r["cell"]: r["cell"].endswith("-cu130") for r in rows}
+    assert sum(frees.values()) == 3 and not all(frees.values())
+    # configs/cuda.yaml's verify rows are cpu cells (served by the cp311 cpu job's wheel).
+    assert all(r["cuda"] == "cpu" for r in jobs["verify"]["strategy"]["matrix"]["include"])
+    assert all(s.get("name") != "free disk for the CUDA torch" for s in jobs["verify"]["steps"])
+    _, default = _render(tmp_path / "default", "github")
+    for kind in ("build", "verify"):
+        assert all("free disk" not in str(s.get("name")) for s in default["jobs"][kind]["steps"])
+
+
+def test_the_merge_of_two_artifacts_differing_only_in_cuda_keeps_both(tmp_path: Path) -> None:
+    """The release job's merge over a cpu job's and a CUDA job's dist/ of one (arch, Python,
+    torch): two files (``+torch2.14`` and ``+torch2.14.cu130``), two entries, each keeping its
+    CUDA record; `index --per-torch` gives each its own page."""
+    folders = {cuda: tmp_path / f"dist-{cell}" for cuda, cell in
+               (("cpu", CUDA_CELLS["cpu"]), ("13.0", CUDA_CELLS["13.0"]))}
+    for cuda, folder in folders.items():
+        _cuda_dist(folder, CUDA_CELLS[cuda], cuda)
+    res = run_cli("merge", *map(str, folders.values()), "--out", str(tmp_path / "release"))
+    assert res.rc == 0, res.err
+    release = tmp_path / "release"
+    names = sorted(p.name for p in release.glob("*.whl"))
+    assert names == ["cudapkg-1.0+torch2.14-cp311-cp311-manylinux_2_28_x86_64.whl",
+                     "cudapkg-1.0+torch2.14.cu130-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    entries = json.loads((release / "manifest.json").read_text())["wheels"]
+    by_cell = {e["cell"]: e for e in entries}
+    assert set(by_cell) == set(CUDA_CELLS.values())
+    assert by_cell[CUDA_CELLS["13.0"]]["extra"]["resolved"]["cuda"]["version"] == "13.0"
+    assert by_cell[CUDA_CELLS["13.0"]]["extra"]["cuda"]["version"] == "13.0"
+    assert by_cell[CUDA_CELLS["cpu"]]["extra"]["resolved"]["cuda"] == {"version": "cpu"}
+    for cuda, folder in folders.items():
+        assert by_cell[CUDA_CELLS[cuda]]["built_by"]["sources"] == [folder.name]
+    res = run_cli("index", str(release), "--per-torch", "--out", str(tmp_path / "index"))
+    assert res.rc == 0, res.err
+    pages = {p.parent.parent.parent.name: p.name
+             for p in (tmp_path / "index").glob("*/simple/cudapkg/*.whl")}
+    assert pages == {"torch2.14": names[0], "torch2.14.cu130": names[1]}
+
+
+CUDA_CELLS = {"cpu": "cp311-manylinux_x86_64-torch2.14.1",
+              "13.0": "cp311-manylinux_x86_64-torch2.14.1-cu130"}
+
+
+def _cuda_dist(dist: Path, cell: str, cuda: str) -> None:
+    """A job's dist/ as `build` writes it for *cell*: the wheel its label names and a manifest
+    entry carrying the resolved record (with its CUDA) and what verification found."""
+    local = "torch2.14" + ("" if cuda == "cpu" else ".cu" + cuda.replace(".", ""))
+    wheel = make_wheel(dist, "cudapkg", f"1.0+{local}", tag="cp311-cp311-manylinux_2_28_x86_64",
+                       requires_dist=["torch==2.14.*"], requires_python=">=3.9")
+    resolved = {"id": cell, "cp": "cp311", "python": "3.11", "torch": "2.14.1",
+                "machine": "x86_64", "local_version": local, "cuda": {"version": cuda}}
+    extra: dict[str, object] = {"resolved": resolved,
+                                "built_on": {"host": "runner", "machine": "x86_64",
+                                             "ci": "github", "runner": f"GitHub Actions {cuda}",
+                                             "job": "7"}}
+    if cuda != "cpu":
+        resolved["cuda"] = {"version": cuda, "tag": "cu130", "arch_list": "8.0;9.0+PTX"}
+        extra["cuda"] = {"version": cuda, "arch_list": "8.0;9.0+PTX"}
+    record_wheel(dist, ManifestEntry.for_wheel(
+        wheel, cell=cell, torch="2.14.1", python="3.11",
+        base_image="quay.io/pypa/manylinux_2_28", compiler="gcc-toolset-14",
+        builder_version="0.1.0", started_at="2026-12-01T10:00:00Z",
+        finished_at="2026-12-01T10:00:00Z", extra=extra))
 
 
 def test_the_docs_page_shows_what_render_writes() -> None:
