@@ -2,7 +2,8 @@
 
 Only what the workflows ``render --ci github`` writes is understood, and anything else fails
 the test (a new construct must be taught here, not skipped): ``run:`` steps go to
-``bash -eo pipefail`` with the job's environment, ``$GITHUB_ENV`` is honoured between steps,
+``bash -eo pipefail`` with the job's environment, ``$GITHUB_ENV`` and ``$GITHUB_PATH`` are
+honoured between steps,
 ``$GITHUB_OUTPUT`` gives the step's outputs (``steps.<id>.outputs.*``, then the job's
 ``outputs:``, which a later job reads as ``needs.<job>.outputs.*``; a job's own ``if:`` is
 checked before it starts), ``${{ matrix.* }}``, ``${{ secrets.* }}`` and ``${{ vars.* }}`` are
@@ -10,7 +11,8 @@ filled in (secrets and variables from this machine's environment: the CI's setti
 this machine's proxy), and
 the actions the workflow uses are done by hand: ``checkout`` is a fresh ``git clone`` per job,
 ``setup-python`` checks the interpreters are on PATH, ``cache`` restores ``.venv`` (a link to
-this machine's builder environment), ``upload-artifact`` and
+this machine's builder environment) or the builder's torch environments (this machine's cache
+root; the key is recorded), ``upload-artifact`` and
 ``download-artifact`` copy folders to and from one artifact store.
 """
 
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 _EXPR = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+#: The torch environments' folder a project's own workflow caches (the builder's cache root).
+TORCH_ENVS = "~/.cache/ampforge/torch-envs"
 
 
 @dataclass
@@ -38,6 +42,7 @@ class JobRun:
     steps: list[str] = field(default_factory=list)  # "name: ran" / "name: skipped (why)"
     seconds_per_step: dict[str, float] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)  # the job's `outputs:`, filled in
+    cache_keys: list[str] = field(default_factory=list)  # torch-envs keys it restored
     skipped: str = ""  # the job's own `if:` when it was false (nothing ran)
 
 
@@ -108,15 +113,20 @@ class Runner:
             run.skipped = str(job["if"])
             return run
         subprocess.run(["git", "clone", "-q", str(self.origin), str(work)], check=True)
-        # The builder's environment as the workflow's actions/cache step restores it (make
-        # builder-env finds its stamp and does nothing).
-        (work / ".venv").symlink_to(self.venv)
+        if any(s.get("with", {}).get("path") == ".venv" for s in job["steps"]):
+            # The builder's environment as the workflow's actions/cache step restores it (make
+            # builder-env finds its stamp and does nothing). A project's own workflow installs
+            # the tool instead, and its checkout gets no such link.
+            (work / ".venv").symlink_to(self.venv)
         temp = self.root / "tmp" / name
         temp.mkdir(parents=True)
         github_env = temp / "github_env"
         github_env.touch()
+        github_path = temp / "github_path"
+        github_path.touch()
         env = {**self.env, "GITHUB_ACTIONS": "true", "RUNNER_NAME": f"emulated {name}",
-               "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env)}
+               "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env),
+               "GITHUB_PATH": str(github_path)}
         env.update({k: fill(str(v), context) for k, v in workflow.get("env", {}).items()})
         for step in job["steps"]:
             label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
@@ -130,7 +140,7 @@ class Runner:
             output.touch()
             step_env["GITHUB_OUTPUT"] = str(output)
             if "uses" in step:
-                self._action(step, context, work)
+                self._action(step, context, work, run)
             else:
                 script = fill(step["run"], context)
                 proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail",
@@ -142,6 +152,9 @@ class Runner:
                 for line in github_env.read_text().splitlines():
                     key, _, value = line.partition("=")
                     env[key] = value
+                # $GITHUB_PATH: each line goes before PATH for the later steps, newest first.
+                added = github_path.read_text().splitlines()[::-1]
+                env["PATH"] = os.pathsep.join([*added, self.env.get("PATH", os.defpath)])
                 if "id" in step:
                     context["steps"][step["id"]] = dict(
                         line.partition("=")[::2] for line in output.read_text().splitlines())
@@ -152,12 +165,17 @@ class Runner:
         return run
 
     def _action(self, step: Mapping[str, Any], context: Mapping[str, Any],
-                work: Path) -> None:
+                work: Path, run: JobRun) -> None:
         uses = str(step["uses"]).split("@")[0]
-        if uses == "actions/cache":
-            assert step["with"]["path"] == ".venv", step
-            return  # restored: the job's .venv is this machine's builder environment
         args = {k: fill(str(v), context) for k, v in (step.get("with") or {}).items()}
+        if uses == "actions/cache":
+            if args["path"] == TORCH_ENVS:
+                # The builder's cache root here is this machine's, kept between jobs as the
+                # restored cache would be: the key is what the test checks.
+                run.cache_keys.append(args["key"])
+                return
+            assert args["path"] == ".venv", step
+            return  # restored: the job's .venv is this machine's builder environment
         if uses == "actions/checkout":
             return  # the job's fresh clone
         if uses == "actions/setup-python":
