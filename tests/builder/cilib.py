@@ -235,3 +235,80 @@ def base_env() -> dict[str, str]:
     runner's, holding this machine's proxy and pip configuration."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("BUILDER_", "PYTEST_")) and k not in ("PYTHONPATH",)}
+
+
+def action_context(action: Mapping[str, Any], inputs: Mapping[str, str],
+                   action_path: Path) -> dict[str, Any]:
+    """The expression context of a composite action's steps: its inputs (each default where
+    not given; an input it does not declare fails), ``github.action_path``, the steps' outputs."""
+    declared = action["inputs"]
+    unknown = set(inputs) - set(declared)
+    assert not unknown, f"inputs the action does not declare: {sorted(unknown)}"
+    values = {k: str(inputs.get(k, spec.get("default", ""))) for k, spec in declared.items()}
+    return {"inputs": values, "github": {"action_path": str(action_path)}, "steps": {}}
+
+
+def fill_action(text: str, context: Mapping[str, Any]) -> str:
+    """:func:`fill` plus the action's own scopes (``inputs.*``, ``github.action_path``)."""
+    def value(m: re.Match[str]) -> str:
+        expr = m.group(1)
+        scope, _, key = expr.partition(".")
+        if scope == "inputs":
+            return context["inputs"][key]
+        if expr == "github.action_path":
+            return str(context["github"]["action_path"])
+        out = re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", expr)
+        if out:
+            return str(context["steps"][out.group(1)][out.group(2)])
+        raise AssertionError(f"expression the emulator does not know: {expr!r}")
+    return _EXPR.sub(value, text)
+
+
+def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str, str],
+               workspace: Path, env: Mapping[str, str], temp: Path) -> list[str]:
+    """Run a composite action's steps as a runner does: ``run:`` steps with ``shell: bash``
+    in *workspace* (its working directory), their ``env:`` filled in, ``$GITHUB_ENV`` and
+    ``$GITHUB_PATH`` honoured; ``actions/setup-python`` finds the interpreter on PATH and gives
+    its ``python-path`` output (with ``update-environment: false``: nothing else changes).
+    Returns each step's label and how long it took."""
+    assert action["runs"]["using"] == "composite", action["runs"]
+    context = action_context(action, inputs, action_path)
+    temp.mkdir(parents=True, exist_ok=True)
+    github_env, github_path = temp / "github_env", temp / "github_path"
+    github_env.touch()
+    github_path.touch()
+    base = {**env, "GITHUB_ACTIONS": "true", "RUNNER_TEMP": str(temp),
+            "GITHUB_ENV": str(github_env), "GITHUB_PATH": str(github_path),
+            "GITHUB_ACTION_PATH": str(action_path), "GITHUB_WORKSPACE": str(workspace)}
+    ran = []
+    for step in action["runs"]["steps"]:
+        label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
+        began = time.monotonic()
+        if "uses" in step:
+            assert str(step["uses"]).split("@")[0] == "actions/setup-python", step
+            args = {k: fill_action(str(v), context) for k, v in step["with"].items()}
+            assert args.get("update-environment", "").lower() == "false", (
+                "the action must leave the job's python and PATH as they were")
+            python = shutil.which(f"python{args['python-version']}")
+            assert python, f"no python{args['python-version']} on PATH"
+            context["steps"][step["id"]] = {"python-path": python}
+        else:
+            assert step.get("shell") == "bash", f"{label}: a composite run step names its shell"
+            step_env = dict(base)
+            for line in github_env.read_text().splitlines():
+                key, _, val = line.partition("=")
+                step_env[key] = val
+            added = github_path.read_text().splitlines()[::-1]
+            step_env["PATH"] = os.pathsep.join([*added, env.get("PATH", os.defpath)])
+            step_env.update({k: fill_action(str(v), context)
+                             for k, v in step.get("env", {}).items()})
+            script = fill_action(step["run"], context)
+            # `shell: bash` is `bash --noprofile --norc -eo pipefail {0}` on GitHub's runners.
+            proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                                   script], cwd=workspace, env=step_env, capture_output=True,
+                                  text=True, timeout=1800)
+            assert proc.returncode == 0, (
+                f"step {label!r} exited {proc.returncode}:\n{script}\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-5000:]}")
+        ran.append(f"{label}: {time.monotonic() - began:.1f} s")
+    return ran
