@@ -167,15 +167,15 @@ class Runner:
     def _action(self, step: Mapping[str, Any], context: Mapping[str, Any],
                 work: Path, run: JobRun) -> None:
         uses = str(step["uses"]).split("@")[0]
-        args = {k: fill(str(v), context) for k, v in (step.get("with") or {}).items()}
         if uses == "actions/cache":
-            if args["path"] == TORCH_ENVS:
+            if step["with"]["path"] == TORCH_ENVS:
                 # The builder's cache root here is this machine's, kept between jobs as the
                 # restored cache would be: the key is what the test checks.
-                run.cache_keys.append(args["key"])
+                run.cache_keys.append(fill(str(step["with"]["key"]), context))
                 return
-            assert args["path"] == ".venv", step
+            assert step["with"]["path"] == ".venv", step
             return  # restored: the job's .venv is this machine's builder environment
+        args = {k: fill(str(v), context) for k, v in (step.get("with") or {}).items()}
         if uses == "actions/checkout":
             return  # the job's fresh clone
         if uses == "actions/setup-python":
