@@ -9,17 +9,22 @@ from builder.ci.jobs import (
     BUILDER_PYTHON,
     INDEX,
     PROVISION,
-    PUBLISH_COMMAND,
     PUBLISH_SETTINGS,
     PYPI_ENVIRONMENT,
     PYPI_STAGE,
-    PYPI_STAGE_COMMAND,
     RELEASE,
     SETTINGS,
+    TOOL,
+    TORCH_ENVS,
     CiJob,
     Setting,
     Workflow,
+    builder_cli,
     header,
+    install_tool,
+    provision_command,
+    publish_command,
+    pypi_stage_command,
     release_commands,
 )
 from builder.ci.yamltext import Row, dump
@@ -65,7 +70,7 @@ MAKE_WHEEL = ("make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} "
               "TORCH=${{ matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}")
 
 
-def _row(job: CiJob) -> Row:
+def _row(job: CiJob, wf: Workflow) -> Row:
     values = dict(a.split("=", 1) for a in job.make_args)
     row = Row({"cell": job.cell, "runs-on": job.runs_on, "arch": values["ARCH"],
            "python": values["PY"], "torch": values["TORCH"], "backend": values["BACKEND"],
@@ -74,7 +79,29 @@ def _row(job: CiJob) -> Row:
         row["cuda"] = values["CUDA"]
     if job.builder_artifact:
         row["built_by"] = job.builder_artifact
+    if wf.third_party:
+        row["env_key"] = job.env_key
     return row
+
+
+#: The third-party job's build: the same record as `ampforge-build build` options, run from
+#: the project's root (the installed tool builds the current folder).
+TOOL_BUILD = ("ampforge-build build --arch ${{ matrix.arch }} --python ${{ matrix.python }} "
+              "--torch ${{ matrix.torch }} --backend ${{ matrix.backend }} "
+              "--pull ${{ matrix.pull }}")
+#: The tool's own venv on a runner (a temporary folder of the job's, outside the checkout).
+TOOL_VENV = "$RUNNER_TEMP/ampforge-build"
+#: The builder's cache root on a hosted runner (builder/cache: ~/.cache/ampforge).
+CACHE_ROOT = "~/.cache/ampforge"
+
+
+def tool_build(job: CiJob) -> str:
+    """A third-party job's build step: :data:`TOOL_BUILD`, the CUDA through the matrix, the
+    config (a path in the project) as written, the output where `make wheel` puts it."""
+    cuda = (["--cuda ${{ matrix.cuda }}"] if any(a.startswith("CUDA=") for a in job.make_args)
+            else [])
+    config = [f"--config {a.split('=', 1)[1]}" for a in job.make_args if a.startswith("CONFIG=")]
+    return " ".join([TOOL_BUILD, *cuda, *config, "--out dist"])
 
 
 def make_wheel(job: CiJob) -> str:
@@ -85,7 +112,29 @@ def make_wheel(job: CiJob) -> str:
     return " ".join([MAKE_WHEEL, *cuda, *fixed])
 
 
-def _setup_steps(cell: bool) -> list[dict[str, Any]]:
+#: What a CUDA cell's job removes first. Its torch with the nvidia-* wheels is a 3 GB download
+#: and about 6 GB installed (the docker torch layer: 6.3 GB, docs/cuda-wheels.md), next to the
+#: toolkit's 2 GB; GitHub states 14 GB of disk for a standard hosted runner. These folders are the
+#: runner image's preinstalled toolchains no build here uses (.NET, Android SDK, GHC, CodeQL,
+#: Swift): about 25 GB. Setup-python's interpreters (the rest of /opt/hostedtoolcache) stay.
+FREE_DISK_PATHS = ("/usr/share/dotnet", "/usr/local/lib/android", "/opt/ghc", "/usr/local/.ghcup",
+                   "/opt/hostedtoolcache/CodeQL", "/usr/share/swift")
+FREE_DISK_SCRIPT = ("df -h / | tail -n 1\n"
+                    f"sudo rm -rf {' '.join(FREE_DISK_PATHS)}\n"
+                    "df -h / | tail -n 1\n")
+FREE_DISK_NAME = "free disk for the CUDA torch"
+FREE_DISK_IF = "matrix.cuda != 'cpu'"
+
+
+def has_cuda(job: CiJob) -> bool:
+    return any(a.startswith("CUDA=") and a != "CUDA=cpu" for a in job.make_args)
+
+
+def _free_disk_step() -> dict[str, Any]:
+    return {"name": FREE_DISK_NAME, "if": FREE_DISK_IF, "run": FREE_DISK_SCRIPT}
+
+
+def _setup_steps(cell: bool, wf: Workflow) -> list[dict[str, Any]]:
     # The host backend builds with the cell's own Python, the builder runs on 3.11: the last
     # version listed is the default python3.
     versions = ("${{ matrix.python }}\n" if cell else "") + BUILDER_PYTHON + "\n"
@@ -94,6 +143,8 @@ def _setup_steps(cell: bool) -> list[dict[str, Any]]:
         {"uses": SETUP_PYTHON, "with": {"python-version": versions}},
         {"name": "proxy, CA and index", "run": SETTINGS_SCRIPT},
     ]
+    if wf.third_party:
+        return steps + _tool_steps(cell, wf)
     if cell:
         steps.append({"name": "cross / emulation tools",
                       "if": "matrix.backend == 'cross' || matrix.backend == 'emulated'",
@@ -105,19 +156,48 @@ def _setup_steps(cell: bool) -> list[dict[str, Any]]:
     return steps
 
 
-def _cell_jobs(jobs: list[CiJob], kind: str, needs: list[str]) -> dict[str, Any]:
-    steps = _setup_steps(cell=True)
+def _tool_steps(cell: bool, wf: Workflow) -> list[dict[str, Any]]:
+    """A project of its own: the builder installed as a tool (no ampforge checkout, no make),
+    the cross/emulated tools from the script it carries, and the host backend's torch
+    environments restored by the cell's key."""
+    assert wf.tool is not None
+    steps: list[dict[str, Any]] = [{
+        "name": f"install {TOOL}",
+        "run": install_tool(wf.tool, TOOL_VENV, f'echo "{TOOL_VENV}/bin" >> "$GITHUB_PATH"')}]
+    if cell:
+        steps.append({"name": "cross / emulation tools",
+                      "if": "matrix.backend == 'cross' || matrix.backend == 'emulated'",
+                      "run": provision_command(TOOL_VENV)})
+        # The host backend's torch (several minutes and GB to install, CUDA's most) is a venv
+        # under the builder's cache root, keyed by content; the key here is the cell record's
+        # (builder/ci/jobs.py env_key), so a changed torch, CUDA pin or base image is a new
+        # entry. A docker cell's torch is an image layer in the engine, not a folder to keep.
+        steps.append({"name": "torch environments", "if": "matrix.backend == 'host'",
+                      "uses": CACHE,
+                      "with": {"path": f"{CACHE_ROOT}/{TORCH_ENVS}",
+                               "key": "${{ matrix.env_key }}"}})
+    return steps
+
+
+def _cell_jobs(jobs: list[CiJob], kind: str, needs: list[str], wf: Workflow) -> dict[str, Any]:
+    steps = _setup_steps(cell=True, wf=wf)
+    if any(has_cuda(j) for j in jobs):
+        # First, before anything lands on the disk; only in a matrix with CUDA cells, so a
+        # matrix without them renders as before.
+        steps.insert(0, _free_disk_step())
     if kind == "verify":
         steps.append({"name": "the stable-ABI wheel its build job made", "uses": DOWNLOAD,
                       "with": {"name": "${{ matrix.built_by }}", "path": "dist"}})
-    steps.append({"name": kind, "run": make_wheel(jobs[0])})
+    steps.append({"name": kind, "run": tool_build(jobs[0]) if wf.third_party
+                  else make_wheel(jobs[0])})
     steps.append({"name": "upload dist/", "uses": UPLOAD,
                   "with": {"name": "dist-${{ matrix.cell }}", "path": "dist/",
                            "if-no-files-found": "error"}})
     doc: dict[str, Any] = {"name": kind + " ${{ matrix.cell }}", "runs-on": "${{ matrix.runs-on }}"}
     if needs:
         doc["needs"] = needs
-    doc["strategy"] = {"fail-fast": False, "matrix": {"include": [_row(j) for j in jobs]}}
+    doc["strategy"] = {"fail-fast": False,
+                       "matrix": {"include": [_row(j, wf) for j in jobs]}}
     doc["steps"] = steps
     return doc
 
@@ -129,22 +209,23 @@ PYPI_COUNT = (f'echo "wheels=$(find {PYPI_STAGE} -name \'*.whl\' | wc -l)" '
 
 
 def _release_job(wf: Workflow, needs: list[str]) -> dict[str, Any]:
-    steps = _setup_steps(cell=False)
+    steps = _setup_steps(cell=False, wf=wf)
+    cli = builder_cli(wf)
     steps.append({"name": "every job's dist/", "uses": DOWNLOAD,
                   "with": {"pattern": "dist-*", "path": ARTIFACTS}})
-    steps += [{"name": cmd.split(" -m builder ", 1)[1], "run": cmd} for cmd in release_commands()]
+    steps += [{"name": cmd[len(cli) + 1:], "run": cmd} for cmd in release_commands(cli)]
     steps.append({"name": "upload the release", "uses": UPLOAD,
                   "with": {"name": "release", "path": f"{RELEASE}/\n{INDEX}/\n"}})
     if wf.publish == "token":
         steps.append({"name": "publish", "if": ON_TAG,
                       "env": {s.name: _ref(s) for s in PUBLISH_SETTINGS},
-                      "run": PUBLISH_COMMAND})
+                      "run": publish_command(cli)})
         return {"name": "merge, index and publish", "runs-on": wf.release_runs_on,
                 "needs": needs, "steps": steps}
     # On every run, not only tags: a branch finds out what PyPI would get (and whether it
     # passes `twine check --strict`) before anyone pushes the tag.
     steps.append({"name": "the wheels PyPI takes", "id": "pypi",
-                  "run": f"{PYPI_STAGE_COMMAND}\n{PYPI_COUNT}\n"})
+                  "run": f"{pypi_stage_command(cli)}\n{PYPI_COUNT}\n"})
     steps.append({"name": "upload the wheels PyPI takes", "uses": UPLOAD,
                   "with": {"name": "pypi", "path": f"{PYPI_STAGE}/",
                            "if-no-files-found": "ignore"}})
@@ -182,7 +263,7 @@ def render(wf: Workflow) -> str:
     for kind in ("build", "verify"):
         cells = [j for j in wf.jobs if j.kind == kind]
         if cells:
-            jobs[kind] = _cell_jobs(cells, kind, needs=list(jobs))
+            jobs[kind] = _cell_jobs(cells, kind, needs=list(jobs), wf=wf)
     jobs["release"] = _release_job(wf, needs=list(jobs))
     if wf.publish == "trusted":
         jobs["publish"] = _publish_job(wf)

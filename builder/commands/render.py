@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
+from builder import __version__
 from builder.atomicfile import atomic_write
 from builder.backend_kinds import DOCKER
 from builder.ci import PUBLISH_MODES
@@ -17,6 +20,7 @@ from builder.cli import (
     load_from_args,
     resolve_from_args,
 )
+from builder.config.model import INSTALLED, REPO_ROOT
 from builder.errors import ConfigError
 from builder.images.render import render_all, write_recipes
 
@@ -50,8 +54,17 @@ on PyPI). --publish token: the release job runs `publish release` on tags with T
 With no backend named (--backend, BUILDER_BACKEND, build.backend), the jobs use docker: the
 runners build in the manylinux base images.
 
+For a project of its own (--project outside this checkout, or the installed `ampforge-build`
+run in the project's folder) the workflow is that project's, with paths relative to its root
+(--config must be inside it): each job installs the builder as a tool (--tool; default
+ampforge-builder==<this version>) into a venv of its own and runs `ampforge-build build
+--arch .. --python .. --torch .. --backend .. --pull ..` from the project's root: no ampforge
+checkout, no make. A host-backend cell's torch environments are kept between runs by the CI's
+cache, keyed by the cell's resolved record; a CUDA cell's job frees disk first.
+
   python -m builder render --ci github --out .github/workflows/wheels.yml
-  python -m builder render --ci gitlab --out .gitlab-ci.yml"""
+  python -m builder render --ci gitlab --out .gitlab-ci.yml
+  cd ~/src/myext && ampforge-build render --ci github --out .github/workflows/wheels.yml"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,8 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --ci: how the release is published on tags: trusted (default: PyPI "
                    "trusted publishing, the wheels PyPI takes) or token (TWINE_* secrets)")
     p.add_argument("--project", metavar="PATH", default=None,
-                   help="the project the jobs build, as `build --project` (a path inside "
-                   "this checkout; default: this repository)")
+                   help="the project the jobs build, as `build --project`: a path inside this "
+                   "checkout (the jobs run `make wheel PROJECT=`), or a project of its own "
+                   "(the workflow is that project's: the jobs install the builder as a tool "
+                   "and build from its root; see above); default: this repository, or the "
+                   "current folder for the installed tool")
+    p.add_argument("--tool", metavar="REQUIREMENT", default=None,
+                   help="with --ci for a project of its own: what its jobs pip install as the "
+                   f"builder, a requirement or the path of a wheel in the project (default: "
+                   f"{TOOL_DIST}==<this builder's version>)")
     p.add_argument(
         "--print",
         dest="print_only",
@@ -87,6 +107,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.publish:
         raise ConfigError("--publish says how a CI workflow publishes; it needs --ci github or "
                           "--ci gitlab", key="--publish")
+    if args.tool:
+        raise ConfigError("--tool says what a CI workflow's jobs install; it needs --ci github "
+                          "or --ci gitlab", key="--tool")
     args.out = args.out or "build/dockerfiles"
     settings, resolution = resolve_from_args(args, ctx, everything=True)
     recipes = render_all([c.cell for c in resolution.cells], settings.config)
@@ -103,13 +126,24 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
 def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     from builder.ci import github, gitlab  # noqa: PLC0415 -- only this path needs them
-    from builder.ci.jobs import in_checkout, workflow  # noqa: PLC0415
+    from builder.ci.jobs import TOOL, in_checkout, in_project, workflow  # noqa: PLC0415
 
     if args.print_only:
         raise ConfigError("--print writes Dockerfiles; --ci writes the workflow to --out FILE "
                           "or stdout: use one of them")
-    config = in_checkout(args.config, "--config")
-    project = in_checkout(args.project, "--project")
+    root = _own_project(args.project)
+    if root is None:
+        if args.tool:
+            raise ConfigError("--tool names what the jobs of a project of its own install; "
+                              "this checkout's jobs use its Makefile (give --project a path "
+                              "outside this checkout, or leave --tool out)", key="--tool")
+        config = in_checkout(args.config, "--config")
+        project = in_checkout(args.project, "--project")
+        tool = None
+    else:
+        config = in_project(args.config, root, "--config")
+        project = None  # the jobs run in the project's root: the tool's default project
+        tool = _tool_requirement(args.tool, root)
     settings = load_from_args(args, ctx)
     cfg = settings.config
     if cfg.origins.get("backend") == "built-in default":
@@ -123,13 +157,15 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     # The records name the jobs' output folder, dist/ (as `plan`'s do), not the workflow file.
     jobs_args = argparse.Namespace(**{**vars(args), "out": "dist"})
     settings, resolution = resolve_from_args(jobs_args, ctx, everything=True, settings=settings)
-    argv = ["python -m builder render --ci", args.ci]
+    # A project's own workflow says how to re-render it from that project's root.
+    argv = ["python -m builder render --ci" if tool is None else f"{TOOL} render --ci", args.ci]
     argv += [f"--config {config}"] if config else []
     argv += [f"--project {project}"] if project else []
+    argv += [f"--tool {shlex.quote(args.tool)}"] if args.tool and tool else []
     publish = args.publish or "trusted"
     argv += [f"--publish {publish}"] if args.publish else []
     wf = workflow(settings, resolution, config=config, project=project, source=" ".join(argv),
-                  publish=publish)
+                  publish=publish, tool=tool)
     text = (github if args.ci == "github" else gitlab).render(wf)
     builds = sum(j.kind == "build" for j in wf.jobs)
     # GitLab's publish was always a job of its own; GitHub's is one with trusted publishing.
@@ -145,3 +181,32 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     atomic_write(out, text.encode())
     ctx.output.out(f"wrote {out}: {summary}")
     return 0
+
+
+#: The builder's distribution name (builder-dist/pyproject.toml), as its jobs install it.
+TOOL_DIST = "ampforge-builder"
+
+
+def _own_project(project: Optional[str]) -> Optional[Path]:
+    """The root of the project whose own CI the workflow is (None: this checkout's, the jobs
+    running its Makefile): the installed tool always renders a project's (it has no
+    checkout), and a checkout's builder does for a --project outside the checkout."""
+    here = Path.cwd().resolve()
+    root = Path(project).resolve() if project else here
+    if INSTALLED or here != REPO_ROOT.resolve():
+        return root
+    return None if root == here or here in root.parents else root
+
+
+def _tool_requirement(given: Optional[str], root: Path) -> str:
+    """What the jobs pip install: *given* (a requirement, or a wheel file, which must be in
+    the project: named from its root), else this builder's own version."""
+    if not given:
+        return f"{TOOL_DIST}=={__version__}"
+    if given.endswith(".whl") or Path(given).is_file():
+        from builder.ci.jobs import in_project  # noqa: PLC0415
+
+        rel = in_project(given, root, "--tool")
+        assert rel is not None
+        return rel if "/" in rel else f"./{rel}"
+    return given

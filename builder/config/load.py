@@ -40,6 +40,7 @@ from builder.config.checks import _AXIS_WORDS, _as_tuple, _merge, load_config_fi
 from builder.config.cuda import parse_arch_list
 from builder.config.model import (
     DEFAULT_CONFIG,
+    INSTALLED,
     REPO_ROOT,
     BaseImage,
     BuildConfig,
@@ -277,8 +278,13 @@ def load_settings(
 
 def _support(src: _Layers) -> SupportTable:
     """The support table, relative to whichever file named it."""
-    sup_doc = src.origin_of("support")[1]
+    origin, sup_doc = src.origin_of("support")
     support_path = (src.folder_of("support") / src.merged["support"]).resolve()
+    if origin == "built-in default" and INSTALLED:
+        # The default names the checkout's layout (builder/config/ -> configs/); the installed
+        # tool carries configs/ under builder/_data (REPO_ROOT there), so a project's config
+        # with no `support:` gets the table the tool ships.
+        support_path = REPO_ROOT / "configs" / Path(src.merged["support"]).name
     found = path_problem(support_path, "not found")
     if found:
         raise ConfigError(

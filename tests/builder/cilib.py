@@ -2,7 +2,8 @@
 
 Only what the workflows ``render --ci github`` writes is understood, and anything else fails
 the test (a new construct must be taught here, not skipped): ``run:`` steps go to
-``bash -eo pipefail`` with the job's environment, ``$GITHUB_ENV`` is honoured between steps,
+``bash -eo pipefail`` with the job's environment, ``$GITHUB_ENV`` and ``$GITHUB_PATH`` are
+honoured between steps,
 ``$GITHUB_OUTPUT`` gives the step's outputs (``steps.<id>.outputs.*``, then the job's
 ``outputs:``, which a later job reads as ``needs.<job>.outputs.*``; a job's own ``if:`` is
 checked before it starts), ``${{ matrix.* }}``, ``${{ secrets.* }}`` and ``${{ vars.* }}`` are
@@ -10,7 +11,8 @@ filled in (secrets and variables from this machine's environment: the CI's setti
 this machine's proxy), and
 the actions the workflow uses are done by hand: ``checkout`` is a fresh ``git clone`` per job,
 ``setup-python`` checks the interpreters are on PATH, ``cache`` restores ``.venv`` (a link to
-this machine's builder environment), ``upload-artifact`` and
+this machine's builder environment) or the builder's torch environments (this machine's cache
+root; the key is recorded), ``upload-artifact`` and
 ``download-artifact`` copy folders to and from one artifact store.
 """
 
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 _EXPR = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+#: The torch environments' folder a project's own workflow caches (the builder's cache root).
+TORCH_ENVS = "~/.cache/ampforge/torch-envs"
 
 
 @dataclass
@@ -38,6 +42,7 @@ class JobRun:
     steps: list[str] = field(default_factory=list)  # "name: ran" / "name: skipped (why)"
     seconds_per_step: dict[str, float] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)  # the job's `outputs:`, filled in
+    cache_keys: list[str] = field(default_factory=list)  # torch-envs keys it restored
     skipped: str = ""  # the job's own `if:` when it was false (nothing ran)
 
 
@@ -55,7 +60,7 @@ def fill(text: str, context: Mapping[str, Any]) -> str:
 
 
 def condition(expr: str, context: Mapping[str, Any]) -> bool:
-    """The ``if:`` forms the renderer writes: matrix comparisons joined by ``||``,
+    """The ``if:`` forms the renderer writes: matrix comparisons (``==``, ``!=``) joined by ``||``,
     ``startsWith(github.ref, '...')``, and ``needs.<job>.outputs.<name> != '...'`` joined to it
     by ``&&``."""
     if "&&" in expr:
@@ -63,11 +68,12 @@ def condition(expr: str, context: Mapping[str, Any]) -> bool:
     result = False
     for part in expr.split("||"):
         part = part.strip()
-        m = re.fullmatch(r"matrix\.([\w-]+) == '([^']*)'", part)
+        m = re.fullmatch(r"matrix\.([\w-]+) (==|!=) '([^']*)'", part)
         t = re.fullmatch(r"startsWith\(github\.ref, '([^']*)'\)", part)
         n = re.fullmatch(r"needs\.([\w-]+)\.outputs\.([\w-]+) != '([^']*)'", part)
         if m:
-            result |= str(context["matrix"].get(m.group(1))) == m.group(2)
+            same = str(context["matrix"].get(m.group(1))) == m.group(3)
+            result |= same if m.group(2) == "==" else not same
         elif t:
             result |= str(context["github"]["ref"]).startswith(t.group(1))
         elif n:
@@ -107,15 +113,20 @@ class Runner:
             run.skipped = str(job["if"])
             return run
         subprocess.run(["git", "clone", "-q", str(self.origin), str(work)], check=True)
-        # The builder's environment as the workflow's actions/cache step restores it (make
-        # builder-env finds its stamp and does nothing).
-        (work / ".venv").symlink_to(self.venv)
+        if any(s.get("with", {}).get("path") == ".venv" for s in job["steps"]):
+            # The builder's environment as the workflow's actions/cache step restores it (make
+            # builder-env finds its stamp and does nothing). A project's own workflow installs
+            # the tool instead, and its checkout gets no such link.
+            (work / ".venv").symlink_to(self.venv)
         temp = self.root / "tmp" / name
         temp.mkdir(parents=True)
         github_env = temp / "github_env"
         github_env.touch()
+        github_path = temp / "github_path"
+        github_path.touch()
         env = {**self.env, "GITHUB_ACTIONS": "true", "RUNNER_NAME": f"emulated {name}",
-               "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env)}
+               "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env),
+               "GITHUB_PATH": str(github_path)}
         env.update({k: fill(str(v), context) for k, v in workflow.get("env", {}).items()})
         for step in job["steps"]:
             label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
@@ -129,7 +140,7 @@ class Runner:
             output.touch()
             step_env["GITHUB_OUTPUT"] = str(output)
             if "uses" in step:
-                self._action(step, context, work)
+                self._action(step, context, work, run)
             else:
                 script = fill(step["run"], context)
                 proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail",
@@ -141,6 +152,9 @@ class Runner:
                 for line in github_env.read_text().splitlines():
                     key, _, value = line.partition("=")
                     env[key] = value
+                # $GITHUB_PATH: each line goes before PATH for the later steps, newest first.
+                added = github_path.read_text().splitlines()[::-1]
+                env["PATH"] = os.pathsep.join([*added, self.env.get("PATH", os.defpath)])
                 if "id" in step:
                     context["steps"][step["id"]] = dict(
                         line.partition("=")[::2] for line in output.read_text().splitlines())
@@ -151,9 +165,14 @@ class Runner:
         return run
 
     def _action(self, step: Mapping[str, Any], context: Mapping[str, Any],
-                work: Path) -> None:
+                work: Path, run: JobRun) -> None:
         uses = str(step["uses"]).split("@")[0]
         if uses == "actions/cache":
+            if step["with"]["path"] == TORCH_ENVS:
+                # The builder's cache root here is this machine's, kept between jobs as the
+                # restored cache would be: the key is what the test checks.
+                run.cache_keys.append(fill(str(step["with"]["key"]), context))
+                return
             assert step["with"]["path"] == ".venv", step
             return  # restored: the job's .venv is this machine's builder environment
         args = {k: fill(str(v), context) for k, v in (step.get("with") or {}).items()}
@@ -216,3 +235,80 @@ def base_env() -> dict[str, str]:
     runner's, holding this machine's proxy and pip configuration."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("BUILDER_", "PYTEST_")) and k not in ("PYTHONPATH",)}
+
+
+def action_context(action: Mapping[str, Any], inputs: Mapping[str, str],
+                   action_path: Path) -> dict[str, Any]:
+    """The expression context of a composite action's steps: its inputs (each default where
+    not given; an input it does not declare fails), ``github.action_path``, the steps' outputs."""
+    declared = action["inputs"]
+    unknown = set(inputs) - set(declared)
+    assert not unknown, f"inputs the action does not declare: {sorted(unknown)}"
+    values = {k: str(inputs.get(k, spec.get("default", ""))) for k, spec in declared.items()}
+    return {"inputs": values, "github": {"action_path": str(action_path)}, "steps": {}}
+
+
+def fill_action(text: str, context: Mapping[str, Any]) -> str:
+    """:func:`fill` plus the action's own scopes (``inputs.*``, ``github.action_path``)."""
+    def value(m: re.Match[str]) -> str:
+        expr = m.group(1)
+        scope, _, key = expr.partition(".")
+        if scope == "inputs":
+            return context["inputs"][key]
+        if expr == "github.action_path":
+            return str(context["github"]["action_path"])
+        out = re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", expr)
+        if out:
+            return str(context["steps"][out.group(1)][out.group(2)])
+        raise AssertionError(f"expression the emulator does not know: {expr!r}")
+    return _EXPR.sub(value, text)
+
+
+def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str, str],
+               workspace: Path, env: Mapping[str, str], temp: Path) -> list[str]:
+    """Run a composite action's steps as a runner does: ``run:`` steps with ``shell: bash``
+    in *workspace* (its working directory), their ``env:`` filled in, ``$GITHUB_ENV`` and
+    ``$GITHUB_PATH`` honoured; ``actions/setup-python`` finds the interpreter on PATH and gives
+    its ``python-path`` output (with ``update-environment: false``: nothing else changes).
+    Returns each step's label and how long it took."""
+    assert action["runs"]["using"] == "composite", action["runs"]
+    context = action_context(action, inputs, action_path)
+    temp.mkdir(parents=True, exist_ok=True)
+    github_env, github_path = temp / "github_env", temp / "github_path"
+    github_env.touch()
+    github_path.touch()
+    base = {**env, "GITHUB_ACTIONS": "true", "RUNNER_TEMP": str(temp),
+            "GITHUB_ENV": str(github_env), "GITHUB_PATH": str(github_path),
+            "GITHUB_ACTION_PATH": str(action_path), "GITHUB_WORKSPACE": str(workspace)}
+    ran = []
+    for step in action["runs"]["steps"]:
+        label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
+        began = time.monotonic()
+        if "uses" in step:
+            assert str(step["uses"]).split("@")[0] == "actions/setup-python", step
+            args = {k: fill_action(str(v), context) for k, v in step["with"].items()}
+            assert args.get("update-environment", "").lower() == "false", (
+                "the action must leave the job's python and PATH as they were")
+            python = shutil.which(f"python{args['python-version']}")
+            assert python, f"no python{args['python-version']} on PATH"
+            context["steps"][step["id"]] = {"python-path": python}
+        else:
+            assert step.get("shell") == "bash", f"{label}: a composite run step names its shell"
+            step_env = dict(base)
+            for line in github_env.read_text().splitlines():
+                key, _, val = line.partition("=")
+                step_env[key] = val
+            added = github_path.read_text().splitlines()[::-1]
+            step_env["PATH"] = os.pathsep.join([*added, env.get("PATH", os.defpath)])
+            step_env.update({k: fill_action(str(v), context)
+                             for k, v in step.get("env", {}).items()})
+            script = fill_action(step["run"], context)
+            # `shell: bash` is `bash --noprofile --norc -eo pipefail {0}` on GitHub's runners.
+            proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                                   script], cwd=workspace, env=step_env, capture_output=True,
+                                  text=True, timeout=1800)
+            assert proc.returncode == 0, (
+                f"step {label!r} exited {proc.returncode}:\n{script}\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-5000:]}")
+        ran.append(f"{label}: {time.monotonic() - began:.1f} s")
+    return ran

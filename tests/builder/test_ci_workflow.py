@@ -23,14 +23,23 @@ import pytest
 import twine.utils
 import yaml
 from builder_testlib import run_cli
-from cilib import Runner, base_env, commit_all, source_repository
+from cilib import Runner, base_env, commit_all, condition, source_repository
 from enginelib import write_tiny_extension
+from indexlib import make_wheel
 
 from builder.config import REPO_ROOT
+from builder.release.manifest import ManifestEntry, record_wheel
 
 PASSWORD = "Pr0xy-s3cret-9d2e"
 PROXY_ENV = {"HTTPS_PROXY": f"http://ci:{PASSWORD}@proxy.example:3128"}
 SCHEMAS = {"github": "vendor.github-workflows", "gitlab": "vendor.gitlab-ci"}
+
+
+def _validates(ci: str, path: Path) -> None:
+    """*path* against the service's own schema (check-jsonschema's bundled copy, no network)."""
+    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                            SCHEMAS[ci], str(path)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def _render(tmp_path: Path, ci: str, *extra: str) -> tuple[str, dict]:
@@ -39,9 +48,7 @@ def _render(tmp_path: Path, ci: str, *extra: str) -> tuple[str, dict]:
     assert res.rc == 0, res.err
     assert res.out.startswith(f"wrote {out}: 20 build job(s), 6 verify job(s), 1 release job")
     assert "note: --ci: BACKEND=docker for every job" in res.err
-    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                            SCHEMAS[ci], str(out)], capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0, check.stdout + check.stderr
+    _validates(ci, out)
     text = out.read_text()
     assert PASSWORD not in text and "proxy.example" not in text
     return text, yaml.safe_load(text)
@@ -215,6 +222,7 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
     for ci, path in out.items():
         res = run_cli("render", "--ci", ci, "--config", "configs/cuda.yaml", "--out", str(path))
         assert res.rc == 0, res.err
+        _validates(ci, path)
     github = yaml.safe_load(out["github"].read_text())["jobs"]
     args = {}
     for kind in ("build", "verify"):
@@ -239,9 +247,95 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
         assert [c["id"] for c in json.loads(res.out)["cells"]] == [cell]
 
 
+def test_a_cuda_job_frees_the_runners_disk_first_and_a_cpu_job_does_not(
+        tmp_path: Path) -> None:
+    """A CUDA torch is several GB: each CUDA row's job removes the runner's preinstalled
+    toolchains before anything is checked out or installed; a cpu row skips the step, and a
+    matrix without CUDA cells has no such step at all (its file is as before)."""
+    path = tmp_path / "github.yml"
+    res = run_cli("render", "--ci", "github", "--config", "configs/cuda.yaml", "--out", str(path))
+    assert res.rc == 0, res.err
+    jobs = yaml.safe_load(path.read_text())["jobs"]
+    build = jobs["build"]
+    first = build["steps"][0]
+    assert first["name"] == "free disk for the CUDA torch", first
+    assert first["run"].splitlines()[1] == (
+        "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /usr/local/.ghcup "
+        "/opt/hostedtoolcache/CodeQL /usr/share/swift")
+    assert "/opt/hostedtoolcache " not in first["run"]  # setup-python's interpreters stay
+    assert build["steps"][1]["uses"].startswith("actions/checkout@")
+    rows = build["strategy"]["matrix"]["include"]
+    frees = {r["cell"]: condition(first["if"], {"matrix": r}) for r in rows}
+    assert frees == {r["cell"]: r["cell"].endswith("-cu130") for r in rows}
+    assert sum(frees.values()) == 3 and not all(frees.values())
+    # configs/cuda.yaml's verify rows are cpu cells (served by the cp311 cpu job's wheel).
+    assert all(r["cuda"] == "cpu" for r in jobs["verify"]["strategy"]["matrix"]["include"])
+    assert all(s.get("name") != "free disk for the CUDA torch" for s in jobs["verify"]["steps"])
+    _, default = _render(tmp_path / "default", "github")
+    for kind in ("build", "verify"):
+        assert all("free disk" not in str(s.get("name")) for s in default["jobs"][kind]["steps"])
+
+
+def test_the_merge_of_two_artifacts_differing_only_in_cuda_keeps_both(tmp_path: Path) -> None:
+    """The release job's merge over a cpu job's and a CUDA job's dist/ of one (arch, Python,
+    torch): two files (``+torch2.14`` and ``+torch2.14.cu130``), two entries, each keeping its
+    CUDA record; `index --per-torch` gives each its own page."""
+    folders = {cuda: tmp_path / f"dist-{cell}" for cuda, cell in
+               (("cpu", CUDA_CELLS["cpu"]), ("13.0", CUDA_CELLS["13.0"]))}
+    for cuda, folder in folders.items():
+        _cuda_dist(folder, CUDA_CELLS[cuda], cuda)
+    res = run_cli("merge", *map(str, folders.values()), "--out", str(tmp_path / "release"))
+    assert res.rc == 0, res.err
+    release = tmp_path / "release"
+    names = sorted(p.name for p in release.glob("*.whl"))
+    assert names == ["cudapkg-1.0+torch2.14-cp311-cp311-manylinux_2_28_x86_64.whl",
+                     "cudapkg-1.0+torch2.14.cu130-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    entries = json.loads((release / "manifest.json").read_text())["wheels"]
+    by_cell = {e["cell"]: e for e in entries}
+    assert set(by_cell) == set(CUDA_CELLS.values())
+    assert by_cell[CUDA_CELLS["13.0"]]["extra"]["resolved"]["cuda"]["version"] == "13.0"
+    assert by_cell[CUDA_CELLS["13.0"]]["extra"]["cuda"]["version"] == "13.0"
+    assert by_cell[CUDA_CELLS["cpu"]]["extra"]["resolved"]["cuda"] == {"version": "cpu"}
+    for cuda, folder in folders.items():
+        assert by_cell[CUDA_CELLS[cuda]]["built_by"]["sources"] == [folder.name]
+    res = run_cli("index", str(release), "--per-torch", "--out", str(tmp_path / "index"))
+    assert res.rc == 0, res.err
+    pages = {p.parent.parent.parent.name: p.name
+             for p in (tmp_path / "index").glob("*/simple/cudapkg/*.whl")}
+    assert pages == {"torch2.14": names[0], "torch2.14.cu130": names[1]}
+
+
+CUDA_CELLS = {"cpu": "cp311-manylinux_x86_64-torch2.14.1",
+              "13.0": "cp311-manylinux_x86_64-torch2.14.1-cu130"}
+
+
+def _cuda_dist(dist: Path, cell: str, cuda: str) -> None:
+    """A job's dist/ as `build` writes it for *cell*: the wheel its label names and a manifest
+    entry carrying the resolved record (with its CUDA) and what verification found."""
+    local = "torch2.14" + ("" if cuda == "cpu" else ".cu" + cuda.replace(".", ""))
+    wheel = make_wheel(dist, "cudapkg", f"1.0+{local}", tag="cp311-cp311-manylinux_2_28_x86_64",
+                       requires_dist=["torch==2.14.*"], requires_python=">=3.9")
+    resolved = {"id": cell, "cp": "cp311", "python": "3.11", "torch": "2.14.1",
+                "machine": "x86_64", "local_version": local, "cuda": {"version": cuda}}
+    extra: dict[str, object] = {"resolved": resolved,
+                                "built_on": {"host": "runner", "machine": "x86_64",
+                                             "ci": "github", "runner": f"GitHub Actions {cuda}",
+                                             "job": "7"}}
+    if cuda != "cpu":
+        resolved["cuda"] = {"version": cuda, "tag": "cu130", "arch_list": "8.0;9.0+PTX"}
+        extra["cuda"] = {"version": cuda, "arch_list": "8.0;9.0+PTX"}
+    record_wheel(dist, ManifestEntry.for_wheel(
+        wheel, cell=cell, torch="2.14.1", python="3.11",
+        base_image="quay.io/pypa/manylinux_2_28", compiler="gcc-toolset-14",
+        builder_version="0.1.0", started_at="2026-12-01T10:00:00Z",
+        finished_at="2026-12-01T10:00:00Z", extra=extra))
+
+
 def test_the_docs_page_shows_what_render_writes() -> None:
     page = (REPO_ROOT / "docs" / "ci-fleets.md").read_text()
-    shown = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    # The block under its own heading (the page shows other YAML too: the Action's use).
+    section = page.split("\n## The workflow for the default matrix\n", 1)[1]
+    shown = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     res = run_cli("render", "--ci", "github")
     assert res.rc == 0, res.err
     assert res.out == shown, "docs/ci-fleets.md: re-render its workflow block"
@@ -349,3 +443,218 @@ def test_builder_index_url_is_the_environment_layer_of_pip_index_url(tmp_path: P
     res = run_cli(*args, env={"BUILDER_INDEX_URL": "https://u:pw@ci.example/simple/"})
     assert res.rc == 2 and "environment BUILDER_INDEX_URL" in res.err, res.err
     assert "credentials" in res.err and "pw@" not in res.err
+
+
+# --- a project of its own (#35 part 5): the workflow installs the tool, no ampforge checkout ---
+
+OWN_CONFIG = """\
+# Three cells: cpu on this x86_64 host's kind of runner, CUDA 13.0 beside it, and an arm64 one.
+support: {support}
+matrix:
+  arch: [X86]
+  python: ["3.11"]
+  torch: ["2.14.1"]
+  cuda: ["cpu", "13.0"]
+  include:
+    - {{arch: ARM, python: "3.11", torch: "2.13.0"}}
+{extra}"""
+
+
+def _own_project(root: Path, extra: str = "") -> Path:
+    write_tiny_extension(root)
+    (root / "ci").mkdir()
+    (root / "ci" / "wheels.yaml").write_text(OWN_CONFIG.format(
+        support=REPO_ROOT / "configs" / "support.yaml", extra=extra))
+    return root
+
+
+def _render_own(tmp_path: Path, ci: str, project: Path, *extra: str) -> tuple[str, dict]:
+    out = tmp_path / f"{ci}.yml"
+    res = run_cli("render", "--ci", ci, "--project", str(project), "--config",
+                  str(project / "ci" / "wheels.yaml"), "--backend", "host", *extra,
+                  "--out", str(out), env=PROXY_ENV)
+    assert res.rc == 0, res.err
+    _validates(ci, out)
+    text = out.read_text()
+    assert PASSWORD not in text and "proxy.example" not in text
+    return text, yaml.safe_load(text)
+
+
+def test_a_project_of_its_own_gets_a_workflow_that_installs_the_tool(tmp_path: Path) -> None:
+    """--project outside this checkout: the workflow is that project's. Its jobs install the
+    builder as a tool (the lock's pins) and run `ampforge-build build` from the project's root
+    with the record's options; nothing of an ampforge checkout (make, .venv, the lock's path)
+    is named; each host cell's torch environments are cached by a key from its record; the CUDA
+    cell frees disk first. The files validate against both services' schemas."""
+    project = _own_project(tmp_path / "myext")
+    text, doc = _render_own(tmp_path, "github", project)
+    for absent in ("make ", ".venv", "requirements.lock", "builder-env", str(REPO_ROOT),
+                   str(tmp_path)):
+        assert absent not in text, absent
+    assert text.startswith("# Rendered by `ampforge-build render --ci github --config "
+                           "ci/wheels.yaml` from ci/wheels.yaml")
+    assert "Each job installs the builder as a tool (ampforge-builder==0.1.0" in text
+    build = doc["jobs"]["build"]
+    steps = {s.get("name") or s["uses"].split("@")[0]: s for s in build["steps"]}
+    install = steps["install ampforge-build"]["run"].splitlines()
+    assert install == [
+        'python3.11 -m venv "$RUNNER_TEMP/ampforge-build"',
+        '"$RUNNER_TEMP/ampforge-build/bin/python" -m pip install --quiet --no-deps '
+        "ampforge-builder==0.1.0",
+        '"$RUNNER_TEMP/ampforge-build/bin/python" -m builder.lockfile install',
+        'echo "$RUNNER_TEMP/ampforge-build/bin" >> "$GITHUB_PATH"',
+        '"$RUNNER_TEMP/ampforge-build/bin/ampforge-build" --version']
+    assert steps["build"]["run"] == (
+        "ampforge-build build --arch ${{ matrix.arch }} --python ${{ matrix.python }} --torch "
+        "${{ matrix.torch }} --backend ${{ matrix.backend }} --pull ${{ matrix.pull }} "
+        "--cuda ${{ matrix.cuda }} --config ci/wheels.yaml --out dist")
+    cache = steps["torch environments"]
+    assert cache["uses"].startswith("actions/cache@") and cache["if"] == "matrix.backend == 'host'"
+    assert cache["with"] == {"path": "~/.cache/ampforge/torch-envs", "key": "${{ matrix.env_key }}"}
+    assert "provision.sh" in steps["cross / emulation tools"]["run"]  # the tool's own copy
+    assert build["steps"][0]["name"] == "free disk for the CUDA torch"
+    rows = build["strategy"]["matrix"]["include"]
+    assert [(r["cell"], r["cuda"], r["runs-on"]) for r in rows] == [
+        ("cp311-manylinux_x86_64-torch2.14.1", "cpu", "ubuntu-24.04"),
+        ("cp311-manylinux_x86_64-torch2.14.1-cu130", "13.0", "ubuntu-24.04"),
+        ("cp311-manylinux_aarch64-torch2.13.0", "cpu", "ubuntu-24.04-arm")]
+    keys = [r["env_key"] for r in rows]
+    assert all(k.startswith(f"torch-env-{r['cell']}-") for k, r in zip(keys, rows))
+    assert len(set(keys)) == 3
+    # Each row's `ampforge-build build` options select exactly its own cell (run from the
+    # project's root, as the job does).
+    for row in rows:
+        res = run_cli("plan", "--format", "json", "--project", str(project), "--config",
+                      str(project / "ci" / "wheels.yaml"), "--arch", row["arch"], "--python",
+                      row["python"], "--torch", str(row["torch"]), "--cuda", str(row["cuda"]))
+        assert res.rc == 0, res.err
+        assert [c["id"] for c in json.loads(res.out)["cells"]] == [row["cell"]]
+    release = doc["jobs"]["release"]
+    runs = [s["run"] for s in release["steps"] if "run" in s]
+    assert "ampforge-build merge artifacts/dist-* --out release" in runs
+    assert any(r.startswith("ampforge-build publish release --repository pypi "
+                            "--skip-local-versions --stage pypi-dist\n") for r in runs)
+    assert doc["jobs"]["publish"]["permissions"] == {"contents": "read", "id-token": "write"}
+
+    text, gitlab = _render_own(tmp_path / "gl", "gitlab", project)
+    assert "make " not in text and ".venv" not in text
+    assert "builder.lockfile install" in gitlab[".builder"]["before_script"][1]
+    cells = {k: v for k, v in gitlab.items() if k.startswith("build-")}
+    for job_id, job in cells.items():
+        (line,) = job["script"]
+        assert line.startswith("ampforge-build build --arch "), line
+        cell = line.rsplit("--out artifacts/dist-", 1)[1]
+        assert job["cache"] == {"key": dict(zip((r["cell"] for r in rows), keys))[cell],
+                                "paths": [".ampforge-cache/torch-envs/"]}, job_id
+        assert job["variables"] == {"AMPFORGE_CACHE": "$CI_PROJECT_DIR/.ampforge-cache"}
+    assert gitlab["release"]["script"][0] == "ampforge-build merge artifacts/dist-* --out release"
+    assert gitlab["publish"]["script"] == ["ampforge-build publish release --repository pypi "
+                                           "--skip-local-versions --trusted-publishing"]
+
+
+def test_the_torch_environment_key_follows_what_decides_the_environment(tmp_path: Path) -> None:
+    """Another index for the same cell is another key; another arch list (the compile's, not
+    the environment's) keeps it."""
+    def keys(extra: str) -> dict[str, str]:
+        project = _own_project(tmp_path / f"p{len(list(tmp_path.iterdir()))}", extra)
+        _, doc = _render_own(tmp_path / project.name, "github", project)
+        return {r["cell"]: r["env_key"] for r in
+                doc["jobs"]["build"]["strategy"]["matrix"]["include"]}
+    base = keys("")
+    assert keys("cuda: {arch_list: {'13.0': '8.0'}}\n") == base
+    mirrored = keys("pip: {index_url: 'https://mirror.example/simple/'}\n")
+    assert set(mirrored) == set(base)
+    assert all(mirrored[c] != base[c] for c in base)
+
+
+def test_render_for_a_project_of_its_own_refuses_paths_outside_it(tmp_path: Path) -> None:
+    project = _own_project(tmp_path / "myext")
+    outside = tmp_path / "other.yaml"
+    outside.write_text((project / "ci" / "wheels.yaml").read_text())
+    res = run_cli("render", "--ci", "github", "--project", str(project), "--config", str(outside))
+    assert res.rc == 2 and "--config" in res.err and "outside the project" in res.err, res.err
+    wheel = tmp_path / "ampforge_builder-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    res = run_cli("render", "--ci", "github", "--project", str(project), "--tool", str(wheel))
+    assert res.rc == 2 and "--tool" in res.err and "outside the project" in res.err, res.err
+    # A wheel in the project is named from its root; a requirement is taken as written.
+    (project / "tools").mkdir()
+    inside = project / "tools" / wheel.name
+    inside.write_bytes(b"")
+    for tool, written in ((str(inside), f"tools/{wheel.name}"),
+                          ("ampforge-builder>=0.1", "'ampforge-builder>=0.1'")):
+        res = run_cli("render", "--ci", "github", "--project", str(project), "--tool", tool)
+        assert res.rc == 0, res.err
+        assert f"-m pip install --quiet --no-deps {written}\n" in res.out
+    # --tool is a third-party workflow's; this checkout's jobs use the Makefile.
+    res = run_cli("render", "--ci", "github", "--tool", "ampforge-builder")
+    assert res.rc == 2 and "--tool" in res.err and "this checkout" in res.err, res.err
+    res = run_cli("render", "--tool", "ampforge-builder", "--out", str(tmp_path / "df"))
+    assert res.rc == 2 and "--tool" in res.err and "--ci" in res.err, res.err
+
+
+def _tool_wheel(dest: Path) -> Path:
+    """The builder as its own distribution (builder-dist/), as a project would vendor it."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                        str(dest), str(REPO_ROOT / "builder-dist")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = dest.glob("ampforge_builder-*-py3-none-any.whl")
+    return wheel
+
+
+#: A project's own config: no `support:` (the installed tool's own table), one x86_64 cell.
+OWN_TINY_CONFIG = """\
+matrix:
+  arch: [X86]
+  python: ["3.11"]
+  torch: ["2.13.0"]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.starts_from("installed tool")
+def test_a_project_of_its_own_runs_its_workflow_here_with_the_installed_tool(
+        tmp_path: Path) -> None:
+    """The tiny extension as a repository of its own (no ampforge files in it but the tool's
+    wheel it vendors): its rendered workflow's build job installs the tool in a fresh venv
+    (the wheel, then the lock's pins), builds its one cell from the project's root with the
+    host backend, and the release job merges and indexes with the tool too."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the emitted job for this host is the x86_64 runner's")
+    origin = write_tiny_extension(tmp_path / "myext")
+    (origin / "ci.yaml").write_text(OWN_TINY_CONFIG)
+    wheel = _tool_wheel(origin / "tools")
+    workflow_file = origin / ".github" / "workflows" / "wheels.yml"
+    res = run_cli("render", "--ci", "github", "--project", str(origin), "--config",
+                  str(origin / "ci.yaml"), "--backend", "host", "--tool", str(wheel),
+                  "--out", str(workflow_file))
+    assert res.rc == 0, res.err
+    commit_all(origin)
+    workflow = yaml.safe_load(workflow_file.read_text())
+    (row,) = workflow["jobs"]["build"]["strategy"]["matrix"]["include"]
+    assert row["cell"] == "cp311-manylinux_x86_64-torch2.13.0" and row["backend"] == "host"
+
+    runner = Runner(origin, tmp_path / "runner", REPO_ROOT / ".venv", base_env())
+    job = runner.run_job(workflow, "build", row)
+    assert not (job.workdir / ".venv").exists()  # nothing of an ampforge checkout
+    assert job.steps[:4] == ["actions/checkout@v4: ran", "actions/setup-python@v5: ran",
+                             "proxy, CA and index: ran", "install ampforge-build: ran"]
+    assert "cross / emulation tools: skipped" in " ".join(job.steps)
+    assert job.cache_keys == [row["env_key"]]
+    (built,) = (runner.artifacts / f"dist-{row['cell']}").glob("*.whl")
+    assert built.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_")
+    entry = json.loads((runner.artifacts / f"dist-{row['cell']}" / "manifest.json")
+                       .read_text())["wheels"][0]
+    assert entry["extra"]["backend"] == "host" and entry["builder_version"] == "0.1.0"
+
+    release = runner.run_job(workflow, "release")
+    assert "install ampforge-build: ran" in release.steps
+    assert "merge artifacts/dist-* --out release: ran" in release.steps
+    assert (release.workdir / "release" / built.name).read_bytes() == built.read_bytes()
+    page = release.workdir / "build/index/torch2.13/simple/tinyext" / built.name
+    assert page.read_bytes() == built.read_bytes()
+    assert release.outputs == {"pypi_wheels": "0"}  # no stable-ABI wheel: nothing for PyPI
+    for run in (job, release):  # where the time goes (pytest -s shows it)
+        print(run.cell, f"{run.seconds:.1f} s:", {k: round(v, 1) for k, v in
+                                                  run.seconds_per_step.items()})
