@@ -37,6 +37,7 @@ from .combine_tensors import (
     is_combined_tensor_valid,
     repoint,
 )
+from .unscale import dense, group_by
 
 GRADS_DESTROYED = (
     "Combined grad has been destroyed and will be recombined afterwards, please check if there "
@@ -146,11 +147,8 @@ class CombinedGrads:
             return False
         # One buffer per (model dtype, has a separate master): under O2 the half parameters
         # all have masters and the float32 ones (batch-norm) are their own.
-        kinds: dict[tuple[torch.dtype, bool], list[_Entry]] = {}
-        for e in entries:
-            kinds.setdefault((e.model.dtype, e.separate), []).append(e)
-        for owners in kinds.values():
-            grads = [_dense_grad(e.model) for e in owners]
+        for owners in group_by(entries, lambda e: (e.model.dtype, e.separate)).values():
+            grads = [dense(e.model.grad) for e in owners]  # type: ignore[arg-type]
             self.model_grads.append(_combine(grads, owners))
         # Separate masters first, as Ascend orders the buffers.
         self.model_grads.sort(key=lambda b: not b.owners[0].separate)
@@ -373,13 +371,6 @@ class CombinedGrads:
         if self.half_grads is None:
             return [own]
         return [None if first is None else first.flat, own]
-
-
-def _dense_grad(param: Tensor) -> Tensor:
-    grad = param.grad
-    if grad.layout is not torch.strided:  # type: ignore[union-attr]
-        raise RuntimeError("amp: combine_grad does not support sparse gradients")
-    return grad  # type: ignore[return-value]
 
 
 def _group_segments(params: _Buffer, grads: _Buffer) -> Iterator[tuple[int, Segment]]:

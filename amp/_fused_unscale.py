@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
 from . import multi_tensor_more as mtm
+from .unscale import dense, group_by
 
 
 def _contiguous_grad(param: torch.Tensor) -> torch.Tensor:
-    grad = param.grad
-    if grad.layout is not torch.strided:  # type: ignore[union-attr]
-        raise RuntimeError("amp: sparse gradients are not supported with fused optimizers")
-    if not grad.is_contiguous():  # type: ignore[union-attr]
-        param.grad = grad.contiguous()  # type: ignore[union-attr]
-    return param.grad  # type: ignore[return-value]
+    grad = dense(param.grad)  # type: ignore[arg-type]
+    if not grad.is_contiguous():
+        param.grad = grad = grad.contiguous()
+    return grad
 
 
 def unscale_pairs(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], inv_scale: float,
@@ -29,7 +27,7 @@ def unscale_pairs(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], inv_scale:
     """For each (model param, master) with a gradient: master.grad = model.grad * inv_scale.
 
     Returns (any non-finite, global L2 norm of the unscaled gradients, those gradients)."""
-    kinds: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    moves: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scaled grad, where it goes unscaled)
     for model_param, master in pairs:
         if model_param.grad is None:
             continue
@@ -39,11 +37,10 @@ def unscale_pairs(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], inv_scale:
         else:
             out = torch.empty_like(master, memory_format=torch.contiguous_format)
             master.grad = out
-        ins, outs = kinds.setdefault((grad.dtype, out.dtype, grad.device), ([], []))
-        ins.append(grad)
-        outs.append(out)
+        moves.append((grad, out))
     total_sq, bad, written = 0.0, False, []
-    for ins, outs in kinds.values():
+    for kind in group_by(moves, lambda m: (m[0].dtype, m[1].dtype, m[0].device)).values():
+        ins, outs = [g for g, _ in kind], [o for _, o in kind]
         norm, nonfinite = mtm.scale_l2norm(ins, outs, inv_scale)
         total_sq += norm * norm
         bad = bad or nonfinite

@@ -7,7 +7,6 @@ the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_los
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Optional, Tuple, Union
 
@@ -16,6 +15,7 @@ import torch
 from ._device import collective_device
 from ._overflow_flag import OverflowFlag, saturation_flag
 from ._torch_compat import non_finite_check_and_unscale_
+from .unscale import dense, group_by
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 # The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
@@ -210,7 +210,7 @@ def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
     gradient from an earlier loss) when one is given. Uses GradScaler's fused kernel, so the result
     is bit-identical to ``GradScaler.unscale_``.
     """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    written: list[torch.Tensor] = []
     stashed: list[tuple[torch.Tensor, torch.Tensor]] = []
     for model_param, master, stash in pairs:
         grad = model_param.grad
@@ -218,14 +218,15 @@ def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
             if stash is not None:
                 master.grad = stash
             continue
+        dense(grad)
         if model_param is not master:
             grad = grad.detach().to(dtype=master.dtype, copy=True)
             master.grad = grad
-        groups[(grad.device, grad.dtype)].append(grad)
+        written.append(grad)
         if stash is not None:
             stashed.append((grad, stash))
     flags: list[torch.Tensor] = []
-    for (device, _), grads in groups.items():
+    for (device, _), grads in group_by(written, lambda g: (g.device, g.dtype)).items():
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         # GradScaler's reciprocal: computed in double, stored as float32.
         inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
