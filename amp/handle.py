@@ -122,7 +122,7 @@ def scale_loss(
         return
     # Read before the unscale: the flag answers for the backward passes alone.
     saturated = None if delay_overflow_check else scaler.device_overflow()
-    flags = [post_backward(opt, 1.0 / scale) for opt in opts]
+    flags = [post_backward(opt, 1.0 / scale).found_inf() for opt in opts]
     if delay_overflow_check:
         return
     if saturated is not None:

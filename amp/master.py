@@ -9,8 +9,9 @@ Three paths reach the parameters:
 * fused, apex-exact (the default for an optimizer with ``_amp_unscaled_step``, i.e.
   ``amp.optimizers``): when ``scale_loss`` exits, one pass writes the unscaled gradients (the
   model's own in place, or fresh fp32 master gradients under O2), checks them and measures their
-  norm (``_fused_unscale``); ``step`` then runs the optimizer's kernel, which also writes the half
-  model copy. Gradients look exactly as with apex between ``scale_loss`` and ``step``.
+  norm (``unscale.unscale_one_pass``); ``step`` then runs the optimizer's kernel, which also
+  writes the half model copy. Gradients look exactly as with apex between ``scale_loss`` and
+  ``step``.
 * fused, deferred (opt-in: ``amp.initialize(..., defer_unscale=True)``, or apex's
   ``FusedSGD(materialize_master_grads=False)`` under O2): gradients stay scaled in memory; the
   optimizer checks them read-only and unscales them inside its update kernel. Faster, but code
@@ -34,9 +35,8 @@ from ._amp_state import maybe_log
 from ._combined import CombinedGrads
 from ._combined_methods import attach_combined_methods
 from ._device import collective_device
-from ._fused_unscale import unscale_pairs
 from .opt_levels import HALF_DTYPES, Properties
-from .scaler import Pair, unscale_grads
+from .unscale import Pair, Unscaled, check_deferred, unscale_lists, unscale_one_pass
 
 MASTERS_KEY = "amp_master_weights"
 
@@ -286,41 +286,42 @@ def restore_after_failed_backward(optimizer: torch.optim.Optimizer) -> None:
     stash.unscaled_fused = False
 
 
-def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool):
+def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool
+                     ) -> Unscaled:
     stash: OptimizerStash = optimizer._amp_stash
     saved = stash.stash if with_stash and stash.stash is not None else None
     pairs: list[Pair] = []
     for i, (model_param, master) in enumerate(stash.pairs(optimizer)):
         pairs.append((model_param, master, None if saved is None else saved[i]))
-    found_inf = unscale_grads(pairs, inv_scale)
+    result = unscale_lists(pairs, inv_scale)
     stash.stash = None
-    return found_inf
+    return result
 
 
-def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.Tensor:
-    """After the last backward pass before a step: unscale (generic) or check (fused) the
-    gradients; returns the found_inf flag (a 0/1 tensor)."""
+def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> Unscaled:
+    """After the last backward pass before a step: unscale (generic, fused, combined) or check
+    (deferred) the gradients."""
     stash: OptimizerStash = optimizer._amp_stash
     stash.params_have_scaled_gradients = False
     if combining(optimizer):
-        flag = _post_backward_combined(optimizer, inv_scale)
-        if flag is not None:
-            return flag
+        combined = _post_backward_combined(optimizer, inv_scale)
+        if combined is not None:
+            return combined
     if stash.use_fused and stash.defer_unscale:
-        nonfinite = optimizer._amp_grads_nonfinite(stash.model_params, inv_scale)
+        result = check_deferred(optimizer, stash.model_params, inv_scale)
         stash.pending_inv_scale = inv_scale
-        return torch.tensor([1.0 if nonfinite else 0.0])
+        return result
     if stash.use_fused:
-        nonfinite, norm, grads = unscale_pairs(stash.pairs(optimizer), inv_scale)
+        result = unscale_one_pass(stash.pairs(optimizer), inv_scale)
         note = getattr(optimizer, "_amp_note_grad_norm", None)
         if note is not None:
-            note(norm, grads)
+            note(result.norm, result.grads)
         stash.unscaled_fused = stash.unscaled_step
-        return torch.tensor([1.0 if nonfinite else 0.0])
+        return result
     return _generic_unscale(optimizer, inv_scale, with_stash=True)
 
 
-def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.Tensor]:
+def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[Unscaled]:
     """The combined path: (combine after the first backward pass,) all-reduce the model
     gradients in buckets under combine_ddp, then one unscale-and-check over every buffer.
     None when this pass must take the per-parameter path (gradients set aside before it
@@ -337,10 +338,10 @@ def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.
         _combine_ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)
     stash.use_fused = False
     stash.pending_inv_scale = None
-    found_inf = combined.unscale(inv_scale)
+    result = combined.unscale(inv_scale)
     # Fused optimizers step from the unscaled gradients and write the half model themselves.
     stash.unscaled_fused = stash.unscaled_step
-    return found_inf
+    return result
 
 
 def _drop_master_grads(optimizer: Any) -> None:
