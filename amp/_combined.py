@@ -37,6 +37,7 @@ from .combine_tensors import (
     is_combined_tensor_valid,
     repoint,
 )
+from .unscale import Unscaled, check_and_unscale_, dense, group_by
 
 GRADS_DESTROYED = (
     "Combined grad has been destroyed and will be recombined afterwards, please check if there "
@@ -146,11 +147,8 @@ class CombinedGrads:
             return False
         # One buffer per (model dtype, has a separate master): under O2 the half parameters
         # all have masters and the float32 ones (batch-norm) are their own.
-        kinds: dict[tuple[torch.dtype, bool], list[_Entry]] = {}
-        for e in entries:
-            kinds.setdefault((e.model.dtype, e.separate), []).append(e)
-        for owners in kinds.values():
-            grads = [_dense_grad(e.model) for e in owners]
+        for owners in group_by(entries, lambda e: (e.model.dtype, e.separate)).values():
+            grads = [dense(e.model.grad) for e in owners]  # type: ignore[arg-type]
             self.model_grads.append(_combine(grads, owners))
         # Separate masters first, as Ascend orders the buffers.
         self.model_grads.sort(key=lambda b: not b.owners[0].separate)
@@ -280,25 +278,19 @@ class CombinedGrads:
         self.masters_zero = True
 
     @torch.no_grad()
-    def unscale(self, inv_scale: float) -> Tensor:
+    def unscale(self, inv_scale: float) -> Unscaled:
         """master grads = model grads (one copy), then every stepped gradient buffer is
-        unscaled and checked in one call; set-aside gradients are added back. Returns the
-        found_inf flag (a 0/1 float tensor)."""
-        from ._torch_compat import non_finite_check_and_unscale_
-
+        unscaled and checked in one call; set-aside gradients are added back."""
         if self.master_grads is not None and self.half_grads is not None:
             self.master_grads.flat.copy_(self.half_grads.flat)
             self.masters_zero = False
         targets = self.optimizer_grads()
-        device = targets[0].device
-        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-        inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
-        non_finite_check_and_unscale_(targets, found_inf, inv)
+        found_inf = check_and_unscale_(targets, inv_scale)
         if self.saved:
             torch._foreach_add_(targets, self.saved)
             self.saved = []
         self.dirty = True
-        return found_inf
+        return Unscaled(found_inf)
 
     # --- parameters (NpuFused optimizers) ------------------------------------------------
     @torch.no_grad()
@@ -373,13 +365,6 @@ class CombinedGrads:
         if self.half_grads is None:
             return [own]
         return [None if first is None else first.flat, own]
-
-
-def _dense_grad(param: Tensor) -> Tensor:
-    grad = param.grad
-    if grad.layout is not torch.strided:  # type: ignore[union-attr]
-        raise RuntimeError("amp: combine_grad does not support sparse gradients")
-    return grad  # type: ignore[return-value]
 
 
 def _group_segments(params: _Buffer, grads: _Buffer) -> Iterator[tuple[int, Segment]]:

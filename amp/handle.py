@@ -8,7 +8,13 @@ from typing import Any, Sequence, Union
 import torch
 
 from ._amp_state import _amp_state
-from .master import post_backward, prepare_backward, restore_after_failed_backward
+from .master import (
+    accumulating,
+    keep_scaled,
+    post_backward,
+    prepare_backward,
+    restore_after_failed_backward,
+)
 from .optimizer_like import check_optimizer_like
 from .scaler import any_rank_overflowed
 
@@ -105,9 +111,8 @@ def scale_loss(
     # A step's first backward pass (not one more accumulated with delay_unscale): in
     # saturation mode the device's overflow flag starts clear, so that reading it at the
     # step's last exit covers every backward pass of the step and nothing before them.
-    first_pass = not any(opt._amp_stash.params_have_scaled_gradients for opt in opts)
-    for opt in opts:
-        prepare_backward(opt)
+    first_pass = not any(accumulating(opt) for opt in opts)
+    stages = [prepare_backward(opt) for opt in opts]
     if first_pass:
         scaler.clear_device_overflow()
     try:
@@ -117,12 +122,13 @@ def scale_loss(
             restore_after_failed_backward(opt)
         raise
     if delay_unscale:
-        for opt in opts:
-            opt._amp_stash.params_have_scaled_gradients = True
+        for opt, stage in zip(opts, stages):
+            keep_scaled(opt, stage)
         return
     # Read before the unscale: the flag answers for the backward passes alone.
     saturated = None if delay_overflow_check else scaler.device_overflow()
-    flags = [post_backward(opt, 1.0 / scale) for opt in opts]
+    flags = [post_backward(opt, 1.0 / scale, stage).found_inf()
+             for opt, stage in zip(opts, stages)]
     if delay_overflow_check:
         return
     if saturated is not None:

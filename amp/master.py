@@ -9,8 +9,9 @@ Three paths reach the parameters:
 * fused, apex-exact (the default for an optimizer with ``_amp_unscaled_step``, i.e.
   ``amp.optimizers``): when ``scale_loss`` exits, one pass writes the unscaled gradients (the
   model's own in place, or fresh fp32 master gradients under O2), checks them and measures their
-  norm (``_fused_unscale``); ``step`` then runs the optimizer's kernel, which also writes the half
-  model copy. Gradients look exactly as with apex between ``scale_loss`` and ``step``.
+  norm (``unscale.unscale_one_pass``); ``step`` then runs the optimizer's kernel, which also
+  writes the half model copy. Gradients look exactly as with apex between ``scale_loss`` and
+  ``step``.
 * fused, deferred (opt-in: ``amp.initialize(..., defer_unscale=True)``, or apex's
   ``FusedSGD(materialize_master_grads=False)`` under O2): gradients stay scaled in memory; the
   optimizer checks them read-only and unscales them inside its update kernel. Faster, but code
@@ -22,6 +23,7 @@ backward pass, that step falls back to the generic path.
 """
 from __future__ import annotations
 
+import enum
 import logging
 import types
 from collections.abc import Iterator
@@ -34,9 +36,8 @@ from ._amp_state import maybe_log
 from ._combined import CombinedGrads
 from ._combined_methods import attach_combined_methods
 from ._device import collective_device
-from ._fused_unscale import unscale_pairs
 from .opt_levels import HALF_DTYPES, Properties
-from .scaler import Pair, unscale_grads
+from .unscale import Pair, Unscaled, check_deferred, unscale_lists, unscale_one_pass
 
 MASTERS_KEY = "amp_master_weights"
 
@@ -54,6 +55,40 @@ def wants_deferred_unscale(optimizer: Any, props: Properties) -> bool:
         is False
 
 
+class Stage(enum.Enum):
+    """Where one optimizer is in amp's step (torch's GradScaler keeps one ``OptState`` per
+    optimizer the same way). ``step()`` and the next backward pass act on it:
+
+    * READY -- nothing of amp's in flight: ``step()`` is the optimizer's own (then the masters
+      are copied into the model). At initialize, after ``zero_grad``, a step or a failed backward
+      pass, and after a ``scale_loss`` exit that unscaled per tensor list (or in one pass or
+      combined, for an optimizer without ``_amp_unscaled_step``).
+    * SCALED -- after a ``delay_unscale=True`` exit: the gradients hold scaled values; the next
+      backward pass adds to them, the next exit unscales them per tensor list.
+    * SCALED_FUSED -- the same, for amp's one-pass unscale (a fused optimizer whose gradients
+      started from None), or the deferred check.
+    * UNSCALED -- amp's one pass or the combined buffers unscaled the gradients for a fused
+      optimizer: ``step()`` runs its ``_amp_unscaled_step`` (no closure), then READY.
+    * DEFERRED -- the gradients were checked and stay scaled by 1/``inv_scale``: ``step()`` runs
+      the optimizer's ``_amp_fused_step`` (no closure), then READY; a further backward pass
+      before it unscales them per tensor list first.
+
+    A backward pass's own stage (SCALED or SCALED_FUSED) is ``prepare_backward``'s answer, kept
+    by ``scale_loss`` until the exit; the optimizer holds it only between accumulated passes.
+    Whether the next ``step()`` is skipped (an overflow) is kept beside the stage
+    (``skip_message``): the verdict holds until that step, whatever comes between."""
+
+    READY = "ready"
+    SCALED = "scaled"
+    SCALED_FUSED = "scaled, for amp's one pass"
+    UNSCALED = "unscaled, for the fused step"
+    DEFERRED = "checked, still scaled"
+
+
+_ACCUMULATING = (Stage.SCALED, Stage.SCALED_FUSED)
+_CLOSURE_REFUSED = "amp does not support a closure with a fused optimizer's step"
+
+
 class OptimizerStash:
     """What amp keeps on an optimizer (``optimizer._amp_stash``)."""
 
@@ -65,15 +100,15 @@ class OptimizerStash:
         # otherwise a fused optimizer gets apex's unscaled grads from amp's one-pass unscale.
         self.defer_unscale = defer_unscale
         self.unscaled_step = hasattr(optimizer, "_amp_unscaled_step")
-        self.unscaled_fused = False  # amp's fused unscale ran: step() reads unscaled grads
         # model_params[g][i] is the model parameter behind optimizer.param_groups[g]["params"][i]
         # (the same object when no separate master exists).
         self.model_params: list[list[torch.Tensor]] = []
-        self.stash: Optional[list[Optional[torch.Tensor]]] = None
-        self.params_have_scaled_gradients = False
-        self.use_fused = False  # decided when a backward pass is prepared
-        self.pending_inv_scale: Optional[float] = None  # fused path: grads still scaled by 1/this
-        self.skip_message: Optional[str] = None  # set when the next step must be skipped
+        self.stage = Stage.READY
+        self.inv_scale = 1.0  # DEFERRED: the gradients are still scaled by 1/this
+        # Per-tensor-list path: the (unscaled) gradients set aside before a backward pass, added
+        # back by its unscale.
+        self.set_aside: Optional[list[Optional[torch.Tensor]]] = None
+        self.skip_message: Optional[str] = None  # the next step() is skipped, with this warning
         # Masters are checked against the model once, at the first backward pass (see
         # sync_masters_once): the model may have changed after initialize.
         self.masters_synced = False
@@ -241,86 +276,97 @@ def sync_masters_once(optimizer: torch.optim.Optimizer) -> None:
 # --- the backward-pass protocol used by scale_loss --------------------------------------------
 
 
-def prepare_backward(optimizer: torch.optim.Optimizer) -> None:
+def accumulating(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's gradients hold scaled values from a ``delay_unscale`` exit."""
+    return optimizer._amp_stash.stage in _ACCUMULATING
+
+
+def prepare_backward(optimizer: torch.optim.Optimizer) -> Stage:
     """Before a backward pass whose gradients are not yet in flight: set aside gradients that are
-    already unscaled (from an earlier loss), so this pass's scaled gradients start from None."""
+    already unscaled (from an earlier loss), so this pass's scaled gradients start from None.
+    Returns the pass's stage, which says how ``post_backward`` will unscale: SCALED (per tensor
+    list) or SCALED_FUSED (amp's one pass, or the deferred check)."""
     stash: OptimizerStash = optimizer._amp_stash
     sync_masters_once(optimizer)
-    if stash.params_have_scaled_gradients:
-        return  # accumulating with delay_unscale: keep adding scaled grads
+    if stash.stage in _ACCUMULATING:
+        return stash.stage  # accumulating with delay_unscale: keep adding scaled grads
     if combining(optimizer) and stash.combined.still_valid():
         # Gradients accumulate into the buffers; unscaled ones already there are set aside.
         stash.combined.save_existing()
-        stash.use_fused = False
-        stash.unscaled_fused = False
-        return
-    if stash.pending_inv_scale is not None:
+        stash.stage = Stage.READY
+        return Stage.SCALED
+    if stash.stage is Stage.DEFERRED:
         # A second loss before the step: the fused path's still-scaled grads are unscaled now.
-        _generic_unscale(optimizer, stash.pending_inv_scale, with_stash=False)
-        stash.pending_inv_scale = None
-        stash.use_fused = False
-    stash.unscaled_fused = False  # grads already unscaled now count as existing grads
+        _generic_unscale(optimizer, stash.inv_scale, with_stash=False)
+    stash.stage = Stage.READY  # grads already unscaled now count as existing grads
     pairs = list(stash.pairs(optimizer))
     has_grads = any(m.grad is not None or p.grad is not None for m, p in pairs)
-    stash.use_fused = stash.fused and not has_grads
-    if stash.use_fused:
-        return
+    if stash.fused and not has_grads:
+        return Stage.SCALED_FUSED
     saved: list[Optional[torch.Tensor]] = []
     for model_param, master in pairs:
         saved.append(master.grad)
         master.grad = None
         model_param.grad = None
-    stash.stash = saved if any(s is not None for s in saved) else None
+    stash.set_aside = saved if any(s is not None for s in saved) else None
+    return Stage.SCALED
+
+
+def keep_scaled(optimizer: torch.optim.Optimizer, stage: Stage) -> None:
+    """A ``delay_unscale`` exit: the gradients stay scaled, and the next backward pass adds to
+    them (``stage``: what ``prepare_backward`` answered for the first pass)."""
+    optimizer._amp_stash.stage = stage
 
 
 def restore_after_failed_backward(optimizer: torch.optim.Optimizer) -> None:
     """The backward pass raised: put set-aside gradients back, drop the partial ones."""
     stash: OptimizerStash = optimizer._amp_stash
-    if stash.stash is not None:
-        for (model_param, master), saved in zip(stash.pairs(optimizer), stash.stash):
+    if stash.set_aside is not None:
+        for (model_param, master), saved in zip(stash.pairs(optimizer), stash.set_aside):
             if model_param is not master:
                 model_param.grad = None
             master.grad = saved
-    stash.stash = None
-    stash.params_have_scaled_gradients = False
-    stash.unscaled_fused = False
+    stash.set_aside = None
+    stash.stage = Stage.READY
 
 
-def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool):
+def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool
+                     ) -> Unscaled:
     stash: OptimizerStash = optimizer._amp_stash
-    saved = stash.stash if with_stash and stash.stash is not None else None
+    saved = stash.set_aside if with_stash else None
     pairs: list[Pair] = []
     for i, (model_param, master) in enumerate(stash.pairs(optimizer)):
         pairs.append((model_param, master, None if saved is None else saved[i]))
-    found_inf = unscale_grads(pairs, inv_scale)
-    stash.stash = None
-    return found_inf
+    result = unscale_lists(pairs, inv_scale)
+    stash.set_aside = None
+    return result
 
 
-def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float) -> torch.Tensor:
-    """After the last backward pass before a step: unscale (generic) or check (fused) the
-    gradients; returns the found_inf flag (a 0/1 tensor)."""
+def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float, stage: Stage
+                  ) -> Unscaled:
+    """After the last backward pass before a step (``stage``: ``prepare_backward``'s answer for
+    it): unscale (per tensor list, one pass, combined) or check (deferred) the gradients."""
     stash: OptimizerStash = optimizer._amp_stash
-    stash.params_have_scaled_gradients = False
+    stash.stage = Stage.READY
     if combining(optimizer):
-        flag = _post_backward_combined(optimizer, inv_scale)
-        if flag is not None:
-            return flag
-    if stash.use_fused and stash.defer_unscale:
-        nonfinite = optimizer._amp_grads_nonfinite(stash.model_params, inv_scale)
-        stash.pending_inv_scale = inv_scale
-        return torch.tensor([1.0 if nonfinite else 0.0])
-    if stash.use_fused:
-        nonfinite, norm, grads = unscale_pairs(stash.pairs(optimizer), inv_scale)
+        combined = _post_backward_combined(optimizer, inv_scale)
+        if combined is not None:
+            return combined
+    if stage is Stage.SCALED_FUSED and stash.defer_unscale:
+        result = check_deferred(optimizer, stash.model_params, inv_scale)
+        stash.stage, stash.inv_scale = Stage.DEFERRED, inv_scale
+        return result
+    if stage is Stage.SCALED_FUSED:
+        result = unscale_one_pass(stash.pairs(optimizer), inv_scale)
         note = getattr(optimizer, "_amp_note_grad_norm", None)
         if note is not None:
-            note(norm, grads)
-        stash.unscaled_fused = stash.unscaled_step
-        return torch.tensor([1.0 if nonfinite else 0.0])
+            note(result.norm, result.grads)
+        stash.stage = Stage.UNSCALED if stash.unscaled_step else Stage.READY
+        return result
     return _generic_unscale(optimizer, inv_scale, with_stash=True)
 
 
-def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.Tensor]:
+def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[Unscaled]:
     """The combined path: (combine after the first backward pass,) all-reduce the model
     gradients in buckets under combine_ddp, then one unscale-and-check over every buffer.
     None when this pass must take the per-parameter path (gradients set aside before it
@@ -328,19 +374,17 @@ def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[torch.
     stash: OptimizerStash = optimizer._amp_stash
     combined = stash.combined
     if not combined.still_valid():
-        if stash.stash is not None or stash.pending_inv_scale is not None:
+        if stash.set_aside is not None:
             return None
         if not combined.build([list(zip(models, g["params"])) for models, g in
                                zip(stash.model_params, optimizer.param_groups)]):
             return None
     if getattr(optimizer, "combine_ddp", False):
         _combine_ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)
-    stash.use_fused = False
-    stash.pending_inv_scale = None
-    found_inf = combined.unscale(inv_scale)
+    result = combined.unscale(inv_scale)
     # Fused optimizers step from the unscaled gradients and write the half model themselves.
-    stash.unscaled_fused = stash.unscaled_step
-    return found_inf
+    stash.stage = Stage.UNSCALED if stash.unscaled_step else Stage.READY
+    return result
 
 
 def _drop_master_grads(optimizer: Any) -> None:
@@ -363,20 +407,20 @@ def _step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
     if stash.skip_message is not None:
         maybe_log(stash.skip_message, logging.WARNING)
         stash.skip_message = None
-        stash.pending_inv_scale = None
-        stash.unscaled_fused = False
+        if stash.stage in (Stage.UNSCALED, Stage.DEFERRED):
+            stash.stage = Stage.READY  # this step's gradients are not stepped
         _drop_master_grads(self)  # not reached by model.zero_grad()
         return None
-    if stash.pending_inv_scale is not None:
-        if closure is not None:
-            raise RuntimeError("amp does not support a closure with a fused optimizer's step")
-        inv_scale, stash.pending_inv_scale = stash.pending_inv_scale, None
-        self._amp_fused_step(stash.model_params, inv_scale)
+    if stash.stage is Stage.DEFERRED:
+        if closure is not None:  # refused before anything changes: step() may follow
+            raise RuntimeError(_CLOSURE_REFUSED)
+        stash.stage = Stage.READY
+        self._amp_fused_step(stash.model_params, stash.inv_scale)
         return None
-    if stash.unscaled_fused:
-        stash.unscaled_fused = False
+    if stash.stage is Stage.UNSCALED:
+        stash.stage = Stage.READY  # refused after: a plain step() then steps as any optimizer
         if closure is not None:
-            raise RuntimeError("amp does not support a closure with a fused optimizer's step")
+            raise RuntimeError(_CLOSURE_REFUSED)
         self._amp_unscaled_step(stash.model_params)  # also writes the half model copy
         _drop_master_grads(self)  # as apex: drop the master grads after a step
         return None
@@ -402,8 +446,7 @@ def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
         # Combined: in place whatever set_to_none says (as Ascend), one op per buffer, so
         # autograd keeps accumulating into the buffers.
         stash.combined.zero_()
-        stash.params_have_scaled_gradients = False
-        stash.unscaled_fused = False
+        stash.stage = Stage.READY
         return
     stash.original_zero_grad(set_to_none)
     for model_param, _ in _separate_pairs(self):  # the half model's grads too
@@ -411,10 +454,8 @@ def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
             model_param.grad = None
         elif model_param.grad is not None:
             model_param.grad.detach_().zero_()
-    stash.params_have_scaled_gradients = False
-    stash.pending_inv_scale = None
-    stash.unscaled_fused = False
-    stash.stash = None
+    stash.stage = Stage.READY
+    stash.set_aside = None
 
 
 def _state_dict(self: torch.optim.Optimizer) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Loss scaling: the scale's state machine, gradient unscaling with a non-finite check, and the
-cross-rank agreement on overflow.
+"""Loss scaling: the scale's state machine and the cross-rank agreement on overflow (the
+gradients' unscale and non-finite check are amp/unscale.py's).
 
 The dynamic schedule is ``torch.amp.GradScaler``'s (same arithmetic, float32 scale, growth only when
 the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_loss_scale]``.
@@ -7,15 +7,12 @@ the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_los
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Sequence
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 
 from ._device import collective_device
 from ._overflow_flag import OverflowFlag, saturation_flag
-from ._torch_compat import non_finite_check_and_unscale_
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 # The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
@@ -194,48 +191,6 @@ class LossScaler:
             ) from exc
         self._loss_scale = float(scale)
         self._unskipped = int(unskipped)
-
-
-# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
-# and collections.abc classes cannot be subscripted.
-Pair = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
-
-
-def unscale_grads(pairs: Sequence[Pair], inv_scale: float) -> torch.Tensor:
-    """Unscale gradients, checking for non-finite values; returns a 0/1 float tensor (found_inf).
-
-    Each pair is ``(model_param, master_param, stashed_grad)``. The model's gradient times
-    ``inv_scale`` becomes the master's gradient (computed in place when they are the same tensor,
-    else into a fresh tensor of the master's dtype), plus ``stashed_grad`` (an already-unscaled
-    gradient from an earlier loss) when one is given. Uses GradScaler's fused kernel, so the result
-    is bit-identical to ``GradScaler.unscale_``.
-    """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    stashed: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for model_param, master, stash in pairs:
-        grad = model_param.grad
-        if grad is None:
-            if stash is not None:
-                master.grad = stash
-            continue
-        if model_param is not master:
-            grad = grad.detach().to(dtype=master.dtype, copy=True)
-            master.grad = grad
-        groups[(grad.device, grad.dtype)].append(grad)
-        if stash is not None:
-            stashed.append((grad, stash))
-    flags: list[torch.Tensor] = []
-    for (device, _), grads in groups.items():
-        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-        # GradScaler's reciprocal: computed in double, stored as float32.
-        inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
-        non_finite_check_and_unscale_(grads, found_inf, inv)
-        flags.append(found_inf)
-    if stashed:
-        torch._foreach_add_([g for g, _ in stashed], [s for _, s in stashed])
-    if not flags:
-        return torch.zeros(1)
-    return torch.stack([f.to(flags[0].device) for f in flags]).amax()
 
 
 def any_rank_overflowed(found_inf: torch.Tensor) -> bool:

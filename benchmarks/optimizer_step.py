@@ -46,8 +46,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from amp import _ext
-from amp._fused_unscale import unscale_pairs
 from amp.optimizers import FusedAdagrad, FusedAdam, FusedMixedPrecisionLamb, FusedNovoGrad
+from amp.unscale import unscale_one_pass
 
 LR, WD, MAX_NORM, SCALE = 1e-3, 0.01, 1.0, 2.0**16
 
@@ -220,11 +220,11 @@ def make_case(kind: str, sizes: list[int], mod: Any) -> Case:
 
     def exact_step() -> None:
         ph.start()
-        found_inf, norm, grads = unscale_pairs(e_pairs, 1.0 / e_scaler.scale)
-        e_scaler.update(found_inf)
-        e_opt._amp_note_grad_norm(norm, grads)
+        unscaled = unscale_one_pass(e_pairs, 1.0 / e_scaler.scale)
+        e_scaler.update(unscaled.nonfinite)
+        e_opt._amp_note_grad_norm(unscaled.norm, unscaled.grads)
         ph.mark("exact: unscale + check + norm pass")
-        if not found_inf:
+        if not unscaled.nonfinite:
             e_opt._amp_unscaled_step(e_groups)
         if kind == "b":  # as amp after a step: the master grads are dropped
             for p in e_masters:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .. import _torch_compat as compat
 from .. import multi_tensor as mt
+from ..unscale import dense, group_by
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
 # and collections.abc classes cannot be subscripted.
@@ -45,10 +46,8 @@ class Bucket:
 
 def _dense(g: Tensor) -> Tensor:
     """The slow path of gradient access, off the per-tensor hot loop."""
-    if g.layout is not torch.strided:
-        raise RuntimeError("amp.optimizers: sparse gradients are not supported")
     # Kernels read gradients only, so a contiguous copy is a safe fallback.
-    return g.contiguous()
+    return dense(g).contiguous()
 
 
 def _grad_of(model_param: Tensor) -> Optional[Tensor]:
@@ -69,7 +68,7 @@ def make_buckets(params: list[Tensor], models: list[Tensor],
     if len(params) != len(models):
         raise ValueError(f"amp.optimizers: a param group has {len(params)} params but "
                          f"{len(models)} model params were given for it")
-    buckets: dict[tuple, Bucket] = {}
+    triples: list[tuple[Tensor, Tensor, Optional[Tensor]]] = []  # (param, grad, half copy)
     for i, (p, mp) in enumerate(zip(params, models)):
         if grad_sources is not None:
             g = _grad_of(grad_sources[i])
@@ -80,17 +79,16 @@ def make_buckets(params: list[Tensor], models: list[Tensor],
         if mp is not p and mp.shape != p.shape:
             raise ValueError("amp.optimizers: model param and optimizer param differ in shape "
                              f"({tuple(mp.shape)} vs {tuple(p.shape)})")
-        half = None if mp is p else mp
-        key = (g.dtype, p.dtype, None if half is None else half.dtype, p.device,
-               extra_key(p) if extra_key else None)
-        b = buckets.get(key)
-        if b is None:
-            b = buckets[key] = Bucket()
-        b.params.append(p)
-        b.grads.append(g)
-        if half is not None:
-            b.models.append(half)
-    return list(buckets.values())
+        triples.append((p, g, None if mp is p else mp))
+
+    def kind(t: tuple[Tensor, Tensor, Optional[Tensor]]) -> tuple:
+        p, g, half = t
+        return (g.dtype, p.dtype, None if half is None else half.dtype, p.device,
+                extra_key(p) if extra_key else None)
+
+    return [Bucket([p for p, _, _ in ts], [g for _, g, _ in ts],
+                   [h for _, _, h in ts if h is not None])
+            for ts in group_by(triples, kind).values()]
 
 
 def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
@@ -109,11 +107,8 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
 
 def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float) -> tuple[float, bool]:
     """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass."""
-    by_kind: dict[tuple, list[Tensor]] = {}
-    for g in grads_of(model_params):
-        by_kind.setdefault((g.dtype, g.device), []).append(g)
     total_sq, bad = 0.0, False
-    for grads in by_kind.values():
+    for grads in group_by(grads_of(model_params), lambda g: (g.dtype, g.device)).values():
         norm, _, nonfinite = mt.l2norm(grads, inv_scale)
         total_sq += norm * norm
         bad = bad or nonfinite

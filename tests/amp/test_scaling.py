@@ -13,7 +13,8 @@ from amp_testlib import make_data, quickstart_model
 
 import amp
 from amp._torch_compat import unscale_unfused_
-from amp.scaler import LossScaler, unscale_grads
+from amp.scaler import LossScaler
+from amp.unscale import unscale_lists
 
 
 def _overflow_pattern(steps: int, seed: int, p: float = 0.25) -> list[bool]:
@@ -170,14 +171,15 @@ def test_unscale_matches_gradscaler_and_fallback():
     params = [torch.zeros_like(g, requires_grad=True) for g in grads]
     for p, g in zip(params, grads):
         p.grad = g.clone()
-    found = unscale_grads([(p, p, None) for p in params], 1.0 / 1024)
-    assert found.item() == 0.0
+    found = unscale_lists([(p, p, None) for p in params], 1.0 / 1024)
+    assert found.found_inf().item() == 0.0 and found.nonfinite is False
     expected = [g.clone() for g in grads]
     flag = torch.zeros(1)
     unscale_unfused_(expected, flag, torch.tensor(1.0 / 1024))
     assert all(torch.equal(p.grad, e) for p, e in zip(params, expected)) and flag.item() == 0
     params[1].grad[0, 0] = float("nan")
-    assert unscale_grads([(p, p, None) for p in params], 1.0).item() == 1.0
+    found = unscale_lists([(p, p, None) for p in params], 1.0)
+    assert found.found_inf().item() == 1.0 and found.nonfinite is True
     unscale_unfused_([params[1].grad], flag, torch.tensor(1.0))
     assert flag.item() == 1.0
 

@@ -1,0 +1,172 @@
+"""Gradients on their way to a step: the one grouper that splits tensors into kernel calls, the
+one check that a gradient is dense (every kernel amp calls reads strided memory), and the
+unscale passes, which all answer with one result type, ``Unscaled``."""
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+
+import torch
+from torch import Tensor
+
+from . import multi_tensor_more as mtm
+from ._torch_compat import non_finite_check_and_unscale_
+
+# One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
+# fused optimizers' own reads): torch's unscale kernel would fail on a sparse gradient too,
+# with a dispatcher dump instead of a reason.
+SPARSE_GRADIENTS = "amp: sparse gradients are not supported"
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+def group_by(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
+    """``items`` split by ``key``: groups in the order their first item came, items in their
+    own order within a group (the order a kernel call then sees them in)."""
+    groups: dict[K, list[T]] = {}
+    for item in items:
+        k = key(item)
+        group = groups.get(k)
+        if group is None:
+            groups[k] = [item]
+        else:
+            group.append(item)
+    return groups
+
+
+def dense(grad: Tensor) -> Tensor:
+    """``grad``, which must be dense (strided); a sparse gradient raises ``SPARSE_GRADIENTS``."""
+    if grad.layout is not torch.strided:
+        raise RuntimeError(SPARSE_GRADIENTS)
+    return grad
+
+
+# --- unscaling: one result for every path ------------------------------------------------------
+#
+# Four paths remove the loss scale from a step's gradients, each with its own trade-off (see
+# amp/master.py): per tensor list (any optimizer; GradScaler's kernel, bit-identical to
+# GradScaler.unscale_), amp's one pass (fused optimizers: unscale, check and norm in one read),
+# the combined buffers (one call per buffer) and the deferred check (read-only; the optimizer's
+# kernel unscales as it reads). Each answers with an ``Unscaled``.
+
+
+@dataclass
+class Unscaled:
+    """What an unscale pass found.
+
+    ``flag`` is the found-inf verdict as the pass left it: a 0/1 float tensor where the pass
+    computed it on the gradients' device (nothing has waited for the device yet), or a bool
+    where the pass itself already read it on the host. ``found_inf()`` gives the tensor
+    (what scale_loss combines and agrees on across ranks), ``nonfinite`` the host's answer (a
+    synchronisation where ``flag`` is a device tensor). One pass also measures the global L2
+    ``norm`` of the unscaled gradients it wrote (``grads``), which a fused optimizer's clipping
+    reuses."""
+
+    flag: Union[Tensor, bool]
+    norm: Optional[float] = None
+    grads: list[Tensor] = field(default_factory=list)
+
+    def found_inf(self) -> Tensor:
+        if isinstance(self.flag, Tensor):
+            return self.flag
+        return torch.tensor([1.0 if self.flag else 0.0])
+
+    @property
+    def nonfinite(self) -> bool:
+        if isinstance(self.flag, Tensor):
+            return bool(self.flag.item() > 0)
+        return self.flag
+
+
+def check_and_unscale_(grads: list[Tensor], inv_scale: float) -> Tensor:
+    """``grads *= inv_scale`` in place (one device) with GradScaler's kernel and its reciprocal
+    (computed in double, stored as float32); returns the found-inf flag, a 0/1 float tensor on
+    that device."""
+    device = grads[0].device
+    found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+    inv = torch.tensor(inv_scale, dtype=torch.float64).float().to(device)
+    non_finite_check_and_unscale_(grads, found_inf, inv)
+    return found_inf
+
+
+# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
+# and collections.abc classes cannot be subscripted.
+Pair = Tuple[Tensor, Tensor, Optional[Tensor]]
+
+
+def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
+    """Per tensor list: unscale gradients, checking for non-finite values.
+
+    Each pair is ``(model_param, master_param, stashed_grad)``. The model's gradient times
+    ``inv_scale`` becomes the master's gradient (computed in place when they are the same tensor,
+    else into a fresh tensor of the master's dtype), plus ``stashed_grad`` (an already-unscaled
+    gradient from an earlier loss) when one is given. Uses GradScaler's fused kernel, so the result
+    is bit-identical to ``GradScaler.unscale_``.
+    """
+    written: list[Tensor] = []
+    stashed: list[tuple[Tensor, Tensor]] = []
+    for model_param, master, stash in pairs:
+        grad = model_param.grad
+        if grad is None:
+            if stash is not None:
+                master.grad = stash
+            continue
+        dense(grad)
+        if model_param is not master:
+            grad = grad.detach().to(dtype=master.dtype, copy=True)
+            master.grad = grad
+        written.append(grad)
+        if stash is not None:
+            stashed.append((grad, stash))
+    flags = [check_and_unscale_(grads, inv_scale)
+             for grads in group_by(written, lambda g: (g.device, g.dtype)).values()]
+    if stashed:
+        torch._foreach_add_([g for g, _ in stashed], [s for _, s in stashed])
+    if not flags:
+        return Unscaled(torch.zeros(1))
+    return Unscaled(torch.stack([f.to(flags[0].device) for f in flags]).amax())
+
+
+def _contiguous_grad(param: Tensor) -> Tensor:
+    grad = dense(param.grad)  # type: ignore[arg-type]
+    if not grad.is_contiguous():
+        param.grad = grad = grad.contiguous()
+    return grad
+
+
+def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -> Unscaled:
+    """amp's pass for a fused optimizer when ``scale_loss`` exits (the default, as apex): for
+    each (model param, master) with a gradient, master.grad = model.grad * inv_scale, in one
+    read that also checks for inf/NaN and measures the global norm (in place when the model
+    parameter is its own master, into a fresh fp32 master gradient under O2). The optimizer is
+    handed that norm, so clipping inside its step needs no second read, and its update then
+    reads the unscaled gradients with scale 1."""
+    moves: list[tuple[Tensor, Tensor]] = []  # (scaled grad, where it goes unscaled)
+    for model_param, master in pairs:
+        if model_param.grad is None:
+            continue
+        grad = _contiguous_grad(model_param)
+        if model_param is master:
+            out = grad
+        else:
+            out = torch.empty_like(master, memory_format=torch.contiguous_format)
+            master.grad = out
+        moves.append((grad, out))
+    total_sq, bad, written = 0.0, False, []
+    for kind in group_by(moves, lambda m: (m[0].dtype, m[1].dtype, m[0].device)).values():
+        ins, outs = [g for g, _ in kind], [o for _, o in kind]
+        norm, nonfinite = mtm.scale_l2norm(ins, outs, inv_scale)
+        total_sq += norm * norm
+        bad = bad or nonfinite
+        written.extend(outs)
+    return Unscaled(bad, math.sqrt(total_sq), written)
+
+
+def check_deferred(optimizer: Any, model_params: list[list[Tensor]], inv_scale: float
+                   ) -> Unscaled:
+    """The deferred path: the fused optimizer checks the still-scaled gradients read-only
+    (``_amp_grads_nonfinite``); its step unscales them as it reads them."""
+    return Unscaled(bool(optimizer._amp_grads_nonfinite(model_params, inv_scale)))
