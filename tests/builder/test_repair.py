@@ -73,7 +73,7 @@ def _repair(session: HostSession, wheel: Path, out: Path, **kwargs):
 
 
 def test_raw_wheel_carries_the_torch_local_version(raw_wheel: Path) -> None:
-    dist, ver, py, abi, plats = split_wheel_name(raw_wheel.name)
+    dist, ver, py, _abi, plats = split_wheel_name(raw_wheel.name)
     assert (dist, ver, py, plats) == ("tinyext", "0.0.1+torch2.13", "cp311", ("linux_x86_64",))
 
 

@@ -302,7 +302,7 @@ def _tiny_build(tmp_path: Path, line_target, abi: bool):
     # Another test module, imported only by the slow tests that build with it.
     from test_cross import _make_tiny_project  # noqa: PLC0415
 
-    table, plat, python, torch, toolchain = line_target
+    table, _plat, python, torch, toolchain = line_target
     project = _make_tiny_project(tmp_path / "proj")
     # One call into torch with std::string in its symbol (c10::Device::str() returns one: its
     # name carries [abi:cxx11] under the C++11 ABI), which is where the two ABIs part.
