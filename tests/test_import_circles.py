@@ -292,3 +292,11 @@ def test_detector_counts_a_name_read_from_the_package_being_loaded(tmp_path: Pat
     _write(tmp_path, {"pkg/a.py": "from pkg import VALUE, b\n"})
     (found,) = find_circles(tmp_path, ("pkg",))
     assert "modules (pkg, pkg.a):" in found
+
+
+if __name__ == "__main__":  # the pre-commit hook: no pytest run, the same check
+    import sys
+
+    found = find_circles(REPO, PACKAGES)
+    print("\n".join(found) if found else f"no import circle in {', '.join(PACKAGES)}")
+    sys.exit(1 if found else 0)
