@@ -266,7 +266,7 @@ def test_repair_gives_manylinux_aarch64_without_grafting_torch(tiny_repaired):
 def test_repair_refuses_a_wheel_needing_an_unprovided_library(tiny_wheel, tmp_path,
                                                               target_python, toolchain):
     # Without torch excluded, auditwheel must either graft torch or fail: both are refused.
-    with pytest.raises(StepFailed, match="grafted|failed|needs"):
+    with pytest.raises(StepFailed, match=r"grafted|failed|needs"):
         repair_cross_wheel(tiny_wheel.wheel, tmp_path,
                            [*toolchain.lib_dirs, *target_python.lib_dirs],
                            excludes=("libgomp*.so*",))

@@ -65,7 +65,7 @@ def test_dead_socket_names_it_and_how_to_start(tmp_path: Path) -> None:
 def test_docker_host_env_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dead = f"unix://{tmp_path}/env.sock"
     monkeypatch.setenv("DOCKER_HOST", dead)
-    with pytest.raises(EngineUnavailable, match="env.sock"):
+    with pytest.raises(EngineUnavailable, match=r"env\.sock"):
         DockerEngine()
 
 
@@ -226,7 +226,7 @@ def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     assert find_python(version) == real
-    with pytest.raises(StepFailed, match="no working Python 3.1 interpreter"):
+    with pytest.raises(StepFailed, match=r"no working Python 3\.1 interpreter"):
         find_python("3.1")
 
 

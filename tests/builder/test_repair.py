@@ -136,7 +136,7 @@ def test_verification_rejects_lies_and_bundled_torch(raw_wheel: Path, session: H
         for item in src.infolist():
             dst.writestr(item, src.read(item))
         dst.writestr("tinyext.libs/libc10-0123abcd.so", b"\x7fELF")
-    with pytest.raises(StepFailed, match="libc10-0123abcd.so"):
+    with pytest.raises(StepFailed, match=r"libc10-0123abcd\.so"):
         check_no_bundled_torch(fat)
 
 
@@ -168,7 +168,7 @@ def test_repair_targets_torchs_tag_and_names_every_older_one_the_symbols_allow(
     # A name above torch's tag is refused, as is one below what the code needs.
     above = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_31_x86_64")
     above.write_bytes(result.wheel.read_bytes())
-    with pytest.raises(StepFailed, match="above manylinux_2_28_x86_64 .the tag of the torch"):
+    with pytest.raises(StepFailed, match=r"above manylinux_2_28_x86_64 .the tag of the torch"):
         check_tag_covers_own_code(above, TORCH_TAG)
     below = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_17_x86_64")
     below.write_bytes(result.wheel.read_bytes())
