@@ -6,11 +6,12 @@ closes a circle still fails when the function first runs, in whatever order modu
 loaded). Relative imports are resolved against the importing module's package, and
 ``from X import Y`` counts an edge to X and, where Y is a submodule, to X.Y. Imports under
 ``if TYPE_CHECKING:`` are left out: they never run, so they cannot close a circle at import time.
-An edge goes to the module named, not to the packages above it: a package's ``__init__`` that
-imports its own submodules would otherwise make every package a circle. For the same reason
-``from pkg import sub`` inside pkg counts only pkg.sub (pkg has already started loading, and
-Python finds the submodule without it); ``from pkg import name`` inside pkg, reading a name the
-half-run ``__init__`` may not have defined yet, counts pkg.
+Importing a.b.c runs a and a.b first, so those packages count too, except the importer's own
+packages: they have already started loading (a package's ``__init__`` that imports its own
+submodules would otherwise make every package a circle). For the same reason
+``from pkg import sub`` inside pkg counts only pkg.sub (Python finds the submodule without the
+half-run ``__init__``); ``from pkg import name`` inside pkg, reading a name that ``__init__`` may
+not have defined yet, counts pkg.
 """
 
 from __future__ import annotations
@@ -96,8 +97,16 @@ def import_graph(names: dict[str, Path]) -> dict[str, list[Edge]]:
                 if not ancestor or len(targets) < len(submodules):
                     targets.append(base)
             for target in targets:
-                if target in names and target != module:
-                    edges.append(Edge(target, path, node.lineno))
+                # Importing a.b.c runs a and a.b first: those that have not started yet (that
+                # are not the importer's own packages) are imported by this line too.
+                parts = target.split(".")
+                for depth in range(1, len(parts) + 1):
+                    name = ".".join(parts[:depth])
+                    own = module == name or (
+                        depth < len(parts) and module.startswith(name + ".")
+                    )
+                    if name in names and not own and not any(e.target == name for e in edges):
+                        edges.append(Edge(name, path, node.lineno))
         graph[module] = edges
     return graph
 
@@ -293,6 +302,19 @@ def test_detector_counts_a_name_read_from_the_package_being_loaded(tmp_path: Pat
     (found,) = find_circles(tmp_path, ("pkg",))
     assert "modules (pkg, pkg.a):" in found
 
+
+def test_detector_counts_the_packages_an_import_runs_first(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/sub/__init__.py": "from pkg.a import helper\n",
+            "pkg/sub/leaf.py": "",
+            "pkg/a.py": "import pkg.sub.leaf  # runs pkg/sub/__init__.py first\n",
+        },
+    )
+    (found,) = find_circles(tmp_path, ("pkg",))
+    assert "modules (pkg.a, pkg.sub):" in found and "pkg.a -> pkg.sub " in found
 
 if __name__ == "__main__":  # the pre-commit hook: no pytest run, the same check
     import sys
