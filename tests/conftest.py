@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Optional
 
 import pytest
+import torch.distributed as dist
 from hypothesis import settings
 
 from amp import _ext
@@ -54,6 +55,26 @@ def compiled_backend(request: pytest.FixtureRequest,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The compiled kernels only, per ISA (for what exists only in amp._C)."""
     yield from _select(request, monkeypatch)
+
+
+# ------------------------------------------------------------------ one-rank gloo group
+#
+# A single-process gloo group (an in-memory store) for tests of amp's collectives. Torch before
+# 2.8 destroys a gloo group while holding the GIL, and the destructor joins the group's worker
+# threads. A worker that has just run the last all-reduce may still be dropping that work's
+# tensors, and the flag tensor amp reduced is by then only alive on the C++ side: freeing it needs
+# the GIL, so the join never returns (torch 2.6.0: a loop of init, all_reduce, destroy hung within
+# 300 rounds, every time; with a barrier before destroy, 3,000 rounds passed). The barrier's wait
+# releases the GIL, so the worker finishes with the earlier work before the group goes.
+@pytest.fixture
+def one_rank_gloo() -> Iterator[None]:
+    assert dist.is_available()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ parallel runs (xdist)
