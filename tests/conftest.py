@@ -146,6 +146,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     os.environ["AMPFORGE_TEST_GROUP"] = str(mark.args[0]) if mark else ""
 
 
+# ------------------------------------------------------------------ CPU per test (opt-in)
+#
+# AMPFORGE_CPU_PROFILE=DIR: each test's CPU-seconds to DIR (tests/cpu_profile.py; summed by
+# benchmarks/ci_cpu.py). CI is CPU-bound on two cores, so this, not wall time, says which tests
+# cost its minutes.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> object:
+    out_dir = os.environ.get("AMPFORGE_CPU_PROFILE")
+    if not out_dir:
+        return (yield)
+    from cpu_profile import measured  # noqa: PLC0415 (only when profiling is asked for)
+
+    mark = item.get_closest_marker("xdist_group")
+    group = str(mark.args[0]) if mark else ""
+    with measured(out_dir, item.nodeid, group, engine_stream=group == DOCKER_GROUP):
+        return (yield)
+
+
 # ------------------------------------------------------------------ what an older torch lacks
 #
 # amp runs on torch 2.1 and later (amp/_torch_compat.py), and `make test-torch` runs amp's suites
