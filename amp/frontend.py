@@ -12,9 +12,14 @@ from torch import nn
 
 from . import _combine_ddp
 from ._amp_state import _amp_state, maybe_log
-from ._casting import check_params_fp32, convert_network, register_fp32_state_dict, wrap_forward
 from ._combined import zero_grads_in_place
 from ._torch_compat import check_half_support
+from .casting.model import (
+    check_params_fp32,
+    convert_network,
+    register_fp32_state_dict,
+    wrap_forward,
+)
 from .master import combining, process_optimizer
 from .opt_levels import (
     HALF_DTYPES,
