@@ -66,7 +66,7 @@ def scale_loss(
     unscale-and-check per gradient buffer instead of one per parameter.
 
     On an Ascend NPU that saturates instead of producing inf/NaN (saturation mode, see
-    ``amp/_overflow_flag.py``) the gradients are always finite: the device's overflow flag is
+    ``amp/ascend/saturation.py``) the gradients are always finite: the device's overflow flag is
     cleared when a step's first block is entered and read when its last exits, and a raised
     flag counts as found-inf (skip, backoff, agreement across ranks).
 

@@ -31,11 +31,11 @@ from typing import Any, Optional
 
 import torch
 
-from . import _combine_ddp
 from ._amp_state import maybe_log
-from ._combined import CombinedGrads
-from ._combined_methods import attach_combined_methods
 from ._device import collective_device
+from .ascend import ddp
+from .ascend.combined import CombinedGrads
+from .ascend.methods import attach_combined_methods
 from .opt_levels import HALF_DTYPES, Properties
 from .unscale import Pair, Unscaled, check_deferred, unscale_lists, unscale_one_pass
 
@@ -380,7 +380,7 @@ def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[Unscal
                                zip(stash.model_params, optimizer.param_groups)]):
             return None
     if getattr(optimizer, "combine_ddp", False):
-        _combine_ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)
+        ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)
     result = combined.unscale(inv_scale)
     # Fused optimizers step from the unscaled gradients and write the half model themselves.
     stash.stage = Stage.UNSCALED if stash.unscaled_step else Stage.READY
