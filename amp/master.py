@@ -37,13 +37,14 @@ from .ascend import ddp
 from .ascend.combined import CombinedGrads
 from .ascend.methods import attach_combined_methods
 from .opt_levels import HALF_DTYPES, Properties
+from .optimizer_like import DeferredStep, GradNormNote, UnscaledStep
 from .unscale import Pair, Unscaled, check_deferred, unscale_lists, unscale_one_pass
 
 MASTERS_KEY = "amp_master_weights"
 
 
 def is_fused(optimizer: torch.optim.Optimizer) -> bool:
-    return hasattr(optimizer, "_amp_fused_step") and hasattr(optimizer, "_amp_grads_nonfinite")
+    return isinstance(optimizer, DeferredStep)
 
 
 def wants_deferred_unscale(optimizer: Any, props: Properties) -> bool:
@@ -99,7 +100,9 @@ class OptimizerStash:
         # deferred: grads stay scaled until the optimizer's kernel reads them (opt-in);
         # otherwise a fused optimizer gets apex's unscaled grads from amp's one-pass unscale.
         self.defer_unscale = defer_unscale
-        self.unscaled_step = hasattr(optimizer, "_amp_unscaled_step")
+        self.unscaled_step = isinstance(optimizer, UnscaledStep)
+        # Asked once here: a Protocol's isinstance costs microseconds, too much for every step.
+        self.notes_grad_norm = isinstance(optimizer, GradNormNote)
         # model_params[g][i] is the model parameter behind optimizer.param_groups[g]["params"][i]
         # (the same object when no separate master exists).
         self.model_params: list[list[torch.Tensor]] = []
@@ -358,9 +361,8 @@ def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float, stage: Sta
         return result
     if stage is Stage.SCALED_FUSED:
         result = unscale_one_pass(stash.pairs(optimizer), inv_scale)
-        note = getattr(optimizer, "_amp_note_grad_norm", None)
-        if note is not None:
-            note(result.norm, result.grads)
+        if stash.notes_grad_norm:
+            optimizer._amp_note_grad_norm(result.norm, result.grads)
         stash.stage = Stage.UNSCALED if stash.unscaled_step else Stage.READY
         return result
     return _generic_unscale(optimizer, inv_scale, with_stash=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+from typing import Callable, Optional, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
 
 from . import multi_tensor_more as mtm
 from ._torch_compat import non_finite_check_and_unscale_
+from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
 # fused optimizers' own reads): torch's unscale kernel would fail on a sparse gradient too,
@@ -165,7 +166,7 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     return Unscaled(bad, math.sqrt(total_sq), written)
 
 
-def check_deferred(optimizer: Any, model_params: list[list[Tensor]], inv_scale: float
+def check_deferred(optimizer: DeferredStep, model_params: list[list[Tensor]], inv_scale: float
                    ) -> Unscaled:
     """The deferred path: the fused optimizer checks the still-scaled gradients read-only
     (``_amp_grads_nonfinite``); its step unscales them as it reads them."""

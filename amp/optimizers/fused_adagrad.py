@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import multi_tensor_more as mtm
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedAdagrad(FusedOptimizer):

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .. import multi_tensor as mt
-from ._base import FusedOptimizer, ParamGroups, closure_loss, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -6,7 +6,7 @@ from typing import Any
 from torch import Tensor
 
 from .. import multi_tensor as mt
-from ._base import Bucket, FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedLAMB(FusedOptimizer):

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from .. import multi_tensor_more as mtm
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedNovoGrad(FusedOptimizer):

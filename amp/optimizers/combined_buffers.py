@@ -1,4 +1,6 @@
-"""One implementation of Apex for Ascend's ``NpuFused*`` optimizers (and of ``Lamb``).
+"""The base of Apex for Ascend's ``NpuFused*`` optimizers (and of ``Lamb``): steps over amp's
+combined buffers, one update per buffer. (apex's fused optimizers step over tensor lists
+instead: ``tensor_lists``.)
 
 Under amp with combined gradients, every parameter an optimizer steps sits in one contiguous buffer
 per dtype, and so does its gradient (``amp.ascend.combined``). An ``NpuFused*`` optimizer keeps its
@@ -27,7 +29,7 @@ from torch.optim.optimizer import Optimizer
 
 from ..ascend import combined
 from ..combine_tensors import combine_npu
-from ._base import closure_loss
+from .tensor_lists import closure_loss
 
 
 @dataclass
@@ -260,6 +262,12 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
                 cache=self._layout_cache,
             )
             start = end
+
+
+def global_norm(tensors: list[Tensor]) -> Tensor:
+    """The L2 norm of all ``tensors`` together, in three operations whatever their number."""
+    norms = torch._foreach_norm(tensors, 2)
+    return torch.linalg.vector_norm(torch.stack(norms), 2)
 
 
 def check_betas(betas: tuple[float, float]) -> None:
