@@ -11,8 +11,8 @@ from typing import Callable, Optional, Tuple, TypeVar, Union
 import torch
 from torch import Tensor
 
-from . import multi_tensor_more as mtm
 from ._torch_compat import non_finite_check_and_unscale_
+from .kernels import ops as mt
 from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
@@ -159,7 +159,7 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     total_sq, bad, written = 0.0, False, []
     for kind in group_by(moves, lambda m: (m[0].dtype, m[1].dtype, m[0].device)).values():
         ins, outs = [g for g, _ in kind], [o for _, o in kind]
-        norm, nonfinite = mtm.scale_l2norm(ins, outs, inv_scale)
+        norm, nonfinite = mt.scale_l2norm(ins, outs, inv_scale)
         total_sq += norm * norm
         bad = bad or nonfinite
         written.extend(outs)

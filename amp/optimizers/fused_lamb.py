@@ -5,7 +5,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .. import multi_tensor as mt
+from ..kernels import ops as mt
 from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, make_buckets
 
 

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
-from .. import multi_tensor as mt
+from ..kernels import ops as mt
 from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import _torch_compat as compat
-from .. import multi_tensor as mt
+from ..kernels import ops as mt
 from ..optimizer_like import ParamGroups
 from ..unscale import dense, group_by
 
