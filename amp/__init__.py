@@ -24,7 +24,7 @@ from .casting.registry import (
 )
 from .frontend import initialize, load_state_dict, state_dict
 from .handle import scale_loss
-from .master import master_params
+from .masters.stash import master_params
 from .multi_tensor_apply import multi_tensor_applier
 from .scaler import LossScaler
 

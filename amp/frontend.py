@@ -20,7 +20,9 @@ from .casting.model import (
     register_fp32_state_dict,
     wrap_forward,
 )
-from .master import combining, process_optimizer
+from .masters.optimizer_like import check_optimizer_like
+from .masters.patching import process_optimizer
+from .masters.stash import combining
 from .opt_levels import (
     HALF_DTYPES,
     MODEL_DTYPES,
@@ -34,7 +36,6 @@ from .opt_levels import (
     parse_keep_batchnorm_fp32,
     parse_loss_scale,
 )
-from .optimizer_like import check_optimizer_like
 from .scaler import LossScaler
 
 

@@ -8,14 +8,14 @@ from typing import Any, Sequence, Union
 import torch
 
 from ._amp_state import _amp_state
-from .master import (
+from .masters.backward import (
     accumulating,
     keep_scaled,
     post_backward,
     prepare_backward,
     restore_after_failed_backward,
 )
-from .optimizer_like import check_optimizer_like
+from .masters.optimizer_like import check_optimizer_like
 from .scaler import any_rank_overflowed
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins

@@ -1,5 +1,5 @@
 """Loss scaling: the scale's state machine and the cross-rank agreement on overflow (the
-gradients' unscale and non-finite check are amp/unscale.py's).
+gradients' unscale and non-finite check are amp/masters/unscale.py's).
 
 The dynamic schedule is ``torch.amp.GradScaler``'s (same arithmetic, float32 scale, growth only when
 the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_loss_scale]``.

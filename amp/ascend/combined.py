@@ -37,7 +37,7 @@ from ..combine_tensors import (
     is_combined_tensor_valid,
     repoint,
 )
-from ..unscale import Unscaled, check_and_unscale_, dense, group_by
+from ..masters.unscale import Unscaled, check_and_unscale_, dense, group_by
 
 GRADS_DESTROYED = (
     "Combined grad has been destroyed and will be recombined afterwards, please check if there "

@@ -1,6 +1,6 @@
 """The base of apex's fused optimizers (``FusedAdam``, ``FusedLAMB``, ...): steps over lists of
 tensors, grouped into kernel calls (``make_buckets``), with amp's seam (the Protocols of
-amp/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``; deferred
+amp/masters/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``; deferred
 ``DeferredStep``), and the step counter kept per param group but saved per parameter, as
 torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
 ``combined_buffers``.)"""
@@ -17,8 +17,8 @@ from torch import Tensor
 
 from .. import _torch_compat as compat
 from ..kernels import ops as mt
-from ..optimizer_like import ParamGroups
-from ..unscale import dense, group_by
+from ..masters.optimizer_like import ParamGroups
+from ..masters.unscale import dense, group_by
 
 
 def closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
@@ -128,7 +128,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
         self._amp_cached_norm: Optional[tuple[float, Optional[tuple], float]] = None
 
-    # --- amp seam (amp/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
+    # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
     def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None:
         """amp's unscale pass measured the norm of the unscaled grads it wrote."""
         self._amp_cached_norm = (1.0, grads_signature(grads), float(norm))

@@ -3,7 +3,8 @@ one (apex accepts its LARC wrapper the same way): ``param_groups`` (a list of di
 "params"), ``state``, and the methods amp patches or calls; and the seam between amp's step and
 a fused optimizer (``amp.optimizers``' tensor-list base, ``FusedOptimizer``), written once here
 as Protocols: amp looks for these methods on any optimizer and takes the fused paths where they
-are (amp/master.py), and the optimizers implement them without importing amp's step."""
+are (amp/masters/stash.py, backward.py), and the optimizers implement them without importing
+amp's step."""
 from __future__ import annotations
 
 from typing import Any, List, Protocol, runtime_checkable

@@ -11,8 +11,8 @@ from typing import Callable, Optional, Tuple, TypeVar, Union
 import torch
 from torch import Tensor
 
-from ._torch_compat import non_finite_check_and_unscale_
-from .kernels import ops as mt
+from .._torch_compat import non_finite_check_and_unscale_
+from ..kernels import ops as mt
 from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
@@ -48,7 +48,7 @@ def dense(grad: Tensor) -> Tensor:
 # --- unscaling: one result for every path ------------------------------------------------------
 #
 # Four paths remove the loss scale from a step's gradients, each with its own trade-off (see
-# amp/master.py): per tensor list (any optimizer; GradScaler's kernel, bit-identical to
+# amp/masters/stash.py): per tensor list (any optimizer; GradScaler's kernel, bit-identical to
 # GradScaler.unscale_), amp's one pass (fused optimizers: unscale, check and norm in one read),
 # the combined buffers (one call per buffer) and the deferred check (read-only; the optimizer's
 # kernel unscales as it reads). Each answers with an ``Unscaled``.
