@@ -121,7 +121,7 @@ def _stable_abi() -> tuple[tuple[int, int], tuple[int, int]]:
 # The oldest torch and Python the stable binding serves (see pyproject.toml for why these).
 STABLE_MIN_TORCH, ABI3_FLOOR = _stable_abi()
 # The kernel core, compiled the same into either binding: element-wise kernels per ISA and the
-# ops over the shared driver (apex's multi_tensor_* entry points are amp/_apex_ops.py's).
+# ops over the shared driver (apex's multi_tensor_* entry points are amp/kernels/apex_ops.py's).
 CORE_SOURCES = ["ops_generic.cpp", "ops_avx2.cpp", "ops_avx512.cpp", "ops.cpp"]
 BINDING_SOURCES = {"stable": "bindings_stable.cpp", "pybind11": "bindings.cpp"}
 

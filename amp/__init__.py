@@ -13,7 +13,8 @@ import importlib
 from typing import Any
 
 from ._version import __version__
-from .cast_registry import (
+from .casting.legacy import disable_casts, init
+from .casting.registry import (
     float_function,
     half_function,
     promote_function,
@@ -23,8 +24,7 @@ from .cast_registry import (
 )
 from .frontend import initialize, load_state_dict, state_dict
 from .handle import scale_loss
-from .legacy_init import disable_casts, init
-from .master import master_params
+from .masters.stash import master_params
 from .multi_tensor_apply import multi_tensor_applier
 from .scaler import LossScaler
 

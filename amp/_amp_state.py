@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from ._o1_state import AmpHandle
+from .casting.o1 import AmpHandle
 from .opt_levels import Properties
 from .scaler import LossScaler
 
@@ -26,7 +26,7 @@ class AmpState:
         self.min_loss_scale: Optional[float] = None
         self.max_loss_scale: float = 2.0**24
         # apex's O1 handle (``_amp_state.handle._deactivate()``); an inactive one until an O1
-        # amp.initialize makes its own (amp/cast_registry.py; the class: amp/_o1_state.py).
+        # amp.initialize makes its own (amp/casting/registry.py; the class: amp/casting/o1.py).
         self.handle: AmpHandle = AmpHandle()
 
     @property

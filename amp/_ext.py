@@ -10,7 +10,7 @@ version it was compiled against and which ABI of torch it uses (`__torch_abi__`)
 
 `load()` refuses a binary the imported torch cannot use, or one that fails to import, and
 returns None after ONE clear warning, so callers use the pure-torch fallback in
-amp/multi_tensor.py.
+amp/kernels/ops.py.
 
 Set AMP_DISABLE_EXTENSION=1 to force the fallback (no warning: it was asked for).
 

@@ -10,12 +10,19 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from . import _combine_ddp
 from ._amp_state import _amp_state, maybe_log
-from ._casting import check_params_fp32, convert_network, register_fp32_state_dict, wrap_forward
-from ._combined import zero_grads_in_place
 from ._torch_compat import check_half_support
-from .master import combining, process_optimizer
+from .ascend import ddp
+from .ascend.combined import zero_grads_in_place
+from .casting.model import (
+    check_params_fp32,
+    convert_network,
+    register_fp32_state_dict,
+    wrap_forward,
+)
+from .masters.optimizer_like import check_optimizer_like
+from .masters.patching import process_optimizer
+from .masters.stash import combining
 from .opt_levels import (
     HALF_DTYPES,
     MODEL_DTYPES,
@@ -29,7 +36,6 @@ from .opt_levels import (
     parse_keep_batchnorm_fp32,
     parse_loss_scale,
 )
-from .optimizer_like import check_optimizer_like
 from .scaler import LossScaler
 
 
@@ -317,7 +323,7 @@ def initialize(
         for model in model_list:
             zero_grads_in_place(model)
     if props.combine_ddp:
-        _combine_ddp.broadcast_from_rank0(model_list)
+        ddp.broadcast_from_rank0(model_list)
     # After every option and optimizer rule has had its say (they name what to change first),
     # before any state is kept: the model's device must compute the half type asked for.
     for model in model_list:

@@ -8,14 +8,14 @@ from typing import Any, Sequence, Union
 import torch
 
 from ._amp_state import _amp_state
-from .master import (
+from .masters.backward import (
     accumulating,
     keep_scaled,
     post_backward,
     prepare_backward,
     restore_after_failed_backward,
 )
-from .optimizer_like import check_optimizer_like
+from .masters.optimizer_like import check_optimizer_like
 from .scaler import any_rank_overflowed
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
@@ -66,7 +66,7 @@ def scale_loss(
     unscale-and-check per gradient buffer instead of one per parameter.
 
     On an Ascend NPU that saturates instead of producing inf/NaN (saturation mode, see
-    ``amp/_overflow_flag.py``) the gradients are always finite: the device's overflow flag is
+    ``amp/ascend/saturation.py``) the gradients are always finite: the device's overflow flag is
     cleared when a step's first block is entered and read when its last exits, and a raised
     flag counts as found-inf (skip, backoff, agreement across ranks).
 

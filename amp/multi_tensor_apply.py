@@ -8,7 +8,7 @@ apex's argument order and set ``noop_flag`` to 1 on inf/NaN as apex's do::
     flag = torch.zeros(1, dtype=torch.int)
     multi_tensor_applier(amp_C.multi_tensor_scale, flag, [grads, grads], 1.0 / 128)
 
-Those ops serve every device (``amp._apex_ops``, apex's conventions written once): CPU
+Those ops serve every device (``amp.kernels.apex_ops``, apex's conventions written once): CPU
 tensors run the compiled kernels, tensors on another device (CUDA, or Ascend's ``npu``) amp's
 pure-torch version of the same op on that device (one ``AmpDeviceFallbackWarning`` per device
 type), as apex code written for its device expects. Any other callable is called as given.

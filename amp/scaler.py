@@ -1,5 +1,5 @@
 """Loss scaling: the scale's state machine and the cross-rank agreement on overflow (the
-gradients' unscale and non-finite check are amp/unscale.py's).
+gradients' unscale and non-finite check are amp/masters/unscale.py's).
 
 The dynamic schedule is ``torch.amp.GradScaler``'s (same arithmetic, float32 scale, growth only when
 the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_loss_scale]``.
@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 
 from ._device import collective_device
-from ._overflow_flag import OverflowFlag, saturation_flag
+from .ascend.saturation import OverflowFlag, saturation_flag
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 # The floor of a dynamic scale that has no min_loss_scale: the smallest normal float32. Halving
@@ -55,7 +55,7 @@ class LossScaler:
 
     ``device_type`` (keyword only; ``amp.initialize`` passes the model's) picks the overflow
     mode once: ``"saturation"`` on an Ascend NPU that saturates instead of producing inf/NaN
-    (the device's overflow flag tells an overflow, see amp/_overflow_flag.py), else
+    (the device's overflow flag tells an overflow, see amp/ascend/saturation.py), else
     ``"inf_nan"`` (the gradients' non-finite check does); ``mode`` says which.
 
     Example::
@@ -107,7 +107,7 @@ class LossScaler:
         # The last step's verdict (apex's attribute: scripts read it, and set it before
         # calling update_scale() themselves).
         self._has_overflow = False
-        # Saturation mode (amp/_overflow_flag.py), chosen once: ``device_type`` is the model's
+        # Saturation mode (amp/ascend/saturation.py), chosen once: ``device_type`` is the model's
         # (None: unknown, torch_npu alone decides).
         self._saturation: Optional[OverflowFlag] = saturation_flag(device_type)
 

@@ -46,8 +46,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from amp import _ext
+from amp.masters.unscale import unscale_one_pass
 from amp.optimizers import FusedAdagrad, FusedAdam, FusedMixedPrecisionLamb, FusedNovoGrad
-from amp.unscale import unscale_one_pass
 
 LR, WD, MAX_NORM, SCALE = 1e-3, 0.01, 1.0, 2.0**16
 

@@ -6,7 +6,7 @@ is torch's own: since torch 2.0 it sets every gradient to None (``set_to_none=Tr
 takes each gradient out of amp's combined buffers. Apex for Ascend patches
 ``torch.nn.Module.zero_grad`` for every module in the process so that the buffers stay. amp
 instead takes the gradients back into their buffers when the next ``scale_loss`` begins
-(amp/_combined.py, ``CombinedGrads.reclaim``); before that, it combined them again after
+(amp/ascend/combined.py, ``CombinedGrads.reclaim``); before that, it combined them again after
 every backward pass.
 
 Per row, over ``--steps`` steady-state steps (after two warm-up steps) of a CPU model of

@@ -67,6 +67,18 @@ CROSS = BackendKind("cross", in_container=False, foreign=True, disk_per_cell_gib
 EMULATED = BackendKind("emulated", in_container=True, foreign=True, disk_per_cell_gib=4,
                        disk_in="engine", offline_wheels="cell",
                        needs=frozenset({ENGINE, EMULATION}), emulated=True)
+#: What a CUDA cell adds to its backend's ``disk_per_cell_gib``: its torch is a CUDA build with
+#: the nvidia-* packages and the pinned toolkit (measured: the docker torch layer of a CUDA 13.0
+#: cell of torch 2.14.1, 6.3 GB; a CPU cell's is 1.3 GB), installed once for the build; the
+#: smoke venv layers on it.
+CUDA_CELL_EXTRA_GIB = 6
+
+
+def cell_disk_gib(kind: BackendKind, cuda: str) -> int:
+    """Rough disk use of one cell of *kind* (``cuda``: "cpu" or a CUDA version)."""
+    return kind.disk_per_cell_gib + (CUDA_CELL_EXTRA_GIB if cuda != "cpu" else 0)
+
+
 #: In ``auto``'s order of preference, native and foreign alike (builder.plan.choose).
 KINDS: tuple[BackendKind, ...] = (DOCKER, HOST, CROSS, EMULATED)
 #: Every backend's name, in this order (the config's ``backend`` values besides ``auto``).

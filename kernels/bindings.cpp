@@ -1,7 +1,7 @@
 // amp._C through pybind11 over ATen: the binding for torch < 2.10 (no stable C ABI there)
 // and for Python 3.9 (below the abi3 floor of bindings_stable.cpp). setup.py compiles exactly
 // one of the two bindings with the shared ops (ops.cpp) and kernels; apex's multi_tensor_*
-// entry points are amp._apex_ops' (Python: they serve every device), installed at import.
+// entry points are amp.kernels.apex_ops' (Python: they serve every device), installed at import.
 //
 // apex's amp_C family of multi-tensor kernels for CPUs: one generic driver (`run_chunks`,
 // driver.h) splits every tensor of a model-sized list into fixed-size chunks and runs a small
@@ -171,7 +171,7 @@ const amp_driver::Binding& amp_driver::binding() { return kBinding; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "amp._C: multi-tensor CPU kernels (scale, axpby, l2norm, adam, sgd, lamb, adagrad, "
-            "novograd; apex's multi_tensor_* entry points from amp._apex_ops)";
+            "novograd; apex's multi_tensor_* entry points from amp.kernels.apex_ops)";
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -228,6 +228,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("passes") = 3,
         "benchmark yardstick: the ideal step's memory traffic with trivial arithmetic "
         "(overwrites params and moments)");
-  // apex's multi_tensor_* entry points: amp._apex_ops, the one place their conventions live.
-  py::module_::import("amp._apex_ops").attr("install")(m);
+  // apex's multi_tensor_* entry points: amp.kernels.apex_ops, the one place their conventions live.
+  py::module_::import("amp.kernels.apex_ops").attr("install")(m);
 }

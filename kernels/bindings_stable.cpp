@@ -6,13 +6,13 @@
 //
 // The ops are registered with torch's dispatcher as torch.ops.amp_C.* (STABLE_TORCH_LIBRARY:
 // schemas of Tensor[] lists and scalars). The Python module itself has no functions of its
-// own: PyInit__C records the module's facts and hands it to amp._stable_binding, which gives
+// own: PyInit__C records the module's facts and hands it to amp.kernels.stable_binding, which gives
 // it the pybind11 module's functions (names, keyword arguments, defaults, results) over those
-// ops; apex's multi_tensor_* entry points are amp._apex_ops' (Python, over these ops: they
+// ops; apex's multi_tensor_* entry points are amp.kernels.apex_ops' (Python, over these ops: they
 // serve every device), installed at import as the pybind11 module installs them.
 //
 // Errors: bad arguments leave the op as a std::runtime_error whose message starts with
-// "[ValueError] " or "[TypeError] "; torch raises it as RuntimeError and amp._stable_binding
+// "[ValueError] " or "[TypeError] "; torch raises it as RuntimeError and amp.kernels.stable_binding
 // re-raises it as that type, as the pybind11 module raises it.
 #include <Python.h>
 
@@ -310,7 +310,7 @@ STABLE_TORCH_LIBRARY_IMPL(amp_C, CompositeExplicitAutograd, m) {
 namespace {
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "amp._C",
                        "amp._C: multi-tensor CPU kernels on torch's stable ABI (the functions "
-                       "are set by amp._stable_binding over torch.ops.amp_C)",
+                       "are set by amp.kernels.stable_binding over torch.ops.amp_C)",
                        -1, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 // `<module>.install(m)`; false with the Python error set when the import or the call fails.
@@ -336,8 +336,8 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
     return nullptr;
   }
   // The functions of the pybind11 module, then apex's multi_tensor_* entry points
-  // (amp._apex_ops, the one place their conventions live).
-  if (!install_from("amp._stable_binding", m) || !install_from("amp._apex_ops", m)) {
+  // (amp.kernels.apex_ops, the one place their conventions live).
+  if (!install_from("amp.kernels.stable_binding", m) || !install_from("amp.kernels.apex_ops", m)) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -11,6 +11,7 @@ from typing import Optional
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import settings
 
 from amp import _ext
@@ -56,6 +57,26 @@ def compiled_backend(request: pytest.FixtureRequest,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The compiled kernels only, per ISA (for what exists only in amp._C)."""
     yield from _select(request, monkeypatch)
+
+
+# ------------------------------------------------------------------ one-rank gloo group
+#
+# A single-process gloo group (an in-memory store) for tests of amp's collectives. Torch before
+# 2.8 destroys a gloo group while holding the GIL, and the destructor joins the group's worker
+# threads. A worker that has just run the last all-reduce may still be dropping that work's
+# tensors, and the flag tensor amp reduced is by then only alive on the C++ side: freeing it needs
+# the GIL, so the join never returns (torch 2.6.0: a loop of init, all_reduce, destroy hung within
+# 300 rounds, every time; with a barrier before destroy, 3,000 rounds passed). The barrier's wait
+# releases the GIL, so the worker finishes with the earlier work before the group goes.
+@pytest.fixture
+def one_rank_gloo() -> Iterator[None]:
+    assert dist.is_available()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ parallel runs (xdist)
@@ -125,6 +146,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     mark = item.get_closest_marker("xdist_group")
     os.environ["AMPFORGE_TEST_GROUP"] = str(mark.args[0]) if mark else ""
+
+
+# ------------------------------------------------------------------ CPU per test (opt-in)
+#
+# AMPFORGE_CPU_PROFILE=DIR: each test's CPU-seconds to DIR (tests/cpu_profile.py; summed by
+# benchmarks/ci_cpu.py). CI is CPU-bound on two cores, so this, not wall time, says which tests
+# cost its minutes.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> object:
+    out_dir = os.environ.get("AMPFORGE_CPU_PROFILE")
+    if not out_dir:
+        return (yield)
+    from cpu_profile import measured  # noqa: PLC0415 (only when profiling is asked for)
+
+    mark = item.get_closest_marker("xdist_group")
+    group = str(mark.args[0]) if mark else ""
+    with measured(out_dir, item.nodeid, group, engine_stream=group == DOCKER_GROUP):
+        return (yield)
 
 
 # ------------------------------------------------------------------ what an older torch lacks

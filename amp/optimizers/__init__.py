@@ -1,5 +1,5 @@
 """Fused optimizers (apex.optimizers signatures) backed by amp._C, and Apex for Ascend's
-``NpuFused*`` optimizers and ``Lamb`` (``npu_fused_base``: one update per combined buffer).
+``NpuFused*`` optimizers and ``Lamb`` (``combined_buffers``: one update per combined buffer).
 
 Usable standalone like torch.optim, and under ``amp.initialize`` at every opt level. By
 default amp unscales the gradients when ``scale_loss`` exits (apex's behaviour) in one pass

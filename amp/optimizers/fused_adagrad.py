@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import multi_tensor_more as mtm
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from ..kernels import ops as mt
+from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedAdagrad(FusedOptimizer):
@@ -46,6 +46,6 @@ class FusedAdagrad(FusedOptimizer):
                     if "sum" not in st:
                         st["sum"] = p.new_zeros(p.shape)
                     sums.append(st["sum"])
-                mtm.adagrad(b.grads, b.params, sums, b.model_params, lr=group["lr"],
+                mt.adagrad(b.grads, b.params, sums, b.model_params, lr=group["lr"],
                             eps=group["eps"], weight_decay=group["weight_decay"],
                             w_mode=self.adagrad_w_mode, grad_scale=inv_scale)

@@ -6,8 +6,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from .. import multi_tensor as mt
-from ._base import FusedOptimizer, ParamGroups, closure_loss, make_buckets
+from ..kernels import ops as mt
+from .tensor_lists import FusedOptimizer, ParamGroups, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -5,8 +5,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .. import multi_tensor as mt
-from ._base import Bucket, FusedOptimizer, ParamGroups, make_buckets
+from ..kernels import ops as mt
+from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedLAMB(FusedOptimizer):

@@ -7,8 +7,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from ._base import Bucket, closure_loss, make_buckets
 from .fused_lamb import FusedLAMB
+from .tensor_lists import Bucket, closure_loss, make_buckets
 
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import torch
 
-from .. import multi_tensor_more as mtm
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from ..kernels import ops as mt
+from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -62,7 +62,7 @@ class FusedNovoGrad(FusedOptimizer):
                         st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
-                mtm.novograd(b.grads, b.params, [st["exp_avg"] for st in states],
+                mt.novograd(b.grads, b.params, [st["exp_avg"] for st in states],
                              b.model_params, grad_norms=norms, lr=group["lr"], beta1=beta1,
                              beta2=beta2, eps=group["eps"], step=group["step"],
                              bias_correction=group["bias_correction"],

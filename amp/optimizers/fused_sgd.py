@@ -6,8 +6,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
-from .. import multi_tensor as mt
-from ._base import FusedOptimizer, ParamGroups, make_buckets
+from ..kernels import ops as mt
+from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
 
 
 class FusedSGD(FusedOptimizer):

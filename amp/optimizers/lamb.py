@@ -17,13 +17,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from .npu_fused_adam import global_norm
-from .npu_fused_base import (
+from .combined_buffers import (
     ElementwiseOptimizer,
     NpuFusedOptimizer,
     Run,
     check_betas,
     check_nonnegative,
+    global_norm,
 )
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
-from .npu_fused_base import NpuFusedOptimizer, Run, check_betas, check_nonnegative
+from .combined_buffers import NpuFusedOptimizer, Run, check_betas, check_nonnegative, global_norm
 
 
 class NpuFusedAdam(NpuFusedOptimizer):
@@ -232,9 +232,3 @@ class NpuFusedBertAdam(NpuFusedOptimizer):
             schedule = SCHEDULES[group["schedule"]]
             lr = lr * schedule((run.step - 1) / group["t_total"], group["warmup"])
         param.add_(-(lr * update))
-
-
-def global_norm(tensors: list[Tensor]) -> Tensor:
-    """The L2 norm of all ``tensors`` together, in three operations whatever their number."""
-    norms = torch._foreach_norm(tensors, 2)
-    return torch.linalg.vector_norm(torch.stack(norms), 2)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
-from .npu_fused_base import NpuFusedOptimizer, Run, check_nonnegative
+from .combined_buffers import NpuFusedOptimizer, Run, check_nonnegative
 
 
 class NpuFusedSGD(NpuFusedOptimizer):

@@ -25,6 +25,7 @@ from builder.backend_kinds import (
     ENGINE,
     REPAIR_TOOLS,
     backend_kind,
+    cell_disk_gib,
     may_need,
     must_need,
 )
@@ -362,7 +363,7 @@ def disk_space(scope: Scope) -> list[Check]:
     for c in scope.resolution.here:
         kind = backend_kind(c.backend)
         folder = where[kind.disk_in]
-        need[folder] = need.get(folder, 0) + kind.disk_per_cell_gib
+        need[folder] = need.get(folder, 0) + cell_disk_gib(kind, c.cell.cuda)
     if not need:
         need[scope.work_dir] = 0
     by_device: dict[int, tuple[Path, float]] = {}

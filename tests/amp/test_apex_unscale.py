@@ -207,19 +207,19 @@ def test_a_cached_norm_is_reused_only_where_in_place_foreach_ops_bump_versions(m
     unchanged; on a device whose in-place foreach ops leave versions alone (torch 2.1 on an
     accelerator) a clip_grad_norm_ in between would go unseen, so nothing is reused there."""
     from amp import _torch_compat as compat
-    from amp.optimizers import _base
+    from amp.optimizers import tensor_lists
 
     g = torch.ones(3)
     assert compat.foreach_bumps_versions("cpu")  # the CPU's foreach kernel runs per-tensor ops
-    before = _base.grads_signature([g])
+    before = tensor_lists.grads_signature([g])
     torch._foreach_mul_([g], 0.5)  # what clip_grad_norm_ does
-    assert _base.grads_signature([g]) != before
+    assert tensor_lists.grads_signature([g]) != before
     opt = FusedAdam([torch.nn.Parameter(torch.ones(3))], lr=0.1, max_grad_norm=1.0)
     opt.param_groups[0]["params"][0].grad = torch.full((3,), 2.0)
     params = [list(opt.param_groups[0]["params"])]
-    opt._amp_note_grad_norm(123.0, _base.grads_of(params))  # as if measured: reused
+    opt._amp_note_grad_norm(123.0, tensor_lists.grads_of(params))  # as if measured: reused
     assert opt._global_norm(params, 1.0, grads_on_params=True) == 123.0
     monkeypatch.setattr(compat, "_foreach_version_answers", {"cpu": False})
-    assert _base.grads_signature([g]) is None
-    opt._amp_note_grad_norm(123.0, _base.grads_of(params))  # cannot be trusted: measured anew
+    assert tensor_lists.grads_signature([g]) is None
+    opt._amp_note_grad_norm(123.0, tensor_lists.grads_of(params))  # untrusted: measured anew
     assert opt._global_norm(params, 1.0, grads_on_params=True) == pytest.approx(12 ** 0.5)

@@ -5,12 +5,10 @@ set (``_scale_seq_len``, ``_has_overflow``, ``update_scale()``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from amp_testlib import GLOO_TAKES_NO_NPU, needs_cpu_float16
 from torch.nn.parallel import DistributedDataParallel
@@ -39,15 +37,6 @@ def test_combine_ddp_without_combine_grad_raises(combine_grad: Any) -> None:
 
 
 # ------------------------------------------------------------------ DDP around amp
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _sgd(ps: Any) -> Any:
     return torch.optim.SGD(ps, lr=0.05, momentum=0.9)
 
@@ -84,7 +73,7 @@ def _train_ddp(level: str, make: Callable[[Any], Any], zero: str, steps: int = 5
                          ids=["O1-SGD", "O2-SGD", "O2-NpuFusedSGD"])
 @needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_ddp_zero_grad_keeps_the_combined_buffers(
-        one_rank_group: None, level: str, make: Callable[[Any], Any],
+        one_rank_gloo: None, level: str, make: Callable[[Any], Any],
         caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="amp"):
         model, optimizer, scales = _train_ddp(level, make, zero="ddp")

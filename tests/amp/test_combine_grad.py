@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import amp
-from amp._combined import optimizer_segments
+from amp.ascend.combined import optimizer_segments
 
 
 def _model(n_linear: int = 4, bn: bool = True, seed: int = 0) -> torch.nn.Module:

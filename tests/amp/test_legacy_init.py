@@ -1,6 +1,6 @@
 """NVIDIA apex's old O1 API on torch.autocast: ``amp.init()`` returns a handle that casts for the
 calling thread until ``handle._deactivate()``; ``amp.disable_casts()`` turns casting off for a
-block (amp/legacy_init.py)."""
+block (amp/casting/legacy.py)."""
 from __future__ import annotations
 
 import threading
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import amp
 from amp import _torch_compat as compat
 from amp._amp_state import _amp_state
-from amp.legacy_init import InitHandle, NoOpHandle
+from amp.casting.legacy import InitHandle, NoOpHandle
 
 
 @pytest.fixture(autouse=True)

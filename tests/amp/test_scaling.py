@@ -13,8 +13,8 @@ from amp_testlib import make_data, quickstart_model
 
 import amp
 from amp._torch_compat import unscale_unfused_
+from amp.masters.unscale import unscale_lists
 from amp.scaler import LossScaler
-from amp.unscale import unscale_lists
 
 
 def _overflow_pattern(steps: int, seed: int, p: float = 0.25) -> list[bool]:

@@ -1,7 +1,7 @@
 """A sparse gradient (``nn.Embedding(sparse=True)``) stops every path of amp's step with one
-message, amp/unscale.py's SPARSE_GRADIENTS: the per-tensor unscale (any torch optimizer), amp's
-one-pass unscale (fused optimizers), the combined buffers (combine_grad, NpuFused*), the
-deferred check (defer_unscale=True) and a fused optimizer's own step without amp."""
+message, amp/masters/unscale.py's SPARSE_GRADIENTS: the per-tensor unscale (any torch
+optimizer), amp's one-pass unscale (fused optimizers), the combined buffers (combine_grad,
+NpuFused*), the deferred check (defer_unscale=True) and a fused optimizer's own step without amp."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import amp
-from amp.unscale import SPARSE_GRADIENTS
+from amp.masters.unscale import SPARSE_GRADIENTS
 
 MakeOpt = Callable[[Any], torch.optim.Optimizer]
 

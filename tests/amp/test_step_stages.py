@@ -1,5 +1,5 @@
-"""What one optimizer's step does at each of its stages (amp/master.py ``Stage``), seen from the
-public API: which method the step runs, when a closure is refused and what that refusal leaves,
+"""What one optimizer's step does at each of its stages (amp/masters/stash.py ``Stage``), seen from
+the public API: which method the step runs, when a closure is refused and what that refusal leaves,
 and an overflow's skip, which holds until the next ``step()`` whatever comes between."""
 from __future__ import annotations
 

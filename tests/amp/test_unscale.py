@@ -1,11 +1,11 @@
-"""amp/unscale.py: the unscale passes answer with one type, ``Unscaled``, whose flag stays on
-the device until someone asks the host (``nonfinite``)."""
+"""amp/masters/unscale.py: the unscale passes answer with one type, ``Unscaled``, whose flag stays
+on the device until someone asks the host (``nonfinite``)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from amp.unscale import Unscaled, group_by, unscale_lists, unscale_one_pass
+from amp.masters.unscale import Unscaled, group_by, unscale_lists, unscale_one_pass
 
 
 def test_group_by_keeps_first_seen_order() -> None:

@@ -56,3 +56,9 @@ def test_offline_preflight_per_backend() -> None:
     # host cells install in this machine's Python; cross cells only need the build host's torch
     assert {k.name: k.offline_wheels for k in bk.KINDS} == {
         "docker": "cell", "emulated": "cell", "host": "here", "cross": "build host"}
+
+
+def test_a_cuda_cell_needs_its_cuda_torchs_disk_on_every_backend() -> None:
+    for kind in bk.KINDS:
+        assert bk.cell_disk_gib(kind, "cpu") == kind.disk_per_cell_gib
+        assert bk.cell_disk_gib(kind, "13.0") == kind.disk_per_cell_gib + bk.CUDA_CELL_EXTRA_GIB

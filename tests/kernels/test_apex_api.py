@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from amp import _ext, multi_tensor_applier
-from amp import multi_tensor as mt
-from amp import multi_tensor_more as mtm
+from amp.kernels import ops as mt
 
 SIZES = [1, 5, 513, 40000]
 
@@ -115,14 +114,14 @@ def test_multi_tensor_adagrad_and_novograd_equal_amp_ops(amp_C):
     g, p, h = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     g2, p2, h2 = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     multi_tensor_applier(amp_C.multi_tensor_adagrad, _flag(), [g, p, h], 0.1, 1e-10, 1, 0.01)
-    mtm.adagrad(g2, p2, h2, lr=0.1, eps=1e-10, weight_decay=0.01, w_mode=True)
+    mt.adagrad(g2, p2, h2, lr=0.1, eps=1e-10, weight_decay=0.01, w_mode=True)
     assert all(torch.equal(a, b) for a, b in zip(p + h, p2 + h2))
     g, p, m = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     g2, p2, m2 = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     norms, norms2 = torch.ones(len(SIZES)), torch.ones(len(SIZES))
     multi_tensor_applier(amp_C.multi_tensor_novograd, _flag(), [g, p, m], norms, 1e-2, 0.9,
                          0.98, 1e-8, 2, 1, 0.01, 1, 1, 2)
-    mtm.novograd(g2, p2, m2, grad_norms=norms2, lr=1e-2, beta1=0.9, beta2=0.98, eps=1e-8,
+    mt.novograd(g2, p2, m2, grad_norms=norms2, lr=1e-2, beta1=0.9, beta2=0.98, eps=1e-8,
                  step=2, weight_decay=0.01, moment_mode=1)
     assert torch.equal(norms, norms2)
     assert all(torch.equal(a, b) for a, b in zip(p + m, p2 + m2))

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from amp import _ext
-from amp import multi_tensor as mt
-from amp import multi_tensor_more as mtm
+from amp.kernels import ops as mt
 
 ISAS = ("generic", "avx2", "avx512")
 # Uneven sizes across the block (512) and chunk (32768) edges, big enough (> 64K elements
@@ -96,11 +95,11 @@ def _run_all(d: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
     mt.sgd(c["g"], c["p"], c["m"], c["h"], lr=0.1, momentum=0.9, weight_decay=1e-4,
            grad_scale=0.5)
     out += c["p"] + c["m"] + c["h"]
-    mtm.adagrad(c["g"], c["p"], c["v"], c["h"], lr=0.1, eps=1e-10, weight_decay=1e-4,
+    mt.adagrad(c["g"], c["p"], c["v"], c["h"], lr=0.1, eps=1e-10, weight_decay=1e-4,
                 w_mode=False, grad_scale=0.5)
     out += c["p"] + c["v"] + c["h"]
     norms = torch.zeros(len(SIZES))
-    mtm.novograd(c["g"], c["p"], c["m"], c["h"], grad_norms=norms, lr=1e-2, beta1=0.95, beta2=0.98,
+    mt.novograd(c["g"], c["p"], c["m"], c["h"], grad_norms=norms, lr=1e-2, beta1=0.95, beta2=0.98,
                  eps=1e-8, step=2, bias_correction=True, weight_decay=1e-3,
                  grad_averaging=True, moment_mode=0, norm_type=2, init_norms=True,
                  grad_scale=0.5)
@@ -108,7 +107,7 @@ def _run_all(d: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
     total, per, _ = mt.l2norm(c["g"], 0.5, per_tensor=True)
     out += [torch.tensor([total], dtype=torch.float64), per]
     outs = [torch.empty(n) for n in SIZES]
-    nrm, _ = mtm.scale_l2norm(c["g"], outs, 0.25)
+    nrm, _ = mt.scale_l2norm(c["g"], outs, 0.25)
     out += outs + [torch.tensor([nrm], dtype=torch.float64)]
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amp import multi_tensor as mt
+from amp.kernels import ops as mt
 
 
 def _adam(grads, params, m=None, v=None, models=None):

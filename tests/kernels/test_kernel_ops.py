@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amp import multi_tensor as mt
+from amp.kernels import ops as mt
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 # Sizes around the kernels' block (512) and chunk (32768) edges, plus empty tensors.

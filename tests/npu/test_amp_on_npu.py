@@ -19,7 +19,7 @@ from amp_npu_lib import CPU, data, quickstart, reset_amp, snapshot
 
 import amp
 from amp._amp_state import _amp_state
-from amp.master import MASTERS_KEY
+from amp.masters.stash import MASTERS_KEY
 
 HALF = [torch.float16, torch.bfloat16]
 LEVELS = ["O0", "O1", "O2", "O3"]

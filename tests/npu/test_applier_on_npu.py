@@ -1,7 +1,7 @@
 """apex's ``multi_tensor_applier(amp_C.multi_tensor_*, noop_flag, lists, *args)`` with tensors
 on the `npu` test device. The decision (amp/multi_tensor_apply.py): apex code written for its
 device expects these calls to work on that device, so amp._C's ops given non-CPU tensors run
-their pure-torch twins there (amp/_apex_ops.py), with the same arguments and noop_flag rules,
+their pure-torch twins there (amp/kernels/apex_ops.py), with the same arguments and noop_flag rules,
 results on the device. Checked against the same call with CPU tensors on the compiled ops
 (close: the kernels fuse what torch rounds in separate ops; see test_fused_on_npu.py).
 """
@@ -135,7 +135,7 @@ def test_other_callables_are_called_as_given(npu: torch.device) -> None:
 
 
 def test_apex_op_called_directly_serves_npu(npu: torch.device, amp_C: Any) -> None:
-    # amp._C's multi_tensor_* are amp._apex_ops' (one place for apex's conventions): called
+    # amp._C's multi_tensor_* are amp.kernels.apex_ops' (one place for apex's conventions): called
     # without multi_tensor_applier they run on the tensors' device too.
     lists = [[torch.ones(3, device=npu)], [torch.empty(3, device=npu)]]
     flag = torch.zeros(1, dtype=torch.int, device=npu)

@@ -4,8 +4,6 @@ A real single-process gloo group on the CPU; backends that take only an accelera
 torch_npu's HCCL) are given by their registered device types."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,17 +12,7 @@ from amp._device import _backend_device_types, collective_device
 from amp.scaler import any_rank_overflowed
 
 
-@pytest.fixture
-def gloo_group() -> Iterator[None]:
-    assert dist.is_available()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def test_gloo_reduces_an_npu_flag_on_the_cpu(npu: torch.device, gloo_group: None) -> None:
+def test_gloo_reduces_an_npu_flag_on_the_cpu(npu: torch.device, one_rank_gloo: None) -> None:
     assert collective_device(torch.device("npu", 0)) == torch.device("cpu")
     assert collective_device(torch.device("cpu")) == torch.device("cpu")
     # gloo cannot reduce npu tensors: the flag must travel to the CPU for the all-reduce.

@@ -1,4 +1,4 @@
-"""Saturation mode (amp/_overflow_flag.py): on an Ascend NPU whose float overflow saturates,
+"""Saturation mode (amp/ascend/saturation.py): on an Ascend NPU whose float overflow saturates,
 gradients are always finite and only the device's overflow flag tells an overflowed step.
 
 On the `npu` test device switched to saturation mode (fp16 overflow gives +-65504 and raises
@@ -24,7 +24,7 @@ import amp
 import amp.optimizers
 import amp.scaler
 from amp._amp_state import _amp_state
-from amp._overflow_flag import saturation_flag
+from amp.ascend.saturation import saturation_flag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "amp"))
 from amp_testlib import run_ranks  # noqa: E402

@@ -1,5 +1,5 @@
 """A ``torch_npu`` module for the `npu` test device: as much of torch_npu as amp looks up
-(amp/_overflow_flag.py): ``torch_npu.npu`` is the device module (npu_module.py), with
+(amp/ascend/saturation.py): ``torch_npu.npu`` is the device module (npu_module.py), with
 ``npu.utils.is_support_inf_nan`` and ``npu.clear_npu_overflow_flag`` /
 ``npu.get_npu_overflow_flag``.
 

@@ -1,5 +1,5 @@
 """Helpers for the NpuFused optimizer tests: the cases, a run of the optimizers on amp's
-combined buffers (amp._combined's own machinery, as amp's step hands it to them), and the
+combined buffers (amp.ascend.combined's own machinery, as amp's step hands it to them), and the
 per-parameter formulas of Apex for Ascend's optimizers that have no torch.optim counterpart,
 written out one parameter at a time as Ascend's code runs them (the reference for ours)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 import amp.optimizers as O
-from amp._combined import CombinedGrads
+from amp.ascend.combined import CombinedGrads
 from amp.optimizers.npu_fused_adam import SCHEDULES
 
 SHAPES = [(3, 5), (7,), (2, 3, 4), (), (33,), (4, 1, 3)]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from amp import multi_tensor_more as mtm
+from amp.kernels import ops as mt
 from amp.optimizers import FusedAdagrad, FusedLAMB, FusedMixedPrecisionLamb, FusedNovoGrad
 
 SIZES = [1, 7, 300, 4097, 40000]  # 40000 spans two 32768-element kernel chunks
@@ -152,16 +152,16 @@ def test_kernel_writes_half_copy_of_fp32_master(backend, op, half):
     wide = [g.float() for g in grads]
     if op == "adagrad":
         sums, rsums = [torch.zeros_like(m) for m in masters], [torch.zeros_like(m) for m in ref]
-        mtm.adagrad(grads, masters, sums, halves, lr=0.1, eps=1e-10, weight_decay=0.01,
+        mt.adagrad(grads, masters, sums, halves, lr=0.1, eps=1e-10, weight_decay=0.01,
                     grad_scale=0.5)
-        mtm.adagrad(wide, ref, rsums, lr=0.1, eps=1e-10, weight_decay=0.01, grad_scale=0.5)
+        mt.adagrad(wide, ref, rsums, lr=0.1, eps=1e-10, weight_decay=0.01, grad_scale=0.5)
     else:
         ms, rms = [torch.zeros_like(m) for m in masters], [torch.zeros_like(m) for m in ref]
         n1, n2 = torch.zeros(len(SIZES)), torch.zeros(len(SIZES))
         kw = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, step=1, weight_decay=0.01,
                   init_norms=True, grad_scale=0.5)
-        mtm.novograd(grads, masters, ms, halves, grad_norms=n1, **kw)
-        mtm.novograd(wide, ref, rms, grad_norms=n2, **kw)
+        mt.novograd(grads, masters, ms, halves, grad_norms=n1, **kw)
+        mt.novograd(wide, ref, rms, grad_norms=n2, **kw)
         assert torch.equal(n1, n2)
     for m, r, h in zip(masters, ref, halves):
         assert torch.equal(m, r)

@@ -1,9 +1,9 @@
 """apex's user cast registry for O1: ``amp.register_half_function(module, name)``,
 ``register_float_function``, ``register_promote_function`` (and the decorator forms
 ``half_function``, ``float_function``, ``promote_function``), and the O1 ``amp.initialize``'s
-``_amp_state.handle`` that wraps them (the handle and the O1 forward: amp/_o1_state.py).
+``_amp_state.handle`` that wraps them (the handle and the O1 forward: amp/casting/o1.py).
 
-O1 here is ``torch.autocast`` around each initialized model's ``forward`` (amp/_casting.py),
+O1 here is ``torch.autocast`` around each initialized model's ``forward`` (amp/casting/model.py),
 not apex's patching of torch's namespaces. A registered function is still wrapped as apex wraps
 it: ``amp.initialize`` at O1 replaces ``module.name`` by a caster *for the process* (as apex
 does), and the caster casts only while an amp O1 forward is running, so code outside a model's
@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ._amp_state import _amp_state
-from ._o1_state import _O1_FORWARD, AmpHandle, O1Context
+from .._amp_state import _amp_state
+from .o1 import _O1_FORWARD, AmpHandle, O1Context
 
 logger = logging.getLogger("amp")
 

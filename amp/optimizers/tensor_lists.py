@@ -1,26 +1,24 @@
-"""Shared machinery of the fused optimizers: grouping tensors into kernel calls,
-the amp seam (apex-exact: ``_amp_note_grad_norm`` / ``_amp_unscaled_step``; deferred:
-``_amp_grads_nonfinite`` / ``_amp_fused_step``), and the step counter kept per param
-group but saved per parameter, as torch.optim does."""
+"""The base of apex's fused optimizers (``FusedAdam``, ``FusedLAMB``, ...): steps over lists of
+tensors, grouped into kernel calls (``make_buckets``), with amp's seam (the Protocols of
+amp/masters/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``; deferred
+``DeferredStep``), and the step counter kept per param group but saved per parameter, as
+torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
+``combined_buffers``.)"""
 from __future__ import annotations
 
 import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from .. import _torch_compat as compat
-from .. import multi_tensor as mt
-from ..unscale import dense, group_by
-
-# typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
-# and collections.abc classes cannot be subscripted.
-ParamGroups = List[List[Tensor]]
-
+from ..kernels import ops as mt
+from ..masters.optimizer_like import ParamGroups
+from ..masters.unscale import dense, group_by
 
 
 def closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
@@ -130,7 +128,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
         self._amp_cached_norm: Optional[tuple[float, Optional[tuple], float]] = None
 
-    # --- amp seam ----------------------------------------------------------------
+    # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
     def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None:
         """amp's unscale pass measured the norm of the unscaled grads it wrote."""
         self._amp_cached_norm = (1.0, grads_signature(grads), float(norm))

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from ._amp_state import maybe_log
+from .._amp_state import maybe_log
 
 NAMES = (
     "get_model_combined_params",
@@ -65,7 +65,7 @@ def _getter(side: str, what: str) -> Any:
         return combined.buffers(side, what)
 
     get.__name__ = f"get_{side}_combined_{what}"
-    get.__doc__ = f"Ascend's combined {what} of the {side} side (see amp._combined_methods)."
+    get.__doc__ = f"Ascend's combined {what} of the {side} side (see amp.ascend.methods)."
     return get
 
 

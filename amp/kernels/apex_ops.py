@@ -3,7 +3,7 @@
 ``amp._C.multi_tensor_*(chunk_size, noop_flag, tensor_lists, *args)`` are the functions below,
 whichever binding was built (each binding's module init calls :func:`install`), and they serve
 every device: they unpack apex's ``tensor_lists`` and call amp's multi-tensor ops
-(``amp.multi_tensor``, ``amp.multi_tensor_more``), which run the compiled kernels on CPU
+(``amp.kernels.ops``), which run the compiled kernels on CPU
 tensors and amp's pure-torch versions on any other device (CUDA, Ascend's ``npu``), so code
 written for apex's ``multi_tensor_applier`` works on the device it was written for. Conventions
 kept from apex:
@@ -27,8 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import multi_tensor as mt
-from . import multi_tensor_more as mtm
+from . import ops as mt
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
 # and collections.abc classes cannot be subscripted.
@@ -130,7 +129,7 @@ def multi_tensor_adagrad(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists
                          eps: float, mode: int, weight_decay: float) -> None:
     _count(tensor_lists, 3, 4, "multi_tensor_adagrad")
     g, p, h = tensor_lists[:3]
-    mtm.adagrad(g, p, h, _optional(tensor_lists, 3), lr=lr, eps=eps,
+    mt.adagrad(g, p, h, _optional(tensor_lists, 3), lr=lr, eps=eps,
                 weight_decay=weight_decay, w_mode=mode == 1)
 
 
@@ -140,7 +139,7 @@ def multi_tensor_novograd(chunk_size: int, noop_flag: Tensor, tensor_lists: List
                           grad_averaging: int, moment_mode: int, norm_type: int) -> None:
     _count(tensor_lists, 3, 4, "multi_tensor_novograd")
     g, p, m = tensor_lists[:3]
-    mtm.novograd(g, p, m, _optional(tensor_lists, 3), grad_norms=grad_norms, lr=lr,
+    mt.novograd(g, p, m, _optional(tensor_lists, 3), grad_norms=grad_norms, lr=lr,
                  beta1=beta1, beta2=beta2, eps=eps, step=step,
                  bias_correction=bias_correction != 0, weight_decay=weight_decay,
                  grad_averaging=grad_averaging != 0, moment_mode=moment_mode,

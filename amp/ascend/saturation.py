@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ._torch_compat import get_device_module
+from .._torch_compat import get_device_module
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from . import _torch_compat as compat
-from ._amp_state import _amp_state
-from ._o1_state import _O1_FORWARD, AmpHandle, O1Context, autocast_device_types
-from .cast_registry import _tensors, cast_tensors, wrap_registered
-from .opt_levels import HALF_DTYPES
+from .. import _torch_compat as compat
+from .._amp_state import _amp_state
+from ..opt_levels import HALF_DTYPES
+from .o1 import _O1_FORWARD, AmpHandle, O1Context, autocast_device_types
+from .registry import _tensors, cast_tensors, wrap_registered
 
 BANNED_MESSAGE = (
     "amp.init(): F.binary_cross_entropy (torch.nn.BCELoss) is unsafe on a half input, which a "

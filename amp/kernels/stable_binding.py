@@ -4,7 +4,7 @@ That module registers its ops with torch's dispatcher (``torch.ops.amp_C.*``) an
 imported, hands itself to :func:`install`, which gives it the functions of the pybind11 module
 (kernels/bindings.cpp) with the same names, keyword arguments, defaults and results, so
 ``amp._C.multi_tensor_scale(...)``, ``amp.multi_tensor_applier`` and the rest of ``amp`` do not
-see which binding was built (apex's ``multi_tensor_*`` are amp._apex_ops', installed by both
+see which binding was built (apex's ``multi_tensor_*`` are amp.kernels.apex_ops', installed by both
 bindings). What differs is translated here:
 
 * a bad argument leaves the op as RuntimeError ``[ValueError] ...`` / ``[TypeError] ...`` and is

@@ -1,6 +1,6 @@
 """amp's O1 state below the cast registry: apex's ``_amp_state.handle`` (``AmpHandle``) and the
 O1 forward in progress (``O1Context``, entered with ``o1_forward``), which the registered
-casters (amp/cast_registry.py) read to know whether and how to cast."""
+casters (amp/casting/registry.py) read to know whether and how to cast."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._torch_compat import current_accelerator, is_autocast_enabled
+from .._torch_compat import current_accelerator, is_autocast_enabled
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class O1Context:
     user_cast_preferred: bool
 
 
-# Set by the O1 forward (amp/_casting.py) for its duration; None outside any O1 forward.
+# Set by the O1 forward (amp/casting/model.py) for its duration; None outside any O1 forward.
 _O1_FORWARD: contextvars.ContextVar[Optional[O1Context]] = contextvars.ContextVar(
     "amp_o1_forward", default=None)
 

@@ -11,9 +11,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ._o1_state import O1Context, o1_forward
-from .cast_registry import cast_tensors, handle_for
-from .opt_levels import Properties
+from ..opt_levels import Properties
+from .o1 import O1Context, o1_forward
+from .registry import cast_tensors, handle_for
 
 
 def _cast_module_tensors(module: nn.Module, dtype: torch.dtype) -> None:

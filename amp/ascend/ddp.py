@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ._device import collective_device
+from .._device import collective_device
 
 BUCKET_MIN = 1 << 20
 BUCKET_MAX = 24 << 20

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+from typing import Callable, Optional, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
 
-from . import multi_tensor_more as mtm
-from ._torch_compat import non_finite_check_and_unscale_
+from .._torch_compat import non_finite_check_and_unscale_
+from ..kernels import ops as mt
+from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
 # fused optimizers' own reads): torch's unscale kernel would fail on a sparse gradient too,
@@ -47,7 +48,7 @@ def dense(grad: Tensor) -> Tensor:
 # --- unscaling: one result for every path ------------------------------------------------------
 #
 # Four paths remove the loss scale from a step's gradients, each with its own trade-off (see
-# amp/master.py): per tensor list (any optimizer; GradScaler's kernel, bit-identical to
+# amp/masters/stash.py): per tensor list (any optimizer; GradScaler's kernel, bit-identical to
 # GradScaler.unscale_), amp's one pass (fused optimizers: unscale, check and norm in one read),
 # the combined buffers (one call per buffer) and the deferred check (read-only; the optimizer's
 # kernel unscales as it reads). Each answers with an ``Unscaled``.
@@ -158,14 +159,14 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     total_sq, bad, written = 0.0, False, []
     for kind in group_by(moves, lambda m: (m[0].dtype, m[1].dtype, m[0].device)).values():
         ins, outs = [g for g, _ in kind], [o for _, o in kind]
-        norm, nonfinite = mtm.scale_l2norm(ins, outs, inv_scale)
+        norm, nonfinite = mt.scale_l2norm(ins, outs, inv_scale)
         total_sq += norm * norm
         bad = bad or nonfinite
         written.extend(outs)
     return Unscaled(bad, math.sqrt(total_sq), written)
 
 
-def check_deferred(optimizer: Any, model_params: list[list[Tensor]], inv_scale: float
+def check_deferred(optimizer: DeferredStep, model_params: list[list[Tensor]], inv_scale: float
                    ) -> Unscaled:
     """The deferred path: the fused optimizer checks the still-scaled gradients read-only
     (``_amp_grads_nonfinite``); its step unscales them as it reads them."""

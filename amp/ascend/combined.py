@@ -29,15 +29,15 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from ._amp_state import maybe_log
-from .combine_tensors import (
+from .._amp_state import maybe_log
+from ..combine_tensors import (
     _storage_span,
     combine_with_offsets,
     get_aligned_storage_size,
     is_combined_tensor_valid,
     repoint,
 )
-from .unscale import Unscaled, check_and_unscale_, dense, group_by
+from ..masters.unscale import Unscaled, check_and_unscale_, dense, group_by
 
 GRADS_DESTROYED = (
     "Combined grad has been destroyed and will be recombined afterwards, please check if there "

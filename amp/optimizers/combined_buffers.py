@@ -1,11 +1,13 @@
-"""One implementation of Apex for Ascend's ``NpuFused*`` optimizers (and of ``Lamb``).
+"""The base of Apex for Ascend's ``NpuFused*`` optimizers (and of ``Lamb``): steps over amp's
+combined buffers, one update per buffer. (apex's fused optimizers step over tensor lists
+instead: ``tensor_lists``.)
 
-Under amp with combined gradients, every parameter an optimizer steps sits in one contiguous
-buffer per dtype, and so does its gradient (``amp._combined``). An ``NpuFused*`` optimizer keeps
-its per-parameter state tensors in ``self.state[p]`` (as torch.optim does, so ``state_dict``
-works) and re-points them, with ``combine_npu``, into buffers laid out element for element like
-the parameters' buffer. A step is then a few tensor operations per buffer (a ``Run``), whatever
-the number of parameters: each subclass writes its update once, as a function of a ``Run``.
+Under amp with combined gradients, every parameter an optimizer steps sits in one contiguous buffer
+per dtype, and so does its gradient (``amp.ascend.combined``). An ``NpuFused*`` optimizer keeps its
+per-parameter state tensors in ``self.state[p]`` (as torch.optim does, so ``state_dict`` works) and
+re-points them, with ``combine_npu``, into buffers laid out element for element like the
+parameters' buffer. A step is then a few tensor operations per buffer (a ``Run``), whatever the
+number of parameters: each subclass writes its update once, as a function of a ``Run``.
 
 A ``Run`` is a stretch of one segment (one param group, one buffer) whose parameters share a
 step count (Adam's bias correction) and freshness (SGD's first momentum step); normally a
@@ -25,9 +27,9 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer
 
-from .. import _combined
+from ..ascend import combined
 from ..combine_tensors import combine_npu
-from ._base import closure_loss
+from .tensor_lists import closure_loss
 
 
 @dataclass
@@ -177,7 +179,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         self._combined_states, self._combined_for, self._fresh = None, None, set()
         self._layout_cache = {}
 
-    def _combine_states(self, segments: list[list[_combined.Segment]]) -> None:
+    def _combine_states(self, segments: list[list[combined.Segment]]) -> None:
         self._combined_states = []
         for group, segs in zip(self.param_groups, segments):
             names = self._state_names(group)
@@ -189,7 +191,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
                 per_seg.append((names, {n: self._combine_one(seg, n) for n in names}))
             self._combined_states.append(per_seg)
 
-    def _combine_one(self, seg: _combined.Segment, name: str) -> Tensor:
+    def _combine_one(self, seg: combined.Segment, name: str) -> Tensor:
         """``state[p][name]`` of every parameter of ``seg`` re-pointed into one buffer laid
         out like ``seg.param`` (checked: an update maps element i of one onto the other)."""
         tensors = []
@@ -213,8 +215,8 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         return flat
 
     def _runs(self) -> list[tuple[dict[str, Any], Run]]:
-        segments = _combined.optimizer_segments(self)  # raises outside amp, as Ascend does
-        generation = _combined.combined_generation(self)
+        segments = combined.optimizer_segments(self)  # raises outside amp, as Ascend does
+        generation = combined.combined_generation(self)
         stale = (
             self._combined_states is None
             or self._combined_for != generation
@@ -236,7 +238,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         self._fresh = set()
         return runs
 
-    def _split(self, seg: _combined.Segment, bufs: dict[str, Tensor]) -> Iterator[Run]:
+    def _split(self, seg: combined.Segment, bufs: dict[str, Tensor]) -> Iterator[Run]:
         """The segment as runs of consecutive parameters with one step count and freshness."""
         keys = [(self.state[p].get("step", 0), id(p) in self._fresh) for p in seg.params]
         start = 0
@@ -260,6 +262,12 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
                 cache=self._layout_cache,
             )
             start = end
+
+
+def global_norm(tensors: list[Tensor]) -> Tensor:
+    """The L2 norm of all ``tensors`` together, in three operations whatever their number."""
+    norms = torch._foreach_norm(tensors, 2)
+    return torch.linalg.vector_norm(torch.stack(norms), 2)
 
 
 def check_betas(betas: tuple[float, float]) -> None:
