@@ -151,8 +151,8 @@ def binding_for(torch_version: str, python: tuple[int, int], asked: str = "auto"
 
 def _extension_kwargs() -> dict:
     # Imported lazily: a pure-Python build must not need torch.
-    import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    import torch  # noqa: PLC0415
+    from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: PLC0415
 
     debug = os.environ.get("AMP_EXT_DEBUG", "0") == "1"
     torch_version = _recorded_torch_version(torch.__version__)

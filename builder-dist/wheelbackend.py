@@ -1,7 +1,7 @@
 """PEP 517 backend of ampforge-builder (see pyproject.toml beside this file).
 
 It zips the repository's ``builder/`` package (no caches), the repository's ``configs/`` and
-``docker/`` as ``builder/_data/`` (``builder.config.model`` finds them there when installed), and
+``docker/`` as ``builder/_data/`` (``builder.config.roots`` finds them there when installed), and
 the metadata: name, the builder's version, Requires-Dist from pyproject.toml's ``builder``
 extra, and the ``ampforge-build`` console script. Member order and times are fixed, so the
 same tree gives the same wheel bytes (``SOURCE_DATE_EPOCH`` sets the time; default 1980-01-01).

@@ -414,7 +414,7 @@ def _pass_names(data: Mapping[str, object]) -> list[str]:
 
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
                       settings: Settings | None = None,
-                      host=None):  # noqa: ANN001 -- Host | None; -> tuple[Settings, Resolution]
+                      host=None):  # Host | None; -> tuple[Settings, Resolution]
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
     to stderr. *everything*: no selection means the whole matrix (else this host's cell).
     *host*: this machine's facts, when the caller probes them too (``doctor``)."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # rich is imported when a build shows progress (builder.deps)
     from rich.table import Table
 
 
-def _rich(module: str):  # noqa: ANN202 -- a module of rich
+def _rich(module: str):  # a module of rich
     return require(f"rich.{module}", "rich", "the build's progress display")
 
 

@@ -10,10 +10,12 @@ from types import ModuleType
 from typing import Optional
 
 import pytest
+import torch
 import torch.distributed as dist
 from hypothesis import settings
 
 from amp import _ext
+from amp import _torch_compat as compat
 
 # Under CI the property tests draw the same examples every run (derandomize): a CI run must
 # not pass or fail by chance. Locally they explore new examples each run, and a failure
@@ -181,10 +183,6 @@ _NPU_FIXTURES = ("npu", "npu_backend", "torch_npu", "saturating_npu")
 
 
 def _lacking(exc: BaseException, item: pytest.Item) -> Optional[str]:
-    import torch
-
-    from amp import _torch_compat as compat
-
     version = torch.__version__
     if isinstance(exc, compat.HalfUnsupportedError) or (
             isinstance(exc, (RuntimeError, NotImplementedError))
@@ -216,10 +214,6 @@ def _lacking(exc: BaseException, item: pytest.Item) -> Optional[str]:
 
 
 def _cpu_has_float16() -> bool:
-    import torch
-
-    from amp import _torch_compat as compat
-
     return compat.half_matmul_supported("cpu") and compat.autocast_supports("cpu", torch.float16)
 
 
@@ -235,7 +229,7 @@ def _npu_device() -> ModuleType:
     folder = str(TESTS_ROOT / "npu")
     if folder not in sys.path:
         sys.path.append(folder)
-    import npu_device
+    import npu_device  # noqa: PLC0415 (found only once its folder is on sys.path)
 
     return npu_device
 
@@ -243,8 +237,6 @@ def _npu_device() -> ModuleType:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if _on_npu(item):
-        import torch
-
         installed = _npu_device().session_device()
         before = installed.ops.fallback_calls()
         with torch.device("npu"):

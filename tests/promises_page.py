@@ -5,6 +5,7 @@ tests/test_promises_page.py fails when the two differ.
 
     python tests/promises_page.py          # print the page
     python tests/promises_page.py --write  # rewrite docs/promises.md (what `make promises` runs)
+    python tests/promises_page.py --check  # exit 1 if docs/promises.md is out of date (pre-commit)
 """
 from __future__ import annotations
 
@@ -110,8 +111,12 @@ def main(argv: list[str]) -> int:
         tmp.write_text(page)
         tmp.replace(PAGE)
         print(f"wrote {PAGE.relative_to(ROOT)}")
+    elif argv == ["--check"]:
+        if (PAGE.read_text() if PAGE.exists() else "") != page:
+            print("docs/promises.md is out of date: run `make promises`", file=sys.stderr)
+            return 1
     elif argv:
-        print("usage: promises_page.py [--write]", file=sys.stderr)
+        print("usage: promises_page.py [--write | --check]", file=sys.stderr)
         return 2
     else:
         sys.stdout.write(page)

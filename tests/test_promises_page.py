@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from promises_page import PAGE, PromiseError, collect, render
+from promises_page import PAGE, PromiseError, collect, main, render
 
 
 def test_promises_page_matches_the_tests():
@@ -16,6 +16,15 @@ def test_promises_page_matches_the_tests():
     assert actual == expected, "docs/promises.md is out of date: run `make promises`"
     tests = {p.test for p in promises}
     assert len(tests) == len(promises), "one row per test"
+
+
+def test_check_mode_agrees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`--check` (the pre-commit hook) passes on the current page and fails on a stale one."""
+    assert main(["--check"]) == 0
+    stale = tmp_path / "promises.md"
+    stale.write_text(PAGE.read_text() + "| a row no test has |\n")
+    monkeypatch.setattr("promises_page.PAGE", stale)
+    assert main(["--check"]) == 1
 
 
 def _tree(tmp_path: Path, decorator: str) -> Path:

@@ -73,7 +73,7 @@ def lock_entry(entry: Path, *, shared: bool, wait: bool = True) -> Optional[IO[s
     path = lock_path(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - the open file is the lock
+        fh = open(path, "a+", encoding="utf-8")  # the open file is the lock
         try:
             fcntl.flock(fh, mode)
         except BlockingIOError:

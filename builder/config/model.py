@@ -17,16 +17,10 @@ from builder.config.cudaconfig import NO_CUDA_OPTIONS, CudaOptions
 from builder.config.pins import parse_ref
 from builder.config.projecttest import NO_TEST, ProjectTest
 from builder.config.proxy import ProxySettings
+from builder.config.roots import INSTALLED, REPO_ROOT
 from builder.config.support import SupportTable
 from builder.netpip import NetworkOptions
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
-#: Installed from the ampforge-builder wheel (builder-dist/), the package carries its own copy of
-#: the repository's configs/ and docker/ here; a checkout has no such folder.
-INSTALLED_DATA = _PACKAGE_DIR / "_data"
-INSTALLED = INSTALLED_DATA.is_dir()
-#: Where configs/ and docker/ are: the repository (a checkout), or the wheel's copy of them.
-REPO_ROOT = INSTALLED_DATA if INSTALLED else _PACKAGE_DIR.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "matrix.yaml"
 DEFAULTS_FILE = Path(__file__).resolve().with_name("defaults.yaml")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from builder.config.roots import REPO_ROOT
 from builder.errors import ConfigError
 
 _REQ = re.compile(r"^uv==([0-9][0-9A-Za-z.+-]*)$")
@@ -36,8 +37,6 @@ class UvPin:
 
 
 def pin_file() -> Path:
-    from builder.config.model import REPO_ROOT  # noqa: PLC0415 (model imports this package)
-
     return REPO_ROOT / "configs" / "uv.txt"
 
 

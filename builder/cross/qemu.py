@@ -11,17 +11,21 @@ their checks in one process.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from email.parser import Parser
 from pathlib import Path
 from typing import Callable, Optional
 
+from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
 from builder.arch import emulated_cpu
@@ -137,8 +141,6 @@ def verify_wheel(wheel: Path, python: TargetPython, torch: TargetTorch, *,
     ``{project}``/``{package}`` naming *project*; cibuildwheel's *environment* evaluated on
     this host for it, as for the build). *log* receives the test's whole output.
     Raises StepFailed with the output's tail when anything fails."""
-    import json
-
     compiled = compiled_files(wheel)
     modules, libraries = list(compiled.modules), list(compiled.libraries)
     with tempfile.TemporaryDirectory(prefix="ampforge-qemu-") as tmp:
@@ -175,11 +177,6 @@ def _target_python_wrapper(python: TargetPython, bindir: Path) -> None:
 def extra_requirements(wheel: Path, extras: Sequence[str]) -> list[str]:
     """The requirements the wheel's METADATA declares for *extras* (their ``extra``
     markers dropped): what ``pip install wheel[extras]`` would add."""
-    import zipfile
-    from email.parser import Parser
-
-    from packaging.requirements import Requirement
-
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(zf.read(name).decode("utf-8"))

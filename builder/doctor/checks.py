@@ -66,7 +66,7 @@ class Scope:
     probe_timeout: float
 
     @property
-    def config(self):  # noqa: ANN201 - BuildConfig
+    def config(self):  # BuildConfig
         return self.settings.config
 
     def backends(self) -> set[str]:

@@ -115,7 +115,7 @@ def remove_leftovers(api: Any, found: list[Leftover]) -> list[Leftover]:
     for c in found:
         try:
             api.remove_container(c.id, force=True, v=True)
-        except Exception as exc:  # noqa: BLE001 - the docker SDK's NotFound: removed meanwhile
+        except Exception as exc:  # the docker SDK's NotFound: removed meanwhile
             if getattr(getattr(exc, "response", None), "status_code", None) != 404:
                 raise
         removed.append(c)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # imported when a recipe is rendered (builder.deps)
     import jinja2
 
 
-def _jinja2():  # noqa: ANN202 -- the jinja2 module
+def _jinja2():  # the jinja2 module
     from builder.deps import require  # noqa: PLC0415
 
     return require("jinja2", "Jinja2", "rendering the cells' Dockerfiles")

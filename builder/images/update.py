@@ -26,9 +26,9 @@ from builder.atomicfile import atomic_write
 from builder.backends.docker import LOCAL_PREFIX
 from builder.config import DEFAULTS_FILE, display_path
 from builder.config.checks import load_config_file, parse_config_text
-from builder.config.model import INSTALLED, INSTALLED_DATA
 from builder.config.pins import ImageRef, parse_ref, repo_digest, rewrite_scalar
 from builder.config.proxy import ProxySettings
+from builder.config.roots import INSTALLED, INSTALLED_DATA
 from builder.config.yamlfile import YamlDocument
 from builder.engines.docker import PullError
 from builder.engines.pull import PullFailed, explain, pull_image

@@ -40,6 +40,8 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.parse
+import urllib.request
 import venv
 from pathlib import Path
 from typing import NoReturn, Optional
@@ -551,9 +553,6 @@ def _has(name: str) -> bool:
 def _remote_size(url: str) -> Optional[int]:
     """The size of the file at *url*: a ``file:`` URL's file, else the index's
     ``Content-Length`` for a HEAD request (proxies from the environment); None if unknown."""
-    import urllib.parse
-    import urllib.request
-
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
         try:

@@ -80,7 +80,7 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
 
 def _host_plat(machine: str) -> str:
     """The glibc policy of this host (the host backend's wheels install here)."""
-    name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
+    _, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
     major, minor = version.split(".")[:2]
     return f"manylinux_{major}_{minor}_{machine}"
 

@@ -80,7 +80,7 @@ def _elf_needs(member: str, data: bytes) -> list[VersionNeed]:
     elffile = require("elftools.elf.elffile", "pyelftools", "reading a wheel's symbol versions")
     gnuversions = require("elftools.elf.gnuversions", "pyelftools",
                           "reading a wheel's symbol versions")
-    GNUVerNeedSection, GNUVerSymSection = (  # noqa: N806  (the library's class names)
+    GNUVerNeedSection, GNUVerSymSection = (  # the library's class names
         gnuversions.GNUVerNeedSection, gnuversions.GNUVerSymSection)
     elf = elffile.ELFFile(io.BytesIO(data))
     verneed = next((s for s in elf.iter_sections() if isinstance(s, GNUVerNeedSection)), None)

@@ -182,7 +182,7 @@ def test_tampered_or_unlisted_builder_wheel_is_refused(tmp_path: Path) -> None:
     builder_bundle(tmp_path / "C", lockfile.read_pins())
     extra = tmp_path / "C" / BUILDER_WHEELS_DIR / "evil-1.0-py3-none-any.whl"
     extra.write_bytes(b"x")
-    with pytest.raises(ConfigError, match="evil-1.0-py3-none-any.whl is not listed"):
+    with pytest.raises(ConfigError, match=r"evil-1\.0-py3-none-any\.whl is not listed"):
         verify_bundle(read_bundle(tmp_path / "C"))
 
 

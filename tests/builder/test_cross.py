@@ -12,6 +12,7 @@ two emulated `import torch` (~40 s CPU each) dominate.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -25,11 +26,13 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from enginelib import missing
 from indexlib import make_wheel
+from stylelib import package_name, write_style_project
 
 from builder.arch import QEMU_CPU_ENV
 from builder.config.projecttest import ProjectTest
 from builder.cross import (
     CrossToolchainMissing,
+    cross_build_env,
     cross_build_wheel,
     ensure_target_python,
     ensure_target_torch,
@@ -163,8 +166,6 @@ def _make_tiny_project(root: Path) -> Path:
 
 
 def _elf(data: bytes):
-    import io
-
     return ELFFile(io.BytesIO(data))
 
 
@@ -265,7 +266,7 @@ def test_repair_gives_manylinux_aarch64_without_grafting_torch(tiny_repaired):
 def test_repair_refuses_a_wheel_needing_an_unprovided_library(tiny_wheel, tmp_path,
                                                               target_python, toolchain):
     # Without torch excluded, auditwheel must either graft torch or fail: both are refused.
-    with pytest.raises(StepFailed, match="grafted|failed|needs"):
+    with pytest.raises(StepFailed, match=r"grafted|failed|needs"):
         repair_cross_wheel(tiny_wheel.wheel, tmp_path,
                            [*toolchain.lib_dirs, *target_python.lib_dirs],
                            excludes=("libgomp*.so*",))
@@ -372,8 +373,6 @@ def test_not_a_project_is_refused(tmp_path, target_python, target_torch, toolcha
 
 def test_host_build_environment_does_not_leak(target_python, target_torch, toolchain, tmp_path):
     # The build env must point the compiler at the target; the host interpreter still runs.
-    from builder.cross import cross_build_env
-
     env = cross_build_env(target_python, target_torch, toolchain, tmp_path, base_env={})
     code = ("import sysconfig, torch.utils.cpp_extension as c; "
             "print(sysconfig.get_config_var('EXT_SUFFIX')); print(sysconfig.get_platform()); "
@@ -391,8 +390,6 @@ def test_ninja_build_goes_through_the_same_ccache_links(tmp_path, monkeypatch, t
     """torch's default ninja BuildExtension, cross-compiled twice through ccache (the in-cell
     builds' masquerade links, builder.incell.steps.ccache_masquerade) into a private cache: the
     first misses, the second hits every compile and gives the same module bytes."""
-    from stylelib import package_name, write_style_project
-
     if shutil.which("ccache") is None:
         missing("ccache is not installed", ".ci/run installs the ccache package")
     monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))  # only ccache reads it here

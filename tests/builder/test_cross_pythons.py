@@ -143,8 +143,8 @@ def test_a_wheel_tagged_for_the_host_python_is_refused(tmp_path):
                           include_dir=tmp_path, sysconfig_dir=tmp_path, sysconfig_name="x",
                           ext_suffix=".cpython-39-aarch64-linux-gnu.so", lib_dirs=())
     check_wheel_tags(tmp_path / "tiny-0.1-cp39-cp39-linux_aarch64.whl", target, tmp_path)
-    with pytest.raises(StepFailed, match="not tagged cp39-cp39-linux_aarch64 for the target "
-                                         "Python 3.9"):
+    with pytest.raises(StepFailed, match=r"not tagged cp39-cp39-linux_aarch64 for the target "
+                                         r"Python 3\.9"):
         check_wheel_tags(tmp_path / "tiny-0.1-cp311-cp311-linux_aarch64.whl", target, tmp_path)
 
 

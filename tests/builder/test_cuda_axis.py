@@ -6,6 +6,7 @@ name file, key and value (exit 2)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -99,8 +100,6 @@ def test_selectors_and_the_environment_pick_the_cuda(tmp_path: Path) -> None:
 
 
 def test_make_wheel_passes_cuda() -> None:
-    import subprocess
-
     out = subprocess.run(["make", "-n", "wheel", "CUDA=13.0", "CONFIG=configs/cuda.yaml"],
                          cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     assert "--cuda 13.0" in out and "--config configs/cuda.yaml" in out

@@ -138,7 +138,7 @@ def test_a_wheel_passes_with_its_arch_list_and_fails_by_name_with_another(
     assert ("demo/libone.so holds sm_80, sm_90, compute_90 (PTX); missing sm_86; not asked "
             "for sm_90, compute_90 (PTX)") in str(err.value)
     assert "TORCH_CUDA_ARCH_LIST=8.0;8.6 (the test's cuda.arch_list)" in str(err.value)
-    with pytest.raises(StepFailed, match="; not asked for compute_90 \\(PTX\\)$"):
+    with pytest.raises(StepFailed, match=r"; not asked for compute_90 \(PTX\)$"):
         check_device_code(wheel, _record("8.0;9.0"))
 
 
@@ -162,7 +162,7 @@ def test_repair_leaves_the_cuda_runtime_external_only_with_cuda_excludes(
     env = {**aw_env, "LD_LIBRARY_PATH": str(nvcc.parent.parent / "lib")}
     with HostEngine().session(parent=tmp_path) as session:
         inside = session.copy_in(wheel, session.workdir)
-        with pytest.raises(StepFailed, match="would graft libcudart.so.13"):
+        with pytest.raises(StepFailed, match=r"would graft libcudart\.so\.13"):
             repair_wheel(session, inside, tmp_path / "plain", auditwheel=aw, env=env,
                          excludes=DEFAULT_EXCLUDES, plat="manylinux_2_28_x86_64")
         (tmp_path / "cuda").mkdir()

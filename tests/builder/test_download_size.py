@@ -93,7 +93,7 @@ def _serve(root: Path) -> Iterator[tuple[str, list[str]]]:
     refused: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             path = Path(self.translate_path(self.path))
             if path.is_file() and path.stat().st_size > BIG:
                 refused.append(path.name)
@@ -101,7 +101,7 @@ def _serve(root: Path) -> Iterator[tuple[str, list[str]]]:
                 return
             super().do_GET()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:  # the stdlib's name
             pass
 
     server = http.server.ThreadingHTTPServer(

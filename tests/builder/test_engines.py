@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from enginelib import docker_engine
 
 from builder.engines.base import OutputLog
 from builder.engines.docker import CONTAINER_LABEL, DockerEngine
-from builder.engines.host import HostEngine
+from builder.engines.host import HostEngine, find_python
 from builder.errors import EngineUnavailable, StepFailed
 from builder.images.base_image import build_base_image
 from builder.redact import Redactor
@@ -64,7 +65,7 @@ def test_dead_socket_names_it_and_how_to_start(tmp_path: Path) -> None:
 def test_docker_host_env_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dead = f"unix://{tmp_path}/env.sock"
     monkeypatch.setenv("DOCKER_HOST", dead)
-    with pytest.raises(EngineUnavailable, match="env.sock"):
+    with pytest.raises(EngineUnavailable, match=r"env\.sock"):
         DockerEngine()
 
 
@@ -212,9 +213,6 @@ def test_host_session_steps_do_not_inherit_the_callers_pythonpath(
 
 def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pyenv puts shims for every version on PATH; one for an unselected version fails."""
-    import sys
-
-    from builder.engines.host import find_python
 
     version = "{}.{}".format(*sys.version_info[:2])
     shims = tmp_path / "shims"
@@ -228,7 +226,7 @@ def test_find_python_skips_a_broken_shim(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     assert find_python(version) == real
-    with pytest.raises(StepFailed, match="no working Python 3.1 interpreter"):
+    with pytest.raises(StepFailed, match=r"no working Python 3\.1 interpreter"):
         find_python("3.1")
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import tomllib
 import yaml
 from builder_testlib import run_cli
 from hypothesis import HealthCheck, given, settings
@@ -313,8 +314,6 @@ SUPPORT_TEXTS, SUPPORT_DATA = _yaml_seeds([SUPPORT, *_corpus("support")])
 
 
 def _toml_seeds() -> tuple[list[str], list[dict[str, Any]]]:
-    import tomllib
-
     texts, datas = [], []
     for p in [REPO_ROOT / "pyproject.toml", *_corpus("pyproject")]:
         try:
@@ -881,8 +880,6 @@ def test_the_command_line_exits_2_without_a_traceback(work: Path, text: str) -> 
 
 
 def test_the_toml_writer_round_trips() -> None:
-    import tomllib
-
     data = {"tool": {"cibuildwheel": {"environment": {"A": "x\"\\\n\x7f\U0001f600"}},
                      "n": [1, -2.5, True, date(2020, 1, 2)]}}
     assert tomllib.loads(toml_dumps(data)) == data

@@ -275,8 +275,8 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
 def test_a_wheel_whose_metadata_disagrees_with_its_name_is_refused(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", "realname", "1.0")
     renamed = wheel.rename(wheel.with_name("othername-1.0-py3-none-any.whl"))
-    with pytest.raises(StepFailed, match="file name says othername 1.0 but METADATA says "
-                       "realname 1.0"):
+    with pytest.raises(StepFailed, match=r"file name says othername 1\.0 but METADATA says "
+                       r"realname 1\.0"):
         write_simple_index([renamed], tmp_path / "out")
     assert not (tmp_path / "out" / "simple").exists()
 

@@ -255,7 +255,7 @@ def test_refetch_removes_bundle_json_first(tmp_path: Path):
     old = begin_fetch(tmp_path)
     assert not (tmp_path / "bundle.json").exists()
     assert old[f"{WHEELS_DIR}/filelock-3.20.0-py3-none-any.whl"]
-    with pytest.raises(ConfigError, match="bundle.json not found.*interrupted"):
+    with pytest.raises(ConfigError, match=r"bundle\.json not found.*interrupted"):
         read_bundle(tmp_path)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from builder_testlib import BASE_CONFIG, run_cli, write_config
 
+from builder.cli import build_parser
 from builder.config import REPO_ROOT
 from builder.plan.cells import cell_id
 
@@ -232,8 +233,6 @@ def test_python_m_builder_and_help_document_every_option() -> None:
             text=True,
             check=True,
         ).stdout
-        from builder.cli import build_parser
-
         sub = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
         for action in sub._actions:
             for opt in action.option_strings:

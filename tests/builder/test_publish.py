@@ -394,7 +394,7 @@ class _FakeIndex(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.path == "/_/oidc/mint-token":
             token = json.loads(body).get("token")

@@ -17,7 +17,9 @@ import pytest
 from builder_testlib import SUPPORT
 
 from builder.config import CliOverrides, load_settings
+from builder.engines.docker import DockerEngine
 from builder.errors import EngineUnavailable
+from builder.images.base_image import build_base_image
 from builder.images.render import render_all
 from builder.plan.cells import expand, select
 
@@ -27,8 +29,6 @@ SENTINEL = "Pr0xySentinel-7731"
 
 
 def _engine():
-    from builder.engines.docker import DockerEngine
-
     try:
         return DockerEngine()
     except EngineUnavailable as exc:
@@ -40,7 +40,7 @@ def _engine():
 def _real_ca(path: Path) -> Path:
     """One genuine CA certificate (from pip's vendored certifi), so the trust-store tools
     accept it."""
-    from pip._vendor import certifi
+    from pip._vendor import certifi  # noqa: PLC0415 (pip's internals: only this helper needs them)
 
     text = Path(certifi.where()).read_text()
     start = text.index("-----BEGIN CERTIFICATE-----")
@@ -56,8 +56,6 @@ def _base_image(engine) -> tuple[str, str, str]:
     if tag:
         labels = engine.api.inspect_image(tag)["Config"]["Labels"]
         return tag, labels["org.ampforge.base.python"], labels["org.ampforge.base.plat"]
-    from builder.images.base_image import build_base_image
-
     base = build_base_image(engine)
     return base.tag, base.python_tag, base.auditwheel_plat
 

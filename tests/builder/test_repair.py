@@ -73,7 +73,7 @@ def _repair(session: HostSession, wheel: Path, out: Path, **kwargs):
 
 
 def test_raw_wheel_carries_the_torch_local_version(raw_wheel: Path) -> None:
-    dist, ver, py, abi, plats = split_wheel_name(raw_wheel.name)
+    dist, ver, py, _abi, plats = split_wheel_name(raw_wheel.name)
     assert (dist, ver, py, plats) == ("tinyext", "0.0.1+torch2.13", "cp311", ("linux_x86_64",))
 
 
@@ -136,7 +136,7 @@ def test_verification_rejects_lies_and_bundled_torch(raw_wheel: Path, session: H
         for item in src.infolist():
             dst.writestr(item, src.read(item))
         dst.writestr("tinyext.libs/libc10-0123abcd.so", b"\x7fELF")
-    with pytest.raises(StepFailed, match="libc10-0123abcd.so"):
+    with pytest.raises(StepFailed, match=r"libc10-0123abcd\.so"):
         check_no_bundled_torch(fat)
 
 
@@ -168,7 +168,7 @@ def test_repair_targets_torchs_tag_and_names_every_older_one_the_symbols_allow(
     # A name above torch's tag is refused, as is one below what the code needs.
     above = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_31_x86_64")
     above.write_bytes(result.wheel.read_bytes())
-    with pytest.raises(StepFailed, match="above manylinux_2_28_x86_64 .the tag of the torch"):
+    with pytest.raises(StepFailed, match=r"above manylinux_2_28_x86_64 .the tag of the torch"):
         check_tag_covers_own_code(above, TORCH_TAG)
     below = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_17_x86_64")
     below.write_bytes(result.wheel.read_bytes())

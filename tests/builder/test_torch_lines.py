@@ -20,8 +20,18 @@ from builder_testlib import run_cli, write_config
 
 from builder.config import REPO_ROOT
 from builder.config.support import load_support
-from builder.cross.target_torch import platform_args
-from builder.errors import ConfigError
+from builder.cross import (
+    cross_build_wheel,
+    ensure_target_python,
+    ensure_target_torch,
+    find_toolchain,
+    repair_cross_wheel,
+    run_wheel_under_qemu,
+)
+from builder.cross.target_torch import platform_args, wheel_cxx11_abi
+from builder.errors import ConfigError, StepFailed
+from builder.incell.steps import needs_cxx_floor
+from builder.wheel.wheelcheck import check_needs_within, need_summary, tag_glibc
 
 SUPPORT = REPO_ROOT / "configs" / "support.yaml"
 ASCEND = REPO_ROOT / "configs" / "ascend.yaml"
@@ -258,7 +268,7 @@ print(json.dumps([a["cxx"] if isinstance(a, dict) else a for a in args]))
 
 @pytest.mark.parametrize("abi", ["0", "1"])
 def test_the_cross_hook_compiles_with_the_target_torchs_abi(tmp_path: Path, abi: str) -> None:
-    import torch
+    import torch  # noqa: PLC0415 (torch is heavy: imported on use)
 
     hook = REPO_ROOT / "builder" / "cross" / "hook"
     env = {"PYTHONPATH": str(hook), "AMPFORGE_CROSS_TORCH_DIR": str(Path(torch.__file__).parent),
@@ -281,8 +291,6 @@ TARGET_PY = "3.9"  # bullseye's arm64 CPython; the builder's own interpreter is 
 
 @pytest.fixture(scope="module")
 def line_target():
-    from builder.cross import ensure_target_python, ensure_target_torch, find_toolchain
-
     table = load_support(SUPPORT, "configs/support.yaml")
     plat = table.torch_plat(TORCH, "aarch64")
     python = ensure_target_python(TARGET_PY, "aarch64")
@@ -291,12 +299,10 @@ def line_target():
 
 
 def _tiny_build(tmp_path: Path, line_target, abi: bool):
-    from test_cross import _make_tiny_project
+    # Another test module, imported only by the slow tests that build with it.
+    from test_cross import _make_tiny_project  # noqa: PLC0415
 
-    from builder.cross import cross_build_wheel, repair_cross_wheel
-    from builder.incell.steps import needs_cxx_floor
-
-    table, plat, python, torch, toolchain = line_target
+    table, _plat, python, torch, toolchain = line_target
     project = _make_tiny_project(tmp_path / "proj")
     # One call into torch with std::string in its symbol (c10::Device::str() returns one: its
     # name carries [abi:cxx11] under the C++11 ABI), which is where the two ABIs part.
@@ -331,10 +337,6 @@ print("LINE " + json.dumps({"machine": platform.machine(), "torch": torch.__vers
 @pytest.mark.slow
 def test_tiny_extension_against_aarch64_torch_2_1_runs_under_qemu_with_the_tables_facts(
         tmp_path: Path, line_target) -> None:
-    from builder.cross import run_wheel_under_qemu
-    from builder.cross.target_torch import wheel_cxx11_abi
-    from builder.wheel.wheelcheck import check_needs_within, need_summary, tag_glibc
-
     table, plat, python, torch, _toolchain = line_target
     abi = bool(table.abi(TORCH, "aarch64").value)
     assert abi is False and wheel_cxx11_abi(torch.torch_dir) is False  # table == the wheel
@@ -358,9 +360,6 @@ def test_the_other_string_abi_fails_to_import_against_torch_2_1(tmp_path: Path,
                                                                  line_target) -> None:
     """What the fact prevents: the host torch's own choice (2.13: the C++11 ABI) links, and the
     module then cannot be imported against the pre-C++11 torch."""
-    from builder.cross import run_wheel_under_qemu
-    from builder.errors import StepFailed
-
     _table, _plat, python, torch, _toolchain = line_target
     repaired = _tiny_build(tmp_path, line_target, abi=True)
     with pytest.raises(StepFailed) as info:
