@@ -30,7 +30,7 @@ from .scaler import LossScaler
 
 # Last, after every submodule import: the package attribute `_amp_state` is apex's state object,
 # not the submodule of the same name (`from amp._amp_state import ...` still finds the module).
-from ._amp_state import _amp_state as _amp_state  # noqa: E402  isort: skip
+from ._amp_state import _amp_state as _amp_state  # isort: skip
 
 __all__ = [
     "LossScaler",

@@ -42,7 +42,7 @@ def maybe_log(message: str, level: int = logging.INFO) -> None:
     """Log when verbosity allows it; under torch.distributed only rank 0 speaks (as apex)."""
     if _amp_state.verbosity < 1:
         return
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (only when a message is logged)
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return

@@ -49,7 +49,7 @@ __all__ = ["HookerAndDumper"]
 
 def _h5py() -> Any:
     try:
-        import h5py
+        import h5py  # noqa: PLC0415 (optional: only a file dump needs it)
     except ImportError as exc:
         raise ImportError(
             "apex.dump (amp.dump) writes HDF5 through h5py, which is not installed: "

@@ -204,11 +204,10 @@ def initialize(
         >>> optimizer.step()
     """
     # --- validate everything before touching the models -----------------------------------
-    model_list, single_model = _as_list("models", models, nn.Module)
+    model_list, _ = _as_list("models", models, nn.Module)
     opt_list: list[torch.optim.Optimizer] = []
-    single_opt = False
     if optimizers is not None:
-        opt_list, single_opt = _as_list("optimizers", optimizers, None)
+        opt_list, _ = _as_list("optimizers", optimizers, None)
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False; got {enabled!r}")
     if not isinstance(defer_unscale, bool):

@@ -51,11 +51,11 @@ def _cpu_half(torch, autocast_supports):  # type: ignore[no-untyped-def]
 
 
 def _train(steps: int) -> tuple[list[float], list]:
-    import torch
+    import torch  # noqa: PLC0415
 
-    import amp
-    import amp.optimizers
-    from amp._torch_compat import autocast_supports
+    import amp  # noqa: PLC0415
+    import amp.optimizers  # noqa: PLC0415
+    from amp._torch_compat import autocast_supports  # noqa: PLC0415
 
     half = _cpu_half(torch, autocast_supports)
     torch.manual_seed(0)
@@ -82,15 +82,15 @@ def _train(steps: int) -> tuple[list[float], list]:
 def run(steps: int = STEPS) -> dict:
     """The checks; returns the report, raises SystemExit with the reason on a failure."""
     start = time.monotonic()
-    import torch
+    import torch  # noqa: PLC0415
 
-    import amp
-    from amp import _ext
+    import amp  # noqa: PLC0415
+    from amp import _ext  # noqa: PLC0415
 
     if not _ext.available():
         raise SystemExit(f"amp._C cannot be used with torch {torch.__version__} (see the "
                          "warning above); amp would run on its pure-torch fallback")
-    import amp._C  # noqa: F401 - the module itself must import
+    import amp._C  # noqa: PLC0415 (the module itself must import)
 
     losses, fused = _train(steps)
     if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0] * 0.5:
@@ -112,7 +112,7 @@ def run(steps: int = STEPS) -> dict:
     if not diff < TOLERANCE:
         raise SystemExit(f"the compiled kernels and the reference path differ by {diff:.3g} "
                          f"after {steps} steps (allowed: {TOLERANCE:g})")
-    from amp._torch_compat import autocast_supports
+    from amp._torch_compat import autocast_supports  # noqa: PLC0415
 
     half = _cpu_half(torch, autocast_supports)
     return {"amp": amp.__version__, "torch": torch.__version__, "isa": _ext.isa(),

@@ -135,7 +135,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def _freed(self, nbytes: int) -> None:
         self.current -= nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":

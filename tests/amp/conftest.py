@@ -7,7 +7,7 @@ import pytest
 @pytest.fixture(autouse=True)
 def _fresh_amp_state():
     """amp keeps process-wide state (like apex): reset it around every test."""
-    from amp._amp_state import _amp_state
+    from amp._amp_state import _amp_state  # noqa: PLC0415
 
     yield
     _amp_state.opt_properties = None

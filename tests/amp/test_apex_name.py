@@ -19,12 +19,12 @@ import amp.parallel
 
 
 def test_the_apex_modules_are_ampforge_modules():
-    import apex
-    from apex import amp as apex_amp
-    from apex.amp import _amp_state
-    from apex.contrib.combine_tensors import combine_npu
-    from apex.multi_tensor_apply import multi_tensor_applier
-    from apex.parallel import LARC
+    import apex  # noqa: PLC0415
+    from apex import amp as apex_amp  # noqa: PLC0415
+    from apex.amp import _amp_state  # noqa: PLC0415
+    from apex.contrib.combine_tensors import combine_npu  # noqa: PLC0415
+    from apex.multi_tensor_apply import multi_tensor_applier  # noqa: PLC0415
+    from apex.parallel import LARC  # noqa: PLC0415
 
     assert apex_amp is amp and apex.amp is amp
     assert _amp_state is amp._amp_state
@@ -38,12 +38,12 @@ def test_the_apex_modules_are_ampforge_modules():
 
 
 def test_every_name_of_amp_optimizers_is_in_apex_optimizers():
-    import apex.optimizers
+    import apex.optimizers  # noqa: PLC0415
 
     assert amp.optimizers.__all__  # names added to amp.optimizers need no listing in apex/
     for name in amp.optimizers.__all__:
         assert getattr(apex.optimizers, name) is getattr(amp.optimizers, name), name
-    from apex.optimizers import FusedAdam, FusedSGD  # noqa: F401
+    from apex.optimizers import FusedAdam, FusedSGD  # noqa: F401, PLC0415
 
 
 def test_importing_a_submodule_through_apex_keeps_the_package_attributes():
@@ -51,7 +51,7 @@ def test_importing_a_submodule_through_apex_keeps_the_package_attributes():
     # (and amp._amp_state to the state object): the alias must not replace those bindings.
     importlib.import_module("apex.parallel.LARC")
     importlib.import_module("apex.amp._amp_state")
-    from apex.parallel.LARC import LARC
+    from apex.parallel.LARC import LARC  # noqa: PLC0415
 
     assert amp.parallel.LARC is LARC and isinstance(LARC, type)
     assert type(amp._amp_state).__name__ == "AmpState"
@@ -60,9 +60,9 @@ def test_importing_a_submodule_through_apex_keeps_the_package_attributes():
 
 
 def test_names_apex_does_not_have_fail_as_imports_do():
-    import apex
+    import apex  # noqa: PLC0415
 
-    with pytest.raises(ModuleNotFoundError, match="apex.amp.no_such_module"):
+    with pytest.raises(ModuleNotFoundError, match=r"apex\.amp\.no_such_module"):
         importlib.import_module("apex.amp.no_such_module")
     with pytest.raises(AttributeError, match="no attribute 'fp16_utils'"):
         apex.fp16_utils  # noqa: B018
@@ -72,7 +72,7 @@ def test_names_apex_does_not_have_fail_as_imports_do():
 
 @pytest.mark.half_device
 def test_state_set_through_apex_amp_is_seen_through_amp():
-    from apex import amp as apex_amp
+    from apex import amp as apex_amp  # noqa: PLC0415
 
     model, opt = quickstart_model()
     model, opt = apex_amp.initialize(model, opt, opt_level="O2", loss_scale=128.0, verbosity=0)

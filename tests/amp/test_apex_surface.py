@@ -99,7 +99,7 @@ def test_apex_spellings():
     amp.initialize(model, opt, opt_level="O1", loss_scale=64, verbosity=0)
     assert amp._amp_state.loss_scalers[0].loss_scale() == 64.0
     model, opt = quickstart_model()
-    with pytest.raises(TypeError, match="cast_model_type must be None, False .* got True"):
+    with pytest.raises(TypeError, match=r"cast_model_type must be None, False .* got True"):
         amp.initialize(model, opt, opt_level="O2", cast_model_type=True, verbosity=0)
     with pytest.raises(TypeError, match="defer_unscale must be True or False; got 'yes'"):
         amp.initialize(model, opt, defer_unscale="yes", verbosity=0)
@@ -107,9 +107,9 @@ def test_apex_spellings():
 
 @pytest.mark.half_device
 def test_amp_state_is_apexs_state_object():
-    from amp import _amp_state
-    from amp._amp_state import _amp_state as same
-    from amp._amp_state import maybe_log  # the module's helpers stay importable
+    from amp import _amp_state  # noqa: PLC0415
+    from amp._amp_state import _amp_state as same  # noqa: PLC0415
+    from amp._amp_state import maybe_log  # noqa: PLC0415 (its helpers stay importable)
 
     assert _amp_state is same and callable(maybe_log)
     assert _amp_state._amp_state is _amp_state  # code written against the module form
@@ -129,6 +129,6 @@ def test_amp_state_is_apexs_state_object():
 
 
 def test_optimizer_like_objects_accepted_and_others_named():
-    model, opt = quickstart_model()
-    with pytest.raises(TypeError, match="optimizer-like object .* got dict"):
+    model, _opt = quickstart_model()
+    with pytest.raises(TypeError, match=r"optimizer-like object .* got dict"):
         amp.initialize(model, {"param_groups": []}, verbosity=0)

@@ -206,8 +206,8 @@ def test_a_cached_norm_is_reused_only_where_in_place_foreach_ops_bump_versions(m
     """The norm amp measured while unscaling is reused only while the gradients' versions are
     unchanged; on a device whose in-place foreach ops leave versions alone (torch 2.1 on an
     accelerator) a clip_grad_norm_ in between would go unseen, so nothing is reused there."""
-    from amp import _torch_compat as compat
-    from amp.optimizers import tensor_lists
+    from amp import _torch_compat as compat  # noqa: PLC0415
+    from amp.optimizers import tensor_lists  # noqa: PLC0415
 
     g = torch.ones(3)
     assert compat.foreach_bumps_versions("cpu")  # the CPU's foreach kernel runs per-tensor ops

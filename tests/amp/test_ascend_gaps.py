@@ -186,11 +186,11 @@ def test_fused_clipping_with_a_nan_norm_leaves_the_gradients_alone(which: str) -
 
 # ------------------------------------------------------------------ apex's compiled modules
 def test_change_data_ptr_and_apex_c_are_importable_top_level_modules() -> None:
-    import apex_C
-    import change_data_ptr as module
-    from change_data_ptr import change_data_ptr
+    import apex_C  # noqa: PLC0415
+    import change_data_ptr as module  # noqa: PLC0415
+    from change_data_ptr import change_data_ptr  # noqa: PLC0415
 
-    from amp import combine_tensors
+    from amp import combine_tensors  # noqa: PLC0415
 
     assert module.change_data_ptr is combine_tensors.change_data_ptr is change_data_ptr
     assert apex_C.flatten is combine_tensors.flatten
@@ -198,7 +198,7 @@ def test_change_data_ptr_and_apex_c_are_importable_top_level_modules() -> None:
 
 
 def test_change_data_ptr_repoints_as_ascends_custom_optimizers_use_it() -> None:
-    from change_data_ptr import change_data_ptr
+    from change_data_ptr import change_data_ptr  # noqa: PLC0415
 
     # Ascend's combining loop: each tensor's memory moves to its offset in one buffer.
     tensors = [torch.zeros(2, 3), torch.zeros(4)]
@@ -217,7 +217,7 @@ def test_change_data_ptr_repoints_as_ascends_custom_optimizers_use_it() -> None:
 
 
 def test_apex_c_flatten_and_unflatten() -> None:
-    import apex_C
+    import apex_C  # noqa: PLC0415
 
     tensors = [torch.randn(2, 3), torch.randn(0), torch.randn(4).half().float()]
     flat = apex_C.flatten(tensors)
@@ -235,9 +235,9 @@ def test_apex_c_flatten_and_unflatten() -> None:
 
 # ------------------------------------------------------------------ apex.normalization
 def test_fused_layer_norm_and_rms_norm_run_anywhere() -> None:
-    from apex.normalization import FusedLayerNorm, FusedRMSNorm, MixedFusedRMSNorm
+    from apex.normalization import FusedLayerNorm, FusedRMSNorm, MixedFusedRMSNorm  # noqa: PLC0415
 
-    import amp.normalization
+    import amp.normalization  # noqa: PLC0415
 
     assert FusedLayerNorm is amp.normalization.FusedLayerNorm
     x = torch.randn(4, 3, 8)
@@ -258,7 +258,7 @@ def test_fused_layer_norm_and_rms_norm_run_anywhere() -> None:
 
 
 def test_o2_trains_a_model_with_fused_norms() -> None:
-    from apex.normalization import FusedLayerNorm, FusedRMSNorm
+    from apex.normalization import FusedLayerNorm, FusedRMSNorm  # noqa: PLC0415
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), FusedLayerNorm(8), torch.nn.Linear(8, 8),

@@ -287,7 +287,7 @@ def test_ascend_rules_and_messages() -> None:
         init(opt_level="O1", combine_grad="yes")
     with pytest.raises(ValueError, match="ddp_replica_count must be an int >= 1"):
         init(opt_level="O1", ddp_replica_count=0)
-    with pytest.raises(RuntimeError, match="call torch.distributed.init_process_group"):
+    with pytest.raises(RuntimeError, match=r"call torch\.distributed\.init_process_group"):
         init(opt_level="O1", combine_grad=True, combine_ddp=True)
 
 

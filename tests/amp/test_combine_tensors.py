@@ -76,9 +76,9 @@ def test_bad_input_names_what_was_wrong() -> None:
     assert combine_npu([]) is None
     empty = combine_npu([torch.ones(0)])  # as Ascend: an empty tensor still gets its padding
     assert empty is not None and empty.numel() == 32
-    with pytest.raises(RuntimeError, match="torch.float.*int64"):
+    with pytest.raises(RuntimeError, match=r"torch\.float.*int64"):
         combine_npu([torch.ones(3, dtype=torch.int64)])
-    with pytest.raises(ValueError, match="item 1 is torch.float16"):
+    with pytest.raises(ValueError, match=r"item 1 is torch\.float16"):
         combine_npu([torch.ones(3), torch.ones(3, dtype=torch.float16)])
     with pytest.raises(TypeError, match="item 0 is a list"):
         combine_npu([[1.0, 2.0]])  # type: ignore[list-item]

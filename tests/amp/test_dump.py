@@ -96,7 +96,7 @@ def test_bfloat16_is_stored_as_float32_with_its_dtype(tmp_path: Path):
 
 
 def test_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    with pytest.raises(TypeError, match="must be a torch.nn.Module; got str"):
+    with pytest.raises(TypeError, match=r"must be a torch\.nn\.Module; got str"):
         HookerAndDumper(str(tmp_path)).register_hooks("model", 0, 0)
     monkeypatch.setitem(sys.modules, "h5py", None)  # as if the dump extra were not installed
     with pytest.raises(ImportError, match=r'pip install "ampforge\[dump\]"'):

@@ -56,7 +56,7 @@ def test_bf16_and_the_accelerator_by_default() -> None:
     handle = amp.init(patch_type=torch.bfloat16)  # the CPU, plus any current accelerator
     assert _linear()(torch.randn(2, 8)).dtype == torch.bfloat16
     handle._deactivate()
-    with pytest.raises(TypeError, match="patch_type must be torch.float16 or torch.bfloat16"):
+    with pytest.raises(TypeError, match=r"patch_type must be torch\.float16 or torch\.bfloat16"):
         amp.init(patch_type=torch.float32)
 
 

@@ -125,7 +125,7 @@ def _hooked_model(seen):
 @pytest.mark.half_device
 def test_o1_runs_forward_under_autocast_and_keeps_fp32_weights():
     seen = []
-    model, optimizer = amp.initialize(*_hooked_model(seen), opt_level="O1", verbosity=0)
+    model, _optimizer = amp.initialize(*_hooked_model(seen), opt_level="O1", verbosity=0)
     out = model(torch.randn(2, 10))
     assert model[0].weight.dtype == torch.float32
     assert seen == [torch.float16]  # the linear ran in fp16 (autocast) ...

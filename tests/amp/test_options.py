@@ -89,16 +89,16 @@ def test_bad_values_raise_clear_errors(kwargs, exc, match):
 
 def test_wrong_model_and_optimizer_types():
     model, optimizer = quickstart_model()
-    with pytest.raises(TypeError, match="models must be a torch.nn"):
+    with pytest.raises(TypeError, match=r"models must be a torch\.nn"):
         amp.initialize("model", optimizer)
-    with pytest.raises(TypeError, match="optimizers must be a torch.optim"):
+    with pytest.raises(TypeError, match=r"optimizers must be a torch\.optim"):
         amp.initialize(model, [optimizer, "sgd"])
     with pytest.raises(ValueError, match="models must not be an empty list"):
         amp.initialize([], optimizer)
     ddp_like = torch.nn.parallel.DistributedDataParallel.__new__(
         torch.nn.parallel.DistributedDataParallel)
     torch.nn.Module.__init__(ddp_like)
-    with pytest.raises(RuntimeError, match="AFTER amp.initialize"):
+    with pytest.raises(RuntimeError, match=r"AFTER amp\.initialize"):
         amp.initialize(ddp_like, optimizer)
 
 
@@ -127,7 +127,7 @@ def test_initialize_twice_on_the_same_objects_is_refused():
     amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
     with pytest.raises(RuntimeError, match="only once"):
         amp.initialize(torch.nn.Linear(10, 1), optimizer, opt_level="O1", verbosity=0)
-    with pytest.raises(RuntimeError, match="already went through amp.initialize"):
+    with pytest.raises(RuntimeError, match=r"already went through amp\.initialize"):
         amp.initialize(model, opt_level="O1", verbosity=0)
 
 
@@ -135,18 +135,18 @@ def test_initialize_twice_on_the_same_objects_is_refused():
 def test_scale_loss_misuse():
     model, optimizer = quickstart_model()
     loss = model(torch.randn(2, 10)).sum()
-    with pytest.raises(RuntimeError, match="before amp.initialize"):
+    with pytest.raises(RuntimeError, match=r"before amp\.initialize"):
         with amp.scale_loss(loss, optimizer):
             pass
     model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
     _, stranger = quickstart_model()
-    with pytest.raises(RuntimeError, match="did not go through amp.initialize"):
+    with pytest.raises(RuntimeError, match=r"did not go through amp\.initialize"):
         with amp.scale_loss(loss, stranger):
             pass
     with pytest.raises(ValueError, match="loss_id=1 is out of range"):
         with amp.scale_loss(loss, optimizer, loss_id=1):
             pass
-    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer"):
         with amp.scale_loss(loss, "sgd"):
             pass
 

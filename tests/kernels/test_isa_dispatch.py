@@ -61,7 +61,7 @@ def _import_with(env_isa: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    import os
+    import os  # noqa: PLC0415
     return {k: v for k, v in os.environ.items() if k != "AMP_DISABLE_EXTENSION"}
 
 

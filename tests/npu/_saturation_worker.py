@@ -36,9 +36,9 @@ SATURATE = 2
 
 
 def train(level: str, rank: int, world: int, combine: bool) -> dict:
-    import amp
-    import amp.optimizers
-    from amp._amp_state import _amp_state
+    import amp  # noqa: PLC0415
+    import amp.optimizers  # noqa: PLC0415
+    from amp._amp_state import _amp_state  # noqa: PLC0415
 
     _amp_state.opt_properties = None
     _amp_state.loss_scalers = []

@@ -81,7 +81,7 @@ def quickstart(device: torch.device, opt_level: str, half: torch.dtype, steps: i
 
 def snapshot(run: Run) -> dict[str, Any]:
     """Everything a resumed run needs, through torch.save (as a checkpoint file would)."""
-    import io
+    import io  # noqa: PLC0415
 
     buf = io.BytesIO()
     torch.save({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),

@@ -90,7 +90,7 @@ def _ninja_on_path() -> Iterator[None]:
     old = os.environ.get("PATH", "")
     extra = [str(Path(sys.executable).parent)]
     with contextlib.suppress(ImportError):
-        import ninja  # type: ignore[import-untyped]
+        import ninja  # type: ignore[import-untyped]  # noqa: PLC0415
 
         extra.insert(0, str(ninja.BIN_DIR))
     os.environ["PATH"] = os.pathsep.join([*extra, old])
@@ -103,7 +103,7 @@ def _ninja_on_path() -> Iterator[None]:
 def _compile_and_load(into: Path) -> None:
     """Build into `into`. torch's JIT builder also loads what it built (from `into`, which
     is renamed afterwards: the loaded file stays mapped)."""
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # noqa: PLC0415
 
     with _ninja_on_path():
         cpp_extension.verify_ninja_availability()
@@ -224,7 +224,7 @@ def install_at_collection() -> None:
         return
     try:
         _install_for_tests()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any failure is kept and reported by the tests)
         _session_failure = exc
 
 

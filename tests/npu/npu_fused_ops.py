@@ -94,7 +94,7 @@ def training_step(model: nn.Module, opt: Any, x: torch.Tensor,
                   counter: OpCounter | None = None) -> None:
     """One amp training step; with ``counter``, the optimizer-side phases are counted
     (forward, backward and the loss scaling itself are not: they are the same everywhere)."""
-    import amp
+    import amp  # noqa: PLC0415
 
     def counted(name: str) -> contextlib.AbstractContextManager:
         return counter.phase(name) if counter is not None else contextlib.nullcontext()
@@ -115,7 +115,7 @@ def count_step(make_opt: Callable[[Any], Any], count: int, size: int, device: An
                warmup: int = 2, **init_kw: Any) -> OpCounter:
     """The launches of one steady-state step (after ``warmup`` steps: the first ones
     combine buffers and create states)."""
-    import amp
+    import amp  # noqa: PLC0415
 
     model = ManyParams(count, size).to(device)
     opt = make_opt(model.parameters())

@@ -113,5 +113,5 @@ def test_old_o1_api_casts_with_the_accelerators_lists(npu: torch.device) -> None
     handle._deactivate()
     assert torch.nn.Linear(8, 8).to(npu)(x).dtype == torch.float32
     if not cpu_fp16:
-        with pytest.raises(compat.HalfUnsupportedError, match="patch_type=torch.bfloat16"):
+        with pytest.raises(compat.HalfUnsupportedError, match=r"patch_type=torch\.bfloat16"):
             amp.init(device_type="cpu")

@@ -687,7 +687,7 @@ def test_unsupported_features_say_so(npu: torch.device) -> None:
     # hooks for a pinned allocator; torch 2.1 asks no hooks and has no _pin_memory kernel for a
     # PrivateUse1 device, and says that.
     with pytest.raises(NotImplementedError,
-                       match="no pinned host memory|Could not run 'aten::_pin_memory'"):
+                       match=r"no pinned host memory|Could not run 'aten::_pin_memory'"):
         torch.zeros(2).pin_memory("npu")
     # torch.accelerator's torches pin a CPU tensor for the current accelerator (npu here); torch
     # 2.1 pins it for CUDA whatever accelerator is installed (not the device's to answer).
@@ -697,7 +697,7 @@ def test_unsupported_features_say_so(npu: torch.device) -> None:
     # Where the PrivateUse1 hooks make generators (getNewGenerator) the device says it itself;
     # torch <= 2.6 asks a generator registry instead, and says there is none.
     with pytest.raises((NotImplementedError, RuntimeError),
-                       match="no generator of its own|register a generator to the PrivateUse1"):
+                       match=r"no generator of its own|register a generator to the PrivateUse1"):
         torch.Generator("npu")
     assert not torch.zeros(2, device=npu).is_pinned()
 

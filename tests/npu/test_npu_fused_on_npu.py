@@ -17,7 +17,7 @@ from amp_npu_lib import CPU, reset_amp
 from npu_fused_ops import PHASES, count_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "optimizers"))
-from npu_fused_lib import (  # noqa: E402
+from npu_fused_lib import (
     ASCEND_CASES,
     SHAPES,
     TORCH_PAIRS,
@@ -28,8 +28,8 @@ from npu_fused_lib import (  # noqa: E402
     run_plain,
 )
 
-import amp  # noqa: E402
-import amp.optimizers as O  # noqa: E402
+import amp
+import amp.optimizers as O
 
 pytestmark = pytest.mark.filterwarnings("ignore::amp._device.AmpDeviceFallbackWarning")
 
@@ -104,7 +104,7 @@ def test_o2_on_npu_bit_equal_to_torch_optim(npu: torch.device, ours: Any, theirs
 
 
 def test_lamb_under_o2_on_npu(npu: torch.device) -> None:
-    model, opt = _train(npu, lambda ps: O.Lamb(ps, lr=0.01, weight_decay=0.01))
+    _model, opt = _train(npu, lambda ps: O.Lamb(ps, lr=0.01, weight_decay=0.01))
     for p in amp.master_params(opt):
         state = opt.state[p]
         assert state["step"] == 4 and state["trust_ratio"].device.type == "npu"

@@ -27,7 +27,7 @@ from amp._amp_state import _amp_state
 from amp.ascend.saturation import saturation_flag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "amp"))
-from amp_testlib import run_ranks  # noqa: E402
+from amp_testlib import run_ranks
 
 FP16 = torch.float16
 # From 2**20 the quick start's fp16 gradients overflow at 2**20 .. 2**16 and fit at 2**15:

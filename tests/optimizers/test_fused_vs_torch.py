@@ -175,7 +175,7 @@ def test_fused_lamb_matches_paper(backend, max_norm):
     lambda ps: FusedLAMB(ps, lr=1e-2),
 ], ids=["adam", "sgd", "lamb"])
 def test_compiled_and_fallback_agree(make, monkeypatch):
-    from amp import _ext
+    from amp import _ext  # noqa: PLC0415
 
     results = []
     for disable in ("0", "1"):

@@ -257,7 +257,7 @@ def test_new_optimizers_validate_arguments():
     lambda ps: FusedNovoGrad(ps, lr=1e-2, norm_type=0, reg_inside_moment=True),
 ], ids=["adagrad", "novograd", "novograd-max"])
 def test_compiled_and_fallback_agree(make, monkeypatch):
-    from amp import _ext
+    from amp import _ext  # noqa: PLC0415
 
     results = []
     for disable in ("0", "1"):
