@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a wheel build of this repository reads.
-PROJECT_FILES = ("amp", "kernels", "setup.py", "pyproject.toml", "README.md")
+PROJECT_FILES = ("amp", "kernels", "setup.py", "pyproject.toml", "README.md", "LICENSE")
 
 
 def copy_project(dest: Path, source: Path = ROOT, names: Iterable[str] = PROJECT_FILES) -> Path:

@@ -58,7 +58,7 @@ def snapshot_of_this_repo(dest: Path) -> Path:
     """A copy of the sources the wheel is built from: an up-to-date check against it must not
     see edits made to the checkout while the session runs."""
     dest.mkdir(parents=True)
-    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md"):
+    for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md", "LICENSE"):
         src = REPO_ROOT / name
         if src.is_dir():
             shutil.copytree(src, dest / name,
