@@ -312,3 +312,12 @@ def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str
                 f"{proc.stderr[-5000:]}")
         ran.append(f"{label}: {time.monotonic() - began:.1f} s")
     return ran
+
+
+#: A project's own config: no `support:` (the installed tool's own table), one x86_64 cell.
+OWN_TINY_CONFIG = """\
+matrix:
+  arch: [X86]
+  python: ["3.11"]
+  torch: ["2.13.0"]
+"""

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,16 @@ def snapshot_of_this_repo(dest: Path) -> Path:
         else:
             shutil.copy2(src, dest / name)
     return dest
+
+
+def one_cell_config(tmp: Path, text: str = "") -> Path:
+    """A build config of the one x86_64 cp311 torch 2.13.0 cell, on the repository's support
+    table, with *text* (YAML keys, dedented) after the matrix."""
+    path = tmp / "matrix.yaml"
+    path.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+                    "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
+                    + textwrap.dedent(text))
+    return path
 
 
 def builder_env(**extra: str) -> dict[str, str]:

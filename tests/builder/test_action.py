@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from builder_testlib import run_cli
-from cilib import base_env, run_action, source_repository
+from cilib import OWN_TINY_CONFIG, base_env, run_action, source_repository
 from enginelib import write_tiny_extension
 
 from builder.config import REPO_ROOT
@@ -88,14 +88,6 @@ def test_a_cibuildwheel_identifier_in_only_selects_its_cells() -> None:
     assert res.rc == 2, "a bare cibuildwheel identifier matches no cell: the step adds -*"
 
 
-TINY_CONFIG = """\
-matrix:
-  arch: [X86]
-  python: ["3.11"]
-  torch: ["2.13.0"]
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.starts_from("installed tool")
 def test_the_actions_steps_build_one_cell_of_a_tiny_extension(tmp_path: Path) -> None:
@@ -107,7 +99,7 @@ def test_the_actions_steps_build_one_cell_of_a_tiny_extension(tmp_path: Path) ->
     action_path = source_repository(REPO_ROOT, tmp_path / "action")
     workspace = tmp_path / "workspace"
     write_tiny_extension(workspace / "myext")
-    (workspace / "myext" / "ci.yaml").write_text(TINY_CONFIG)
+    (workspace / "myext" / "ci.yaml").write_text(OWN_TINY_CONFIG)
     env = {**base_env(), "BUILDER_BACKEND": "host"}
     ran = run_action(_action(), action_path,
                      {"package-dir": "myext", "output-dir": "wheelhouse",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from enginelib import CACHE, filled_once, wheelhouse_cp311
-from pipelinelib import CELL, builder_env, manifest, run_build
+from pipelinelib import CELL, builder_env, manifest, one_cell_config, run_build
 from stylelib import answer_module_cpp
 
 from builder.backends.session import repair_with_command
@@ -27,7 +27,6 @@ from builder.engines.host import HostEngine
 from builder.errors import StepFailed
 from builder.incell.steps import evaluate_environment
 
-SUPPORT = Path(__file__).resolve().parents[2] / "configs" / "support.yaml"
 SECRET = "s3cr3t-4711-never-written"
 
 OPT_CPP = answer_module_cpp("optext_C", "OPTEXT_ANSWER")
@@ -67,12 +66,6 @@ def _project(root: Path, cibuildwheel: str = "") -> Path:
     return root
 
 
-def _config(tmp: Path, text: str = "") -> Path:
-    path = tmp / "matrix.yaml"
-    path.write_text(f"support: {SUPPORT}\nmatrix: {{arch: [X86], python: ['3.11'], "
-                    f"torch: ['2.13.0']}}\n" + textwrap.dedent(text))
-    return path
-
 
 def _plan(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """``build --dry-run``: the resolved records ``plan --format json`` prints, with the build
@@ -89,7 +82,7 @@ def test_layers_pyproject_config_environment_command_line(tmp_path: Path) -> Non
         config-settings = { "--build-option" = ["--x", "--y"] }
         build-frontend = "build"
         """)
-    config = _config(tmp_path, """\
+    config = one_cell_config(tmp_path, """\
         before-build: echo config
         environment-pass: [HF_TOKEN]
         """)
@@ -126,7 +119,7 @@ def test_plan_takes_builds_option_flags_and_shows_them_resolved(tmp_path: Path) 
 
     assert tuple(BUILD_OPTION_FLAGS) == KEYS  # every build option is a flag of both commands
     project = _project(tmp_path / "p")
-    config = _config(tmp_path)
+    config = one_cell_config(tmp_path)
     flags = ["--project", str(project), "--config", str(config), "--environment",
              'A=1 B="$A two"', "--environment-pass", "AMPFORGE_TEST_SECRET", "--before-all",
              "echo all", "--before-build", "echo build", "--config-settings=--build-option=--x",
@@ -171,7 +164,7 @@ def test_bad_values_exit_2_naming_the_key(tmp_path: Path, where: str, value: tup
                                           named: str) -> None:
     key, raw = value
     project = _project(tmp_path / "p", f"{key} = {raw}\n" if where == "pyproject" else "")
-    config = _config(tmp_path, f"{key}: {raw}\n" if where == "config" else "")
+    config = one_cell_config(tmp_path, f"{key}: {raw}\n" if where == "config" else "")
     args = ["--project", str(project), "--config", str(config)]
     args += [f"{key}={raw}"] if where == "cli" else []
     r = _plan(tmp_path, *args, **({key: raw} if where == "env" else {}))
@@ -228,7 +221,7 @@ def test_a_host_build_that_needs_every_option(tmp_path: Path) -> None:
         before-build = "command -v python > before_build.txt"
         config-settings = "--build-option=--with-answer"
         """)
-    config = _config(tmp_path, """\
+    config = one_cell_config(tmp_path, """\
         environment-pass: AMPFORGE_TEST_SECRET
         build:
           extra_cflags: ["-DOPTEXT_OFFSET=4669"]

@@ -23,7 +23,7 @@ import pytest
 import twine.utils
 import yaml
 from builder_testlib import run_cli
-from cilib import Runner, base_env, commit_all, condition, source_repository
+from cilib import OWN_TINY_CONFIG, Runner, base_env, commit_all, condition, source_repository
 from enginelib import write_tiny_extension
 from indexlib import make_wheel
 
@@ -601,15 +601,6 @@ def _tool_wheel(dest: Path) -> Path:
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = dest.glob("ampforge_builder-*-py3-none-any.whl")
     return wheel
-
-
-#: A project's own config: no `support:` (the installed tool's own table), one x86_64 cell.
-OWN_TINY_CONFIG = """\
-matrix:
-  arch: [X86]
-  python: ["3.11"]
-  torch: ["2.13.0"]
-"""
 
 
 @pytest.mark.slow

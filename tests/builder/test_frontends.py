@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from enginelib import CACHE, filled_once, wheelhouse_cp311, write_tiny_extension
 from indexlib import make_wheel
-from pipelinelib import CELL, builder_env, manifest, run_build
+from pipelinelib import CELL, builder_env, manifest, one_cell_config, run_build
 
 from builder.config.buildoptions import FRONTENDS, CibwOptions, parse_frontend
 from builder.config.uvpin import parse_pin, pin_file, uv_pin
@@ -28,7 +28,6 @@ from builder.incell import steps
 from builder.incell.steps import frontend_argv, pip_configuration, uv_environment
 from builder.offline.preflight import Target, cell_requirements, index_wheelhouse, resolve
 
-SUPPORT = Path(__file__).resolve().parents[2] / "configs" / "support.yaml"
 FORMS = "one of pip, build, build[uv], uv"
 
 
@@ -81,12 +80,6 @@ def _project(root: Path, cibuildwheel: str = "") -> Path:
     return root
 
 
-def _config(tmp: Path, text: str = "") -> Path:
-    path = tmp / "matrix.yaml"
-    path.write_text(f"support: {SUPPORT}\nmatrix: {{arch: [X86], python: ['3.11'], "
-                    f"torch: ['2.13.0']}}\n" + textwrap.dedent(text))
-    return path
-
 
 def _plan(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "builder", "plan", *args], capture_output=True,
@@ -105,7 +98,7 @@ def test_an_unsupported_value_exits_2_naming_key_value_and_forms(
         tmp_path: Path, where: str, raw: str, named: str, shown: str) -> None:
     project = _project(tmp_path / "p", f"build-frontend = {raw}\n" if where == "pyproject"
                        else "")
-    config = _config(tmp_path, f"build-frontend: {raw}\n" if where == "config" else "")
+    config = one_cell_config(tmp_path, f"build-frontend: {raw}\n" if where == "config" else "")
     args = ["--project", str(project), "--config", str(config)]
     args += [f"--build-frontend={raw}"] if where == "cli" else []
     r = _plan(tmp_path, *args, **({"BUILDER_BUILD_FRONTEND": raw} if where == "env" else {}))
@@ -118,7 +111,7 @@ def test_an_unsupported_value_exits_2_naming_key_value_and_forms(
 
 def test_plan_shows_the_frontend_its_args_and_the_uv_pin(tmp_path: Path) -> None:
     project = _project(tmp_path / "p", 'build-frontend = "build[uv]; args: --no-isolation"\n')
-    config = _config(tmp_path)
+    config = one_cell_config(tmp_path)
     r = _plan(tmp_path, "--project", str(project), "--config", str(config), "--format", "json")
     assert r.returncode == 0, r.stderr
     (cell,) = json.loads(r.stdout)["cells"]
@@ -291,7 +284,7 @@ def test_a_host_build_with_a_uv_frontend(tmp_path: Path, frontend: str, built_by
                        """before-build = 'test "$UV_PYTHON" = "$(command -v python)" && """
                        """uv --version | sed "s/^/before-build sees /"'\n""")
     r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--config",
-                  str(_config(tmp_path)), "--wheelhouse", str(house))
+                  str(one_cell_config(tmp_path)), "--wheelhouse", str(house))
     assert r.rc == 0, r.err[-4000:]
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     version = uv_pin().version
