@@ -79,11 +79,21 @@ def test_host_builds_install_torch_once_and_hit_the_compiler_cache(tmp_path: Pat
     for i in (1, 2):
         run_dir = tmp_path / f"run{i}"
         run_dir.mkdir()
+        # PYTHONDONTWRITEBYTECODE, as many CI images set it: the environment gets the
+        # bytecode of what builds import all the same, once, when it is made.
         r = run_build(run_dir, "--backend", "host", "--project", str(project),
-                      "--wheelhouse", str(house), AMPFORGE_CACHE=str(cache))
+                      "--wheelhouse", str(house), AMPFORGE_CACHE=str(cache),
+                      PYTHONDONTWRITEBYTECODE="1")
         assert r.rc == 0, r.err[-4000:]
         runs.append(run_dir)
     first, second = _log(runs[0]), _log(runs[1])
+    assert "+ bytecode of `import torch, torch.utils.cpp_extension` written: exit 0" in first
+    (env,) = (p for p in (cache / "torch-envs").iterdir() if p.is_dir())
+    assert list(env.glob("venv/lib/python3.*/site-packages/torch/__pycache__/__init__.*.pyc"))
+    assert list(env.glob("venv/lib/python3.*/site-packages/torch/utils/__pycache__/"
+                         "cpp_extension.*.pyc"))
+    # The verification venv uses that environment's pip too: no ensurepip per verification.
+    assert "+ verification venv: pip from the torch environment" in second
     assert "(first build of this cell here)" in first, first[:2000]
     assert "is cached (key" in second and "making the torch" not in second
     # The build and the verification venv of the second build used that environment: pip was
