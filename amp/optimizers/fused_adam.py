@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, closure_loss, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, check_beta_range, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -55,9 +55,7 @@ class FusedAdam(FusedOptimizer):
             raise ValueError(f"FusedAdam: invalid learning rate {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"FusedAdam: invalid epsilon {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"FusedAdam: invalid beta at index {i}: {b}")
+        check_beta_range("FusedAdam", betas)
         if not 0.0 <= weight_decay:
             raise ValueError(f"FusedAdam: invalid weight_decay {weight_decay}")
         if not 0.0 <= max_grad_norm:
