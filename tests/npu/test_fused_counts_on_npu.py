@@ -211,3 +211,23 @@ def test_an_overflow_is_found_on_the_device_and_skips_the_step(npu: torch.device
         opt.step()
     assert all(torch.equal(p.detach().cpu(), q) for p, q in zip(model.parameters(), before))
     assert _amp_state.loss_scalers[0].loss_scale() == 2.0**9
+
+
+@pytest.mark.parametrize("name", ["FusedAdam-clip", "FusedLAMB"])
+def test_one_group_on_two_devices(npu: torch.device, name: str) -> None:
+    """A group holding npu and CPU parameters: each device's tensors in their own calls (the
+    CPU ones on the kernels), one global norm for clipping, the CPU-only run's results."""
+    results = []
+    for devices in ((npu, CPU), (CPU, CPU)):
+        torch.manual_seed(0)
+        a = torch.nn.Parameter(torch.randn(7, device=devices[0]))
+        b = torch.nn.Parameter(torch.randn(4, device=devices[1]))
+        opt = ALL[name]([a, b])
+        for _ in range(3):
+            opt.zero_grad()
+            (a.square().sum() * 3 + (b ** 3).sum().to(a.device)).backward()
+            opt.step()
+        assert a.device == devices[0] and b.device == devices[1]
+        results.append([a.detach().cpu(), b.detach().cpu()])
+    for g, w in zip(*results):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
