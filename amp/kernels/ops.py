@@ -23,7 +23,8 @@ from torch import Tensor
 from .. import _ext
 from .._device import KERNEL_DEVICE_TYPE, kernel_device_ok
 
-__all__ = ["scale", "axpby", "l2norm", "l2norm_device", "scale_l2norm", "scale_l2norm_device",
+__all__ = ["scale", "axpby", "l2norm", "l2norm_device", "l2norm_total_device",
+           "scale_l2norm", "scale_l2norm_device",
            "adam", "sgd", "lamb", "adagrad", "novograd", "nonfinite_flag", "uses_kernels"]
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
@@ -258,9 +259,15 @@ def l2norm_device(tensors: TensorSeq, scale: float = 1.0) -> tuple[Tensor, Tenso
         total, _, bad = mod.l2norm(list(tensors), float(scale), False)
         return (torch.tensor(float(total), dtype=torch.float64),
                 torch.tensor([1.0 if bad else 0.0]))
-    _check_lists(tensors=tensors)
-    total_t = _total(_norms64(_scaled_f32(tensors, float(scale))))
+    total_t = l2norm_total_device(tensors, scale)
     return total_t, nonfinite_flag(total_t)
+
+
+def l2norm_total_device(tensors: TensorSeq, scale: float = 1.0) -> Tensor:
+    """The total of ``l2norm_device`` alone (no flag: a clip needs only the norm), for
+    tensors off the CPU kernels' path."""
+    _check_lists(tensors=tensors)
+    return _total(_norms64(_scaled_f32(tensors, float(scale))))
 
 
 # --- optimizers ------------------------------------------------------------------

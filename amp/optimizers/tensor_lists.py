@@ -102,11 +102,11 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
     return tuple((id(g), g._version) for g in grads)
 
 
-def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float
+def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float, check: bool = True
               ) -> tuple[Norm, Union[bool, Tensor]]:
     """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass: numbers on
     the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1] flag; not read back)
-    for grads on a device."""
+    for grads on a device. Without ``check`` the flag is not computed there (False)."""
     norms: list[Norm] = []
     flags: list[Union[bool, Tensor]] = []
     for grads in group_by(grads_of(model_params), lambda g: (g.dtype, g.device)).values():
@@ -114,10 +114,13 @@ def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float
             norm, _, nonfinite = mt.l2norm(grads, inv_scale)
             norms.append(norm)
             flags.append(nonfinite)
-        else:
+        elif check:
             norm_t, flag_t = mt.l2norm_device(grads, inv_scale)
             norms.append(norm_t)
             flags.append(flag_t)
+        else:
+            norms.append(mt.l2norm_total_device(grads, inv_scale))
+            flags.append(False)
     if not norms:
         return 0.0, False
     return combine_norms(norms, flags)
@@ -202,7 +205,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if (cached is not None and cached[0] == inv_scale and cached[1] is not None
                 and cached[1] == grads_signature(grads_of(sources))):
             return cached[2]
-        return grad_norm(sources, inv_scale)[0]
+        return grad_norm(sources, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float,
                             grads_on_params: bool = False) -> mt.GradScale:

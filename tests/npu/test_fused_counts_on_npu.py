@@ -62,9 +62,10 @@ def _fresh() -> Iterator[None]:
     reset_amp()
 
 
-def _amp_counts(make: Make, n: int, npu: torch.device) -> tuple[int, int]:
+def _amp_counts(make: Make, n: int, npu: torch.device, **init_kw: Any) -> tuple[int, int]:
     reset_amp()
-    counter = count_step(make, n, 16, npu, opt_level="O2", dynamic_init_scale=2.0**10)
+    init_kw.setdefault("opt_level", "O2")
+    counter = count_step(make, n, 16, npu, dynamic_init_scale=2.0**10, **init_kw)
     return sum(counter.launches[p] for p in PHASES), sum(counter.syncs.values())
 
 
@@ -99,6 +100,25 @@ def test_amp_o2_step_ops_do_not_grow_with_parameters(npu: torch.device, name: st
     assert small == large, (small, large)
     ops, syncs = large
     assert ops <= MAX_OPS and syncs <= MAX_SYNCS, large
+
+
+# amp's other paths into these optimizers: a few more operations each (the deferred check
+# measures the still-scaled gradients, the combined unscale leaves LAMB's clip its own norm),
+# still a fixed number, and still one read.
+OTHER_PATHS = {"O1": {"opt_level": "O1"},
+               "O2-defer_unscale": {"opt_level": "O2", "defer_unscale": True},
+               "O2-combine_grad": {"opt_level": "O2", "combine_grad": True}}
+MAX_OPS_OTHER_PATHS = 36
+
+
+@pytest.mark.parametrize("path", sorted(OTHER_PATHS))
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_other_amp_paths_do_not_grow_with_parameters(npu: torch.device, name: str, path: str
+                                                     ) -> None:
+    small = _amp_counts(OPTIMIZERS[name], 10, npu, **OTHER_PATHS[path])
+    large = _amp_counts(OPTIMIZERS[name], 1000, npu, **OTHER_PATHS[path])
+    assert small == large, (small, large)
+    assert large[0] <= MAX_OPS_OTHER_PATHS and large[1] <= MAX_SYNCS, large
 
 
 @pytest.mark.promise(
