@@ -168,7 +168,10 @@ def _scaled_f32(grads: TensorSeq, grad_scale: GradScale) -> list[Tensor]:
     """float32 gradients times ``grad_scale``, for reading only: the gradients themselves when
     they are float32 and the scale is 1 (x * 1.0 == x exactly), else fresh tensors."""
     if isinstance(grad_scale, Tensor):
-        scale: Union[float, Tensor] = grad_scale.to(dtype=torch.float32)
+        # A no-op where the scale already is float32 on the gradients' device (the clip
+        # factors are made so); a group's other device gets its own copy.
+        scale: Union[float, Tensor] = grad_scale.to(device=grads[0].device,
+                                                    dtype=torch.float32)
     else:
         scale = float(grad_scale)
         if scale == 1.0:

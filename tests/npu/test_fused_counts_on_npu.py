@@ -251,3 +251,31 @@ def test_one_group_on_two_devices(npu: torch.device, name: str) -> None:
         results.append([a.detach().cpu(), b.detach().cpu()])
     for g, w in zip(*results):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_capturable_adam_with_grad_scaler_reads_the_scale_on_the_device(npu: torch.device
+                                                                         ) -> None:
+    """FusedAdam(capturable=True) under torch.amp.GradScaler: the fp32 gradients are unscaled
+    by the scaler's scale on the device (its only read is found_inf's), with the CPU's
+    results, an overflowing step skipped on both."""
+    results = []
+    for device in (npu, CPU):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 1)).to(device)
+        opt = FusedAdam(model.parameters(), lr=1e-2, capturable=True)
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**6 * 3, growth_interval=1)
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(8, 6, generator=g).to(device), torch.randn(8, 1, generator=g)
+        scales = []
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale(F.mse_loss(model(x), y.to(device))).backward()
+            if step == 1:
+                model[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        results.append((scales, [p.detach().cpu() for p in model.parameters()]))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
