@@ -530,8 +530,11 @@ def novograd(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq,
     # the denominators from the kept norms, rounded to float32: the kernel's arithmetic.
     if norm_type == 2:
         n = _norms64(g)
-    else:
+    elif all(t.numel() for t in g):
         n = torch.stack(list(torch._foreach_norm(g, float("inf")))).to(torch.float64)
+    else:  # the max norm has no identity: an empty tensor's is 0 here, as the kernel's
+        n = torch.stack([t.abs().max() if t.numel() else t.new_zeros(()) for t in g]
+                        ).to(torch.float64)
     if not init_norms:
         # beta2 * old * old + (1 - beta2) * n * n, in that order (addcmul: self + v * a * b)
         old = grad_norms.to(torch.float64)

@@ -279,3 +279,21 @@ def test_capturable_adam_with_grad_scaler_reads_the_scale_on_the_device(npu: tor
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_an_empty_parameter_on_npu(npu: torch.device, name: str) -> None:
+    """A parameter with no elements among others (its norm 0, its max norm 0 as the kernels
+    take it) steps like on the CPU."""
+    results = []
+    for device in (npu, CPU):
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(n, device=device)) for n in (4, 0, 3)]
+        opt = ALL[name](ps)
+        for _ in range(3):
+            opt.zero_grad()
+            sum((p ** 3).sum() for p in ps).backward()
+            opt.step()
+        results.append([p.detach().cpu() for p in ps])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
