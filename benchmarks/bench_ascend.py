@@ -8,6 +8,9 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
   ... + combine_grad        the same optimizers with Ascend's combine_grad=True
   amp FusedSGD/FusedAdam    amp.optimizers' fused path
   NpuFusedSGD/NpuFusedAdam  Ascend's optimizers: gradients, masters and states combined
+                            (SGD: amp's one-pass kernel where it is bit-equal, the default;
+                            "torch ops": one_pass=False; Adam: torch's ops, the bit-equal
+                            default; "one-pass": one_pass=True, amp's kernel)
 
 1. **Device operations launched per step** on the `npu` test device (tests/npu), counted at
    torch's dispatcher with a TorchDispatchMode (tests/npu/npu_fused_ops.py says what counts),
@@ -66,12 +69,15 @@ ROWS: list[tuple[str, Maker, dict[str, Any]]] = [
      lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {"combine_grad": True}),
     ("amp FusedSGD", lambda ps: O.FusedSGD(ps, lr=0.01, momentum=0.9), {}),
     ("NpuFusedSGD (combined)", lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9), {}),
+    ("NpuFusedSGD (torch ops)",
+     lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9, one_pass=False), {}),
     ("torch Adam (foreach)", lambda ps: torch.optim.Adam(ps, lr=1e-3), {}),
     ("torch Adam (single-tensor)", lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False), {}),
     ("torch Adam + combine_grad",
      lambda ps: torch.optim.Adam(ps, lr=1e-3), {"combine_grad": True}),
     ("amp FusedAdam", lambda ps: O.FusedAdam(ps, lr=1e-3), {}),
     ("NpuFusedAdam (combined)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3), {}),
+    ("NpuFusedAdam (one-pass)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3, one_pass=True), {}),
 ]
 INIT = {"opt_level": "O2", "dynamic_init_scale": 2.0**10}
 
@@ -217,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("-" * len(header))
         fused = [row for row in ROWS if "Fused" in row[0]]
-        for pair in (fused[:2], fused[2:]):  # SGD, then Adam: two models in memory at once
-            _print_times(pair, n, size, args.repeat, doc, unreliable)
+        for kind in ("SGD", "Adam"):  # SGD's models, then Adam's: fewer in memory at once
+            _print_times([row for row in fused if kind in row[0]], n, size, args.repeat, doc,
+                         unreliable)
     print(f"\n(figure +-N%): the interquartile range of its steps over the median; in "
           f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
           f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
