@@ -8,6 +8,9 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
   ... + combine_grad        the same optimizers with Ascend's combine_grad=True
   amp FusedSGD/FusedAdam    amp.optimizers' fused path
   NpuFusedSGD/NpuFusedAdam  Ascend's optimizers: gradients, masters and states combined
+                            (SGD: amp's one-pass kernel where it is bit-equal, the default;
+                            "torch ops": one_pass=False; Adam: torch's ops, the bit-equal
+                            default; "one-pass": one_pass=True, amp's kernel)
 
 1. **Device operations launched per step** on the `npu` test device (tests/npu), counted at
    torch's dispatcher with a TorchDispatchMode (tests/npu/npu_fused_ops.py says what counts),
@@ -21,18 +24,21 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
    A ``_foreach_*`` call counts as one operation here; on a real device it is one launch per
    chunk of tensors (CUDA) or per tensor (many torch_npu foreach kernels).
 2. **CPU step time**: the same three phases on the CPU, median over ``--repeat`` steps, the
-   rows' steps interleaved in rotating order (a shared machine drifts).
+   rows' steps interleaved in rotating order (a shared machine drifts), with the spread.
 3. **50M parameters** (``--big``, 100 tensors of 500k): the CPU step of NpuFused + combine vs
    amp's fused path (FusedAdam / FusedSGD on amp._C's kernels).
 
     python benchmarks/bench_ascend.py [--counts 10 100 1000] [--size 4096] [--repeat 5]
-        [--big 5e7] [--no-big]
+        [--big 5e7] [--no-big] [--explain] [--json FILE|-]
+
+Every time is printed with its spread over the steps (benchmarks/benchstats.py), in
+parentheses when the spread or the machine's load makes it unreliable.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -45,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "npu"))  # the npu test device and the op counter
 
+import benchstats as stats  # noqa: E402  (beside this file)
 import npu_fused_ops  # noqa: E402
 from npu_device import install  # noqa: E402
 
@@ -62,12 +69,15 @@ ROWS: list[tuple[str, Maker, dict[str, Any]]] = [
      lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {"combine_grad": True}),
     ("amp FusedSGD", lambda ps: O.FusedSGD(ps, lr=0.01, momentum=0.9), {}),
     ("NpuFusedSGD (combined)", lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9), {}),
+    ("NpuFusedSGD (torch ops)",
+     lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9, one_pass=False), {}),
     ("torch Adam (foreach)", lambda ps: torch.optim.Adam(ps, lr=1e-3), {}),
     ("torch Adam (single-tensor)", lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False), {}),
     ("torch Adam + combine_grad",
      lambda ps: torch.optim.Adam(ps, lr=1e-3), {"combine_grad": True}),
     ("amp FusedAdam", lambda ps: O.FusedAdam(ps, lr=1e-3), {}),
     ("NpuFusedAdam (combined)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3), {}),
+    ("NpuFusedAdam (one-pass)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3, one_pass=True), {}),
 ]
 INIT = {"opt_level": "O2", "dynamic_init_scale": 2.0**10}
 
@@ -112,42 +122,58 @@ def prepare(make: Maker, n: int, size: int, extra: dict[str, Any]
 
 
 def time_rows(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int, repeat: int
-              ) -> dict[str, list[float]]:
-    """Median seconds per phase (and their sum) of each row, the rows interleaved step by
-    step in rotating order, so that a shared machine's drift hits them alike."""
+              ) -> dict[str, dict[str, Any]]:
+    """Each row's optimizer-side phases (and their sum) over `repeat` steps, the rows
+    interleaved step by step in rotating order, so that a shared machine's drift hits them
+    alike: label -> {phase: stats.figure (ms, its spread, why it is unreliable)}."""
     _reset()
     steps = {label: prepare(make, n, size, extra) for label, make, extra in rows}
     times: dict[str, list[list[float]]] = {label: [] for label in steps}
     labels = list(steps)
+    mon = stats.LoadMonitor().start()
     for r in range(repeat):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             times[label].append(steps[label]())
-    out = {}
+    mon.stop()
+    load = mon.unreliable()
+    out: dict[str, dict[str, Any]] = {}
     for label, samples in times.items():
-        phases = [statistics.median(s[i] for s in samples) for i in range(3)]
-        out[label] = phases + [statistics.median(sum(s) for s in samples)]
+        columns = [[s[i] for s in samples] for i in range(3)] + [[sum(s) for s in samples]]
+        out[label] = {name: stats.figure(stats.spread(col), load, 1e3)
+                      for name, col in zip(TIME_COLUMNS, columns)}
+        out[label]["others_cpu_share"] = mon.others
     return out
 
 
+TIME_COLUMNS = ("unscale+chk", "step", "zero_grad", "total")
+W = 13  # a figure and its spread: "(123.45 +-12%)"
+
+
 def _print_times(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int,
-                 repeat: int) -> None:
-    for label, t in time_rows(rows, n, size, repeat).items():
-        print(f"{label:28} {n:>6} {_ms(t[0]):>11} {_ms(t[1])} {_ms(t[2]):>9} {_ms(t[3])}")
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:8.2f}"
+                 repeat: int, doc: dict[str, Any], unreliable: list[str]) -> None:
+    for label, figs in time_rows(rows, n, size, repeat).items():
+        cells = " ".join(stats.fmt_figure(figs[c], ".2f", W) for c in TIME_COLUMNS)
+        share = figs["others_cpu_share"]
+        print(f"{label:28} {n:>6} {cells} {'?' if share is None else f'{share:.0%}':>6}",
+              flush=True)
+        doc["times"].append({"optimizer": label, "params": n, "elements": size,
+                             "repeat": repeat, **figs})
+        bad = [f"{c} ({figs[c]['unreliable']})" for c in TIME_COLUMNS if figs[c]["unreliable"]]
+        if bad:
+            unreliable.append(f"  {label}, {n} params: {', '.join(bad)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--size", type=int, default=4096, help="elements per parameter")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--big", type=float, default=5e7, help="elements for the big CPU step")
     ap.add_argument("--no-big", action="store_true")
     ap.add_argument("--explain", action="store_true",
                     help="list the operations of each phase for the combined rows")
+    ap.add_argument("--json", metavar="FILE",
+                    help="also write the counts and times as JSON ('-': stdout)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # amp's device-fallback notice for amp.optimizers on npu
     install()
@@ -159,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     plain_backward: dict[int, int] = {}
+    doc: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                           "cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
+                           "elements": args.size, "counts": [], "times": []}
     for label, make, extra in ROWS:
         for n in args.counts:
             c = count(make, n, args.size, extra)
@@ -169,17 +198,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(phases):>6} {sum(c.syncs.values()):>5} "
                   f"{other - plain_backward[n]:>9} "
                   f"{sum(c.calls[p] for p in npu_fused_ops.PHASES):>9}")
+            # counts are deterministic: no spread
+            doc["counts"].append({"optimizer": label, "params": n,
+                                  **dict(zip(npu_fused_ops.PHASES, phases)),
+                                  "total": sum(phases), "syncs": sum(c.syncs.values()),
+                                  "backward_extra": other - plain_backward[n],
+                                  "all_calls": sum(c.calls[p] for p in npu_fused_ops.PHASES)})
             if args.explain and ("combine" in label or "Npu" in label) and n == args.counts[0]:
                 for phase in npu_fused_ops.PHASES:
                     print(f"{'':30}{phase}: {dict(c.names[phase])}")
     print("\nCPU time per step, optimizer-side phases (ms, median of "
-          f"{args.repeat}, interleaved)")
-    header = f"{'optimizer':28} {'params':>6} {'unscale+chk':>11} {'step':>8} {'zero_grad':>9}" \
-             f" {'total':>8}"
+          f"{args.repeat} +- interquartile range over the median, interleaved)")
+    header = (f"{'optimizer':28} {'params':>6} "
+              + " ".join(f"{c:>{W}}" for c in TIME_COLUMNS) + f" {'others':>6}")
     print(header)
     print("-" * len(header))
+    unreliable: list[str] = []
     for n in args.counts:
-        _print_times(ROWS, n, args.size, args.repeat)
+        _print_times(ROWS, n, args.size, args.repeat, doc, unreliable)
     if not args.no_big:
         n, size = 100, int(args.big) // 100
         print(f"\nCPU time per step at {n * size / 1e6:.0f}M parameters ({n} x {size}), "
@@ -187,8 +223,22 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("-" * len(header))
         fused = [row for row in ROWS if "Fused" in row[0]]
-        for pair in (fused[:2], fused[2:]):  # SGD, then Adam: two models in memory at once
-            _print_times(pair, n, size, args.repeat)
+        for kind in ("SGD", "Adam"):  # SGD's models, then Adam's: fewer in memory at once
+            _print_times([row for row in fused if kind in row[0]], n, size, args.repeat, doc,
+                         unreliable)
+    print(f"\n(figure +-N%): the interquartile range of its steps over the median; in "
+          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
+          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
+    if unreliable:
+        print("unreliable figures:")
+        print("\n".join(unreliable))
+    if args.json:
+        text = json.dumps(doc, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
     return 0
 
 

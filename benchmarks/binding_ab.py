@@ -9,14 +9,17 @@ conversion: pybind11's casters, or torch's dispatcher boxing for the stable ops)
 sizes show the binding and large ones the kernels.
 
     python benchmarks/binding_ab.py --baseline path/to/_C.cpython-311-x86_64-linux-gnu.so
-        [--sizes 1e4 1e6 1e7] [--rounds 30] [--tensors 100] [--threads 2]
+        [--sizes 1e4 1e6 1e7] [--rounds 30] [--tensors 100] [--threads 2] [--json FILE|-]
+
+Every figure is printed with its spread over the rounds (benchmarks/benchstats.py), in
+parentheses when the spread or the machine's load makes it unreliable.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import amp._C as current
+import benchstats as stats  # beside this file: a script's own folder is first on sys.path
 import torch
 
 
@@ -79,6 +83,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--tensors", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-': stdout)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     base = _load(args.baseline)
@@ -89,23 +94,51 @@ def main() -> int:
     print(f"torch {torch.__version__}, {args.threads} threads, {args.tensors} tensors, "
           f"kernels {current.isa()}; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'elements':>10} {'op':<13} {'baseline us':>12} {'current us':>11} "
-          f"{'current/base':>13}")
+    w = 14
+    print(f"{'elements':>10} {'op':<13} {'baseline us':>{w}} {'current us':>{w}} "
+          f"{'current/base':>{w}} {'others':>6}")
+    results: list[dict[str, Any]] = []
+    unreliable: list[str] = []
     for total in (int(s) for s in args.sizes):
         for name, op in _ops(total, args.tensors).items():
             reps = max(2, int(2e6 // max(total, 1)))
             for mod in (base, current):  # warm up
                 op(mod)
-            ratios, tb, tc = [], [], []
+            tb, tc = [], []
+            mon = stats.LoadMonitor().start()
             for r in range(args.rounds):
                 order = (base, current) if r % 2 == 0 else (current, base)
                 got = {id(mod): _time(lambda mod=mod, op=op: op(mod), reps) for mod in order}
                 tb.append(got[id(base)])
                 tc.append(got[id(current)])
-                ratios.append(got[id(current)] / got[id(base)])
-            print(f"{total:>10} {name:<13} {statistics.median(tb) * 1e6:>12.1f} "
-                  f"{statistics.median(tc) * 1e6:>11.1f} {statistics.median(ratios):>12.3f}x")
+            mon.stop()
+            load = mon.unreliable()
+            figs = {"baseline_us": stats.figure(stats.spread(tb), load, 1e6),
+                    "current_us": stats.figure(stats.spread(tc), load, 1e6),
+                    "ratio": stats.figure(stats.ratio_spread(tc, tb), load)}
+            share = "?" if mon.others is None else f"{mon.others:.0%}"
+            print(f"{total:>10} {name:<13} {stats.fmt_figure(figs['baseline_us'], '.1f', w)} "
+                  f"{stats.fmt_figure(figs['current_us'], '.1f', w)} "
+                  f"{stats.fmt_figure(figs['ratio'], '.3f', w - 1)}x {share:>6}", flush=True)
+            results.append({"elements": total, "op": name, "tensors": args.tensors,
+                            "load": mon.to_json(), **figs})
+            bad = [f"{k} ({f['unreliable']})" for k, f in figs.items() if f["unreliable"]]
+            if bad:
+                unreliable.append(f"  {total} {name}: {', '.join(bad)}")
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"(figure +-N%): the interquartile range of its rounds over the median; in "
+          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
+          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
+    if unreliable:
+        print("unreliable figures:\n" + "\n".join(unreliable))
+    if args.json:
+        text = json.dumps({"current": str(current.__file__), "baseline": str(args.baseline),
+                           "torch": torch.__version__, "threads": args.threads,
+                           "results": results}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
     return 0
 
 

@@ -43,6 +43,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import benchstats as stats  # beside this file: a script's own folder is first on sys.path
 import torch
 
 from amp import _ext
@@ -335,6 +336,7 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
             steps[who]()
     times: dict[str, list[float]] = {who: [] for who in names}
     bws = []
+    mon = stats.LoadMonitor().start()
     for r in range(rounds):
         bws.append(triad())
         k = r % len(names)
@@ -348,31 +350,60 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 fn()
                 case.phases.times.setdefault(name, []).append(time.perf_counter() - t0)
+    mon.stop()
+    load = mon.unreliable()
     if case.phases.on:
         for name, ts in case.phases.times.items():
-            print(f"        {name:<36} {statistics.median(ts) * 1e3:9.2f} ms")
+            s = stats.spread(ts)
+            print(f"        {name:<36} {stats.fmt(s.median * 1e3, s.rel, '9.2f', None)} ms")
     bw = statistics.median(bws)
+    figs: dict[str, dict[str, Any]] = {}
 
-    def ratio(a: str, b: str) -> float:  # median of per-round ratios time(a) / time(b)
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    def ratio(a: str, b: str, key: str, scale: float = 1.0) -> float:
+        """The median of per-round ratios time(a) / time(b), kept as figure `key`."""
+        s = stats.ratio_spread(times[a], times[b])
+        figs[key] = stats.figure(s, load, scale)
+        return s.median * scale
 
     res: dict[str, Any] = {"case": case.name, "params": case.size, "rounds": rounds,
-                           "ideal_bytes": case.ideal_bytes, "triad_gbs": bw / 1e9}
+                           "ideal_bytes": case.ideal_bytes, "triad_gbs": bw / 1e9,
+                           "load": mon.to_json(), "load_unreliable": load}
     probe_bytes = case.probe_bytes or case.ideal_bytes
     for who in names:
-        res[f"{who}_ms"] = statistics.median(times[who]) * 1e3
+        s = stats.spread(times[who])
+        figs[f"{who}_ms"] = stats.figure(s, load, 1e3)
+        res[f"{who}_ms"] = s.median * 1e3
         # The fastest round: on a loaded machine, the closest to an undisturbed step
         # (diagnostics only; every ratio above is a median of per-round ratios).
         res[f"{who}_min_ms"] = min(times[who]) * 1e3
         if who != "probe":  # time ratio, scaled to bandwidths where the patterns differ
-            res[f"{who}_pct_probe"] = (100.0 * ratio("probe", who) * case.ideal_bytes
-                                       / probe_bytes)
+            res[f"{who}_pct_probe"] = ratio("probe", who, f"{who}_pct_probe",
+                                            100.0 * case.ideal_bytes / probe_bytes)
         if who not in ("torch", "probe") and "torch" in names:
-            res[f"{who}_speedup"] = ratio("torch", who)
+            res[f"{who}_speedup"] = ratio("torch", who, f"{who}_speedup")
     res["probe_gbs"] = probe_bytes / statistics.median(times["probe"]) / 1e9
     if "exact" in names and "defer" in names:
-        res["exact_cost"] = ratio("exact", "defer")
+        res["exact_cost"] = ratio("exact", "defer", "exact_cost")
+    res["figures"] = figs
     return res
+
+
+def _others(res: dict[str, Any]) -> str:
+    """The share of the CPUs other processes used while the case ran ('?': unknown)."""
+    share = res["load"]["others_cpu_share"]
+    return "?" if share is None else f"{share:.0%}"
+
+
+def _reasons(res: dict[str, Any], name: str) -> list[str]:
+    """'  NAME: key (why), ...' for the unreliable figures of a result (none: [])."""
+    bad = [f"{key} ({fig['unreliable']})" for key, fig in res["figures"].items()
+           if fig["unreliable"]]
+    return [f"  {name}: {', '.join(bad)}"] if bad else []
+
+
+def _cell(res: dict[str, Any], key: str, spec: str, width: int) -> str:
+    """One figure of a result with its spread, in parentheses when unreliable."""
+    return stats.fmt_figure(res["figures"].get(key), spec, width)
 
 
 # Issue 18's targets: (size, case) -> (min speed-up over torch, min % of the probe or None).
@@ -401,14 +432,6 @@ def machine() -> dict[str, Any]:
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def _fmt_x(res: dict[str, Any], key: str) -> str:
-    return f"{res[key]:>7.2f}x" if key in res else f"{'-':>8}"
-
-
-def _fmt_pct(res: dict[str, Any], key: str) -> str:
-    return f"{res[key]:>6.0f}%" if key in res else f"{'-':>7}"
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7, 5e7])
@@ -433,13 +456,16 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"torch {info['torch']}")
     print(f"load average at start: {' '.join(map(str, info['loadavg']))}; STREAM triad "
           f"{info['triad_gbs']:.1f} GB/s (24 B/element counted)")
-    header = (f"{'params':>7} {'case':<22} {'torch ms':>9} {'exact ms':>9} {'defer ms':>9} "
-              f"{'probe ms':>9} {'exact x':>8} {'defer x':>8} {'ex/defer':>8} {'exact%pr':>8} "
-              f"{'defer%pr':>8} {'torch%pr':>8} {'probe GB/s':>10} {'triad GB/s':>10}")
+    w = 13  # a figure and its spread: "(123.45 +-12%)"
+    header = (f"{'params':>7} {'case':<22} {'torch ms':>{w}} {'exact ms':>{w}} "
+              f"{'defer ms':>{w}} {'probe ms':>{w}} {'exact x':>{w}} {'defer x':>{w}} "
+              f"{'ex/defer':>{w}} {'exact%pr':>{w}} {'defer%pr':>{w}} {'torch%pr':>{w}} "
+              f"{'probe GB/s':>10} {'triad GB/s':>10} {'others':>6}")
     print(header)
     print("-" * len(header))
     results: list[dict[str, Any]] = []
     verdicts: list[str] = []
+    unreliable: list[str] = []
     for size in args.sizes:
         total = int(size)
         rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15)
@@ -449,13 +475,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             res = bench(case, triad, rounds)
             res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
             results.append(res)
-            print(f"{total / 1e6:>6g}M {case.name:<22} {res['torch_ms']:>9.2f} "
-                  f"{res['exact_ms']:>9.2f} {res['defer_ms']:>9.2f} {res['probe_ms']:>9.2f} "
-                  f"{_fmt_x(res, 'exact_speedup')} {_fmt_x(res, 'defer_speedup')} "
-                  f"{_fmt_x(res, 'exact_cost')} {_fmt_pct(res, 'exact_pct_probe'):>8} "
-                  f"{_fmt_pct(res, 'defer_pct_probe'):>8} "
-                  f"{_fmt_pct(res, 'torch_pct_probe'):>8} {res['probe_gbs']:>10.1f} "
-                  f"{res['triad_gbs']:>10.1f}", flush=True)
+            cells = [_cell(res, k, ".2f", w) for k in ("torch_ms", "exact_ms", "defer_ms",
+                                                       "probe_ms", "exact_speedup",
+                                                       "defer_speedup", "exact_cost")]
+            cells += [_cell(res, k, ".0f", w) for k in ("exact_pct_probe", "defer_pct_probe",
+                                                        "torch_pct_probe")]
+            print(f"{total / 1e6:>6g}M {case.name:<22} {' '.join(cells)} "
+                  f"{res['probe_gbs']:>10.1f} {res['triad_gbs']:>10.1f} "
+                  f"{_others(res):>6}", flush=True)
+            unreliable += _reasons(res, f"{total / 1e6:g}M {case.name}")
             target = TARGETS.get((total, kind))
             if target is not None:
                 for who in ("defer", "exact"):
@@ -463,16 +491,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                     ok = x >= target[0] and (target[1] is None or pct >= target[1])
                     want = f">= {target[0]}x" + ("" if target[1] is None
                                                  else f" and >= {target[1]:.0f}% of probe")
-                    verdicts.append(f"  {total / 1e6:g}M {case.name} {who}: {x:.2f}x, "
-                                    f"{pct:.0f}% of probe (target {want}): "
-                                    f"{'met' if ok else 'MISSED'}")
+                    figs = [res["figures"][f"{who}_speedup"], res["figures"][f"{who}_pct_probe"]]
+                    verdicts.append(stats.check_target(
+                        f"{total / 1e6:g}M {case.name} {who}", figs, ok, want,
+                        f"{x:.2f}x, {pct:.0f}% of probe"))
             del case
             gc.collect()
     others = [o for o in args.others.split(",") if o]
     if others:
         print()
-        head2 = (f"{'params':>7} {'optimizer':<22} {'torch':<15} {'torch ms':>9} {'amp ms':>9} "
-                 f"{'probe ms':>9} {'amp x':>8} {'amp%pr':>8} {'probe GB/s':>10}")
+        head2 = (f"{'params':>7} {'optimizer':<22} {'torch':<15} {'torch ms':>{w}} "
+                 f"{'amp ms':>{w}} {'probe ms':>{w}} {'amp x':>{w}} {'amp%pr':>{w}} "
+                 f"{'probe GB/s':>10} {'others':>6}")
         print(head2)
         print("-" * len(head2))
         for size in args.sizes:
@@ -484,17 +514,25 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = bench(case, triad, rounds)
                 res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
                 results.append(res)
-                torch_ms = f"{res['torch_ms']:>9.2f}" if "torch_ms" in res else f"{'-':>9}"
-                print(f"{total / 1e6:>6g}M {case.name:<22} {case.torch_name:<15} {torch_ms} "
-                      f"{res['defer_ms']:>9.2f} {res['probe_ms']:>9.2f} "
-                      f"{_fmt_x(res, 'defer_speedup')} {_fmt_pct(res, 'defer_pct_probe'):>8} "
-                      f"{res['probe_gbs']:>10.1f}", flush=True)
+                cells = [_cell(res, k, ".2f", w) for k in ("torch_ms", "defer_ms", "probe_ms",
+                                                           "defer_speedup")]
+                print(f"{total / 1e6:>6g}M {case.name:<22} {case.torch_name:<15} "
+                      f"{' '.join(cells)} {_cell(res, 'defer_pct_probe', '.0f', w)} "
+                      f"{res['probe_gbs']:>10.1f} {_others(res):>6}", flush=True)
+                unreliable += _reasons(res, f"{total / 1e6:g}M {case.name}")
                 del case
                 gc.collect()
+    print(f"\n(figure +-N%): the interquartile range of its rounds over the median; in "
+          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
+          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
+    if unreliable:
+        print("unreliable figures:")
+        print("\n".join(unreliable))
     end_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nload average at end: {end_load}")
     if verdicts:
-        print("targets (issue 18; median of per-round ratios):")
+        print("targets (issue 18; median of per-round ratios; not checked on an unreliable "
+              "figure):")
         print("\n".join(verdicts))
     if args.json:
         doc = {"machine": info, "results": results, "targets": verdicts}

@@ -3,28 +3,59 @@ SGD/Adadelta/RMSprop op for op, once per combined buffer: bit-equal) and
 ``NpuFusedRMSpropTF`` (TensorFlow's RMSprop as Ascend writes it: no torch counterpart)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
+from .. import _ext
+from ..kernels import ops as kernel_ops
 from .combined_buffers import NpuFusedOptimizer, Run, check_nonnegative
+
+# amp's kernel builds whose float arithmetic is torch's, operation for operation, on a CPU where
+# torch runs the given capability: the AVX2 / AVX-512 builds fuse a*b+c into one FMA exactly
+# where torch's vectorised kernels call vec::fmadd; the generic build rounds twice, as torch's
+# DEFAULT (non-vectorised) build does.
+_SAME_ROUNDING = {("avx2", "AVX2"), ("avx2", "AVX512"), ("avx512", "AVX2"),
+                  ("avx512", "AVX512"), ("generic", "DEFAULT")}
+
+
+def sgd_kernel_bit_equal() -> bool:
+    """True when amp's compiled SGD kernel gives torch.optim.SGD's bits on this CPU (the
+    kernel build in use pairs with torch's CPU capability; tests/optimizers checks it)."""
+    isa = _ext.isa()
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if isa is None or get is None:
+        return False
+    return (isa, str(get())) in _SAME_ROUNDING
 
 
 class NpuFusedSGD(NpuFusedOptimizer):
     """SGD with momentum, dampening, Nesterov and L2 weight decay: torch.optim.SGD's operations
     once per buffer (the first step copies the gradient into the momentum buffer, as torch's
-    does)."""
+    does).
+
+    ``one_pass`` (amp's extension): each CPU buffer is stepped in one pass of amp's compiled SGD
+    kernel (``amp.kernels.ops.sgd`` over the one tensor) instead of torch's two to four
+    operations. The default, ``None``, takes it where it is bit-equal to torch.optim.SGD (the
+    kernel build pairs with torch's CPU capability: ``sgd_kernel_bit_equal()``); ``True``
+    takes it on any CPU buffer (then up to a rounding per operation apart on a CPU where the
+    pairing fails), ``False`` never.
+    """
 
     counts_steps = False
+    one_pass: Optional[bool] = None  # a class default too: optimizers unpickled from before
 
     def __init__(self, params: Any, lr: float = required, momentum: float = 0,
-                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False) -> None:
+                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
+                 one_pass: Optional[bool] = None) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         check_nonnegative(momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        # Not a param-group key: state_dict() stays Ascend's.
+        self.one_pass = None if one_pass is None else bool(one_pass)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
 
@@ -36,7 +67,27 @@ class NpuFusedSGD(NpuFusedOptimizer):
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
+    def _one_pass_update(self, group: dict[str, Any], run: Run) -> bool:
+        """The update in one kernel pass, when asked for (or bit-equal) and possible; False:
+        not taken."""
+        if self.one_pass is False or run.whole:
+            return False
+        momentum = group["momentum"]
+        buf = run.states.get("momentum_buffer") if momentum != 0 else None
+        bufs = [run.param, run.grad] + ([] if buf is None else [buf])
+        if not all(t.is_contiguous() for t in bufs) or not kernel_ops.uses_kernels(bufs):
+            return False
+        if self.one_pass is None and not sgd_kernel_bit_equal():
+            return False
+        kernel_ops.sgd([run.grad], [run.param], None if buf is None else [buf],
+                       lr=group["lr"], momentum=momentum, dampening=group["dampening"],
+                       weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                       first_run=run.fresh)
+        return True
+
     def _update(self, group: dict[str, Any], run: Run) -> None:
+        if self._one_pass_update(group, run):
+            return
         momentum, wd = group["momentum"], group["weight_decay"]
         param, grad = run.param, run.grad
         if wd != 0:
