@@ -158,9 +158,16 @@ class DockerEngine:
         self, tarball: Path, repository: str, tag: str, changes: Sequence[str] = ()
     ) -> str:
         """``docker import`` a root filesystem tarball; return the new image id."""
-        self.api.import_image(
-            src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
-        )
+        if self.is_podman:
+            # Podman 4.3's compat import drops the ``tag`` query parameter (the image came out
+            # as <repository>:latest) and reads ``LABEL a=1 b=2`` as one label ``a`` whose
+            # value is "1 b=2": the tag goes into the repository, one LABEL per pair.
+            self.api.import_image(src=str(tarball), repository=f"{repository}:{tag}",
+                                  changes=_one_label_each(changes) or None)
+        else:
+            self.api.import_image(
+                src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
+            )
         image = self.image_id(f"{repository}:{tag}")
         if image is None:
             raise StepFailed(f"docker import of {tarball} did not produce {repository}:{tag}")
@@ -334,6 +341,19 @@ class DockerEngine:
                 interrupted = exc
         if interrupted is not None:
             raise interrupted
+
+
+def _one_label_each(changes: Sequence[str]) -> list[str]:
+    """``LABEL a=1 b=2`` -> ``LABEL a=1``, ``LABEL b=2`` (values without spaces, as ours are);
+    other instructions as they are."""
+    out: list[str] = []
+    for change in changes:
+        word, _, rest = change.partition(" ")
+        if word.upper() == "LABEL":
+            out += [f"LABEL {pair}" for pair in rest.split()]
+        else:
+            out.append(change)
+    return out
 
 
 _DOCKERFILE_NAME = "Dockerfile.ampforge"
