@@ -173,6 +173,23 @@ class DockerEngine:
             raise StepFailed(f"docker import of {tarball} did not produce {repository}:{tag}")
         return image
 
+    def copy_image_from(self, other: DockerEngine, ref: str) -> str:
+        """*ref* from engine *other* into this one (``docker save | podman load``, through a
+        temporary file); returns its id here. How a podman engine gets the base image a
+        docker engine already made from the same content key, instead of debootstrapping
+        again (podman tags it ``localhost/<ref>``; a short name still finds it)."""
+        with tempfile.TemporaryFile() as buf:
+            for chunk in other.api.get_image(ref):
+                buf.write(chunk)
+            buf.seek(0)
+            for _event in self.api.load_image(buf):
+                pass
+        found = self.image_id(ref)
+        if found is None:
+            raise StepFailed(f"loading {ref} from {other.base_url} into {self.base_url} did "
+                             "not produce it")
+        return found
+
     def build_image(
         self,
         dockerfile: str,
