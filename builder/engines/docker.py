@@ -5,17 +5,26 @@ cibuildwheel's ``oci_container.py``; engine differences are handled here and now
 
 Podman
 ------
-Podman speaks the Docker API through its socket, so this module works unchanged against it::
+Podman speaks the Docker API through its socket, so this module works against it with the
+differences below; a project's ``container-engine = "podman"`` finds or starts that socket
+(:mod:`builder.engines.podman`), or by hand::
 
     podman system service --time=0 unix:///run/podman/podman.sock &
     export DOCKER_HOST=unix:///run/podman/podman.sock
 
-Quirks seen with Debian's podman 4.3 on Debian 12 hosts:
+Quirks seen with Debian's podman 4.3 on Debian 12 hosts (tests/builder/test_podman.py builds a
+cell through it):
 
 * ``crun`` fails on this kernel's cgroup layout: configure ``runtime = "runc"`` under
   ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
+* The compat ``import`` drops its ``tag`` parameter and reads ``LABEL a=1 b=2`` as one label:
+  :meth:`DockerEngine.import_rootfs` passes ``repo:tag`` and one ``LABEL`` per pair.
+* Images it builds or imports are named ``docker.io/<name>`` (loaded ones ``localhost/<name>``);
+  the short names this module uses still find them.
+* Its image store is its own: :meth:`DockerEngine.copy_image_from` copies a base image dockerd
+  made (``docker save | podman load``) instead of debootstrapping it again.
 
 Base images are pulled only as the build's pull policy says (``--pull``, decided in
 :mod:`builder.engines.pull`); air-gapped hosts build theirs locally
@@ -48,7 +57,8 @@ class PullError(StepFailed):
 _START_HINT = (
     "Start an engine and try again:\n"
     "  - Docker: `.ci/dockerd-up` (or `dockerd &`, or `systemctl start docker`);\n"
-    "  - Podman: `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
+    "  - Podman: container-engine = \"podman\" in the project's [tool.cibuildwheel], or\n"
+    "    `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
     "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
     "  - or build without containers: --backend host (make wheel BACKEND=host)."
 )
