@@ -18,12 +18,10 @@ import pytest
 from enginelib import missing, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, hidden_leftovers, manifest, run_build
 
-from builder.engines.docker import DockerEngine
-from builder.engines.podman import podman_url
-from builder.errors import EngineUnavailable
+from builder.engines.docker import DockerEngine, _one_label_each
+from builder.engines.podman import podman_url, service_command, socket_path
+from builder.errors import ConfigError, EngineUnavailable
 from builder.images.base_image import BaseImageSpec, build_base_image
-
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 def _podman() -> DockerEngine:
@@ -44,7 +42,7 @@ def _base_image(podman: DockerEngine) -> str:
     tag = BaseImageSpec().tag
     if podman.image_id(tag) is None:
         try:
-            docker = DockerEngine("unix:///var/run/docker.sock")
+            docker = DockerEngine()  # the docker tests' engine (DOCKER_HOST or dockerd's)
         except EngineUnavailable:
             docker = None
         if docker is not None and not docker.is_podman:
@@ -52,6 +50,31 @@ def _base_image(podman: DockerEngine) -> str:
     return build_base_image(podman).tag  # found now, or made in podman (debootstrap)
 
 
+def test_the_socket_is_podmans_own_per_user() -> None:
+    assert socket_path(0) == Path("/run/podman/podman.sock")
+    assert socket_path(1000, "/run/user/1000") == Path("/run/user/1000/podman/podman.sock")
+    assert service_command(socket_path(0)) == (
+        "podman system service --time=0 unix:///run/podman/podman.sock &")
+
+
+def test_the_callers_docker_host_wins_and_no_podman_exits_2(tmp_path: Path) -> None:
+    assert podman_url(env={"DOCKER_HOST": "unix:///x.sock"}) == ("unix:///x.sock", "DOCKER_HOST")
+    with pytest.raises(ConfigError) as info:
+        podman_url(file="p/pyproject.toml", key="tool.cibuildwheel.container-engine",
+                   env={"PATH": str(tmp_path)})
+    assert info.value.return_code == 2
+    assert str(info.value).startswith("p/pyproject.toml: tool.cibuildwheel.container-engine: "
+                                      "is 'podman', but podman is not installed here")
+
+
+def test_an_import_label_change_is_split_one_pair_each() -> None:
+    """Podman 4.3 reads ``LABEL a=1 b=2`` as one label ``a`` of value ``1 b=2``."""
+    assert _one_label_each(["LABEL a=1 b=2.36", "ENV X=1"]) == [
+        "LABEL a=1", "LABEL b=2.36", "ENV X=1"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_podman_builds_repairs_and_verifies_a_cell(tmp_path: Path) -> None:
     podman = _podman()
     base = _base_image(podman)
