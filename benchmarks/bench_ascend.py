@@ -226,12 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in ("SGD", "Adam"):  # SGD's models, then Adam's: fewer in memory at once
             _print_times([row for row in fused if kind in row[0]], n, size, args.repeat, doc,
                          unreliable)
-    print(f"\n(figure +-N%): the interquartile range of its steps over the median; in "
-          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
-          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
-    if unreliable:
-        print("unreliable figures:")
-        print("\n".join(unreliable))
+    stats.print_legend(unreliable, "steps")
     if args.json:
         text = json.dumps(doc, indent=2)
         if args.json == "-":

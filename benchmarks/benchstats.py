@@ -185,3 +185,14 @@ def check_target(name: str, figs: Sequence[dict[str, Any]], ok: bool, want: str,
     why = next((f["unreliable"] for f in figs if f["unreliable"]), None)
     state = f"UNRELIABLE ({why}): not checked" if why else ("met" if ok else "MISSED")
     return f"  {name}: {shown} (target {want}): {state}"
+
+
+def print_legend(unreliable: Sequence[str], samples: str) -> None:
+    """The key to the tables' figures (*samples*: what a spread is over, e.g. "rounds"), then
+    each unreliable figure with its reason."""
+    print(f"\n(figure +-N%): the interquartile range of its {samples} over the median; in "
+          f"parentheses: unreliable (spread > {MAX_SPREAD:.0%}, or other processes used "
+          f"> {MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
+    if unreliable:
+        print("unreliable figures:")
+        print("\n".join(unreliable))

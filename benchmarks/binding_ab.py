@@ -126,11 +126,7 @@ def main() -> int:
             if bad:
                 unreliable.append(f"  {total} {name}: {', '.join(bad)}")
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"(figure +-N%): the interquartile range of its rounds over the median; in "
-          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
-          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
-    if unreliable:
-        print("unreliable figures:\n" + "\n".join(unreliable))
+    stats.print_legend(unreliable, "rounds")
     if args.json:
         text = json.dumps({"current": str(current.__file__), "baseline": str(args.baseline),
                            "torch": torch.__version__, "threads": args.threads,

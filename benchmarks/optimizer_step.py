@@ -522,12 +522,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 unreliable += _reasons(res, f"{total / 1e6:g}M {case.name}")
                 del case
                 gc.collect()
-    print(f"\n(figure +-N%): the interquartile range of its rounds over the median; in "
-          f"parentheses: unreliable (spread > {stats.MAX_SPREAD:.0%}, or other processes used "
-          f"> {stats.MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
-    if unreliable:
-        print("unreliable figures:")
-        print("\n".join(unreliable))
+    stats.print_legend(unreliable, "rounds")
     end_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nload average at end: {end_load}")
     if verdicts:
