@@ -41,6 +41,8 @@ def _epoch(stamp: str) -> float:
 
 def torch_layers(engine: Any) -> list[Entry]:
     """One entry per torch layer image in *engine*, with who uses it."""
+    from docker.errors import NotFound  # noqa: PLC0415 - the docker SDK, with the engine
+
     api = engine.api
     users: dict[str, list[str]] = {}
     for c in api.containers(all=True):
@@ -62,7 +64,10 @@ def torch_layers(engine: Any) -> list[Entry]:
                else "untagged (no build finds it)")
         if not why and engine.image_id(str(parts["cell_image"])) is None:
             why = f"its cell image {str(parts['cell_image'])[:19]} is gone from the engine"
-        meta = api.inspect_image(img["Id"]).get("Metadata") or {}
+        try:
+            meta = api.inspect_image(img["Id"]).get("Metadata") or {}
+        except NotFound:
+            continue  # removed since the listing (a `cache prune` beside this one): gone
         # The image's Size counts its cell image's layers too, which removing it never frees.
         size = int(img.get("Size", 0)) - _size(api, str(parts.get("cell_image", "")))
         used = _epoch(str(meta.get("LastTagTime", ""))) or float(img.get("Created", 0))

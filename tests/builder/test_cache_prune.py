@@ -306,3 +306,29 @@ def test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock(tmp_pa
     again = lock_entry(entry, shared=False, wait=False)
     assert again is not None
     again.close()
+
+
+def test_a_layer_removed_between_listing_and_inspecting_is_left_out() -> None:
+    """`cache list` beside a `cache prune`: an image the engine listed and then no longer
+    has (404 on inspect) is gone, not an error (seen: `cache list` exited 1 in the soak)."""
+    from docker.errors import NotFound  # noqa: PLC0415 - the docker SDK, with the engine
+
+    from builder.backends.torchenv import CELL_LABEL, TORCH_REPOSITORY  # noqa: PLC0415
+    from builder.cache.layers import torch_layers  # noqa: PLC0415 (beside its one test)
+
+    class Api:
+        def containers(self, all: bool) -> list:
+            return []
+
+        def images(self, filters: dict) -> list:
+            assert filters == {"label": CELL_LABEL}
+            return [{"Id": "sha256:gone", "RepoTags": [f"{TORCH_REPOSITORY}:cell-k"],
+                     "Labels": {}, "Size": 1, "Created": 0}]
+
+        def inspect_image(self, image: str) -> dict:
+            raise NotFound("no such image")
+
+    class Engine:
+        api = Api()
+
+    assert torch_layers(Engine()) == []
