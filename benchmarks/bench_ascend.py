@@ -37,7 +37,6 @@ parentheses when the spread or the machine's load makes it unreliable.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -228,12 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                          unreliable)
     stats.print_legend(unreliable, "steps")
     if args.json:
-        text = json.dumps(doc, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        stats.write_json(doc, args.json)
     return 0
 
 

@@ -19,6 +19,7 @@ a target on it: it is reported as "unreliable", neither met nor missed.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -196,3 +197,13 @@ def print_legend(unreliable: Sequence[str], samples: str) -> None:
     if unreliable:
         print("unreliable figures:")
         print("\n".join(unreliable))
+
+
+def write_json(doc: Any, dest: str) -> None:
+    """``--json DEST``: *doc* as indented JSON to the file *dest*, or to stdout for '-'."""
+    text = json.dumps(doc, indent=2)
+    if dest == "-":
+        print(text)
+    else:
+        with open(dest, "w", encoding="utf-8") as f:
+            f.write(text + "\n")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -128,13 +127,9 @@ def main() -> int:
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     stats.print_legend(unreliable, "rounds")
     if args.json:
-        text = json.dumps({"current": str(current.__file__), "baseline": str(args.baseline),
-                           "torch": torch.__version__, "threads": args.threads,
-                           "results": results}, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
+        stats.write_json({"current": str(current.__file__), "baseline": str(args.baseline),
+                          "torch": torch.__version__, "threads": args.threads,
+                          "results": results}, args.json)
     return 0
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -530,13 +529,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "figure):")
         print("\n".join(verdicts))
     if args.json:
-        doc = {"machine": info, "results": results, "targets": verdicts}
-        text = json.dumps(doc, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        stats.write_json({"machine": info, "results": results, "targets": verdicts}, args.json)
     return 0
 
 
