@@ -29,6 +29,7 @@ from torch.optim.optimizer import Optimizer
 
 from ..ascend import combined
 from ..combine_tensors import combine_npu
+from ..kernels import ops as kernel_ops
 from .tensor_lists import closure_loss
 
 
@@ -262,6 +263,12 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
                 cache=self._layout_cache,
             )
             start = end
+
+
+def one_pass_ready(bufs: Sequence[Tensor]) -> bool:
+    """True when amp's compiled kernels can step these combined buffers in place (each
+    contiguous, on the kernels' device, the extension loaded): the NpuFused one-pass paths."""
+    return all(t.is_contiguous() for t in bufs) and kernel_ops.uses_kernels(bufs)
 
 
 def global_norm(tensors: list[Tensor]) -> Tensor:

@@ -12,7 +12,14 @@ from torch import Tensor
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
 from ..kernels import ops as kernel_ops
-from .combined_buffers import NpuFusedOptimizer, Run, check_betas, check_nonnegative, global_norm
+from .combined_buffers import (
+    NpuFusedOptimizer,
+    Run,
+    check_betas,
+    check_nonnegative,
+    global_norm,
+    one_pass_ready,
+)
 
 
 class NpuFusedAdam(NpuFusedOptimizer):
@@ -23,9 +30,10 @@ class NpuFusedAdam(NpuFusedOptimizer):
 
     ``one_pass=True`` (amp's extension, off by default) steps each CPU buffer in one pass of
     amp's compiled Adam kernel (``amp.kernels.ops.adam`` over the one tensor) instead of
-    torch's seven operations: at 50M parameters about 2.4x less memory traffic, as fast as
-    ``amp.optimizers.FusedAdam``. It is **not** bit-equal to torch.optim.Adam: per step, the
-    moments within a rounding of their inputs and the parameter within a few ulps of
+    torch's seven operations: at 50M parameters about 2.4x less memory traffic (its time
+    beside ``amp.optimizers.FusedAdam``'s: docs/benchmarks.md). It is **not** bit-equal to
+    torch.optim.Adam: per step, the moments within a rounding of their inputs and the
+    parameter within a few ulps of
     ``max(|p|, |update|)`` (4 measured on the AVX2 and AVX-512 builds, 38 on the generic one,
     which rounds ``g + wd * p`` twice; tests/optimizers/test_npu_fused_one_pass.py); the kernel
     multiplies by ``1 / sqrt(bias_correction2)`` where torch divides, and fuses the first
@@ -62,7 +70,7 @@ class NpuFusedAdam(NpuFusedOptimizer):
         if not self.one_pass or group["amsgrad"] or run.whole:
             return False
         bufs = (run.param, run.grad, run.states["exp_avg"], run.states["exp_avg_sq"])
-        if not all(t.is_contiguous() for t in bufs) or not kernel_ops.uses_kernels(bufs):
+        if not one_pass_ready(bufs):
             return False
         beta1, beta2 = group["betas"]
         kernel_ops.adam([run.grad], [run.param], [run.states["exp_avg"]],

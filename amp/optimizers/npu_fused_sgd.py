@@ -10,7 +10,7 @@ from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
 from .. import _ext
 from ..kernels import ops as kernel_ops
-from .combined_buffers import NpuFusedOptimizer, Run, check_nonnegative
+from .combined_buffers import NpuFusedOptimizer, Run, check_nonnegative, one_pass_ready
 
 # amp's kernel builds whose float arithmetic is torch's, operation for operation, on a CPU where
 # torch runs the given capability: the AVX2 / AVX-512 builds fuse a*b+c into one FMA exactly
@@ -75,7 +75,7 @@ class NpuFusedSGD(NpuFusedOptimizer):
         momentum = group["momentum"]
         buf = run.states.get("momentum_buffer") if momentum != 0 else None
         bufs = [run.param, run.grad] + ([] if buf is None else [buf])
-        if not all(t.is_contiguous() for t in bufs) or not kernel_ops.uses_kernels(bufs):
+        if not one_pass_ready(bufs):
             return False
         if self.one_pass is None and not sgd_kernel_bit_equal():
             return False
