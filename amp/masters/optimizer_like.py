@@ -7,7 +7,7 @@ are (amp/masters/stash.py, backward.py), and the optimizers implement them witho
 amp's step."""
 from __future__ import annotations
 
-from typing import Any, List, Protocol, runtime_checkable
+from typing import Any, List, Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -50,7 +50,8 @@ class DeferredStep(Protocol):
     (read-only), and ``step()`` becomes one fused pass that unscales, updates and writes the half
     model copy. Having both methods is what makes amp treat an optimizer as fused."""
 
-    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float) -> bool: ...
+    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float
+                             ) -> Union[bool, Tensor]: ...
 
     def _amp_fused_step(self, model_params: ParamGroups, inv_scale: float) -> None: ...
 
@@ -69,4 +70,4 @@ class GradNormNote(Protocol):
     """A fused optimizer that reuses the gradient norm amp's unscale pass measured (for its
     clipping) instead of measuring it again."""
 
-    def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None: ...
+    def _amp_note_grad_norm(self, norm: Union[float, Tensor], grads: list[Tensor]) -> None: ...

@@ -54,6 +54,11 @@ def dense(grad: Tensor) -> Tensor:
 # kernel unscales as it reads). Each answers with an ``Unscaled``.
 
 
+# A gradient norm as a pass left it: a number (the CPU kernels') or a float64 0-dim tensor
+# on the gradients' device (the device fallback's, not read back yet).
+Norm = Union[float, Tensor]
+
+
 @dataclass
 class Unscaled:
     """What an unscale pass found.
@@ -64,10 +69,11 @@ class Unscaled:
     (what scale_loss combines and agrees on across ranks), ``nonfinite`` the host's answer (a
     synchronisation where ``flag`` is a device tensor). One pass also measures the global L2
     ``norm`` of the unscaled gradients it wrote (``grads``), which a fused optimizer's clipping
-    reuses."""
+    reuses: a number on the CPU kernels' path, a float64 0-dim device tensor (not read back)
+    on the device fallback's."""
 
     flag: Union[Tensor, bool]
-    norm: Optional[float] = None
+    norm: Optional[Norm] = None
     grads: list[Tensor] = field(default_factory=list)
 
     def found_inf(self) -> Tensor:
@@ -156,18 +162,49 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
             out = torch.empty_like(master, memory_format=torch.contiguous_format)
             master.grad = out
         moves.append((grad, out))
-    total_sq, bad, written = 0.0, False, []
+    norms: list[Norm] = []
+    flags: list[Union[Tensor, bool]] = []
+    written: list[Tensor] = []
     for kind in group_by(moves, lambda m: (m[0].dtype, m[1].dtype, m[0].device)).values():
         ins, outs = [g for g, _ in kind], [o for _, o in kind]
-        norm, nonfinite = mt.scale_l2norm(ins, outs, inv_scale)
-        total_sq += norm * norm
-        bad = bad or nonfinite
+        if mt.uses_kernels(ins):
+            norm, nonfinite = mt.scale_l2norm(ins, outs, inv_scale)
+            norms.append(norm)
+            flags.append(nonfinite)
+        else:  # on a device: nothing read back here (a fixed number of calls, no sync)
+            norm_t, flag_t = mt.scale_l2norm_device(ins, outs, inv_scale)
+            norms.append(norm_t)
+            flags.append(flag_t)
         written.extend(outs)
-    return Unscaled(bad, math.sqrt(total_sq), written)
+    total, flag = combine_norms(norms, flags)
+    return Unscaled(flag, total, written)
+
+
+def combine_norms(norms: Sequence[Norm], flags: Sequence[Union[Tensor, bool]]
+                  ) -> tuple[Norm, Union[Tensor, bool]]:
+    """The global norm and found-inf flag of several kernel calls: numbers while every call
+    answered with numbers (the CPU), else tensors on the first device tensor's device (one
+    combining step, nothing read back)."""
+    tensors = [n for n in norms if isinstance(n, Tensor)]
+    if not tensors:
+        return (math.sqrt(sum(float(n) * float(n) for n in norms)),
+                any(bool(f) for f in flags))
+    if len(norms) == 1:
+        return norms[0], flags[0]
+    device = tensors[0].device
+    total = torch.linalg.vector_norm(torch.stack([
+        n.to(device=device, dtype=torch.float64).reshape(()) if isinstance(n, Tensor)
+        else torch.tensor(float(n), dtype=torch.float64, device=device) for n in norms]))
+    flag = torch.stack([
+        f.to(device=device, dtype=torch.float32).reshape(()) if isinstance(f, Tensor)
+        else torch.tensor(1.0 if f else 0.0, device=device) for f in flags]).amax().reshape(1)
+    return total, flag
 
 
 def check_deferred(optimizer: DeferredStep, model_params: list[list[Tensor]], inv_scale: float
                    ) -> Unscaled:
     """The deferred path: the fused optimizer checks the still-scaled gradients read-only
     (``_amp_grads_nonfinite``); its step unscales them as it reads them."""
-    return Unscaled(bool(optimizer._amp_grads_nonfinite(model_params, inv_scale)))
+    found = optimizer._amp_grads_nonfinite(model_params, inv_scale)
+    # A device tensor (amp's fused optimizers on a device) stays one until amp reads it.
+    return Unscaled(found if isinstance(found, Tensor) else bool(found))

@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, closure_loss, make_buckets
+from ..masters.unscale import group_by
+from .tensor_lists import FusedOptimizer, ParamGroups, check_beta_range, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -55,9 +56,7 @@ class FusedAdam(FusedOptimizer):
             raise ValueError(f"FusedAdam: invalid learning rate {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"FusedAdam: invalid epsilon {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"FusedAdam: invalid beta at index {i}: {b}")
+        check_beta_range("FusedAdam", betas)
         if not 0.0 <= weight_decay:
             raise ValueError(f"FusedAdam: invalid weight_decay {weight_decay}")
         if not 0.0 <= max_grad_norm:
@@ -90,7 +89,15 @@ class FusedAdam(FusedOptimizer):
             # Unscaled in place, as apex's capturable kernel leaves them: code that reads the
             # gradients after the step (logging, clipping next time) sees the true values.
             grads = [p.grad for group in params for p in group if p.grad is not None]
-            if grads:
+            if grads and all(g.dtype == torch.float32 for g in grads):
+                # 1 / scale in float64, then float32 (what the host's 1.0 / float(scale) gives
+                # a float32 multiply), computed where the scale is: no read back.
+                inv = grad_scale.double().reciprocal().float()
+                for kind in group_by(grads, lambda g: g.device).values():
+                    torch._foreach_mul_(kind, inv.to(kind[0].device))
+            elif grads:
+                # Half gradients (master_weights): a number keeps the multiply's float32
+                # arithmetic, where a half tensor would take a 0-dim tensor's value as half.
                 torch._foreach_mul_(grads, 1.0 / float(grad_scale.item()))
         self._amp_cached_norm = None
         self._update(params, 1.0, grads_on_params=True)

@@ -1,12 +1,32 @@
 """FusedLAMB: apex.optimizers.FusedLAMB on amp._C's multi-tensor LAMB kernel."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..kernels import ops as mt
-from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, make_buckets
+from ..masters.unscale import Norm
+from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, check_beta_range, make_buckets
+
+
+def _clipped_scale(norm: Norm, max_norm: float, inv_scale: float) -> mt.GradScale:
+    """inv_scale divided by apex's clip ratio (norm / max_norm where the norm exceeds
+    max_norm); for a norm on a device, a 0-dim tensor there (nothing is read back)."""
+    if max_norm <= 0:
+        return inv_scale
+    if isinstance(norm, Tensor):
+        # The host formula's float64 arithmetic: max(norm / max_norm, 1) (the quotient exceeds
+        # 1 exactly when norm > max_norm); a NaN norm does not clip (NaN > max_norm is False).
+        clip = torch.nan_to_num(norm / max_norm, nan=1.0, posinf=math.inf).clamp_min_(1.0)
+        scale = torch.empty((), dtype=torch.float32, device=norm.device)
+        if inv_scale == 1.0:  # 1 / clip, a true division, rounded to float32 as the kernels
+            return torch.reciprocal(clip, out=scale)
+        return torch.div(clip.new_full((), inv_scale), clip, out=scale)
+    clip = norm / max_norm if norm > max_norm else 1.0
+    return inv_scale / clip
 
 
 class FusedLAMB(FusedOptimizer):
@@ -26,9 +46,7 @@ class FusedLAMB(FusedOptimizer):
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
         if not 0.0 <= lr:
             raise ValueError(f"FusedLAMB: invalid learning rate {lr}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"FusedLAMB: invalid beta at index {i}: {b}")
+        check_beta_range("FusedLAMB", betas)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, step=0)
@@ -41,13 +59,13 @@ class FusedLAMB(FusedOptimizer):
         # apex clips by the norm of all gradients of all groups, before any update (a read
         # pass that is skipped when no group clips, or reuses amp's measurement).
         clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
-        norm = self._global_norm(model_params, inv_scale, grads_on_params) if clipping else 0.0
+        norm: Norm = (self._global_norm(model_params, inv_scale, grads_on_params)
+                      if clipping else 0.0)
         for group, models in zip(self.param_groups, model_params):
             buckets = self._group_buckets(group, models, grads_on_params)
             if not buckets:
                 continue
-            max_norm = group["max_grad_norm"]
-            clip = norm / max_norm if max_norm > 0 and norm > max_norm else 1.0
+            grad_scale = _clipped_scale(norm, group["max_grad_norm"], inv_scale)
             group["step"] = int(group.get("step", 0)) + 1
             beta1, beta2 = group["betas"]
             for b in buckets:
@@ -57,7 +75,7 @@ class FusedLAMB(FusedOptimizer):
                         step=group["step"], bias_correction=group["bias_correction"],
                         weight_decay=group["weight_decay"],
                         grad_averaging=group["grad_averaging"], adam_w_mode=self.adam_w_mode,
-                        use_nvlamb=self.use_nvlamb, grad_scale=inv_scale / clip)
+                        use_nvlamb=self.use_nvlamb, grad_scale=grad_scale)
 
     def _group_buckets(self, group: dict[str, Any], models: list[Tensor],
                        grads_on_params: bool) -> list[Bucket]:

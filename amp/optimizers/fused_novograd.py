@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, check_beta_range, make_buckets
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -34,9 +34,7 @@ class FusedNovoGrad(FusedOptimizer):
                              f"got {norm_type!r}")
         if not 0.0 <= lr:
             raise ValueError(f"FusedNovoGrad: invalid learning rate {lr}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"FusedNovoGrad: invalid beta at index {i}: {b}")
+        check_beta_range("FusedNovoGrad", betas)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, grad_averaging=grad_averaging,
                         norm_type=norm_type, init_zero=init_zero, step=0)
@@ -70,5 +68,17 @@ class FusedNovoGrad(FusedOptimizer):
                              grad_averaging=group["grad_averaging"],
                              moment_mode=self.moment_mode, norm_type=group["norm_type"],
                              init_norms=new and not group["init_zero"], grad_scale=inv_scale)
-                for st, n in zip(states, norms.unbind()):
-                    st["exp_avg_sq"] = n.clone()
+                _store_norms(states, norms)
+
+
+def _store_norms(states: list[dict], norms: torch.Tensor) -> None:
+    """Each parameter's blended norm back into its own 0-dim 'exp_avg_sq' (state_dict keeps
+    apex's per-parameter layout): one copy into the existing float32 tensors where they all
+    are such, else fresh ones (a state loaded in another dtype or on another device)."""
+    kept = [st["exp_avg_sq"] for st in states]
+    if all(t.dtype == torch.float32 and t.dim() == 0 and t.device == norms.device
+           for t in kept):
+        torch._foreach_copy_(kept, list(norms.unbind()))
+        return
+    for st, n in zip(states, norms.unbind()):
+        st["exp_avg_sq"] = n.clone()

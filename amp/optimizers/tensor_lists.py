@@ -7,10 +7,9 @@ torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -18,7 +17,7 @@ from torch import Tensor
 from .. import _torch_compat as compat
 from ..kernels import ops as mt
 from ..masters.optimizer_like import ParamGroups
-from ..masters.unscale import dense, group_by
+from ..masters.unscale import Norm, combine_norms, dense, group_by
 
 
 def closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
@@ -103,14 +102,35 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
     return tuple((id(g), g._version) for g in grads)
 
 
-def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float) -> tuple[float, bool]:
-    """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass."""
-    total_sq, bad = 0.0, False
+def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float, check: bool = True
+              ) -> tuple[Norm, Union[bool, Tensor]]:
+    """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass: numbers on
+    the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1] flag; not read back)
+    for grads on a device. Without ``check`` the flag is not computed there (False)."""
+    norms: list[Norm] = []
+    flags: list[Union[bool, Tensor]] = []
     for grads in group_by(grads_of(model_params), lambda g: (g.dtype, g.device)).values():
-        norm, _, nonfinite = mt.l2norm(grads, inv_scale)
-        total_sq += norm * norm
-        bad = bad or nonfinite
-    return math.sqrt(total_sq), bad
+        if mt.uses_kernels(grads):
+            norm, _, nonfinite = mt.l2norm(grads, inv_scale)
+            norms.append(norm)
+            flags.append(nonfinite)
+        elif check:
+            norm_t, flag_t = mt.l2norm_device(grads, inv_scale)
+            norms.append(norm_t)
+            flags.append(flag_t)
+        else:
+            norms.append(mt.l2norm_total_device(grads, inv_scale))
+            flags.append(False)
+    if not norms:
+        return 0.0, False
+    return combine_norms(norms, flags)
+
+
+def check_beta_range(owner: str, betas: Sequence[float]) -> None:
+    """apex's beta checks: each in [0, 1)."""
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"{owner}: invalid beta at index {i}: {b}")
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -126,12 +146,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
-        self._amp_cached_norm: Optional[tuple[float, Optional[tuple], float]] = None
+        self._amp_cached_norm: Optional[tuple[float, Optional[tuple], Norm]] = None
 
     # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
-    def _amp_note_grad_norm(self, norm: float, grads: list[Tensor]) -> None:
-        """amp's unscale pass measured the norm of the unscaled grads it wrote."""
-        self._amp_cached_norm = (1.0, grads_signature(grads), float(norm))
+    def _amp_note_grad_norm(self, norm: Norm, grads: list[Tensor]) -> None:
+        """amp's unscale pass measured the norm of the unscaled grads it wrote (a device
+        tensor is kept as one: read only if clipping needs it on the host)."""
+        self._amp_cached_norm = (1.0, grads_signature(grads),
+                                 norm if isinstance(norm, Tensor) else float(norm))
 
     @torch.no_grad()
     def _amp_unscaled_step(self, model_params: ParamGroups) -> None:
@@ -146,7 +168,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         finally:
             self._amp_cached_norm = None
 
-    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float) -> bool:
+    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float
+                             ) -> Union[bool, Tensor]:
         grads = grads_of(model_params)
         norm, bad = grad_norm(model_params, inv_scale)
         self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm)
@@ -182,15 +205,22 @@ class FusedOptimizer(torch.optim.Optimizer):
         if (cached is not None and cached[0] == inv_scale and cached[1] is not None
                 and cached[1] == grads_signature(grads_of(sources))):
             return cached[2]
-        return grad_norm(sources, inv_scale)[0]
+        return grad_norm(sources, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float,
-                            grads_on_params: bool = False) -> float:
+                            grads_on_params: bool = False) -> mt.GradScale:
         """inv_scale times the clip coefficient of the optional ``max_grad_norm`` (Adam, SGD):
-        both are applied as the kernels read the gradients, which are not rewritten."""
+        both are applied as the kernels read the gradients, which are not rewritten. For
+        grads on a device, a 0-dim tensor there (computed there, not read back)."""
         if self.max_grad_norm <= 0:
             return inv_scale
         norm = self._global_norm(model_params, inv_scale, grads_on_params)
+        if isinstance(norm, Tensor):
+            # The host formula's float64 arithmetic, on the device (a true division, not
+            # scalar / tensor, which torch computes as a reciprocal times the scalar).
+            coef = torch.div(norm.new_full((), self.max_grad_norm), norm + 1e-6)
+            # min(1.0, coef) as Python's min answers it (1.0 for a NaN coefficient).
+            return torch.where(coef < 1.0, coef, 1.0) * inv_scale
         return inv_scale * min(1.0, self.max_grad_norm / (norm + 1e-6))
 
     def _update(self, model_params: ParamGroups, inv_scale: float,
