@@ -141,7 +141,12 @@ def _norms64(ts: Sequence[Tensor]) -> Tensor:
     if _NORM_DTYPE:
         norms = torch._foreach_norm(list(ts), 2, dtype=torch.float64)
     else:
-        norms = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in ts]
+        # torch < 2.3: no dtype argument. float64 copies (exact) keep the accumulator and
+        # the fixed number of calls; they cost twice the gradients' float32 size, for the
+        # length of this call (a norm per tensor would cost a call per tensor instead).
+        wide = [torch.empty_like(t, dtype=torch.float64) for t in ts]
+        torch._foreach_copy_(wide, list(ts))
+        norms = torch._foreach_norm(wide, 2)
     return torch.stack(list(norms))
 
 
