@@ -23,6 +23,9 @@ the feature. Nothing else in amp asks which torch it runs on.
   newer torches; torch 2.1 has none for foreach ops, so there only a device whose foreach kernel
   runs per-tensor ops bumps them (the CPU's), not one with kernels of its own (CUDA's, an
   NPU's). Asked by running one such op once per device type.
+* ``foreach_norm_takes_dtype()``: ``torch._foreach_norm(..., dtype=)`` (torch >= 2.3), which
+  accumulates and returns each norm in that dtype; before it, a caller that wants float64 norms
+  makes float64 copies first. Asked by one call, once.
 * ``grad_scaler_class()``: ``torch.amp.GradScaler`` (torch >= 2.3; it takes a device type); None
   before it, where torch's only scaler is CUDA's.
 """
@@ -38,6 +41,7 @@ __all__ = [
     "autocast_supports",
     "current_accelerator",
     "foreach_bumps_versions",
+    "foreach_norm_takes_dtype",
     "get_device_module",
     "HalfUnsupportedError",
     "check_half_support",
@@ -53,6 +57,7 @@ _autocast_answers: dict[tuple[str, torch.dtype], bool] = {}
 _matmul_answers: dict[tuple[str, torch.dtype], bool] = {}
 _unfused_unscale: set = set()  # device types whose torch lacks the fused unscale kernel
 _foreach_version_answers: dict[str, bool] = {}
+_norm_dtype_answer: list[bool] = []  # empty until asked
 
 
 def get_device_module(device_type: str) -> Any:
@@ -168,6 +173,20 @@ def foreach_bumps_versions(device_type: str) -> bool:
     ok = probe._version != before
     with _lock:
         _foreach_version_answers[device_type] = ok
+    return ok
+
+
+def foreach_norm_takes_dtype() -> bool:
+    """Whether ``torch._foreach_norm`` takes ``dtype`` (the accumulator and result dtype)."""
+    if _norm_dtype_answer:
+        return _norm_dtype_answer[0]
+    try:
+        torch._foreach_norm([torch.zeros(1)], 2, dtype=torch.float64)
+        ok = True
+    except (TypeError, RuntimeError):  # torch < 2.3: no such argument
+        ok = False
+    with _lock:
+        _norm_dtype_answer[:] = [ok]
     return ok
 
 

@@ -126,8 +126,9 @@ class LoadMonitor:
             self.others = None
         else:
             busy = j1[0] - self._j0[0]
-            # Clock ticks are coarse (10 ms): a short window may read slightly negative.
-            self.others = max(0.0, busy - own) / (wall * self.cpus)
+            # Clock ticks are coarse (10 ms): a short window may read slightly below 0 or,
+            # on a busy machine, above the whole machine's time; either is rounding.
+            self.others = min(1.0, max(0.0, busy - own) / (wall * self.cpus))
         return self.others
 
     def unreliable(self) -> Optional[str]:

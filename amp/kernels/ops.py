@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .. import _ext
+from .. import _torch_compat as compat
 from .._device import KERNEL_DEVICE_TYPE, kernel_device_ok
 
 __all__ = ["scale", "axpby", "l2norm", "l2norm_device", "l2norm_total_device",
@@ -121,24 +122,10 @@ def _write_back(dst: TensorSeq, src: list[Tensor]) -> None:
         torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
 
 
-def _norm_dtype_supported() -> bool:
-    try:
-        torch._foreach_norm([torch.zeros(1)], 2, dtype=torch.float64)
-    except (TypeError, RuntimeError):  # torch before 2.3 has no dtype argument
-        return False
-    return True
-
-
-_NORM_DTYPE: Optional[bool] = None
-
-
 def _norms64(ts: Sequence[Tensor]) -> Tensor:
     """Each tensor's L2 norm, accumulated and returned in float64 (the kernels' accumulator:
     a float32 sum of squares could overflow), as one 1-D tensor on the tensors' device."""
-    global _NORM_DTYPE
-    if _NORM_DTYPE is None:
-        _NORM_DTYPE = _norm_dtype_supported()
-    if _NORM_DTYPE:
+    if compat.foreach_norm_takes_dtype():
         norms = torch._foreach_norm(list(ts), 2, dtype=torch.float64)
     else:
         # torch < 2.3: no dtype argument. float64 copies (exact) keep the accumulator and

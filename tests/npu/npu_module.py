@@ -104,20 +104,28 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 # torch's own per-device autocast state (device/npu_device.cpp, op_autocast_enabled).
 
 
+# They are the device's dispatcher ops, so under a TorchDispatchMode (a test's op counter) each
+# call would reach the mode, which runs it inside a guard that puts the thread's dispatch keys
+# back on return -- taking the autocast switch with them (on torch 2.1 autocast then stayed on
+# after the mode ended). Called with Python dispatch off, they go straight to the device.
 def is_autocast_enabled() -> bool:
-    return bool(_c().autocast_enabled())
+    with torch._C._DisableTorchDispatch():
+        return bool(_c().autocast_enabled())
 
 
 def set_autocast_enabled(enabled: bool) -> None:
-    _c().set_autocast_enabled(bool(enabled))
+    with torch._C._DisableTorchDispatch():
+        _c().set_autocast_enabled(bool(enabled))
 
 
 def get_autocast_dtype() -> torch.dtype:
-    return _c().autocast_dtype().dtype
+    with torch._C._DisableTorchDispatch():
+        return _c().autocast_dtype().dtype
 
 
 def set_autocast_dtype(dtype: torch.dtype) -> None:
-    _c().set_autocast_dtype(dtype)
+    with torch._C._DisableTorchDispatch():
+        _c().set_autocast_dtype(dtype)
 
 
 def manual_seed(seed: int) -> None:
