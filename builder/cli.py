@@ -392,6 +392,15 @@ def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Contex
         ctx.output.err(f"warning: {line}")
     for line in cibw.warnings:
         ctx.output.err(f"warning: {line}")
+    if cibw.engine == "podman":
+        from builder.engines.podman import podman_url  # noqa: PLC0415
+
+        file, key = cibw.engine_where
+        url, how = podman_url(file=file, key=key)
+        # Every DockerEngine of this process (the backends, doctor, the image steps) connects
+        # where DOCKER_HOST says, as the docker CLI would.
+        os.environ["DOCKER_HOST"] = url
+        ctx.output.err(f"note: engine podman ({key} in {file}): {url}, from {how}")
     # The environment-pass values reach the build's processes, whose output (a before-build
     # that echoes, a test that prints its environment) goes to the cell's log and into error
     # lines: the redactor masks them there as it masks proxy passwords. The backends read

@@ -67,19 +67,26 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise ConfigError(f"--probe-timeout {args.probe_timeout}; expected seconds > 0",
                           key="--probe-timeout")
     # One engine connection for the resolver and the checks; its error, whole, for the fix.
-    engine, engine_error = None, ""
-    try:
-        engine = DockerEngine(redactor=ctx.output.redact)
-    except EngineUnavailable as exc:
-        engine_error = exc.message
+    # Made on first use, after the project's container-engine has chosen the socket.
+    connected: list[tuple[DockerEngine | None, str]] = []
+
+    def connect() -> tuple[DockerEngine | None, str]:
+        if not connected:
+            try:
+                connected.append((DockerEngine(redactor=ctx.output.redact), ""))
+            except EngineUnavailable as exc:
+                connected.append((None, exc.message))
+        return connected[0]
 
     def factory() -> DockerEngine:
+        engine, engine_error = connect()
         if engine is None:
             raise EngineUnavailable(engine_error)
         return engine
 
     host = Host(ctx.output.redact, engine_factory=factory)
     settings, resolution = resolve_from_args(args, ctx, everything=args.all, host=host)
+    engine, engine_error = connect()
     checks = run_checks(Scope(settings=settings, resolution=resolution, host=host,
                               engine=engine, engine_error=engine_error, named=not args.all,
                               work_dir=Path(args.work_dir), probe_timeout=args.probe_timeout))

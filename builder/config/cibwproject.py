@@ -6,7 +6,8 @@ Once (cibuildwheel's global options, from the global keys and the ``linux`` tabl
   command-line selection: builder.plan.cibwselect drops the others, with the key named);
 * ``test-skip`` -- cells whose test is not run (built, repaired and import-checked all the same);
 * ``archs`` -- the arches, when neither ``--arch`` nor ``BUILDER_ARCH`` names them;
-* ``container-engine`` -- ``docker`` (the only engine the builder is tested with).
+* ``container-engine`` -- ``docker`` (the default: ``DOCKER_HOST`` or dockerd's socket) or
+  ``podman`` (its API socket, found or started: builder.engines.podman).
 
 Per cell (the overrides that select it applied, builder.config.cibwtable): the build options
 (builder.config.buildoptions), the test keys (builder.config.projecttest) and
@@ -38,8 +39,6 @@ ARCH_WORDS: dict[str, Optional[tuple[str, ...]]] = {
 #: cibuildwheel's image shorthands -> the pypa image (its tag and digest: the registry's).
 IMAGE_NAMES = ("manylinux2014", "manylinux_2_28", "manylinux_2_34")
 ENGINES = ("docker", "podman")
-PODMAN = ("podman is not a tested engine yet: cells are built with the engine DOCKER_HOST "
-          "names (docker by default); build with docker, or --backend host")
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,9 @@ class CibwProject:
     archs: Optional[tuple[str, ...]] = None
     archs_origin: str = ""
     warnings: tuple[str, ...] = field(default=())
+    #: ``container-engine``'s engine (None: not set) and (file, key) where it is set.
+    engine: Optional[str] = None
+    engine_where: tuple[str, str] = ("", "")
 
     def options_for(self, identifiers: Sequence[str]) -> CibwOptions:
         return buildoptions.over(buildoptions.from_pyproject(self.root, identifiers,
@@ -159,10 +161,11 @@ def parse_archs(text: str, host_arch: Optional[str], *, file: str,
     return tuple(out)
 
 
-def _engine(table: CibwTable) -> list[str]:
+def _engine(table: CibwTable) -> tuple[Optional[str], tuple[str, str], list[str]]:
+    """(the engine ``container-engine`` names or None, (file, key), warnings)."""
     found = table.global_value("container-engine")
     if found is None:
-        return []
+        return None, ("", ""), []
     value, lay = found
     key = lay.key_prefix + "container-engine"
     name, rest = (value.get("name"), {k: v for k, v in value.items() if k != "name"}) \
@@ -172,15 +175,13 @@ def _engine(table: CibwTable) -> list[str]:
         rest = {"options": more.strip()} if more.strip() else {}
     name = name.strip() if isinstance(name, str) else name
     if name not in ENGINES:
-        raise ConfigError(f"is {brief(value)}; expected docker (the engine the builder builds "
-                          "cells with)", file=table.file, key=key)
+        raise ConfigError(f"is {brief(value)}; expected docker or podman (the engines the "
+                          "builder builds cells with)", file=table.file, key=key)
     lines = []
-    if name == "podman":
-        lines.append(f"{table.file}: {key} = 'podman': {PODMAN}")
     if rest:
         lines.append(f"{table.file}: {key}: {brief(rest)} not used: the builder makes its own "
                      "container per cell (--network, the config's build section)")
-    return lines
+    return name, (table.file, key), lines
 
 
 def read_project(root: Path, *, host_arch: Optional[str] = None,
@@ -196,11 +197,13 @@ def read_project(root: Path, *, host_arch: Optional[str] = None,
         text = _text(value, table.file, lay, "archs", "arches such as 'x86_64 aarch64'")
         archs = parse_archs(text, host_arch, file=table.file, key=lay.key_prefix + "archs")
         archs_origin = f"{lay.origin} archs = {text!r}"
+    engine, engine_where, engine_warnings = _engine(table)
     return CibwProject(root=root, table=table, upper_options=upper_options,
                        upper_test=upper_test, build=_globs(table, "build"),
                        skip=_globs(table, "skip"), test_skip=_globs(table, "test-skip"),
                        archs=archs, archs_origin=archs_origin,
-                       warnings=tuple(_engine(table)))
+                       warnings=tuple(engine_warnings), engine=engine,
+                       engine_where=engine_where)
 
 
 def cibw_identifier(cp: str, machine: str) -> str:

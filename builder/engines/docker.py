@@ -5,17 +5,26 @@ cibuildwheel's ``oci_container.py``; engine differences are handled here and now
 
 Podman
 ------
-Podman speaks the Docker API through its socket, so this module works unchanged against it::
+Podman speaks the Docker API through its socket, so this module works against it with the
+differences below; a project's ``container-engine = "podman"`` finds or starts that socket
+(:mod:`builder.engines.podman`), or by hand::
 
     podman system service --time=0 unix:///run/podman/podman.sock &
     export DOCKER_HOST=unix:///run/podman/podman.sock
 
-Quirks seen with Debian's podman 4.3 on Debian 12 hosts:
+Quirks seen with Debian's podman 4.3 on Debian 12 hosts (tests/builder/test_podman.py builds a
+cell through it):
 
 * ``crun`` fails on this kernel's cgroup layout: configure ``runtime = "runc"`` under
   ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
+* The compat ``import`` drops its ``tag`` parameter and reads ``LABEL a=1 b=2`` as one label:
+  :meth:`DockerEngine.import_rootfs` passes ``repo:tag`` and one ``LABEL`` per pair.
+* Images it builds or imports are named ``docker.io/<name>`` (loaded ones ``localhost/<name>``);
+  the short names this module uses still find them.
+* Its image store is its own: :meth:`DockerEngine.copy_image_from` copies a base image dockerd
+  made (``docker save | podman load``) instead of debootstrapping it again.
 
 Base images are pulled only as the build's pull policy says (``--pull``, decided in
 :mod:`builder.engines.pull`); air-gapped hosts build theirs locally
@@ -48,7 +57,8 @@ class PullError(StepFailed):
 _START_HINT = (
     "Start an engine and try again:\n"
     "  - Docker: `.ci/dockerd-up` (or `dockerd &`, or `systemctl start docker`);\n"
-    "  - Podman: `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
+    "  - Podman: container-engine = \"podman\" in the project's [tool.cibuildwheel], or\n"
+    "    `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
     "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
     "  - or build without containers: --backend host (make wheel BACKEND=host)."
 )
@@ -158,13 +168,37 @@ class DockerEngine:
         self, tarball: Path, repository: str, tag: str, changes: Sequence[str] = ()
     ) -> str:
         """``docker import`` a root filesystem tarball; return the new image id."""
-        self.api.import_image(
-            src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
-        )
+        if self.is_podman:
+            # Podman 4.3's compat import drops the ``tag`` query parameter (the image came out
+            # as <repository>:latest) and reads ``LABEL a=1 b=2`` as one label ``a`` whose
+            # value is "1 b=2": the tag goes into the repository, one LABEL per pair.
+            self.api.import_image(src=str(tarball), repository=f"{repository}:{tag}",
+                                  changes=_one_label_each(changes) or None)
+        else:
+            self.api.import_image(
+                src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
+            )
         image = self.image_id(f"{repository}:{tag}")
         if image is None:
             raise StepFailed(f"docker import of {tarball} did not produce {repository}:{tag}")
         return image
+
+    def copy_image_from(self, other: DockerEngine, ref: str) -> str:
+        """*ref* from engine *other* into this one (``docker save | podman load``, through a
+        temporary file); returns its id here. How a podman engine gets the base image a
+        docker engine already made from the same content key, instead of debootstrapping
+        again (podman tags it ``localhost/<ref>``; a short name still finds it)."""
+        with tempfile.TemporaryFile() as buf:
+            for chunk in other.api.get_image(ref):
+                buf.write(chunk)
+            buf.seek(0)
+            for _event in self.api.load_image(buf):
+                pass
+        found = self.image_id(ref)
+        if found is None:
+            raise StepFailed(f"loading {ref} from {other.base_url} into {self.base_url} did "
+                             "not produce it")
+        return found
 
     def build_image(
         self,
@@ -334,6 +368,19 @@ class DockerEngine:
                 interrupted = exc
         if interrupted is not None:
             raise interrupted
+
+
+def _one_label_each(changes: Sequence[str]) -> list[str]:
+    """``LABEL a=1 b=2`` -> ``LABEL a=1``, ``LABEL b=2`` (values without spaces, as ours are);
+    other instructions as they are."""
+    out: list[str] = []
+    for change in changes:
+        word, _, rest = change.partition(" ")
+        if word.upper() == "LABEL":
+            out += [f"LABEL {pair}" for pair in rest.split()]
+        else:
+            out.append(change)
+    return out
 
 
 _DOCKERFILE_NAME = "Dockerfile.ampforge"

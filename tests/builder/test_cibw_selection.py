@@ -287,13 +287,28 @@ def test_the_project_image_is_the_base_unless_the_command_line_names_one(
     assert cell["base_image_source"] == "command line --base-image"
 
 
-def test_podman_is_named_as_not_tested_and_docker_is_quiet(tmp_path: Path) -> None:
+def test_podman_selects_its_socket_and_docker_is_quiet(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     project = _project(tmp_path, 'container-engine = "podman"\n')
+    # The caller's DOCKER_HOST is their podman socket: used as it is, and said.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/their-podman.sock")
     _, err = _plan(project, "--arch", "X86", "--python", "3.11", "--torch", "2.13.0")
-    assert "container-engine = 'podman': podman is not a tested engine yet" in err, err
+    assert (f"note: engine podman (tool.cibuildwheel.container-engine in {project}"
+            f"/pyproject.toml): unix://{tmp_path}/their-podman.sock, from DOCKER_HOST") in err, err
+    assert "warning" not in err, err
+    # No podman installed: exit 2 naming the key and what to do.
+    monkeypatch.delenv("DOCKER_HOST")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    r = run_cli("plan", "--project", str(project), "--arch", "X86", "--python", "3.11",
+                "--torch", "2.13.0")
+    assert r.rc == 2, r.err
+    assert ("tool.cibuildwheel.container-engine: is 'podman', but podman is not installed here"
+            in r.err), r.err
+    assert "set container-engine = 'docker'" in r.err, r.err
+    monkeypatch.undo()
     project = _project(tmp_path, 'container-engine = "docker"\n')
     _, err = _plan(project, "--arch", "X86", "--python", "3.11", "--torch", "2.13.0")
-    assert "warning" not in err, err
+    assert "warning" not in err and "engine podman" not in err, err
 
 
 def test_keys_an_override_does_not_take_are_named(tmp_path: Path) -> None:
