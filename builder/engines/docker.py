@@ -19,6 +19,8 @@ cell through it):
   ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
+* A container's start sometimes fails under load with HTTP 500 "write child: broken pipe":
+  :meth:`DockerEngine.container` removes it and starts a new one (``_PODMAN_START_ATTEMPTS``).
 * The compat ``import`` drops its ``tag`` parameter and reads ``LABEL a=1 b=2`` as one label:
   :meth:`DockerEngine.import_rootfs` passes ``repo:tag`` and one ``LABEL`` per pair.
 * Images it builds or imports are named ``docker.io/<name>`` (loaded ones ``localhost/<name>``);
@@ -40,8 +42,9 @@ import posixpath
 import re
 import tarfile
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,6 +65,9 @@ _START_HINT = (
     "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
     "  - or build without containers: --backend host (make wheel BACKEND=host)."
 )
+
+# A start that failed with podman's broken-pipe race is tried this many times in all.
+_PODMAN_START_ATTEMPTS = 3
 
 _PODMAN_ULIMITS = [
     {"Name": "nofile", "Soft": 1024, "Hard": 1024},
@@ -319,25 +325,57 @@ class DockerEngine:
             network_mode=(network_name or None) if network else "none",
             ulimits=_PODMAN_ULIMITS if self.is_podman else None,
         )
-        created = self.api.create_container(
-            image,
-            # Keep the container alive; each step runs as its own exec.
-            command=["sleep", "infinity"],
-            environment=dict(env or {}),
-            working_dir="/",
-            labels=all_labels,
-            host_config=host_config,
-            network_disabled=not network,
-            use_config_proxy=False,
-        )
-        cid = str(created["Id"])
+        out = log or OutputLog(redactor=self.redactor)
+
+        def create() -> str:
+            created = self.api.create_container(
+                image,
+                # Keep the container alive; each step runs as its own exec.
+                command=["sleep", "infinity"],
+                environment=dict(env or {}),
+                working_dir="/",
+                labels=all_labels,
+                host_config=host_config,
+                network_disabled=not network,
+                use_config_proxy=False,
+            )
+            return str(created["Id"])
+
+        cid = self._create_and_start(create, out)
         try:
-            self.api.start(cid)
-            session = DockerSession(self, cid, workdir, log or OutputLog(redactor=self.redactor))
+            session = DockerSession(self, cid, workdir, out)
             session.run(["mkdir", "-p", workdir], cwd="/", step="prepare workdir")
             yield session
         finally:
             self._remove(cid)
+
+    def _create_and_start(self, create: Callable[[], str], log: OutputLog) -> str:
+        """A started container made by *create*; its id. A container that does not start is
+        removed (on every exit path, Ctrl-C included). Podman 4.3 sometimes fails a start
+        under load with HTTP 500 "write child: broken pipe" (its runtime's pipe to the
+        container's first process closed early); the container is then dead but a new one
+        starts, so on podman that error is retried with a fresh container, up to
+        ``_PODMAN_START_ATTEMPTS`` times, each retry logged. dockerd's errors, and podman's
+        others, are raised at once."""
+        docker = _docker_module()
+        for attempt in range(1, _PODMAN_START_ATTEMPTS + 1):
+            cid = create()
+            try:
+                self.api.start(cid)
+                return cid
+            except docker.errors.APIError as exc:
+                self._remove(cid)
+                if not (self.is_podman and _is_start_race(exc)) \
+                        or attempt == _PODMAN_START_ATTEMPTS:
+                    raise
+                log.note(f"podman: the container did not start ({_first_line(exc)}); "
+                         f"podman's start race, starting a new one "
+                         f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})")
+                time.sleep(0.5 * attempt)
+            except BaseException:
+                self._remove(cid)
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def commit(self, session: DockerSession, tag: str,
                labels: Mapping[str, str] | None = None) -> str:
@@ -368,6 +406,18 @@ class DockerEngine:
                 interrupted = exc
         if interrupted is not None:
             raise interrupted
+
+
+def _is_start_race(exc: Exception) -> bool:
+    """Podman's failed start under load: a server error whose text is the runtime's broken
+    pipe (seen: '500 Server Error ... write child: broken pipe')."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status == 500 and "broken pipe" in str(exc).lower()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _one_label_each(changes: Sequence[str]) -> list[str]:

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from enginelib import missing, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, hidden_leftovers, manifest, run_build
 
+from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine, _one_label_each
 from builder.engines.podman import podman_url, service_command, socket_path
 from builder.errors import ConfigError, EngineUnavailable
 from builder.images.base_image import BaseImageSpec, build_base_image
+from builder.redact import Redactor
 
 
 def _podman() -> DockerEngine:
@@ -106,3 +109,74 @@ def test_podman_builds_repairs_and_verifies_a_cell(tmp_path: Path) -> None:
     # The cell's image layers are podman's, and its container is gone.
     assert podman.image_id(entry["extra"]["torch_image"]), entry["extra"]["torch_image"]
     assert not podman.leftover_containers(), "the build left a container behind"
+
+
+class _StartRaceAPI:
+    """The engine-API seam: containers whose first *fail* starts fail as podman 4.3's do under
+    load (HTTP 500, "write child: broken pipe"); records what was made and removed."""
+
+    def __init__(self, fail: int, status: int = 500) -> None:
+        self.fail, self.status = fail, status
+        self.made: list[str] = []
+        self.removed: list[str] = []
+
+    def create_host_config(self, **kwargs: object) -> dict[str, object]:
+        return dict(kwargs)
+
+    def create_container(self, image: str, **kwargs: object) -> dict[str, str]:
+        self.made.append(f"c{len(self.made)}")
+        return {"Id": self.made[-1]}
+
+    def start(self, cid: str) -> None:
+        import docker.errors
+        import requests
+
+        if len(self.made) <= self.fail:
+            response = requests.Response()
+            response.status_code = self.status
+            raise docker.errors.APIError(  # podman 4.3's words, as docker-py shows them
+                "Internal Server Error", response=response,
+                explanation="crun: write child: broken pipe: OCI runtime error")
+
+    def remove_container(self, cid: str, **kwargs: object) -> None:
+        self.removed.append(cid)
+
+    def exec_create(self, cid: str, argv: list[str], **kwargs: object) -> dict[str, str]:
+        return {"Id": "e"}
+
+    def exec_start(self, exec_id: str, stream: bool) -> Iterator[bytes]:
+        return iter(())
+
+    def exec_inspect(self, exec_id: str) -> dict[str, int]:
+        return {"ExitCode": 0}
+
+
+def _engine(api: _StartRaceAPI, *, podman: bool = True) -> DockerEngine:
+    engine = DockerEngine.__new__(DockerEngine)  # no socket: the API is the fake
+    engine.api, engine.is_podman, engine.redactor = api, podman, Redactor()
+    engine.base_url, engine.server_version = "unix:///fake.sock", "4.3.1"
+    return engine
+
+
+def test_podmans_start_race_is_retried_with_a_new_container() -> None:
+    api, lines = _StartRaceAPI(fail=2), []
+    with _engine(api).container("img", log=OutputLog(sink=lines.append)) as session:
+        assert session.id == "c2"
+    assert api.made == ["c0", "c1", "c2"] and api.removed == ["c0", "c1", "c2"]
+    assert [line.split(" (")[0] for line in lines] == ["podman: the container did not start"] * 2
+    assert lines[-1].endswith("podman's start race, starting a new one (2/2)"), lines
+
+
+def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
+    import docker.errors
+
+    api = _StartRaceAPI(fail=5)
+    with pytest.raises(docker.errors.APIError, match="broken pipe"), \
+            _engine(api).container("img"):
+        pass
+    assert api.made == ["c0", "c1", "c2"] and api.removed == api.made
+    for engine_api, podman in ((_StartRaceAPI(fail=1), False),
+                               (_StartRaceAPI(fail=1, status=409), True)):
+        with pytest.raises(docker.errors.APIError), _engine(engine_api, podman=podman).container("i"):
+            pass
+        assert engine_api.made == ["c0"] and engine_api.removed == ["c0"]
