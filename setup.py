@@ -25,6 +25,7 @@ import os
 import re
 import sys
 
+import setuptools
 from setuptools import Command, setup
 from setuptools.command.build_py import build_py
 
@@ -65,6 +66,20 @@ class ApexPthForCheckout(Command):
         shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), APEX_SHIM)
         with open(os.path.join(self.site, APEX_PTH), "w", encoding="utf-8") as f:
             f.write(shim + "\n")
+
+
+# The license, as an SPDX expression (pyproject.toml lists `license` as dynamic: see there why).
+LICENSE = "BSD-3-Clause"
+
+
+def license_kwargs(setuptools_version: str) -> dict:
+    """setup()'s license arguments for this setuptools: the SPDX expression (Metadata 2.4's
+    License-Expression, with the LICENSE file) from setuptools 77 on, the License field before
+    (Python 3.8's last setuptools is 75)."""
+    m = re.match(r"(\d+)", setuptools_version)
+    if m is not None and int(m.group(1)) >= 77:
+        return {"license_expression": LICENSE, "license_files": ["LICENSE"]}
+    return {"license": LICENSE}
 
 
 def _want_extension() -> bool:
@@ -215,4 +230,4 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
     kwargs = _extension_kwargs() if _want_extension() else {}
     kwargs["cmdclass"] = {**kwargs.get("cmdclass", {}), "build_py": BuildPyWithApexName,
                           "apex_pth": ApexPthForCheckout}
-    setup(version=_version(), **kwargs)
+    setup(version=_version(), **license_kwargs(setuptools.__version__), **kwargs)
