@@ -14,7 +14,9 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import docker.errors
 import pytest
 from enginelib import missing, wheelhouse_cp311, write_tiny_extension
 from pipelinelib import CELL, hidden_leftovers, manifest, run_build
@@ -128,12 +130,10 @@ class _StartRaceAPI:
         return {"Id": self.made[-1]}
 
     def start(self, cid: str) -> None:
-        import docker.errors
-        import requests
-
         if len(self.made) <= self.fail:
-            response = requests.Response()
-            response.status_code = self.status
+            response = SimpleNamespace(  # what docker-py's APIError reads of a response
+                status_code=self.status, reason="Internal Server Error",
+                url=f"http+docker://localhost/v1.41/containers/{cid}/start")
             raise docker.errors.APIError(  # podman 4.3's words, as docker-py shows them
                 "Internal Server Error", response=response,
                 explanation="crun: write child: broken pipe: OCI runtime error")
@@ -168,8 +168,6 @@ def test_podmans_start_race_is_retried_with_a_new_container() -> None:
 
 
 def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
-    import docker.errors
-
     api = _StartRaceAPI(fail=5)
     with pytest.raises(docker.errors.APIError, match="broken pipe"), \
             _engine(api).container("img"):
@@ -177,6 +175,7 @@ def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
     assert api.made == ["c0", "c1", "c2"] and api.removed == api.made
     for engine_api, podman in ((_StartRaceAPI(fail=1), False),
                                (_StartRaceAPI(fail=1, status=409), True)):
-        with pytest.raises(docker.errors.APIError), _engine(engine_api, podman=podman).container("i"):
+        engine = _engine(engine_api, podman=podman)
+        with pytest.raises(docker.errors.APIError), engine.container("i"):
             pass
         assert engine_api.made == ["c0"] and engine_api.removed == ["c0"]
