@@ -172,7 +172,7 @@ promises:
 lint: setup
 	$(PY_VENV) -m ruff check .
 
-# fuzz: the configuration parsers' fuzz targets (tests/builder/test_fuzz_configs.py: the matrix
+# fuzz: the configuration parsers' fuzz targets (tests/builder/unit/test_fuzz_configs.py: the matrix
 # file, the support table, pyproject.toml, the environment) for about FUZZ_MINUTES, in rounds of
 # FUZZ_EXAMPLES examples per target, each round drawing new ones (the suite runs the same targets
 # with a few examples, derandomized under CI). It stops at the first failure; the failing input
@@ -188,7 +188,7 @@ fuzz: setup
 		round=$$((round + 1)); rm -rf build/fuzz; \
 		echo "fuzz: round $$round, $(FUZZ_EXAMPLES) examples per target"; \
 		AMPFORGE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMPFORGE_FUZZ_SAVE=build/fuzz HYPOTHESIS_PROFILE=dev \
-			$(PY_VENV) -m pytest tests/builder/test_fuzz_configs.py -p no:randomly -x -q \
+			$(PY_VENV) -m pytest tests/builder/unit/test_fuzz_configs.py -p no:randomly -x -q \
 			-k "$(FUZZ_TARGETS)" $(PYTEST_ARGS) || { echo "fuzz: the failing input is in" \
 			"build/fuzz/; fix the parser, then keep it in tests/builder/fuzz_corpus/"; exit 1; }; \
 		[ $$(date +%s) -lt $$end ] || break; \
@@ -228,7 +228,7 @@ demo: setup
 # soak: N builds of one cell (the host backend, a one-file C extension), each ended by SIGINT,
 # SIGTERM or SIGKILL at a random moment while `cache prune` runs beside them; after each,
 # dist/ and the cache are checked and the next build must succeed (benchmarks/soak.py).
-# SOAK_ARGS: e.g. "--max-minutes 30 --seed 7". tests/builder/test_soak.py is CI's short one.
+# SOAK_ARGS: e.g. "--max-minutes 30 --seed 7". tests/builder/e2e/test_soak.py is CI's short one.
 N ?= 30
 SOAK_ARGS ?=
 

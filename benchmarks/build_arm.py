@@ -9,7 +9,8 @@ setup.py, pyproject.toml, README) into its own dist/, measured in the same run:
             under qemu-aarch64
   native    X86 cp311 torch 2.13.0, --backend docker, the local amd64 base image
 
-Wheels come from wheelhouses (aarch64: tests/builder/armlib.py, x86_64: tests/builder/enginelib.py),
+Wheels come from wheelhouses (aarch64: tests/builder/helpers/armlib.py, x86_64:
+tests/builder/helpers/enginelib.py),
 filled with pip on first use. The base images are built (or found) first, outside the timings.
 Targets (issue #7): cross >= 5x faster than emulated; cross within 1.5x of native X86.
 
@@ -92,8 +93,8 @@ def main() -> None:
     if args.jobs:
         os.environ["JOBS"] = str(args.jobs)
 
-    from armlib import ARM_TORCH, wheelhouse_cp311_aarch64  # noqa: PLC0415
-    from enginelib import TORCH, wheelhouse_cp311  # noqa: PLC0415
+    from helpers.armlib import ARM_TORCH, wheelhouse_cp311_aarch64  # noqa: PLC0415
+    from helpers.enginelib import TORCH, wheelhouse_cp311  # noqa: PLC0415
 
     arm_cell = ["--arch", "ARM", "--python", "3.11", "--torch", ARM_TORCH]
     argv: dict[str, list[str]] = {}

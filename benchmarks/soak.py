@@ -29,7 +29,7 @@ nothing hidden is left but the builder's locks. The cache: ``cache list --format
 it (exit 0). Half-made cache folders a SIGKILL leaves (``.<entry>.<random>``) are counted in
 the table, not failures: they are invisible to builds and ``cache prune`` removes them.
 
-Not a test and not run by CI as such (tests/builder/test_soak.py runs a two-minute version).
+Not a test and not run by CI as such (tests/builder/e2e/test_soak.py runs a two-minute version).
 Exit 0 when every check held, 1 otherwise; the table says which round failed and why.
 """
 
@@ -280,7 +280,7 @@ def default_wheelhouse() -> Path:
     """The test suite's cp311 wheelhouse (torch and the build requirements, filled by pip on
     first use), so the soak's torch environment installs from local files."""
     sys.path.insert(0, str(ROOT / "tests" / "builder"))
-    from enginelib import wheelhouse_cp311  # noqa: PLC0415
+    from helpers.enginelib import wheelhouse_cp311  # noqa: PLC0415
 
     return wheelhouse_cp311()
 

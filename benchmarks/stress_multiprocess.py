@@ -38,13 +38,13 @@ GROUPS: dict[str, list[str]] = {
     "amp": ["tests/amp/test_distributed.py", "tests/amp/test_resume.py",
             # the saturation mode's DDP ranks (tests/npu/_saturation_worker.py)
             "tests/npu/test_saturation.py::test_one_saturating_rank_makes_every_rank_skip"],
-    "builder": ["tests/builder/test_faults_concurrency.py",
+    "builder": ["tests/builder/e2e/test_faults_concurrency.py",
                 # writers in forked processes sharing one manifest
-                "tests/builder/test_repair.py::test_parallel_cells_do_not_lose_entries",
+                "tests/builder/e2e/test_repair.py::test_parallel_cells_do_not_lose_entries",
                 # a lock holder in another process while prune runs
-                "tests/builder/test_cache_prune.py::"
+                "tests/builder/e2e/test_cache_prune.py::"
                 "test_prune_removes_superseded_torch_envs_and_never_one_in_use",
-                "tests/builder/test_cache_prune.py::"
+                "tests/builder/e2e/test_cache_prune.py::"
                 "test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock"],
 }
 

@@ -1,7 +1,7 @@
 """Every path a command takes on its command line, checked before the command runs.
 
 A path argument names what it must be (:data:`PATH_ARGUMENTS`, one table for every command, so
-``tests/builder/test_path_arguments.py`` can walk the parser's own options and find any path
+``tests/builder/unit/test_path_arguments.py`` can walk the parser's own options and find any path
 option missing from it). A wrong one -- a folder where a file is expected or the reverse, a
 missing file or folder to read, a path through a file, a place that cannot be written, a name
 with control characters or bytes that are not UTF-8 -- is bad usage: exit 2 with

@@ -94,8 +94,8 @@ def one_rank_gloo() -> Iterator[None]:
 # The docker stream is the longest single unit, so it is collected first (the worker that takes
 # it starts with it), then the light modules, then the other builder modules, which the workers
 # then take one at a time as they free up. A test's group is exported as AMPFORGE_TEST_GROUP so
-# that tests/builder/enginelib.docker_engine() can refuse to hand the engine to a test outside
-# the docker stream (a new module that uses the engine must be listed here, or carry the
+# that tests/builder/helpers/enginelib.docker_engine() can refuse to hand the engine to a test
+# outside the docker stream (a new module that uses the engine must be listed here, or carry the
 # `docker` marker).
 
 DOCKER_MODULES = frozenset({

@@ -12,7 +12,7 @@ differences below; a project's ``container-engine = "podman"`` finds or starts t
     podman system service --time=0 unix:///run/podman/podman.sock &
     export DOCKER_HOST=unix:///run/podman/podman.sock
 
-Quirks seen with Debian's podman 4.3 on Debian 12 hosts (tests/builder/test_podman.py builds a
+Quirks seen with Debian's podman 4.3 on Debian 12 hosts (tests/builder/e2e/test_podman.py builds a
 cell through it):
 
 * ``crun`` fails on this kernel's cgroup layout: configure ``runtime = "runc"`` under

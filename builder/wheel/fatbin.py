@@ -6,7 +6,7 @@ without a GPU or NVIDIA's cuobjdump: a wheel must carry SASS (``sm_XY`` machine 
 the capabilities of its arch list, and PTX for those asked ``+PTX``.
 
 The layout (little-endian), as nvcc 13.0's output has it (cross-checked against its
-``cuobjdump --list-elf/--list-ptx`` in tests/builder/test_cuda_fatbin.py)::
+``cuobjdump --list-elf/--list-ptx`` in tests/builder/e2e/test_cuda_fatbin.py)::
 
     container header, 16 bytes:  u32 magic 0xBA55ED50 | u16 version (1) | u16 header size (16)
                                  | u64 size of the entries that follow

@@ -38,7 +38,7 @@ Version = tuple[int, ...]
 #: Debian 9's GCC 6 for 2_24, Ubuntu 18.04 / RHEL 8's for 2_27 / 2_28, Ubuntu 20.04's GCC 9-10
 #: for 2_31, RHEL 9's GCC 11 for 2_34, Ubuntu 22.04 / Debian 12's GCC 12 for 2_35 / 2_36, Ubuntu
 #: 24.04's GCC 14 for 2_39). A tag between two rows gets the lower row's limits. The table
-#: agrees with the manylinux policies (tests/builder/test_glibc_floor.py checks it).
+#: agrees with the manylinux policies (tests/builder/unit/test_glibc_floor.py checks it).
 CXX_LIMITS: tuple[tuple[Version, Version, Version], ...] = (
     ((2, 5), (3, 4, 8), (1, 3, 1)),
     ((2, 12), (3, 4, 13), (1, 3, 3)),

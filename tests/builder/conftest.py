@@ -9,8 +9,8 @@ fixtures in one xdist group (FIXTURE_GROUPS), so a parallel run also builds each
 from __future__ import annotations
 
 import pytest
-from enginelib import docker_engine, wheelhouse_cp311
-from pipelinelib import AmpBuild, run_build, seed_dist, snapshot_of_this_repo
+from helpers.enginelib import docker_engine, wheelhouse_cp311
+from helpers.pipelinelib import AmpBuild, run_build, seed_dist, snapshot_of_this_repo
 
 from builder.images.base_image import build_base_image
 
