@@ -165,7 +165,7 @@ def test_each_checked_block_starts_where_its_reader_does(block: Block) -> None:
 
 def test_a_reader_start_is_recognised() -> None:
     """The mark is found on the front door's own test (so the rule above can fail)."""
-    ref = ("tests/builder/test_front_door.py::"
+    ref = ("tests/builder/e2e/test_front_door.py::"
            "test_readme_make_wheel_arm_py39_from_a_fresh_clone")
     assert _starts_from(ref) == "fresh clone"
     assert _starts_from("tests/test_readme_blocks.py::test_the_readme_has_command_blocks") is None

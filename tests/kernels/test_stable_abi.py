@@ -4,7 +4,7 @@ module for every torch from its minimum on, and the stable module is what it cla
 
 The kernel tests of this folder run on whichever binding `make setup` built (the stable one for
 torch >= 2.10); the pybind11 binding is compiled and self-tested by the builder's torch 2.9.1
-cross build (tests/builder/test_pipeline_arm.py). Both are bit-equal to each other over the same
+cross build (tests/builder/e2e/test_pipeline_arm.py). Both are bit-equal to each other over the same
 kernel core (docs/stable-wheels.md).
 """
 
