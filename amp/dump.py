@@ -144,7 +144,7 @@ class HookerAndDumper:
     def forward_hook_fn(self, module: nn.Module, inputs: Any, output: Any) -> Any:
         self._write_group(module, [("feat_input", inputs), ("feat_output", output)])
         call: Optional[_Call] = getattr(module, "_amp_dump_call", None)
-        module._amp_dump_call = None  # type: ignore[assignment]
+        module._amp_dump_call = None
         if call is None:
             return None
         outputs = output if isinstance(output, tuple) else (output,)
@@ -169,11 +169,11 @@ class HookerAndDumper:
     def _forward_pre_hook(self, module: nn.Module, args: tuple) -> Optional[tuple]:
         """Tap the inputs that need a gradient, for this call's ``grad_input``."""
         if not torch.is_grad_enabled():
-            module._amp_dump_call = None  # type: ignore[assignment]
+            module._amp_dump_call = None
             return None
         tapped = [i for i, a in enumerate(args) if _needs_grad(a)]
         call = _Call(module, [None] * len(args), waits_for_inputs=bool(tapped))
-        module._amp_dump_call = call  # type: ignore[assignment]
+        module._amp_dump_call = call
         if not tapped:
             return None
 

@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Callable, Optional
 
 #: Steps of the loop; enough for the loss to halve, few enough for an emulated CPU.
 STEPS = 20
@@ -27,11 +27,12 @@ STEPS = 20
 TOLERANCE = 1e-5
 
 
-def _model(torch):  # type: ignore[no-untyped-def]
+# torch comes in as an argument: this module imports it only when the checks run.
+def _model(torch: Any) -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
 
-def _cpu_half(torch, autocast_supports):  # type: ignore[no-untyped-def]
+def _cpu_half(torch: Any, autocast_supports: Callable[[str, Any], bool]) -> Any:
     """The half type O1 runs in on this CPU: fp16 where the CPU's autocast takes it, else
     bfloat16 (torch 2.1's CPU autocast takes nothing else); None where neither multiplies
     matrices the size of the loop's (torch 2.1's aarch64 oneDNN refuses a bfloat16 matmul on a

@@ -29,10 +29,11 @@ def public_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_replace(target: Path, write: Callable[[BinaryIO], None],
+def atomic_replace(target: Path, write: Callable[[BinaryIO], object],
                    size: Optional[int] = None) -> None:
     """Write *target* through *write* into a temporary file in its folder, fsync it, then
-    rename it over the final name: readers see the old file or the whole new one.
+    rename it over the final name: readers see the old file or the whole new one. What *write*
+    returns (``fh.write``'s byte count, say) is ignored.
 
     A full file system raises :class:`~builder.errors.DiskFull` naming *target* and *size*
     (the bytes the write needs, when the caller knows them), with the temporary file gone."""

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from builder import __version__, signals
 from builder.config import CliOverrides, Settings, load_settings
@@ -31,6 +31,10 @@ from builder.errors import BuilderError, ConfigError
 from builder.pathargs import check_path_arguments, shown
 from builder.redact import Redactor
 from builder.signals import terminate_as_interrupt
+
+if TYPE_CHECKING:  # resolve_from_args imports these when it runs (see there)
+    from builder.backends.base import Host
+    from builder.plan.resolve import Resolution
 
 COMMANDS: tuple[str, ...] = (
     "builder.commands.plan",
@@ -214,7 +218,7 @@ def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
         )
 
 
-def add_print_identifiers_option(g: argparse._ArgumentGroup, what: str) -> None:
+def add_print_identifiers_option(g: argparse._ActionsContainer, what: str) -> None:
     """cibuildwheel's ``--print-build-identifiers``: one cell identifier a line, then exit."""
     g.add_argument("--print-build-identifiers", action="store_true",
                    help=f"print the identifier of each cell {what}, one a line, and stop")
@@ -423,7 +427,7 @@ def _pass_names(data: Mapping[str, object]) -> list[str]:
 
 def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
                       settings: Settings | None = None,
-                      host=None):  # Host | None; -> tuple[Settings, Resolution]
+                      host: Host | None = None) -> tuple[Settings, Resolution]:
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
     to stderr. *everything*: no selection means the whole matrix (else this host's cell).
     *host*: this machine's facts, when the caller probes them too (``doctor``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 from builder.deps import require
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # rich is imported when a build shows progress (builder.deps)
     from rich.table import Table
 
 
-def _rich(module: str):  # a module of rich
+def _rich(module: str) -> ModuleType:  # a module of rich
     return require(f"rich.{module}", "rich", "the build's progress display")
 
 

@@ -44,7 +44,12 @@ def test_every_hook_is_local_and_runs_the_checkouts_environment() -> None:
         assert script is None or (REPO / script).is_file(), hook
 
 
-def test_the_ruff_hook_is_make_lint() -> None:
-    (ruff,) = [hook for hook in _hooks() if hook["id"] == "ruff"]
-    assert _lint_recipe() == [ruff["entry"]]
-    assert ruff["pass_filenames"] is False  # the whole tree, as `make lint` and CI check it
+LINT_HOOKS = ("ruff", "mypy")  # one per line of `make lint`, in its order
+
+
+def test_the_lint_hooks_are_make_lint() -> None:
+    hooks = {hook["id"]: hook for hook in _hooks()}
+    assert _lint_recipe() == [hooks[name]["entry"] for name in LINT_HOOKS]
+    for name in LINT_HOOKS:
+        # the whole tree (mypy: pyproject.toml's packages), as `make lint` and CI check it
+        assert hooks[name]["pass_filenames"] is False, name

@@ -148,7 +148,7 @@ class CombinedGrads:
         # One buffer per (model dtype, has a separate master): under O2 the half parameters
         # all have masters and the float32 ones (batch-norm) are their own.
         for owners in group_by(entries, lambda e: (e.model.dtype, e.separate)).values():
-            grads = [dense(e.model.grad) for e in owners]  # type: ignore[arg-type]
+            grads = [dense(e.model.grad) for e in owners]
             self.model_grads.append(_combine(grads, owners))
         # Separate masters first, as Ascend orders the buffers.
         self.model_grads.sort(key=lambda b: not b.owners[0].separate)
@@ -398,7 +398,7 @@ def zero_grads_in_place(model: torch.nn.Module) -> None:
     def zero_grad_in_place(set_to_none: bool = False) -> None:
         zero_grad(set_to_none=False)
 
-    model.zero_grad = zero_grad_in_place  # type: ignore[method-assign]
+    model.zero_grad = zero_grad_in_place
 
 
 def optimizer_segments(optimizer: Any) -> list[list[Segment]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +23,7 @@ BUCKET_MIN = 1 << 20
 BUCKET_MAX = 24 << 20
 
 
-def _dist() -> object:
+def _dist() -> ModuleType:  # torch.distributed
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
@@ -49,7 +50,7 @@ def broadcast_from_rank0(models: Iterable[nn.Module]) -> None:
         for tensor in list(model.parameters()) + list(model.buffers()):
             device = collective_device(tensor.device)
             staged = tensor.detach().to(device)
-            dist.broadcast(staged, src=0)  # type: ignore[attr-defined]
+            dist.broadcast(staged, src=0)
             if staged is not tensor:
                 tensor.copy_(staged)
 
@@ -58,14 +59,14 @@ def broadcast_from_rank0(models: Iterable[nn.Module]) -> None:
 def all_reduce(flats: Sequence[Tensor], replica_count: int) -> None:
     """Average the buffers over the ranks in place, bucket by bucket (asynchronously)."""
     dist = _dist()
-    world = dist.get_world_size()  # type: ignore[attr-defined]
+    world = dist.get_world_size()
     pending = []
     for flat in flats:
         device = collective_device(flat.device)
         for bucket in buckets(flat, replica_count):
             staged = bucket if device == bucket.device else bucket.to(device)
             staged.div_(world)
-            work = dist.all_reduce(staged, async_op=True)  # type: ignore[attr-defined]
+            work = dist.all_reduce(staged, async_op=True)
             pending.append((work, staged, bucket))
     for work, staged, bucket in pending:
         work.wait()

@@ -68,7 +68,8 @@ def _model_device_type(model: nn.Module, args: tuple, kwargs: dict) -> str:
     return "cpu"
 
 
-def wrap_forward(model: nn.Module, props: Properties, cast_model_outputs: Optional[torch.dtype]):
+def wrap_forward(model: nn.Module, props: Properties,
+                 cast_model_outputs: Optional[torch.dtype]) -> None:
     """Replace ``model.forward`` (on this instance only) by one that casts inputs to
     ``props.cast_model_type``, runs under ``torch.autocast`` when ``props.patch_torch_functions``
     (O1), and casts outputs to ``cast_model_outputs``.

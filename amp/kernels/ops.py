@@ -15,6 +15,7 @@ float32 whenever a separate half ``model_params`` copy is written.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Optional, Sequence, Union
 
 import torch
@@ -40,7 +41,7 @@ def uses_kernels(tensors: TensorSeq) -> bool:
             and _ext.load() is not None)
 
 
-def _kernels(first: TensorSeq):
+def _kernels(first: TensorSeq) -> Optional[ModuleType]:
     # Routed by the first tensor's device: the kernels check every tensor themselves and
     # refuse a non-CPU one, so a mixed list still fails with their message.
     if first and kernel_device_ok(first[0].device):

@@ -138,7 +138,7 @@ def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
 
 
 def _contiguous_grad(param: Tensor) -> Tensor:
-    grad = dense(param.grad)  # type: ignore[arg-type]
+    grad = dense(param.grad)
     if not grad.is_contiguous():
         param.grad = grad = grad.contiguous()
     return grad

@@ -232,7 +232,7 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
             self._combined_for = generation
             self._layout_cache = {}
         assert self._combined_states is not None
-        runs = []
+        runs: list[tuple[dict[str, Any], Run]] = []
         for group, segs, states in zip(self.param_groups, segments, self._combined_states):
             for seg, (_, bufs) in zip(segs, states):
                 runs.extend((group, run) for run in self._split(seg, bufs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.optim.optimizer import required  # type: ignore[attr-defined]
+from torch.optim.optimizer import required
 
 from ..kernels import ops as mt
 from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import required  # type: ignore[attr-defined]
+from torch.optim.optimizer import required
 
 from ..kernels import ops as kernel_ops
 from .combined_buffers import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from torch.optim.optimizer import required  # type: ignore[attr-defined]
+from torch.optim.optimizer import required
 
 from .. import _ext
 from ..kernels import ops as kernel_ops
@@ -151,7 +151,7 @@ class NpuFusedRMSprop(NpuFusedOptimizer):
             group.setdefault("centered", False)
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
-        names = ("square_avg",)
+        names: tuple[str, ...] = ("square_avg",)
         if group["momentum"] > 0:
             names += ("momentum_buffer",)
         if group["centered"]:

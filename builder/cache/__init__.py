@@ -128,12 +128,13 @@ def release_entries() -> None:
         _HELD.clear()
 
 
-def ensure_entry(final: Path, fill: Callable[[Path], None]) -> Path:
+def ensure_entry(final: Path, fill: Callable[[Path], object]) -> Path:
     """Return ``final``, creating it first with ``fill(tmpdir)`` if it does not exist yet, and
     hold it (:func:`hold_entry`).
 
     ``fill`` writes into a fresh temporary folder next to ``final``; only a ``fill`` that returns
-    normally is renamed into place. Two processes racing both fill; the loser's copy is discarded.
+    normally (what it returns is ignored) is renamed into place. Two processes racing both fill;
+    the loser's copy is discarded.
     """
     hold_entry(final)
     if final.is_dir():

@@ -11,7 +11,7 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-class Row(dict):  # type: ignore[type-arg]
+class Row(dict):
     """A mapping written on one line (``{cell: ..., arch: ...}``): a matrix row."""
 
 

@@ -55,10 +55,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), key="--arch" if args.arch else
                           "environment BUILDER_ARCH") from exc
-    spec_kwargs = {"arch": machine}
-    if args.suite:
-        spec_kwargs["suite"] = args.suite
-    spec = BaseImageSpec(**spec_kwargs)
+    # Without --suite the spec keeps its own default suite.
+    spec = (BaseImageSpec(arch=machine, suite=args.suite) if args.suite
+            else BaseImageSpec(arch=machine))
     engine = DockerEngine(redactor=ctx.output.redact)
     log_file = Path("build/ampforge/logs/base-image.log")
     log = OutputLog(redactor=ctx.output.redact, log_file=log_file)

@@ -227,10 +227,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     # What each cell's build frontend installs (pypa/build, the pinned uv) travels too.
     frontends = {r.identifier: (r.build_options or config.build_options)
                  .frontend_requirements() for r in resolution.cells}
-    downloads = [(Target(c.python, c.machine, c.plat, c.identifier),
-                  cell_requirements(c.torch, project, toolkits[c.identifier],
-                                    frontends[c.identifier]), (c.identifier,))
-                 for c in cells]
+    downloads: list[tuple[Target, list[str], tuple[str, ...]]] = [
+        (Target(c.python, c.machine, c.plat, c.identifier),
+         cell_requirements(c.torch, project, toolkits[c.identifier], frontends[c.identifier]),
+         (c.identifier,))
+        for c in cells]
     downloads += [(host.target(machine, config.support.torch_plat(host.torch, machine)),
                    cell_requirements(host.torch), host.cells)
                   for host in host_torches([(c.identifier, c.image.build_host.key()
@@ -298,17 +299,17 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             name = saved_name(ref)  # a pin travels under a tag (docker save keeps no digest)
             rel = f"{IMAGES_DIR}/{safe_name(name)}.tar"
             tar = root / rel
-            ids = [c.identifier for c in ref_cells]
+            ref_ids = [c.identifier for c in ref_cells]
             if (old.get(f"image:{name}") == image_id and tar.is_file()
-                    and describe_file(root, rel, ids).sha256 == old.get(rel)):
+                    and describe_file(root, rel, ref_ids).sha256 == old.get(rel)):
                 err(f"fetch: image {ref}: unchanged, reusing {rel}")
             else:
                 err(f"fetch: image {ref}: docker save -> {rel}"
                     + (f" (as {name})" if name != ref else ""))
                 save_image(engine, ref, tar)
-            images.append(BundleImage(name, image_id, rel, ref_cells[0].arch, tuple(ids),
+            images.append(BundleImage(name, image_id, rel, ref_cells[0].arch, tuple(ref_ids),
                                       pin=ref if name != ref else ""))
-            image_files[rel] = set(ids)
+            image_files[rel] = set(ref_ids)
 
     # Whatever pip left in the folders -- a file from an interrupted earlier fetch that pip
     # took as "already downloaded" included -- must be a whole wheel before bundle.json vouches
@@ -329,8 +330,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         f = describe_file(root, w["file"], ())
         reused += old.get(w["file"]) == f.sha256
         files.append(f)
-    for rel, ids in sorted(image_files.items()):
-        files.append(describe_file(root, rel, sorted(ids)))
+    for rel, image_ids in sorted(image_files.items()):
+        files.append(describe_file(root, rel, sorted(image_ids)))
     bundle = Bundle(
         root=root, files=files, images=images,
         cells=[BundleCell(c.identifier, c.arch, c.python, c.machine, c.plat, c.torch,

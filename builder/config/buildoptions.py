@@ -314,8 +314,9 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
                 merge(out.frontend_spec, data[key], rule, file=file, key=where)
             parsed = merge(getattr(out, attr), parsed, rule, file=file, key=where)
             source = f"{out.origins[key]} {rule}ed by {origin}"
-        values = ({"build_frontend": parsed[0], "build_frontend_args": parsed[1]}
-                  if key == "build-frontend" else {attr: parsed})
+        # (Any: each key's parser returns its own field's type)
+        values: dict[str, Any] = ({"build_frontend": parsed[0], "build_frontend_args": parsed[1]}
+                                  if key == "build-frontend" else {attr: parsed})
         out = replace(out, **values, origins={**out.origins, key: source})
     return out
 

@@ -3,9 +3,11 @@ name the file, the line, the key and what was expected (exit 2)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import jsonschema
 
@@ -58,26 +60,30 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
     """Translate one jsonschema error into (path of the offending key, message)."""
     path: PathKey = tuple(err.absolute_path)
     v = err.validator
-    inst = err.instance
+    # A validator's error always has its instance, its (sub)schema and the keyword's value; the
+    # stubs allow them unset (and the schema a bool) for an error made by hand.
+    inst: Any = err.instance
+    schema = cast("Mapping[str, Any]", err.schema)
+    expected: Any = err.validator_value
     if v == "additionalProperties":
-        allowed = sorted(err.schema.get("properties", {}))
-        extra = sorted(str(k) for k in inst if k not in err.schema.get("properties", {}))
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(str(k) for k in inst if k not in schema.get("properties", {}))
         key = extra[0]
         return path + (key,), f"unknown key {brief(key)}; expected one of: {', '.join(allowed)}"
     if v == "required":
-        missing = [k for k in err.validator_value if k not in inst]
-        need = ", ".join(err.validator_value)
+        missing = [k for k in expected if k not in inst]
+        need = ", ".join(expected)
         return path, f"missing required key {missing[0]!r}; expected all of: {need}"
     if v == "type":
-        want = err.validator_value
-        want_list = want if isinstance(want, list) else [want]
+        want = expected
+        want_list: list[str] = want if isinstance(want, list) else [want]
         words = " or ".join(_TYPE_WORDS.get(w, w) for w in want_list)
         msg = f"expected {words}, got {_kind(inst)} {brief(inst)}"
         if "string" in want_list and isinstance(inst, (int, float)) and not isinstance(inst, bool):
             msg += " (quote versions: YAML reads 3.10 as the number 3.1)"
         return path, msg
     if v == "enum":
-        choices = ", ".join(str(c) for c in err.validator_value)
+        choices = ", ".join(str(c) for c in expected)
         return path, f"expected one of {choices}, got {brief(inst)}"
     if v == "uniqueItems":
         return path, "has duplicate items; expected each value once"
@@ -198,7 +204,8 @@ def _check_values(doc: YamlDocument) -> None:
         if "base" in image:
             check(("images", name, "base"), values.image_pin, image["base"])
         if "plat" in image:
-            check(("images", name, "plat"), lambda v, m=machine: values.plat(v, m), image["plat"])
+            check(("images", name, "plat"), functools.partial(values.plat, machine=machine),
+                  image["plat"])
         if "python_path" in image:
             check(("images", name, "python_path"), values.python_path, image["python_path"])
     build = data.get("build") or {}

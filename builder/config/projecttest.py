@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -226,10 +226,12 @@ def parse_groups(value: Any) -> tuple[str, ...]:
     return _words(value, "dependency groups", "'test' or ['test', 'typing']")
 
 
-#: key -> (ProjectTest attribute, parser, how inherit combines two values)
-_FIELDS = {REQUIRES_KEY: ("requires", parse_requires), COMMAND_KEY: ("command", parse_command),
-           BEFORE_KEY: ("before", parse_command), EXTRAS_KEY: ("extras", parse_extras),
-           SOURCES_KEY: ("sources", parse_sources), GROUPS_KEY: ("groups", parse_groups)}
+#: key -> (ProjectTest attribute, parser); inherit's append/prepend combines two values (layer).
+#: (Any: each parser returns its own attribute's type.)
+_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    REQUIRES_KEY: ("requires", parse_requires), COMMAND_KEY: ("command", parse_command),
+    BEFORE_KEY: ("before", parse_command), EXTRAS_KEY: ("extras", parse_extras),
+    SOURCES_KEY: ("sources", parse_sources), GROUPS_KEY: ("groups", parse_groups)}
 #: The keys a build config file and the command line set (the others: pyproject.toml only).
 CONFIG_KEYS = (REQUIRES_KEY, COMMAND_KEY)
 

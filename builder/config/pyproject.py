@@ -102,7 +102,7 @@ def load_pyproject(path: Path, shown: str) -> Optional[dict[str, Any]]:
     except tomllib.TOMLDecodeError as exc:
         found = _TOML_LINE.search(str(exc))
         # "(at line 3, column 17)", or "(at end of document)": the last line
-        line = int(found.group(1)) if found else len(text.splitlines()) or 1
+        line: Optional[int] = int(found.group(1)) if found else len(text.splitlines()) or 1
         raise ConfigError(f"invalid TOML: {clip(exc, 300)}; {_EXPECTED}", file=shown,
                           line=line) from None
     except ValueError:  # tomllib reads integers with int(): at most 4300 digits

@@ -76,10 +76,11 @@ class _Loader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_NESTING:
+                # (PyYAML's stubs leave peek_event unannotated)
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                 raise yaml.composer.ComposerError(
                     None, None, f"nested more than {MAX_NESTING} levels deep; expected a "
-                    "configuration's few levels of mappings and lists",
-                    self.peek_event().start_mark)
+                    "configuration's few levels of mappings and lists", mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

@@ -296,7 +296,8 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         start = time.monotonic()
         with open(log, "w") as fh:
             fh.writelines(f"ampforge: {line}\n" for line in copied)
-            proc = subprocess.CompletedProcess(cmd, 0)
+            # (the before-commands' and the build's, as _run_logged returns them)
+            proc: subprocess.CompletedProcess = subprocess.CompletedProcess(cmd, 0)
             for what, command in (("before-all", options.before_all),
                                   ("before-build", options.before_build)):
                 if command and proc.returncode == 0:

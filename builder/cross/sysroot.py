@@ -31,6 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.cache import cache_root, content_key, ensure_entry
 from builder.cross.apt_suite import SuiteApt, suite_apt
@@ -184,9 +185,9 @@ def _write_target_sysconfig(debian_vars_file: Path, dest: Path, include_dir: Pat
     target's) and points its paths into the sysroot. Debian's flags carry ``-g``; a release wheel
     must not (a one-file torch extension is 10 MB with it), so it is dropped here.
     """
-    namespace: dict[str, object] = {}
+    namespace: dict[str, Any] = {}  # the target's module globals: build_time_vars is a dict
     exec(compile(debian_vars_file.read_text(), str(debian_vars_file), "exec"), namespace)
-    build_vars = dict(namespace["build_time_vars"])  # type: ignore[arg-type]
+    build_vars = dict(namespace["build_time_vars"])
     for key in ("INCLUDEPY", "CONFINCLUDEPY", "INCLUDEDIR", "CONFINCLUDEDIR"):
         build_vars[key] = str(include_dir)
     for key in ("LIBDIR", "LIBPL", "LIBDEST", "BINLIBDEST"):

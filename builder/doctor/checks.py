@@ -30,7 +30,7 @@ from builder.backend_kinds import (
     must_need,
 )
 from builder.backends.base import Host
-from builder.config import Settings
+from builder.config import BuildConfig, Settings
 from builder.config.pins import parse_ref, unpinned_reason
 from builder.doctor.report import FAIL, OK, WARN, Check
 from builder.errors import BuilderError
@@ -66,7 +66,7 @@ class Scope:
     probe_timeout: float
 
     @property
-    def config(self):  # BuildConfig
+    def config(self) -> BuildConfig:
         return self.settings.config
 
     def backends(self) -> set[str]:
@@ -218,8 +218,8 @@ def base_images(scope: Scope) -> list[Check]:
         pulled = (machine == scope.host.machine and any(
             c.cell.image.pull != "never" and not c.cell.image.ref.startswith(LOCAL_PREFIX)
             for c in containers))
-        if have[ref]:
-            checks.append(Check(name, OK, f"{ref} present ({have[ref][:19]})"))
+        if ref_id := have[ref]:
+            checks.append(Check(name, OK, f"{ref} present ({ref_id[:19]})"))
         elif pulled:
             checks.append(Check(name, WARN, f"{ref} absent; the build pulls it first: --pull "
                                 f"{mine[0].cell.image.pull} (the registry must answer the "

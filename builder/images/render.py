@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from builder.atomicfile import atomic_write
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # imported when a recipe is rendered (builder.deps)
     import jinja2
 
 
-def _jinja2():  # the jinja2 module
+def _jinja2() -> ModuleType:  # the jinja2 module
     from builder.deps import require  # noqa: PLC0415
 
     return require("jinja2", "Jinja2", "rendering the cells' Dockerfiles")

@@ -116,13 +116,13 @@ def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
         say(f"registry: {ref.tagged} is {digest} (another arch's image: not pulled)")
         return digest
     pull_image(engine, ref.tagged, proxy, say)
-    digest = repo_digest(ref.repository, engine.repo_digests(ref.tagged))
-    if digest is None:
+    pulled = repo_digest(ref.repository, engine.repo_digests(ref.tagged))
+    if pulled is None:
         raise PullFailed(f"pulled {ref.tagged}, but the engine records no registry digest for "
                          f"{ref.repository} (RepoDigests: "
                          f"{', '.join(engine.repo_digests(ref.tagged)) or 'none'}); expected "
                          "an image served by a registry")
-    return digest
+    return pulled
 
 
 def plan_changes(engine: DockerEngine, found: Mapping[str, Sequence[Site]],

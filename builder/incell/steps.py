@@ -817,7 +817,7 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
     settings = [tuple(c.split("=", 1)) for c in args.config_setting]
     _run_build(frontend_argv(sys.executable, args.frontend, project, str(out),
                              settings, tuple(args.frontend_arg), uv or "uv"),
-               env=env)  # type: ignore[arg-type]
+               env=env)
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")

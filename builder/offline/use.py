@@ -18,7 +18,7 @@ import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from builder.backend_kinds import requested_kind
 from builder.config import BuildConfig
@@ -80,7 +80,9 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
 
 def _host_plat(machine: str) -> str:
     """The glibc policy of this host (the host backend's wheels install here)."""
-    _, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
+    # None only from a C library other than glibc, which the host backend does not run on.
+    libc = cast(str, os.confstr("CS_GNU_LIBC_VERSION"))
+    _, _, version = libc.partition(" ")  # "glibc 2.36"
     major, minor = version.split(".")[:2]
     return f"manylinux_{major}_{minor}_{machine}"
 

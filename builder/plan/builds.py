@@ -71,6 +71,7 @@ def assign(records: Sequence, stable: Optional[StableAbi],
                                build_group=group_of(c.arch, c.torch, False, c.cuda),
                                built_by=c.identifier, build_reason=why))
     for group, members in groups.items():
+        assert stable is not None  # only cells it serves are grouped
         # Stable sorts, the least important key first.
         ranked = sorted(members, key=lambda r: values.torch_key(r.cell.python))
         ranked = sorted(ranked, key=lambda r: r.cell.python != py)

@@ -295,7 +295,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
     missing API) and names the oldest supported combination."""
     if selection.empty:
         return plan
-    everything = [*plan.cells, *plan.dropped]
+    everything: list[Cell | DroppedCell] = [*plan.cells, *plan.dropped]
     # Each named value must exist somewhere in the matrix: say which one does not.
     for axis in ("arch", "python", "torch", "cuda"):
         wanted = getattr(selection, axis)
@@ -357,12 +357,13 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
     notes: list[str] = []
     if newest and selection.torch is None and selection.python is not None:
         # Resolve to the newest torch per (arch, python) and say which.
-        newest: dict[tuple[str, str], Cell] = {}
+        newest_of: dict[tuple[str, str, str], Cell] = {}
         for c in cells:
             k = (c.arch, c.python, c.cuda)  # a cpu and a CUDA cell each keep their newest torch
-            if k not in newest or values.torch_key(c.torch) > values.torch_key(newest[k].torch):
-                newest[k] = c
-        for (arch, python, _cuda), c in newest.items():
+            if (k not in newest_of
+                    or values.torch_key(c.torch) > values.torch_key(newest_of[k].torch)):
+                newest_of[k] = c
+        for (arch, python, _cuda), c in newest_of.items():
             skipped = sorted(
                 {
                     d.torch
@@ -383,7 +384,7 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
                 f"(the newest in the matrix with a {c.cp} wheel for {c.machine}{why}) "
                 f"-> {c.identifier}"
             )
-        chosen = set(id(c) for c in newest.values())
+        chosen = set(id(c) for c in newest_of.values())
         cells = [c for c in cells if id(c) in chosen]
     return replace(
         plan, cells=tuple(cells), dropped=tuple(dropped), notes=plan.notes + tuple(notes)

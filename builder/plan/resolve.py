@@ -138,8 +138,9 @@ def resolve(settings: Settings, host: Host, backends: Mapping[str, Backend], *,
     stable = bounds.stable_abi if bounds is not None else None
     if stable is None:
         stable = _detected(out, (project or REPO_ROOT).name)
-    records = [replace(r, torch_requirement=stable.requirement) if r.stable else r
-               for r in assign(records, stable)]
+    # (assign makes a record stable only when there is a stable ABI)
+    records = [replace(r, torch_requirement=stable.requirement)
+               if r.stable and stable is not None else r for r in assign(records, stable)]
     return Resolution(cells=tuple(records), dropped=plan.dropped, notes=tuple(notes),
                       warnings=plan.warnings)
 

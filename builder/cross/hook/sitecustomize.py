@@ -20,19 +20,31 @@ aarch64 torch 2.1-2.5 wheels use the pre-C++11 one. Every such define is replace
 target's.
 """
 
+from __future__ import annotations
+
 import importlib.abc
 import importlib.util
 import os
 import re
 import sys
 
-_TARGET = os.environ.get("AMPFORGE_CROSS_TORCH_DIR")
+# Every Python process of the build loads this hook, so it imports nothing more for its
+# annotations: they are the type checker's alone (it reads a name TYPE_CHECKING as true).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+# "" when unset: the hook then installs nothing (the end of this file).
+_TARGET = os.environ.get("AMPFORGE_CROSS_TORCH_DIR", "")
 _ABI = os.environ.get("AMPFORGE_CROSS_CXX11_ABI", "")
 _MODULE = "torch.utils.cpp_extension"
 _ABI_DEFINE = "-D_GLIBCXX_USE_CXX11_ABI="
 
 
-def _redirect(module):
+def _redirect(module: Any) -> None:  # torch.utils.cpp_extension
     missing = [n for n in ("_TORCH_PATH", "TORCH_LIB_PATH") if not hasattr(module, n)]
     if missing:
         raise RuntimeError(
@@ -48,13 +60,13 @@ def _redirect(module):
     build_cls = module.BuildExtension
     if abi is not None and hasattr(build_cls, "_add_gnu_cpp_abi_flag"):
         # Host torches up to 2.12 add their own define per extension: make it the target's.
-        def _add_gnu_cpp_abi_flag(self, extension):
+        def _add_gnu_cpp_abi_flag(self: Any, extension: Any) -> None:
             self._add_compile_flag(extension, abi)
 
         build_cls._add_gnu_cpp_abi_flag = _add_gnu_cpp_abi_flag
     original = build_cls.build_extensions
 
-    def build_extensions(self):
+    def build_extensions(self: Any) -> Any:
         for ext in self.extensions:
             args = ext.extra_compile_args
             cxx = args.setdefault("cxx", []) if isinstance(args, dict) else args
@@ -69,7 +81,7 @@ def _redirect(module):
     build_cls.build_extensions = build_extensions
 
 
-def _target_std():
+def _target_std() -> str | None:
     """``-std=c++NN`` as the target torch's cpp_extension would add it (None: unknown)."""
     try:
         with open(os.path.join(_TARGET, "utils", "cpp_extension.py"), encoding="utf-8") as fh:
@@ -81,7 +93,8 @@ def _target_std():
 
 
 class _CppExtensionRedirect(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if name != _MODULE:
             return None
         sys.meta_path.remove(self)  # find the real module without recursing into ourselves
@@ -93,11 +106,12 @@ class _CppExtensionRedirect(importlib.abc.MetaPathFinder):
             return spec
         real_exec = spec.loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: ModuleType) -> None:
             real_exec(module)
             _redirect(module)
 
-        spec.loader.exec_module = exec_module
+        # On this spec's loader object only: the real module runs, then is redirected.
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
