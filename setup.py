@@ -19,6 +19,7 @@ Environment:
                     (kernels/bindings.cpp: tied to that one torch and Python). Both compile the
                     same kernel core.
 """
+
 from __future__ import annotations
 
 import os
@@ -122,13 +123,14 @@ def _stable_abi() -> tuple[tuple[int, int], tuple[int, int]]:
     with open(os.path.join(here, "pyproject.toml"), encoding="utf-8") as f:
         text = f.read()
     # No TOML parser on Python < 3.11 without a dependency: the two keys are plain strings.
-    m = re.search(r'(?ms)^\[tool\.ampforge\.stable-abi\]\s*$(.*?)(?=^\[|\Z)', text)
+    m = re.search(r"(?ms)^\[tool\.ampforge\.stable-abi\]\s*$(.*?)(?=^\[|\Z)", text)
     found = {}
     for key in ("torch", "python"):
         v = re.search(rf'(?m)^{key}\s*=\s*"(\d+)\.(\d+)"', m.group(1)) if m else None
         if v is None:
-            raise SystemExit(f'setup.py: pyproject.toml [tool.ampforge.stable-abi] needs {key} '
-                             f'= "X.Y"')
+            raise SystemExit(
+                f'setup.py: pyproject.toml [tool.ampforge.stable-abi] needs {key} = "X.Y"'
+            )
         found[key] = (int(v.group(1)), int(v.group(2)))
     return found["torch"], found["python"]
 
@@ -158,7 +160,8 @@ def binding_for(torch_version: str, python: tuple[int, int], asked: str = "auto"
         raise SystemExit(
             f"setup.py: AMP_BINDING=stable needs torch >= {'.'.join(map(str, STABLE_MIN_TORCH))}"
             f" and Python >= {'.'.join(map(str, ABI3_FLOOR))}; building against torch "
-            f"{torch_version} on Python {python[0]}.{python[1]}")
+            f"{torch_version} on Python {python[0]}.{python[1]}"
+        )
     if asked == "auto":
         return "stable" if can_stable else "pybind11"
     return asked
@@ -228,6 +231,9 @@ def _extension_kwargs() -> dict:
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import binding_for
     kwargs = _extension_kwargs() if _want_extension() else {}
-    kwargs["cmdclass"] = {**kwargs.get("cmdclass", {}), "build_py": BuildPyWithApexName,
-                          "apex_pth": ApexPthForCheckout}
+    kwargs["cmdclass"] = {
+        **kwargs.get("cmdclass", {}),
+        "build_py": BuildPyWithApexName,
+        "apex_pth": ApexPthForCheckout,
+    }
     setup(version=_version(), **license_kwargs(setuptools.__version__), **kwargs)

@@ -7,6 +7,7 @@ Quick start (runs on CPU)::
         scaled_loss.backward()
     optimizer.step()
 """
+
 from __future__ import annotations
 
 import importlib

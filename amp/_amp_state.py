@@ -3,6 +3,7 @@
 ``amp._amp_state`` is this object (as ``apex.amp._amp_state`` is apex's), so training scripts can
 log ``_amp_state.loss_scalers[0].loss_scale()`` or read ``_amp_state.opt_properties``;
 ``from amp._amp_state import _amp_state`` gives the same object."""
+
 from __future__ import annotations
 
 import logging

@@ -9,6 +9,7 @@ its compiled kernels (``amp._C``) run on.
 * ``collective_device``: where a flag reduced over ``torch.distributed``'s default group has
   to live for that group's backend (NCCL: CUDA only, HCCL: npu only, gloo: CPU).
 """
+
 from __future__ import annotations
 
 import threading
@@ -78,9 +79,13 @@ def collective_device(device: torch.device) -> torch.device:
     types = _backend_device_types(str(torch.distributed.get_backend()))
     if not types:  # an unknown backend: hand it the tensor as it is
         return device
-    chosen = device.type if device.type in types else next(
-        (t for t in types if t != KERNEL_DEVICE_TYPE and _is_available(t)),
-        KERNEL_DEVICE_TYPE if KERNEL_DEVICE_TYPE in types else device.type,
+    chosen = (
+        device.type
+        if device.type in types
+        else next(
+            (t for t in types if t != KERNEL_DEVICE_TYPE and _is_available(t)),
+            KERNEL_DEVICE_TYPE if KERNEL_DEVICE_TYPE in types else device.type,
+        )
     )
     if chosen == KERNEL_DEVICE_TYPE:
         return torch.device(KERNEL_DEVICE_TYPE)

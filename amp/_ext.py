@@ -19,6 +19,7 @@ picks the best this CPU runs when imported; AMP_KERNEL_ISA=generic|avx2|avx512 f
 (tests, benchmarks), and `isa()` / `set_isa()` read and change the choice at run time. A
 forced ISA the CPU lacks falls back to the automatic choice with one warning.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,8 +31,16 @@ from typing import Optional
 
 import torch
 
-__all__ = ["AmpExtensionWarning", "load", "available", "reset", "isa", "set_isa",
-           "supported_isas", "torch_mismatch"]
+__all__ = [
+    "AmpExtensionWarning",
+    "load",
+    "available",
+    "reset",
+    "isa",
+    "set_isa",
+    "supported_isas",
+    "torch_mismatch",
+]
 
 
 class AmpExtensionWarning(UserWarning):
@@ -74,9 +83,12 @@ def _try_load(module_name: str) -> Optional[ModuleType]:
         return None
     note = getattr(mod, "_isa_note", "")
     if note:  # AMP_KERNEL_ISA named a build this CPU cannot run: the module chose itself
-        warnings.warn(f"amp: AMP_KERNEL_ISA={os.environ.get('AMP_KERNEL_ISA', '')!r} ignored "
-                      f"({note}); using the {mod.isa()} kernels", AmpExtensionWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"amp: AMP_KERNEL_ISA={os.environ.get('AMP_KERNEL_ISA', '')!r} ignored "
+            f"({note}); using the {mod.isa()} kernels",
+            AmpExtensionWarning,
+            stacklevel=3,
+        )
     return mod
 
 
@@ -95,8 +107,10 @@ def torch_mismatch(mod: ModuleType, torch_version: str) -> str:
         floor = str(getattr(mod, "__torch_min__", ""))
         have, need = _minor(torch_version), _minor(floor)
         if need is None or have is None or have < need:
-            return (f"is built on torch's stable ABI for torch >= {floor or '?'}, but torch "
-                    f"{torch_version} is imported")
+            return (
+                f"is built on torch's stable ABI for torch >= {floor or '?'}, but torch "
+                f"{torch_version} is imported"
+            )
         return ""
     if built_for != torch_version:
         return f"was built against torch {built_for}, but torch {torch_version} is imported"

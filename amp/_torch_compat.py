@@ -29,6 +29,7 @@ the feature. Nothing else in amp asks which torch it runs on.
 * ``grad_scaler_class()``: ``torch.amp.GradScaler`` (torch >= 2.3; it takes a device type); None
   before it, where torch's only scaler is CUDA's.
 """
+
 from __future__ import annotations
 
 import threading
@@ -68,8 +69,10 @@ def get_device_module(device_type: str) -> Any:
         return find(device_type)
     module = getattr(torch, device_type, None)
     if module is None or not hasattr(module, "is_available"):
-        raise RuntimeError(f"Device '{device_type}' does not have a corresponding module "
-                           "registered as 'torch.{device_type}'.")
+        raise RuntimeError(
+            f"Device '{device_type}' does not have a corresponding module "
+            "registered as 'torch.{device_type}'."
+        )
     return module
 
 
@@ -109,7 +112,8 @@ def is_autocast_enabled(device_type: str) -> bool:
     # A PrivateUse1 backend's module has its own (torch.autocast calls it there); for CUDA,
     # torch's own argument-less function is the one.
     module_flag: Optional[Callable[[], bool]] = getattr(
-        _module_or_none(device_type), "is_autocast_enabled", None)
+        _module_or_none(device_type), "is_autocast_enabled", None
+    )
     if module_flag is not None and device_type == _privateuse1_type():
         return bool(module_flag())
     return bool(torch.is_autocast_enabled())
@@ -194,8 +198,9 @@ class HalfUnsupportedError(RuntimeError):
     """The model's device cannot compute the half type amp was asked for, in this torch."""
 
 
-def check_half_support(device_type: str, dtype: torch.dtype, *, autocast: bool,
-                       matmul: bool) -> None:
+def check_half_support(
+    device_type: str, dtype: torch.dtype, *, autocast: bool, matmul: bool
+) -> None:
     """Raise HalfUnsupportedError when ``device_type`` lacks what an opt level needs for
     ``dtype`` here: autocast to it (O1) or its matrix products (a model cast to it, O2/O3).
     Said before training starts, rather than as torch's error from inside the first forward."""
@@ -209,11 +214,13 @@ def check_half_support(device_type: str, dtype: torch.dtype, *, autocast: bool,
             f"amp: torch {torch.__version__} has no {' and no '.join(lacking)} on "
             f"'{device_type}', which this opt level needs for the model there. Pass "
             "half_dtype=torch.bfloat16, or move the model to the device it trains on (an "
-            "NPU, a GPU) before amp.initialize.")
+            "NPU, a GPU) before amp.initialize."
+        )
 
 
-def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Tensor,
-                                  inv_scale: torch.Tensor) -> None:
+def non_finite_check_and_unscale_(
+    grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+) -> None:
     """GradScaler's unscale: each gradient times ``inv_scale`` in place, ``found_inf`` set to 1
     when any is not finite. Fused where the device has torch's kernel, else unfused (the same
     float32 arithmetic: the product of each element and the float32 reciprocal, rounded once)."""
@@ -228,8 +235,9 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
     unscale_unfused_(grads, found_inf, inv_scale)
 
 
-def unscale_unfused_(grads: list[torch.Tensor], found_inf: torch.Tensor,
-                     inv_scale: torch.Tensor) -> None:
+def unscale_unfused_(
+    grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+) -> None:
     """The arithmetic of torch's fused unscale, one gradient at a time."""
     for g in grads:
         if not bool(torch.isfinite(g).all()):

@@ -24,6 +24,7 @@ Example (runs on CPU)::
     >>> x.sum().item(), y.sum().item()
     (40.0, 60.0)
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,9 @@ def _check_same_kind(tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
-def repoint(tensor: torch.Tensor, flat: torch.Tensor, offset: int, like: torch.Tensor,
-            copy: bool) -> None:
+def repoint(
+    tensor: torch.Tensor, flat: torch.Tensor, offset: int, like: torch.Tensor, copy: bool
+) -> None:
     """Re-point ``tensor`` at ``flat``'s memory from element ``offset``, with ``like``'s shape
     and strides, keeping its values when ``copy``. ``set_`` keeps the tensor object (an
     optimizer or autograd may hold it)."""

@@ -32,6 +32,7 @@ a full backward hook are views, which torch refuses to let the next layer modify
 view and is being modified inplace"). The taps hand on copies instead, one more copy of each
 hooked child's inputs and outputs while dumping.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,7 +54,8 @@ def _h5py() -> Any:
     except ImportError as exc:
         raise ImportError(
             "apex.dump (amp.dump) writes HDF5 through h5py, which is not installed: "
-            'pip install "ampforge[dump]" (or pip install h5py)') from exc
+            'pip install "ampforge[dump]" (or pip install h5py)'
+        ) from exc
     return h5py
 
 
@@ -203,11 +205,13 @@ class HookerAndDumper:
         """Hook every direct child of *model*; the dump goes to
         ``<file_path><epoch>-epoch_<step>-step_dump.hdf5``, created empty now."""
         if not isinstance(model, nn.Module):
-            raise TypeError(f"register_hooks: model must be a torch.nn.Module; got "
-                            f"{type(model).__name__}")
+            raise TypeError(
+                f"register_hooks: model must be a torch.nn.Module; got {type(model).__name__}"
+            )
         if self.handles:
-            raise RuntimeError("register_hooks: hooks are registered already; call "
-                               "remove_hooks() first")
+            raise RuntimeError(
+                "register_hooks: hooks are registered already; call remove_hooks() first"
+            )
         h5py = _h5py()
         self.file_path = f"{self._prefix}{epoch}-epoch_{step}-step_dump.hdf5"
         with h5py.File(self.file_path, "w"):
@@ -234,9 +238,11 @@ class HookerAndDumper:
         h5py = _h5py()
         out: dict[str, Any] = {}
         with h5py.File(self.file_path, "r") as f:
+
             def visit(name: str, obj: Any) -> None:
                 if isinstance(obj, h5py.Dataset):
                     out[name] = obj[()]
                     self._say(f"{name} {obj.dtype} {obj.shape}")
+
             f.visititems(visit)
         return out

@@ -1,4 +1,5 @@
 """``amp.initialize`` and amp's own ``state_dict``/``load_state_dict``."""
+
 from __future__ import annotations
 
 import itertools
@@ -233,8 +234,12 @@ def initialize(
     if isinstance(verbosity, bool) or not isinstance(verbosity, int) or verbosity < 0:
         raise ValueError(f"verbosity must be an int >= 0; got {verbosity!r}")
     _check_scaler_knobs(
-        min_loss_scale, max_loss_scale, dynamic_init_scale, scale_growth_factor,
-        scale_backoff_factor, scale_window,
+        min_loss_scale,
+        max_loss_scale,
+        dynamic_init_scale,
+        scale_growth_factor,
+        scale_backoff_factor,
+        scale_window,
     )
     half = _resolve_half_dtype(half_dtype, cast_model_type)
     for model in model_list:
@@ -326,9 +331,12 @@ def initialize(
     # After every option and optimizer rule has had its say (they name what to change first),
     # before any state is kept: the model's device must compute the half type asked for.
     for model in model_list:
-        check_half_support(_device_type([model]) or "cpu", props.half_dtype,
-                           autocast=bool(props.patch_torch_functions),
-                           matmul=props.cast_model_type in HALF_DTYPES)
+        check_half_support(
+            _device_type([model]) or "cpu",
+            props.half_dtype,
+            autocast=bool(props.patch_torch_functions),
+            matmul=props.cast_model_type in HALF_DTYPES,
+        )
     _amp_state.opt_properties = props
     _amp_state.loss_scalers = [
         LossScaler(

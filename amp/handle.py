@@ -1,4 +1,5 @@
 """``amp.scale_loss``: the context manager around ``backward`` that applies the loss scale."""
+
 from __future__ import annotations
 
 import contextlib
@@ -127,14 +128,16 @@ def scale_loss(
         return
     # Read before the unscale: the flag answers for the backward passes alone.
     saturated = None if delay_overflow_check else scaler.device_overflow()
-    flags = [post_backward(opt, 1.0 / scale, stage).found_inf()
-             for opt, stage in zip(opts, stages)]
+    flags = [post_backward(opt, 1.0 / scale, stage).found_inf() for opt, stage in zip(opts, stages)]
     if delay_overflow_check:
         return
     if saturated is not None:
         flags.append(saturated)  # one more found-inf: the same skip, backoff and agreement
-    found_inf = flags[0] if len(flags) == 1 else torch.stack(
-        [f.reshape(1).to(flags[0].device) for f in flags]).amax()
+    found_inf = (
+        flags[0]
+        if len(flags) == 1
+        else torch.stack([f.reshape(1).to(flags[0].device) for f in flags]).amax()
+    )
     if scaler.update(any_rank_overflowed(found_inf)):
         message = (
             f"Gradient overflow.  Skipping step, loss scaler {loss_id} reducing loss scale to "

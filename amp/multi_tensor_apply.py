@@ -13,6 +13,7 @@ tensors run the compiled kernels, tensors on another device (CUDA, or Ascend's `
 pure-torch version of the same op on that device (one ``AmpDeviceFallbackWarning`` per device
 type), as apex code written for its device expects. Any other callable is called as given.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -29,19 +30,23 @@ class MultiTensorApply:
 
     def __init__(self, chunk_size: int) -> None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"MultiTensorApply: chunk_size must be an int >= 1; "
-                             f"got {chunk_size!r}")
+            raise ValueError(
+                f"MultiTensorApply: chunk_size must be an int >= 1; got {chunk_size!r}"
+            )
         self.chunk_size = chunk_size
 
     @property
     def available(self) -> bool:
         return _ext.available()
 
-    def __call__(self, op: Callable[..., Any], noop_flag_buffer: Any, tensor_lists: Any,
-                 *args: Any) -> Any:
+    def __call__(
+        self, op: Callable[..., Any], noop_flag_buffer: Any, tensor_lists: Any, *args: Any
+    ) -> Any:
         if not callable(op):
-            raise TypeError(f"multi_tensor_applier: op must be callable (e.g. "
-                            f"amp._C.multi_tensor_scale); got {type(op).__name__}")
+            raise TypeError(
+                f"multi_tensor_applier: op must be callable (e.g. "
+                f"amp._C.multi_tensor_scale); got {type(op).__name__}"
+            )
         return op(self.chunk_size, noop_flag_buffer, tensor_lists, *args)
 
 

@@ -7,6 +7,7 @@ apex runs them with its own CUDA kernels; here they are torch's: ``FusedLayerNor
 ``normalized_shape`` dimensions in float32, returned in the input's dtype as apex's kernel
 does. The ``MixedFused*`` forms (Megatron's) return the weight's dtype instead, as apex's do.
 """
+
 from __future__ import annotations
 
 from typing import List, Tuple, Union
@@ -26,8 +27,13 @@ class FusedLayerNorm(nn.LayerNorm):
     """apex's ``FusedLayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True)``: torch's
     ``LayerNorm``. apex's ``memory_efficient`` (a kernel detail) is accepted and ignored."""
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5,
-                 elementwise_affine: bool = True, memory_efficient: bool = False) -> None:
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        memory_efficient: bool = False,
+    ) -> None:
         super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
         self.memory_efficient = memory_efficient
 
@@ -38,16 +44,22 @@ class MixedFusedLayerNorm(FusedLayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = self.weight.dtype if self.weight is not None else input.dtype
-        return F.layer_norm(input.to(dtype), self.normalized_shape, self.weight, self.bias,
-                            self.eps)
+        return F.layer_norm(
+            input.to(dtype), self.normalized_shape, self.weight, self.bias, self.eps
+        )
 
 
 class FusedRMSNorm(nn.Module):
     """apex's ``FusedRMSNorm(normalized_shape, eps=1e-5, elementwise_affine=True)``: root mean
     square normalisation with a ``weight`` (initialised to ones), no bias."""
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5,
-                 elementwise_affine: bool = True, memory_efficient: bool = False) -> None:
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        memory_efficient: bool = False,
+    ) -> None:
         super().__init__()
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
@@ -76,8 +88,9 @@ class FusedRMSNorm(nn.Module):
         return self._normalized(input).to(input.dtype)
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}")
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
 
 
 class MixedFusedRMSNorm(FusedRMSNorm):

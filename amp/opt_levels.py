@@ -4,6 +4,7 @@ Mirrors apex.amp's ``Properties``: each level fills in defaults, then every keyw
 passed that is not ``None`` overrides its default. The four combinations apex rejects are rejected
 here too, with a ``RuntimeError`` that says what to do instead.
 """
+
 from __future__ import annotations
 
 import math
@@ -147,13 +148,17 @@ def check_cast_model_type(value: object) -> ModelType:
     if value is False:
         return False
     if value is True:
-        raise TypeError("cast_model_type must be None, False (do not cast) or one of "
-                        f"{', '.join(str(d) for d in MODEL_DTYPES)}; got True")
+        raise TypeError(
+            "cast_model_type must be None, False (do not cast) or one of "
+            f"{', '.join(str(d) for d in MODEL_DTYPES)}; got True"
+        )
     try:
         return check_dtype("cast_model_type", value, MODEL_DTYPES)
     except TypeError:
-        raise TypeError("cast_model_type must be None, False (do not cast) or one of "
-                        f"{', '.join(str(d) for d in MODEL_DTYPES)}; got {value!r}") from None
+        raise TypeError(
+            "cast_model_type must be None, False (do not cast) or one of "
+            f"{', '.join(str(d) for d in MODEL_DTYPES)}; got {value!r}"
+        ) from None
 
 
 def apply_overrides(

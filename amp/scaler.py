@@ -4,6 +4,7 @@ gradients' unscale and non-finite check are amp/masters/unscale.py's).
 The dynamic schedule is ``torch.amp.GradScaler``'s (same arithmetic, float32 scale, growth only when
 the grown scale stays finite) plus apex's clamping to ``[min_loss_scale, max_loss_scale]``.
 """
+
 from __future__ import annotations
 
 import math
@@ -87,12 +88,19 @@ class LossScaler:
         # third and fourth); as keywords also torch's (``growth_factor``, ``backoff_factor``),
         # NVIDIA apex's ``scale_factor`` (its growth factor) and ``dynamic_init_scale``
         # (``amp.initialize``'s name for ``init_scale``). One value per knob.
-        init_scale = _one_of("init_scale", init_scale, 2.0**16,
-                             dynamic_init_scale=dynamic_init_scale)
-        growth_factor = _one_of("scale_growth_factor", scale_growth_factor, 2.0,
-                                growth_factor=growth_factor, scale_factor=scale_factor)
-        backoff_factor = _one_of("scale_backoff_factor", scale_backoff_factor, 0.5,
-                                 backoff_factor=backoff_factor)
+        init_scale = _one_of(
+            "init_scale", init_scale, 2.0**16, dynamic_init_scale=dynamic_init_scale
+        )
+        growth_factor = _one_of(
+            "scale_growth_factor",
+            scale_growth_factor,
+            2.0,
+            growth_factor=growth_factor,
+            scale_factor=scale_factor,
+        )
+        backoff_factor = _one_of(
+            "scale_backoff_factor", scale_backoff_factor, 0.5, backoff_factor=backoff_factor
+        )
         self.dynamic = loss_scale == "dynamic"
         self._growth_factor = float(growth_factor)
         self._backoff_factor = float(backoff_factor)

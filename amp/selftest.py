@@ -10,6 +10,7 @@ The builder runs it as this project's ``test-command`` (pyproject.toml,
 before it is published; after ``pip install ampforge`` it answers the same question on the
 user's machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,9 @@ def _train(steps: int) -> tuple[list[float], list]:
     if half is None:  # this CPU's torch multiplies no half type: the kernels still get checked
         model, optimizer = amp.initialize(model, optimizer, opt_level="O0", verbosity=0)
     else:
-        model, optimizer = amp.initialize(model, optimizer, opt_level="O1", half_dtype=half,
-                                          verbosity=0)
+        model, optimizer = amp.initialize(
+            model, optimizer, opt_level="O1", half_dtype=half, verbosity=0
+        )
     x = torch.randn(128, 16)
     y = x[:, :1] * 2.0 + 0.5
     losses = []
@@ -89,8 +91,10 @@ def run(steps: int = STEPS) -> dict:
     from amp import _ext  # noqa: PLC0415
 
     if not _ext.available():
-        raise SystemExit(f"amp._C cannot be used with torch {torch.__version__} (see the "
-                         "warning above); amp would run on its pure-torch fallback")
+        raise SystemExit(
+            f"amp._C cannot be used with torch {torch.__version__} (see the "
+            "warning above); amp would run on its pure-torch fallback"
+        )
     import amp._C  # noqa: PLC0415 (the module itself must import)
 
     losses, fused = _train(steps)
@@ -111,15 +115,23 @@ def run(steps: int = STEPS) -> dict:
         _ext.reset()
     diff = max(float((a - b).abs().max()) for a, b in zip(fused, reference))
     if not diff < TOLERANCE:
-        raise SystemExit(f"the compiled kernels and the reference path differ by {diff:.3g} "
-                         f"after {steps} steps (allowed: {TOLERANCE:g})")
+        raise SystemExit(
+            f"the compiled kernels and the reference path differ by {diff:.3g} "
+            f"after {steps} steps (allowed: {TOLERANCE:g})"
+        )
     from amp._torch_compat import autocast_supports  # noqa: PLC0415
 
     half = _cpu_half(torch, autocast_supports)
-    return {"amp": amp.__version__, "torch": torch.__version__, "isa": _ext.isa(),
-            "opt_level": "O1" if half is not None else "O0 (no half matmul on this CPU)",
-            "steps": steps, "losses": [losses[0], losses[-1]],
-            "max_abs_diff_vs_reference": diff, "seconds": round(time.monotonic() - start, 2)}
+    return {
+        "amp": amp.__version__,
+        "torch": torch.__version__,
+        "isa": _ext.isa(),
+        "opt_level": "O1" if half is not None else "O0 (no half matmul on this CPU)",
+        "steps": steps,
+        "losses": [losses[0], losses[-1]],
+        "max_abs_diff_vs_reference": diff,
+        "seconds": round(time.monotonic() - start, 2),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -133,11 +145,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if as_json:
         print(json.dumps(report, sort_keys=True))
     else:
-        print(f"amp selftest: ok -- amp {report['amp']} with torch {report['torch']}, amp._C "
-              f"({report['isa']} kernels); FusedAdam {report['opt_level']} loss "
-              f"{report['losses'][0]:.4f} -> "
-              f"{report['losses'][1]:.4f} in {report['steps']} steps; max |fused - reference| "
-              f"{report['max_abs_diff_vs_reference']:.1e}")
+        print(
+            f"amp selftest: ok -- amp {report['amp']} with torch {report['torch']}, amp._C "
+            f"({report['isa']} kernels); FusedAdam {report['opt_level']} loss "
+            f"{report['losses'][0]:.4f} -> "
+            f"{report['losses'][1]:.4f} in {report['steps']} steps; max |fused - reference| "
+            f"{report['max_abs_diff_vs_reference']:.1e}"
+        )
     return 0
 
 

@@ -34,6 +34,7 @@ Side by side, at amp O2 (half model, fp32 masters) over a model of N parameters 
 Every time is printed with its spread over the steps (benchmarks/benchstats.py), in
 parentheses when the spread or the machine's load makes it unreliable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,18 +63,26 @@ Maker = Callable[[Any], Any]
 # (label, optimizer factory, extra initialize keywords)
 ROWS: list[tuple[str, Maker, dict[str, Any]]] = [
     ("torch SGD (foreach)", lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {}),
-    ("torch SGD (single-tensor)",
-     lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False), {}),
-    ("torch SGD + combine_grad",
-     lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {"combine_grad": True}),
+    (
+        "torch SGD (single-tensor)",
+        lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
+        {},
+    ),
+    (
+        "torch SGD + combine_grad",
+        lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+        {"combine_grad": True},
+    ),
     ("amp FusedSGD", lambda ps: O.FusedSGD(ps, lr=0.01, momentum=0.9), {}),
     ("NpuFusedSGD (combined)", lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9), {}),
-    ("NpuFusedSGD (torch ops)",
-     lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9, one_pass=False), {}),
+    (
+        "NpuFusedSGD (torch ops)",
+        lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9, one_pass=False),
+        {},
+    ),
     ("torch Adam (foreach)", lambda ps: torch.optim.Adam(ps, lr=1e-3), {}),
     ("torch Adam (single-tensor)", lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False), {}),
-    ("torch Adam + combine_grad",
-     lambda ps: torch.optim.Adam(ps, lr=1e-3), {"combine_grad": True}),
+    ("torch Adam + combine_grad", lambda ps: torch.optim.Adam(ps, lr=1e-3), {"combine_grad": True}),
     ("amp FusedAdam", lambda ps: O.FusedAdam(ps, lr=1e-3), {}),
     ("NpuFusedAdam (combined)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3), {}),
     ("NpuFusedAdam (one-pass)", lambda ps: O.NpuFusedAdam(ps, lr=1e-3, one_pass=True), {}),
@@ -91,8 +100,7 @@ def count(make: Maker, n: int, size: int, extra: dict[str, Any]) -> npu_fused_op
     return npu_fused_ops.count_step(make, n, size, "npu", **INIT, **extra)
 
 
-def prepare(make: Maker, n: int, size: int, extra: dict[str, Any]
-            ) -> Callable[[], list[float]]:
+def prepare(make: Maker, n: int, size: int, extra: dict[str, Any]) -> Callable[[], list[float]]:
     """A model and optimizer under amp, two steps taken (combining, states); returns a
     function that takes one more step and gives the seconds of each optimizer-side phase."""
     model = npu_fused_ops.ManyParams(n, size)
@@ -120,8 +128,9 @@ def prepare(make: Maker, n: int, size: int, extra: dict[str, Any]
     return one
 
 
-def time_rows(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int, repeat: int
-              ) -> dict[str, dict[str, Any]]:
+def time_rows(
+    rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int, repeat: int
+) -> dict[str, dict[str, Any]]:
     """Each row's optimizer-side phases (and their sum) over `repeat` steps, the rows
     interleaved step by step in rotating order, so that a shared machine's drift hits them
     alike: label -> {phase: stats.figure (ms, its spread, why it is unreliable)}."""
@@ -131,15 +140,17 @@ def time_rows(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int, 
     labels = list(steps)
     mon = stats.LoadMonitor().start()
     for r in range(repeat):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
             times[label].append(steps[label]())
     mon.stop()
     load = mon.unreliable()
     out: dict[str, dict[str, Any]] = {}
     for label, samples in times.items():
         columns = [[s[i] for s in samples] for i in range(3)] + [[sum(s) for s in samples]]
-        out[label] = {name: stats.figure(stats.spread(col), load, 1e3)
-                      for name, col in zip(TIME_COLUMNS, columns)}
+        out[label] = {
+            name: stats.figure(stats.spread(col), load, 1e3)
+            for name, col in zip(TIME_COLUMNS, columns)
+        }
         out[label]["others_cpu_share"] = mon.others
     return out
 
@@ -148,15 +159,23 @@ TIME_COLUMNS = ("unscale+chk", "step", "zero_grad", "total")
 W = 13  # a figure and its spread: "(123.45 +-12%)"
 
 
-def _print_times(rows: list[tuple[str, Maker, dict[str, Any]]], n: int, size: int,
-                 repeat: int, doc: dict[str, Any], unreliable: list[str]) -> None:
+def _print_times(
+    rows: list[tuple[str, Maker, dict[str, Any]]],
+    n: int,
+    size: int,
+    repeat: int,
+    doc: dict[str, Any],
+    unreliable: list[str],
+) -> None:
     for label, figs in time_rows(rows, n, size, repeat).items():
         cells = " ".join(stats.fmt_figure(figs[c], ".2f", W) for c in TIME_COLUMNS)
         share = figs["others_cpu_share"]
-        print(f"{label:28} {n:>6} {cells} {'?' if share is None else f'{share:.0%}':>6}",
-              flush=True)
-        doc["times"].append({"optimizer": label, "params": n, "elements": size,
-                             "repeat": repeat, **figs})
+        print(
+            f"{label:28} {n:>6} {cells} {'?' if share is None else f'{share:.0%}':>6}", flush=True
+        )
+        doc["times"].append(
+            {"optimizer": label, "params": n, "elements": size, "repeat": repeat, **figs}
+        )
         bad = [f"{c} ({figs[c]['unreliable']})" for c in TIME_COLUMNS if figs[c]["unreliable"]]
         if bad:
             unreliable.append(f"  {label}, {n} params: {', '.join(bad)}")
@@ -169,47 +188,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--big", type=float, default=5e7, help="elements for the big CPU step")
     ap.add_argument("--no-big", action="store_true")
-    ap.add_argument("--explain", action="store_true",
-                    help="list the operations of each phase for the combined rows")
-    ap.add_argument("--json", metavar="FILE",
-                    help="also write the counts and times as JSON ('-': stdout)")
+    ap.add_argument(
+        "--explain",
+        action="store_true",
+        help="list the operations of each phase for the combined rows",
+    )
+    ap.add_argument(
+        "--json", metavar="FILE", help="also write the counts and times as JSON ('-': stdout)"
+    )
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # amp's device-fallback notice for amp.optimizers on npu
     install()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load {os.getloadavg()[0]:.2f}; amp O2, {args.size} elements per parameter")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load {os.getloadavg()[0]:.2f}; amp O2, {args.size} elements per parameter"
+    )
     print("\nDevice operations per step on `npu` (launches; syncs = .item() reads)")
-    header = (f"{'optimizer':28} {'params':>6} {'unscale+chk':>11} {'step':>6} {'zero_grad':>9}"
-              f" {'total':>6} {'syncs':>5} {'bwd extra':>9} {'all calls':>9}")
+    header = (
+        f"{'optimizer':28} {'params':>6} {'unscale+chk':>11} {'step':>6} {'zero_grad':>9}"
+        f" {'total':>6} {'syncs':>5} {'bwd extra':>9} {'all calls':>9}"
+    )
     print(header)
     print("-" * len(header))
     plain_backward: dict[int, int] = {}
-    doc: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                           "cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
-                           "elements": args.size, "counts": [], "times": []}
+    doc: dict[str, Any] = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": list(os.getloadavg()),
+        "elements": args.size,
+        "counts": [],
+        "times": [],
+    }
     for label, make, extra in ROWS:
         for n in args.counts:
             c = count(make, n, args.size, extra)
             phases = [c.launches[p] for p in npu_fused_ops.PHASES]
             other = c.launches["other"]
             plain_backward.setdefault(n, other)
-            print(f"{label:28} {n:>6} {phases[0]:>11} {phases[1]:>6} {phases[2]:>9} "
-                  f"{sum(phases):>6} {sum(c.syncs.values()):>5} "
-                  f"{other - plain_backward[n]:>9} "
-                  f"{sum(c.calls[p] for p in npu_fused_ops.PHASES):>9}")
+            print(
+                f"{label:28} {n:>6} {phases[0]:>11} {phases[1]:>6} {phases[2]:>9} "
+                f"{sum(phases):>6} {sum(c.syncs.values()):>5} "
+                f"{other - plain_backward[n]:>9} "
+                f"{sum(c.calls[p] for p in npu_fused_ops.PHASES):>9}"
+            )
             # counts are deterministic: no spread
-            doc["counts"].append({"optimizer": label, "params": n,
-                                  **dict(zip(npu_fused_ops.PHASES, phases)),
-                                  "total": sum(phases), "syncs": sum(c.syncs.values()),
-                                  "backward_extra": other - plain_backward[n],
-                                  "all_calls": sum(c.calls[p] for p in npu_fused_ops.PHASES)})
+            doc["counts"].append(
+                {
+                    "optimizer": label,
+                    "params": n,
+                    **dict(zip(npu_fused_ops.PHASES, phases)),
+                    "total": sum(phases),
+                    "syncs": sum(c.syncs.values()),
+                    "backward_extra": other - plain_backward[n],
+                    "all_calls": sum(c.calls[p] for p in npu_fused_ops.PHASES),
+                }
+            )
             if args.explain and ("combine" in label or "Npu" in label) and n == args.counts[0]:
                 for phase in npu_fused_ops.PHASES:
                     print(f"{'':30}{phase}: {dict(c.names[phase])}")
-    print("\nCPU time per step, optimizer-side phases (ms, median of "
-          f"{args.repeat} +- interquartile range over the median, interleaved)")
-    header = (f"{'optimizer':28} {'params':>6} "
-              + " ".join(f"{c:>{W}}" for c in TIME_COLUMNS) + f" {'others':>6}")
+    print(
+        "\nCPU time per step, optimizer-side phases (ms, median of "
+        f"{args.repeat} +- interquartile range over the median, interleaved)"
+    )
+    header = (
+        f"{'optimizer':28} {'params':>6} "
+        + " ".join(f"{c:>{W}}" for c in TIME_COLUMNS)
+        + f" {'others':>6}"
+    )
     print(header)
     print("-" * len(header))
     unreliable: list[str] = []
@@ -217,14 +263,17 @@ def main(argv: list[str] | None = None) -> int:
         _print_times(ROWS, n, args.size, args.repeat, doc, unreliable)
     if not args.no_big:
         n, size = 100, int(args.big) // 100
-        print(f"\nCPU time per step at {n * size / 1e6:.0f}M parameters ({n} x {size}), "
-              f"ms, median of {args.repeat}")
+        print(
+            f"\nCPU time per step at {n * size / 1e6:.0f}M parameters ({n} x {size}), "
+            f"ms, median of {args.repeat}"
+        )
         print(header)
         print("-" * len(header))
         fused = [row for row in ROWS if "Fused" in row[0]]
         for kind in ("SGD", "Adam"):  # SGD's models, then Adam's: fewer in memory at once
-            _print_times([row for row in fused if kind in row[0]], n, size, args.repeat, doc,
-                         unreliable)
+            _print_times(
+                [row for row in fused if kind in row[0]], n, size, args.repeat, doc, unreliable
+            )
     stats.print_legend(unreliable, "steps")
     if args.json:
         stats.write_json(doc, args.json)

@@ -17,6 +17,7 @@ ignores, yet large when the rounds disagree as a whole. A figure is *unreliable*
 The benchmarks print an unreliable figure in parentheses, with the reason, and do not check
 a target on it: it is reported as "unreliable", neither met nor missed.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,9 @@ def spread(samples: Sequence[float]) -> Spread:
     if not samples:
         raise ValueError("spread of no samples")
     xs = sorted(samples)
-    return Spread(statistics.median(xs), _quantile(xs, 0.25), _quantile(xs, 0.75),
-                  xs[0], xs[-1], len(xs))
+    return Spread(
+        statistics.median(xs), _quantile(xs, 0.25), _quantile(xs, 0.75), xs[0], xs[-1], len(xs)
+    )
 
 
 def ratio_spread(num: Sequence[float], den: Sequence[float]) -> Spread:
@@ -142,12 +144,14 @@ class LoadMonitor:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"others_cpu_share": self.others, "loadavg_start": self.loadavg_start,
-                "cpus": self.cpus}
+        return {
+            "others_cpu_share": self.others,
+            "loadavg_start": self.loadavg_start,
+            "cpus": self.cpus,
+        }
 
 
-def verdict(s: Spread, load: Optional[str] = None, max_spread: float = MAX_SPREAD
-            ) -> Optional[str]:
+def verdict(s: Spread, load: Optional[str] = None, max_spread: float = MAX_SPREAD) -> Optional[str]:
     """Why figure `s` is unreliable (its spread, else the load's reason), or None."""
     if s.rel > max_spread:
         return f"spread {s.rel:.0%} over {s.n} rounds"
@@ -170,8 +174,9 @@ def fmt_figure(fig: Optional[dict[str, Any]], spec: str, width: int = 0) -> str:
     return f"{fmt(fig['value'], fig['rel'], spec, fig['unreliable']):>{width}}"
 
 
-def figure(s: Spread, load: Optional[str], scale: float = 1.0,
-           max_spread: float = MAX_SPREAD) -> dict[str, Any]:
+def figure(
+    s: Spread, load: Optional[str], scale: float = 1.0, max_spread: float = MAX_SPREAD
+) -> dict[str, Any]:
     """A figure for --json: its value (the median times `scale`), its spread, and the reason
     it is unreliable (null when it is not)."""
     out = s.to_json()
@@ -180,8 +185,7 @@ def figure(s: Spread, load: Optional[str], scale: float = 1.0,
     return out
 
 
-def check_target(name: str, figs: Sequence[dict[str, Any]], ok: bool, want: str,
-                 shown: str) -> str:
+def check_target(name: str, figs: Sequence[dict[str, Any]], ok: bool, want: str, shown: str) -> str:
     """One target's line: met / MISSED when every figure() it reads is reliable, else
     UNRELIABLE with the first reason (the target is then not checked)."""
     why = next((f["unreliable"] for f in figs if f["unreliable"]), None)
@@ -192,9 +196,11 @@ def check_target(name: str, figs: Sequence[dict[str, Any]], ok: bool, want: str,
 def print_legend(unreliable: Sequence[str], samples: str) -> None:
     """The key to the tables' figures (*samples*: what a spread is over, e.g. "rounds"), then
     each unreliable figure with its reason."""
-    print(f"\n(figure +-N%): the interquartile range of its {samples} over the median; in "
-          f"parentheses: unreliable (spread > {MAX_SPREAD:.0%}, or other processes used "
-          f"> {MAX_OTHERS:.0%} of the CPUs: 'others'), not a result")
+    print(
+        f"\n(figure +-N%): the interquartile range of its {samples} over the median; in "
+        f"parentheses: unreliable (spread > {MAX_SPREAD:.0%}, or other processes used "
+        f"> {MAX_OTHERS:.0%} of the CPUs: 'others'), not a result"
+    )
     if unreliable:
         print("unreliable figures:")
         print("\n".join(unreliable))

@@ -14,6 +14,7 @@ sizes show the binding and large ones the kernels.
 Every figure is printed with its spread over the rounds (benchmarks/benchstats.py), in
 parentheses when the spread or the machine's load makes it unreliable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,7 @@ def _ops(total: int, count: int) -> dict[str, Callable[[Any], Any]]:
     v = [torch.zeros(n) for n in sizes]
     out = [torch.empty(n) for n in sizes]
     return {
-        "adam": lambda C: C.adam(g, p, m, v, None, 1e-3, 0.9, 0.999, 1e-8, 1, True, True, 0.0,
-                                 1.0),
+        "adam": lambda C: C.adam(g, p, m, v, None, 1e-3, 0.9, 0.999, 1e-8, 1, True, True, 0.0, 1.0),
         "sgd": lambda C: C.sgd(g, p, m, None, 1e-3, 0.9, 0.0, 0.0, False, False, False, 1.0),
         "scale_l2norm": lambda C: C.scale_l2norm(g, out, 0.5),
     }
@@ -90,12 +90,16 @@ def main() -> int:
         mod.set_isa("auto")
     print(f"current:  {current.__file__} ({getattr(current, '__torch_abi__', 'unstable')})")
     print(f"baseline: {args.baseline} ({getattr(base, '__torch_abi__', 'unstable')})")
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.tensors} tensors, "
-          f"kernels {current.isa()}; load average at start: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {args.tensors} tensors, "
+        f"kernels {current.isa()}; load average at start: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     w = 14
-    print(f"{'elements':>10} {'op':<13} {'baseline us':>{w}} {'current us':>{w}} "
-          f"{'current/base':>{w}} {'others':>6}")
+    print(
+        f"{'elements':>10} {'op':<13} {'baseline us':>{w}} {'current us':>{w}} "
+        f"{'current/base':>{w}} {'others':>6}"
+    )
     results: list[dict[str, Any]] = []
     unreliable: list[str] = []
     for total in (int(s) for s in args.sizes):
@@ -112,24 +116,43 @@ def main() -> int:
                 tc.append(got[id(current)])
             mon.stop()
             load = mon.unreliable()
-            figs = {"baseline_us": stats.figure(stats.spread(tb), load, 1e6),
-                    "current_us": stats.figure(stats.spread(tc), load, 1e6),
-                    "ratio": stats.figure(stats.ratio_spread(tc, tb), load)}
+            figs = {
+                "baseline_us": stats.figure(stats.spread(tb), load, 1e6),
+                "current_us": stats.figure(stats.spread(tc), load, 1e6),
+                "ratio": stats.figure(stats.ratio_spread(tc, tb), load),
+            }
             share = "?" if mon.others is None else f"{mon.others:.0%}"
-            print(f"{total:>10} {name:<13} {stats.fmt_figure(figs['baseline_us'], '.1f', w)} "
-                  f"{stats.fmt_figure(figs['current_us'], '.1f', w)} "
-                  f"{stats.fmt_figure(figs['ratio'], '.3f', w - 1)}x {share:>6}", flush=True)
-            results.append({"elements": total, "op": name, "tensors": args.tensors,
-                            "load": mon.to_json(), **figs})
+            print(
+                f"{total:>10} {name:<13} {stats.fmt_figure(figs['baseline_us'], '.1f', w)} "
+                f"{stats.fmt_figure(figs['current_us'], '.1f', w)} "
+                f"{stats.fmt_figure(figs['ratio'], '.3f', w - 1)}x {share:>6}",
+                flush=True,
+            )
+            results.append(
+                {
+                    "elements": total,
+                    "op": name,
+                    "tensors": args.tensors,
+                    "load": mon.to_json(),
+                    **figs,
+                }
+            )
             bad = [f"{k} ({f['unreliable']})" for k, f in figs.items() if f["unreliable"]]
             if bad:
                 unreliable.append(f"  {total} {name}: {', '.join(bad)}")
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     stats.print_legend(unreliable, "rounds")
     if args.json:
-        stats.write_json({"current": str(current.__file__), "baseline": str(args.baseline),
-                          "torch": torch.__version__, "threads": args.threads,
-                          "results": results}, args.json)
+        stats.write_json(
+            {
+                "current": str(current.__file__),
+                "baseline": str(args.baseline),
+                "torch": torch.__version__,
+                "threads": args.threads,
+                "results": results,
+            },
+            args.json,
+        )
     return 0
 
 

@@ -41,8 +41,13 @@ LOGS = ROOT / "build" / "bench-arm"  # each case's builder output, kept after th
 def base_image(arch: str) -> str:
     """Build or reuse the local base image of *arch*; return its tag (untimed set-up)."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "builder", "base-image", "--arch", arch],
-                          capture_output=True, text=True, cwd=ROOT, env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder", "base-image", "--arch", arch],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_env(),
+    )
     if proc.returncode != 0:
         sys.exit(f"base-image --arch {arch} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     tag = proc.stdout.strip().splitlines()[-1]
@@ -51,18 +56,34 @@ def base_image(arch: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ARCH", "PY", "TORCH", "BACKEND", "BASE_IMAGE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ARCH", "PY", "TORCH", "BACKEND", "BASE_IMAGE")
+    }
     env["PYTHONPATH"] = str(ROOT)
     return env
 
 
-def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float, dict[str, int],
-                                                                          str]:
+def build(
+    project: Path, work: Path, name: str, args: list[str]
+) -> tuple[float, dict[str, int], str]:
     """One forced cell build; (wall seconds, seconds per step, wheel name)."""
     out = work / name
-    argv = [sys.executable, "-m", "builder", "build", "--project", str(project), "--force",
-            "--out", str(out / "dist"), "--work-dir", str(out / "work"), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "builder",
+        "build",
+        "--project",
+        str(project),
+        "--force",
+        "--out",
+        str(out / "dist"),
+        "--work-dir",
+        str(out / "work"),
+        *args,
+    ]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=work)
     took = time.monotonic() - start
@@ -77,14 +98,21 @@ def build(project: Path, work: Path, name: str, args: list[str]) -> tuple[float,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument(
+        "--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}"
+    )
     ap.add_argument("--jobs", type=int, default=None, help="compile jobs in each cell (JOBS)")
-    ap.add_argument("--overlap", action="store_true",
-                    help="build the emulated case at the same time as the others (they then "
-                         "share the CPU: the times say less, the run takes less)")
-    ap.add_argument("--project", default=None,
-                    help="another project to build (default: a copy of this repository)")
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="build the emulated case at the same time as the others (they then "
+        "share the CPU: the times say less, the run takes less)",
+    )
+    ap.add_argument(
+        "--project",
+        default=None,
+        help="another project to build (default: a copy of this repository)",
+    )
     args = ap.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
@@ -99,14 +127,30 @@ def main() -> None:
     arm_cell = ["--arch", "ARM", "--python", "3.11", "--torch", ARM_TORCH]
     argv: dict[str, list[str]] = {}
     if "native" in cases:
-        argv["native"] = ["--arch", "X86", "--python", "3.11", "--torch", TORCH, "--backend",
-                          "docker", "--base-image", base_image("X86"), "--wheelhouse",
-                          str(wheelhouse_cp311())]
+        argv["native"] = [
+            "--arch",
+            "X86",
+            "--python",
+            "3.11",
+            "--torch",
+            TORCH,
+            "--backend",
+            "docker",
+            "--base-image",
+            base_image("X86"),
+            "--wheelhouse",
+            str(wheelhouse_cp311()),
+        ]
     if "cross" in cases:
         argv["cross"] = [*arm_cell, "--backend", "cross"]
     if "emulated" in cases:  # its base image is resolved right before it is built
-        argv["emulated"] = [*arm_cell, "--backend", "emulated", "--wheelhouse",
-                            str(wheelhouse_cp311_aarch64())]
+        argv["emulated"] = [
+            *arm_cell,
+            "--backend",
+            "emulated",
+            "--wheelhouse",
+            str(wheelhouse_cp311_aarch64()),
+        ]
 
     results: dict[str, tuple[float, dict[str, int], str]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-arm-") as tmp:
@@ -114,8 +158,9 @@ def main() -> None:
         work.mkdir()
         if args.project:
             source = Path(args.project).resolve()
-            project = copy_project(Path(tmp) / "project", source,
-                                   [p.name for p in source.iterdir()])
+            project = copy_project(
+                Path(tmp) / "project", source, [p.name for p in source.iterdir()]
+            )
         else:
             project = copy_project(Path(tmp) / "project")
         if "emulated" in argv:
@@ -143,12 +188,16 @@ def main() -> None:
         if set(results) != set(argv):
             sys.exit(f"not every case finished: {sorted(set(argv) - set(results))}")
 
-    print(f"\nwhole-cell builds (--force), {os.cpu_count()} cores, jobs={args.jobs or 'default'}"
-          + (", emulated overlapping the others" if args.overlap else ", one after another"))
+    print(
+        f"\nwhole-cell builds (--force), {os.cpu_count()} cores, jobs={args.jobs or 'default'}"
+        + (", emulated overlapping the others" if args.overlap else ", one after another")
+    )
     print(f"{'case':<9} {'cell':<36} {'seconds':>8}  wheel")
-    cells = {"native": f"cp311-manylinux_x86_64-torch{TORCH}",
-             "cross": f"cp311-manylinux_aarch64-torch{ARM_TORCH}",
-             "emulated": f"cp311-manylinux_aarch64-torch{ARM_TORCH}"}
+    cells = {
+        "native": f"cp311-manylinux_x86_64-torch{TORCH}",
+        "cross": f"cp311-manylinux_aarch64-torch{ARM_TORCH}",
+        "emulated": f"cp311-manylinux_aarch64-torch{ARM_TORCH}",
+    }
     for name, (took, _, wheel) in results.items():
         print(f"{name:<9} {cells[name]:<36} {took:8.0f}  {wheel}")
     print("\nper step (seconds; from the build's progress lines)")
@@ -156,12 +205,15 @@ def main() -> None:
         print(f"  {name:<9} " + ", ".join(f"{s} {t:.0f}" for s, t in steps.items()))
     if "cross" in results and "emulated" in results:
         r = results["emulated"][0] / results["cross"][0]
-        print(f"\ncross vs emulated: {r:.1f}x faster (target >= 5x: "
-              f"{'met' if r >= 5 else 'NOT met'})")
+        print(
+            f"\ncross vs emulated: {r:.1f}x faster (target >= 5x: {'met' if r >= 5 else 'NOT met'})"
+        )
     if "cross" in results and "native" in results:
         r = results["cross"][0] / results["native"][0]
-        print(f"cross vs native X86: {r:.2f}x the native time (target <= 1.5x: "
-              f"{'met' if r <= 1.5 else 'NOT met'})")
+        print(
+            f"cross vs native X86: {r:.2f}x the native time (target <= 1.5x: "
+            f"{'met' if r <= 1.5 else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

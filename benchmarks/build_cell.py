@@ -40,14 +40,34 @@ sys.path.insert(0, str(ROOT))
 CELL = "cp311-manylinux_x86_64-torch2.13.0"
 
 
-def build(project: Path, work: Path, extra: list[str], env: dict[str, str]
-          ) -> tuple[float, str, dict[str, int], str]:
-    argv = [sys.executable, "-m", "builder", "build", "--project", str(project),
-            "--out", str(work / "dist"), "--work-dir", str(work / "work"), "--python", "3.11",
-            "--arch", "X86", *extra]
+def build(
+    project: Path, work: Path, extra: list[str], env: dict[str, str]
+) -> tuple[float, str, dict[str, int], str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "builder",
+        "build",
+        "--project",
+        str(project),
+        "--out",
+        str(work / "dist"),
+        "--work-dir",
+        str(work / "work"),
+        "--python",
+        "3.11",
+        "--arch",
+        "X86",
+        *extra,
+    ]
     start = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=work,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
     took = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"build failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -71,8 +91,9 @@ def cold_docker(engine_cell: str) -> None:
         engine.remove_image(image["Id"])
 
 
-def run_backend(backend: str, args: argparse.Namespace, tmp: Path, rev: str | None = None
-                ) -> list[tuple]:
+def run_backend(
+    backend: str, args: argparse.Namespace, tmp: Path, rev: str | None = None
+) -> list[tuple]:
     """The four cases for one backend, for the project now (*rev* None) or as of *rev*."""
     extra = ["--backend", backend]
     if backend == "docker":
@@ -85,8 +106,7 @@ def run_backend(backend: str, args: argparse.Namespace, tmp: Path, rev: str | No
     if backend == "docker":
         cold_docker(CELL)
     work = tmp / side
-    project = (copy_project_at(rev, work / "project") if rev
-               else copy_project(work / "project"))
+    project = copy_project_at(rev, work / "project") if rev else copy_project(work / "project")
     rows = [("cold", *build(project, work, extra, env))]
     rows.append(("nothing changed", *build(project, work, extra, env)))
     py = project / "amp" / "scaler.py"
@@ -106,13 +126,19 @@ def run_backend(backend: str, args: argparse.Namespace, tmp: Path, rev: str | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backends", nargs="+", default=["host", "docker"],
-                    choices=("host", "docker"))
-    ap.add_argument("--base-image", default="local",
-                    help="docker backend's base image (default: local, built on first use)")
+    ap.add_argument("--backends", nargs="+", default=["host", "docker"], choices=("host", "docker"))
+    ap.add_argument(
+        "--base-image",
+        default="local",
+        help="docker backend's base image (default: local, built on first use)",
+    )
     ap.add_argument("--wheelhouse", default=None, help="find-links folder for torch")
-    ap.add_argument("--before", metavar="REV", default=None,
-                    help="also build the project as of this git revision (side by side)")
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help="also build the project as of this git revision (side by side)",
+    )
     args = ap.parse_args()
     print(f"build_cell: cell {CELL}; load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
@@ -122,12 +148,16 @@ def main() -> None:
                 rows = run_backend(backend, args, Path(tmp), rev)
                 cold = rows[0][1]
                 print(f"\nbackend {backend}{', ' + label if label else ''}")
-                print(f"{'case':<24} {'seconds':>8} {'vs cold':>8} {'ccache':>8}  "
-                      "result, steps (s)")
+                print(
+                    f"{'case':<24} {'seconds':>8} {'vs cold':>8} {'ccache':>8}  result, steps (s)"
+                )
                 for name, took, status, steps, ccache in rows:
                     detail = ", ".join(f"{k} {v}" for k, v in steps.items())
-                    print(f"{name:<24} {took:8.1f} {cold / took:7.1f}x {ccache:>8}  {status}: "
-                          f"{detail}", flush=True)
+                    print(
+                        f"{name:<24} {took:8.1f} {cold / took:7.1f}x {ccache:>8}  {status}: "
+                        f"{detail}",
+                        flush=True,
+                    )
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -22,8 +22,10 @@ COLUMNS = ("wall", "own", "children", "engine")
 def load(folder: Path) -> list[dict]:
     files = sorted(folder.glob("*.jsonl"))
     if not files:
-        raise SystemExit(f"ci_cpu: no *.jsonl in {folder} (run the suite with "
-                         "AMPFORGE_CPU_PROFILE set to that folder first)")
+        raise SystemExit(
+            f"ci_cpu: no *.jsonl in {folder} (run the suite with "
+            "AMPFORGE_CPU_PROFILE set to that folder first)"
+        )
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
 
 
@@ -49,15 +51,21 @@ def main(argv: list[str]) -> int:
             row[col] += record.get(col, 0.0)
     cpu = {k: v["own"] + v["children"] + v["engine"] for k, v in sums.items()}
     width = max(len(k) for k in sums)
-    print(f"{args.by:<{width}} {'tests':>6} {'wall s':>8} {'own':>7} {'children':>9} "
-          f"{'engine':>7} {'CPU s':>7}")
-    for k in sorted(sums, key=lambda k: -cpu[k])[:args.top]:
+    print(
+        f"{args.by:<{width}} {'tests':>6} {'wall s':>8} {'own':>7} {'children':>9} "
+        f"{'engine':>7} {'CPU s':>7}"
+    )
+    for k in sorted(sums, key=lambda k: -cpu[k])[: args.top]:
         v = sums[k]
-        print(f"{k:<{width}} {int(v['n']):>6} {v['wall']:>8.0f} {v['own']:>7.1f} "
-              f"{v['children']:>9.1f} {v['engine']:>7.1f} {cpu[k]:>7.1f}")
+        print(
+            f"{k:<{width}} {int(v['n']):>6} {v['wall']:>8.0f} {v['own']:>7.1f} "
+            f"{v['children']:>9.1f} {v['engine']:>7.1f} {cpu[k]:>7.1f}"
+        )
     total = {col: sum(v[col] for v in sums.values()) for col in ("n", *COLUMNS)}
-    print(f"{'total':<{width}} {int(total['n']):>6} {total['wall']:>8.0f} {total['own']:>7.1f} "
-          f"{total['children']:>9.1f} {total['engine']:>7.1f} {sum(cpu.values()):>7.1f}")
+    print(
+        f"{'total':<{width}} {int(total['n']):>6} {total['wall']:>8.0f} {total['own']:>7.1f} "
+        f"{total['children']:>9.1f} {total['engine']:>7.1f} {sum(cpu.values()):>7.1f}"
+    )
     return 0
 
 

@@ -36,42 +36,66 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "matrix_cost.yaml"
 
 
-def summarize(label: str, work: Path, stderr: str, exit_code: int, wall: float
-              ) -> dict[str, Any]:
+def summarize(label: str, work: Path, stderr: str, exit_code: int, wall: float) -> dict[str, Any]:
     """One side's figures from its dist/ and the builder's progress lines."""
     dist = work / "dist"
-    manifest = json.loads((dist / "manifest.json").read_text()) if (
-        dist / "manifest.json").exists() else {"wheels": []}
+    manifest = (
+        json.loads((dist / "manifest.json").read_text())
+        if (dist / "manifest.json").exists()
+        else {"wheels": []}
+    )
     entries = manifest["wheels"]
     served = [w for w in entries if w.get("extra", {}).get("served_by")]
     return {
-        "side": label, "exit": exit_code, "wall_s": round(wall, 1),
-        "cells": len(entries), "builds": len(entries) - len(served), "verified": len(served),
-        "wheels": len(list(dist.glob("*.whl"))), "steps_s": total_step_times(stderr),
+        "side": label,
+        "exit": exit_code,
+        "wall_s": round(wall, 1),
+        "cells": len(entries),
+        "builds": len(entries) - len(served),
+        "verified": len(served),
+        "wheels": len(list(dist.glob("*.whl"))),
+        "steps_s": total_step_times(stderr),
         "per_cell": step_times(stderr),
         "log": str(work / "build.log"),
     }
 
 
 def run_side(label: str, project: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "builder", "build", "--all", "--keep-going",
-            "--config", str(args.config), "--project", str(project), "--out", str(work / "dist"),
-            "--work-dir", str(work / "work"), *([] if args.ccache else ["--no-ccache"])]
+    argv = [
+        sys.executable,
+        "-m",
+        "builder",
+        "build",
+        "--all",
+        "--keep-going",
+        "--config",
+        str(args.config),
+        "--project",
+        str(project),
+        "--out",
+        str(work / "dist"),
+        "--work-dir",
+        str(work / "work"),
+        *([] if args.ccache else ["--no-ccache"]),
+    ]
     print(f"[{label}] {' '.join(argv[1:])}", file=sys.stderr, flush=True)
     start = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=work,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     wall = time.monotonic() - start
     (work / "build.log").write_text(proc.stderr)
-    (work / "side.json").write_text(json.dumps({"exit": proc.returncode, "wall_s": wall,
-                                                "builder": describe()}))
+    (work / "side.json").write_text(
+        json.dumps({"exit": proc.returncode, "wall_s": wall, "builder": describe()})
+    )
     return summarize(label, work, proc.stderr, proc.returncode, wall)
 
 
 def describe() -> str:
     """This checkout's revision (the builder of both sides, and the "after" project)."""
-    return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def reread_side(label: str, work: Path) -> dict[str, Any]:
@@ -87,8 +111,11 @@ def main() -> int:
     ap.add_argument("--ccache", action="store_true", help="let the compiler cache serve objects")
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--keep", type=Path, help="build here (kept) instead of a temporary folder")
-    ap.add_argument("--report", action="store_true",
-                    help="build nothing: print the table again from a --keep folder")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="build nothing: print the table again from a --keep folder",
+    )
     args = ap.parse_args()
     if args.report and not args.keep:
         ap.error("--report needs --keep DIR (the folder of an earlier run)")
@@ -103,19 +130,34 @@ def main() -> int:
                 sides.append(reread_side(label, work))
                 continue
             work.mkdir(parents=True, exist_ok=True)
-            project = (copy_project_at(args.before, work / "project") if label == "before"
-                       else copy_project(work / "project"))
+            project = (
+                copy_project_at(args.before, work / "project")
+                if label == "before"
+                else copy_project(work / "project")
+            )
             sides.append(run_side(label, project, work, args))
-    head = (json.loads((base / "after" / "side.json").read_text()).get("builder", "?")
-            if args.report else describe())
-    print(f"matrix_cost: config {args.config.name}; before = {args.before}, after = {head}; "
-          f"ccache {'on' if args.ccache else 'off'}; {os.cpu_count()} CPUs; load average "
-          f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end")
-    rows = [("cells", "cells"), ("builds (compiles)", "builds"),
-            ("verified with another cell's wheel", "verified"), ("wheels in dist/", "wheels"),
-            ("wall time (s)", "wall_s"), ("exit code", "exit")]
-    names = sorted({n for s in sides for n in s["steps_s"]},
-                   key=lambda n: -max(s["steps_s"].get(n, 0) for s in sides))
+    head = (
+        json.loads((base / "after" / "side.json").read_text()).get("builder", "?")
+        if args.report
+        else describe()
+    )
+    print(
+        f"matrix_cost: config {args.config.name}; before = {args.before}, after = {head}; "
+        f"ccache {'on' if args.ccache else 'off'}; {os.cpu_count()} CPUs; load average "
+        f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+    )
+    rows = [
+        ("cells", "cells"),
+        ("builds (compiles)", "builds"),
+        ("verified with another cell's wheel", "verified"),
+        ("wheels in dist/", "wheels"),
+        ("wall time (s)", "wall_s"),
+        ("exit code", "exit"),
+    ]
+    names = sorted(
+        {n for s in sides for n in s["steps_s"]},
+        key=lambda n: -max(s["steps_s"].get(n, 0) for s in sides),
+    )
     print(f"{'':<38} {'before':>9} {'after':>9} {'after/before':>13}")
     for title, key in rows + [(f"  step '{n}' summed over cells (s)", n) for n in names]:
         b, a = (s.get(key, s["steps_s"].get(key, 0)) for s in sides)
@@ -125,8 +167,9 @@ def main() -> int:
         if s["exit"] != 0:
             print(f"{s['side']}: the build exited {s['exit']}; its log: {s['log']}")
     if args.json:
-        args.json.write_text(json.dumps({"before": args.before, "after": head, "sides": sides},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps({"before": args.before, "after": head, "sides": sides}, indent=1)
+        )
     return 0 if all(s["exit"] == 0 for s in sides) else 1
 
 

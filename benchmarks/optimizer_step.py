@@ -29,6 +29,7 @@ per-round ratios; the load average is printed with the results.
     python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--threads 2] [--rounds N]
         [--cases ab] [--others] [--profile] [--json FILE|-]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -126,8 +127,14 @@ class Case:
     probe_passes: dict[str, Step] = field(default_factory=dict)
 
 
-def _probe_step(mod: Any, grads: list[torch.Tensor], params: list[torch.Tensor],
-                states: int, half: Optional[list[torch.Tensor]], passes: int = 3) -> Step:
+def _probe_step(
+    mod: Any,
+    grads: list[torch.Tensor],
+    params: list[torch.Tensor],
+    states: int,
+    half: Optional[list[torch.Tensor]],
+    passes: int = 3,
+) -> Step:
     """The limit probe over its own copies of params and moments (it overwrites them);
     `passes` 1 or 2: only the read or the update pass (--profile)."""
     p = [x.detach().float().clone() for x in params]
@@ -191,8 +198,7 @@ def make_case(kind: str, sizes: list[int], mod: Any) -> Case:
         f_model = [x.to(torch.bfloat16) for x in init]
         for p, g in zip(f_model, grads0):
             p.grad = g.clone()
-    f_opt = FusedAdam(f_masters, lr=LR, weight_decay=WD, adam_w_mode=True,
-                      max_grad_norm=MAX_NORM)
+    f_opt = FusedAdam(f_masters, lr=LR, weight_decay=WD, adam_w_mode=True, max_grad_norm=MAX_NORM)
     f_scaler = MinimalScaler()
     model_groups = [f_model]
 
@@ -212,8 +218,7 @@ def make_case(kind: str, sizes: list[int], mod: Any) -> Case:
     for p, g in zip(e_model, grads0):
         p.grad = g.clone()
     e_model_grads = [p.grad for p in e_model]
-    e_opt = FusedAdam(e_masters, lr=LR, weight_decay=WD, adam_w_mode=True,
-                      max_grad_norm=MAX_NORM)
+    e_opt = FusedAdam(e_masters, lr=LR, weight_decay=WD, adam_w_mode=True, max_grad_norm=MAX_NORM)
     e_scaler = MinimalScaler()
     e_pairs = list(zip(e_model, e_masters))
     e_groups = [e_model]
@@ -291,8 +296,9 @@ def make_other_case(opt_name: str, sizes: list[int], mod: Any) -> Case:
         opt = FusedNovoGrad(masters, lr=1e-3, weight_decay=WD)
         states, passes_bytes = 1, 2 + 2 + 8 + 8 + 2
     elif opt_name == "mplamb":
-        opt = FusedMixedPrecisionLamb(model, lr=1e-3, weight_decay=WD,
-                                      reduced_precision_dtype=torch.bfloat16)
+        opt = FusedMixedPrecisionLamb(
+            model, lr=1e-3, weight_decay=WD, reduced_precision_dtype=torch.bfloat16
+        )
         # norm pass g; stage 1 reads g, p, m, v and writes m, v; stage 2 reads p, m, v and
         # writes p and the bf16 copy (LAMB needs the per-tensor norms between the two).
         states, passes_bytes = 2, 2 + (2 + 12 + 8) + (12 + 4 + 2)
@@ -321,9 +327,16 @@ def make_other_case(opt_name: str, sizes: list[int], mod: Any) -> Case:
     steps["defer"] = amp_step
     steps["probe"] = _probe_step(mod, [p.grad for p in model], init, states, model)
     probe_bytes = n * (2 + 2 + 4 + 4 * states * 2 + 4 + 2)  # g; g, p, state(s) r+w, p w, bf16
-    return Case(f"{opt_name} (b) bf16", n, n * passes_bytes, steps, lambda: None, ph,
-                torch_name=torch_name,
-                probe_bytes=None if probe_bytes == n * passes_bytes else probe_bytes)
+    return Case(
+        f"{opt_name} (b) bf16",
+        n,
+        n * passes_bytes,
+        steps,
+        lambda: None,
+        ph,
+        torch_name=torch_name,
+        probe_bytes=None if probe_bytes == n * passes_bytes else probe_bytes,
+    )
 
 
 def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
@@ -364,9 +377,15 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
         figs[key] = stats.figure(s, load, scale)
         return s.median * scale
 
-    res: dict[str, Any] = {"case": case.name, "params": case.size, "rounds": rounds,
-                           "ideal_bytes": case.ideal_bytes, "triad_gbs": bw / 1e9,
-                           "load": mon.to_json(), "load_unreliable": load}
+    res: dict[str, Any] = {
+        "case": case.name,
+        "params": case.size,
+        "rounds": rounds,
+        "ideal_bytes": case.ideal_bytes,
+        "triad_gbs": bw / 1e9,
+        "load": mon.to_json(),
+        "load_unreliable": load,
+    }
     probe_bytes = case.probe_bytes or case.ideal_bytes
     for who in names:
         s = stats.spread(times[who])
@@ -376,8 +395,9 @@ def bench(case: Case, triad: Triad, rounds: int) -> dict[str, Any]:
         # (diagnostics only; every ratio above is a median of per-round ratios).
         res[f"{who}_min_ms"] = min(times[who]) * 1e3
         if who != "probe":  # time ratio, scaled to bandwidths where the patterns differ
-            res[f"{who}_pct_probe"] = ratio("probe", who, f"{who}_pct_probe",
-                                            100.0 * case.ideal_bytes / probe_bytes)
+            res[f"{who}_pct_probe"] = ratio(
+                "probe", who, f"{who}_pct_probe", 100.0 * case.ideal_bytes / probe_bytes
+            )
         if who not in ("torch", "probe") and "torch" in names:
             res[f"{who}_speedup"] = ratio("torch", who, f"{who}_speedup")
     res["probe_gbs"] = probe_bytes / statistics.median(times["probe"]) / 1e9
@@ -395,8 +415,9 @@ def _others(res: dict[str, Any]) -> str:
 
 def _reasons(res: dict[str, Any], name: str) -> list[str]:
     """'  NAME: key (why), ...' for the unreliable figures of a result (none: [])."""
-    bad = [f"{key} ({fig['unreliable']})" for key, fig in res["figures"].items()
-           if fig["unreliable"]]
+    bad = [
+        f"{key} ({fig['unreliable']})" for key, fig in res["figures"].items() if fig["unreliable"]
+    ]
     return [f"  {name}: {', '.join(bad)}"] if bad else []
 
 
@@ -425,10 +446,16 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"cpu": model, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "isa": _ext.isa() or "fallback (amp._C unavailable!)",
-            "isas_supported": _ext.supported_isas(), "loadavg": [round(x, 2) for x in load],
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "isa": _ext.isa() or "fallback (amp._C unavailable!)",
+        "isas_supported": _ext.supported_isas(),
+        "loadavg": [round(x, 2) for x in load],
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -437,8 +464,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=0, help="0: 60 / 30 / 15 by size")
     ap.add_argument("--cases", default="ab")
-    ap.add_argument("--others", default="adagrad,novograd,mplamb",
-                    help="other optimizers, comma-separated ('' for none), at the sizes given")
+    ap.add_argument(
+        "--others",
+        default="adagrad,novograd,mplamb",
+        help="other optimizers, comma-separated ('' for none), at the sizes given",
+    )
     ap.add_argument("--profile", action="store_true", help="also print per-phase medians")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-': stdout)")
     args = ap.parse_args(argv)
@@ -450,16 +480,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     info = machine()
     triad = Triad()
     info["triad_gbs"] = statistics.median(triad() for _ in range(5)) / 1e9
-    print(f"cpu: {info['cpu']} ({info['cpus']} CPUs); amp kernels: {info['isa']} "
-          f"(this CPU runs: {', '.join(info['isas_supported'])}); {info['threads']} threads; "
-          f"torch {info['torch']}")
-    print(f"load average at start: {' '.join(map(str, info['loadavg']))}; STREAM triad "
-          f"{info['triad_gbs']:.1f} GB/s (24 B/element counted)")
+    print(
+        f"cpu: {info['cpu']} ({info['cpus']} CPUs); amp kernels: {info['isa']} "
+        f"(this CPU runs: {', '.join(info['isas_supported'])}); {info['threads']} threads; "
+        f"torch {info['torch']}"
+    )
+    print(
+        f"load average at start: {' '.join(map(str, info['loadavg']))}; STREAM triad "
+        f"{info['triad_gbs']:.1f} GB/s (24 B/element counted)"
+    )
     w = 13  # a figure and its spread: "(123.45 +-12%)"
-    header = (f"{'params':>7} {'case':<22} {'torch ms':>{w}} {'exact ms':>{w}} "
-              f"{'defer ms':>{w}} {'probe ms':>{w}} {'exact x':>{w}} {'defer x':>{w}} "
-              f"{'ex/defer':>{w}} {'exact%pr':>{w}} {'defer%pr':>{w}} {'torch%pr':>{w}} "
-              f"{'probe GB/s':>10} {'triad GB/s':>10} {'others':>6}")
+    header = (
+        f"{'params':>7} {'case':<22} {'torch ms':>{w}} {'exact ms':>{w}} "
+        f"{'defer ms':>{w}} {'probe ms':>{w}} {'exact x':>{w}} {'defer x':>{w}} "
+        f"{'ex/defer':>{w}} {'exact%pr':>{w}} {'defer%pr':>{w}} {'torch%pr':>{w}} "
+        f"{'probe GB/s':>10} {'triad GB/s':>10} {'others':>6}"
+    )
     print(header)
     print("-" * len(header))
     results: list[dict[str, Any]] = []
@@ -474,50 +510,79 @@ def main(argv: Optional[list[str]] = None) -> int:
             res = bench(case, triad, rounds)
             res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
             results.append(res)
-            cells = [_cell(res, k, ".2f", w) for k in ("torch_ms", "exact_ms", "defer_ms",
-                                                       "probe_ms", "exact_speedup",
-                                                       "defer_speedup", "exact_cost")]
-            cells += [_cell(res, k, ".0f", w) for k in ("exact_pct_probe", "defer_pct_probe",
-                                                        "torch_pct_probe")]
-            print(f"{total / 1e6:>6g}M {case.name:<22} {' '.join(cells)} "
-                  f"{res['probe_gbs']:>10.1f} {res['triad_gbs']:>10.1f} "
-                  f"{_others(res):>6}", flush=True)
+            cells = [
+                _cell(res, k, ".2f", w)
+                for k in (
+                    "torch_ms",
+                    "exact_ms",
+                    "defer_ms",
+                    "probe_ms",
+                    "exact_speedup",
+                    "defer_speedup",
+                    "exact_cost",
+                )
+            ]
+            cells += [
+                _cell(res, k, ".0f", w)
+                for k in ("exact_pct_probe", "defer_pct_probe", "torch_pct_probe")
+            ]
+            print(
+                f"{total / 1e6:>6g}M {case.name:<22} {' '.join(cells)} "
+                f"{res['probe_gbs']:>10.1f} {res['triad_gbs']:>10.1f} "
+                f"{_others(res):>6}",
+                flush=True,
+            )
             unreliable += _reasons(res, f"{total / 1e6:g}M {case.name}")
             target = TARGETS.get((total, kind))
             if target is not None:
                 for who in ("defer", "exact"):
                     x, pct = res[f"{who}_speedup"], res[f"{who}_pct_probe"]
                     ok = x >= target[0] and (target[1] is None or pct >= target[1])
-                    want = f">= {target[0]}x" + ("" if target[1] is None
-                                                 else f" and >= {target[1]:.0f}% of probe")
+                    want = f">= {target[0]}x" + (
+                        "" if target[1] is None else f" and >= {target[1]:.0f}% of probe"
+                    )
                     figs = [res["figures"][f"{who}_speedup"], res["figures"][f"{who}_pct_probe"]]
-                    verdicts.append(stats.check_target(
-                        f"{total / 1e6:g}M {case.name} {who}", figs, ok, want,
-                        f"{x:.2f}x, {pct:.0f}% of probe"))
+                    verdicts.append(
+                        stats.check_target(
+                            f"{total / 1e6:g}M {case.name} {who}",
+                            figs,
+                            ok,
+                            want,
+                            f"{x:.2f}x, {pct:.0f}% of probe",
+                        )
+                    )
             del case
             gc.collect()
     others = [o for o in args.others.split(",") if o]
     if others:
         print()
-        head2 = (f"{'params':>7} {'optimizer':<22} {'torch':<15} {'torch ms':>{w}} "
-                 f"{'amp ms':>{w}} {'probe ms':>{w}} {'amp x':>{w}} {'amp%pr':>{w}} "
-                 f"{'probe GB/s':>10} {'others':>6}")
+        head2 = (
+            f"{'params':>7} {'optimizer':<22} {'torch':<15} {'torch ms':>{w}} "
+            f"{'amp ms':>{w}} {'probe ms':>{w}} {'amp x':>{w}} {'amp%pr':>{w}} "
+            f"{'probe GB/s':>10} {'others':>6}"
+        )
         print(head2)
         print("-" * len(head2))
         for size in args.sizes:
             total = int(size)
-            rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000
-                                     else 15)
+            rounds = args.rounds or (
+                60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15
+            )
             for opt_name in others:
                 case = make_other_case(opt_name, uneven_sizes(total), mod)
                 res = bench(case, triad, rounds)
                 res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
                 results.append(res)
-                cells = [_cell(res, k, ".2f", w) for k in ("torch_ms", "defer_ms", "probe_ms",
-                                                           "defer_speedup")]
-                print(f"{total / 1e6:>6g}M {case.name:<22} {case.torch_name:<15} "
-                      f"{' '.join(cells)} {_cell(res, 'defer_pct_probe', '.0f', w)} "
-                      f"{res['probe_gbs']:>10.1f} {_others(res):>6}", flush=True)
+                cells = [
+                    _cell(res, k, ".2f", w)
+                    for k in ("torch_ms", "defer_ms", "probe_ms", "defer_speedup")
+                ]
+                print(
+                    f"{total / 1e6:>6g}M {case.name:<22} {case.torch_name:<15} "
+                    f"{' '.join(cells)} {_cell(res, 'defer_pct_probe', '.0f', w)} "
+                    f"{res['probe_gbs']:>10.1f} {_others(res):>6}",
+                    flush=True,
+                )
                 unreliable += _reasons(res, f"{total / 1e6:g}M {case.name}")
                 del case
                 gc.collect()
@@ -525,8 +590,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     end_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nload average at end: {end_load}")
     if verdicts:
-        print("targets (issue 18; median of per-round ratios; not checked on an unreliable "
-              "figure):")
+        print(
+            "targets (issue 18; median of per-round ratios; not checked on an unreliable figure):"
+        )
         print("\n".join(verdicts))
     if args.json:
         stats.write_json({"machine": info, "results": results, "targets": verdicts}, args.json)

@@ -31,13 +31,19 @@ def copy_project_at(rev: str, dest: Path, names: Iterable[str] = PROJECT_FILES) 
     """The project's files as of git revision *rev* of this repository, into *dest* (created):
     the "before" side of a before/after benchmark, built by today's builder."""
     wanted = list(names)
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, *wanted],
-                            capture_output=True, text=True)
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, *wanted],
+        capture_output=True,
+        text=True,
+    )
     if listed.returncode != 0:
         raise SystemExit(f"project_copy: git revision {rev!r}: {listed.stderr.strip()}")
     present = listed.stdout.split()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, *present],
-                             capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, *present],
+        capture_output=True,
+        check=True,
+    )
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(dest, filter="data")

@@ -71,15 +71,18 @@ PyMODINIT_FUNC PyInit__c(void) { return PyModule_Create(&module); }
 def write_project(root: Path, version: str) -> Path:
     """``soakext``: one C module; only the version changes between rounds."""
     (root / "soakext").mkdir(parents=True, exist_ok=True)
-    (root / "setup.py").write_text(textwrap.dedent(f"""\
+    (root / "setup.py").write_text(
+        textwrap.dedent(f"""\
         from setuptools import Extension, setup
         setup(name="soakext", version="{version}", packages=["soakext"],
               ext_modules=[Extension("soakext._c", ["soakext/c.c"],
                                      extra_compile_args=["-g0", "-O0"])])
-        """))
+        """)
+    )
     (root / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools", "wheel"]\n'
-        'build-backend = "setuptools.build_meta"\n')
+        'build-backend = "setuptools.build_meta"\n'
+    )
     (root / "soakext" / "__init__.py").write_text("")
     (root / "soakext" / "c.c").write_text(C_SOURCE)
     return root
@@ -114,14 +117,32 @@ class Soak:
         return env
 
     def start_build(self, name: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "builder", "build", "--backend", "host",
-                "--project", str(self.scratch / "project"), "--wheelhouse",
-                str(self.wheelhouse), "--out", str(self.dist),
-                "--work-dir", str(self.scratch / "work")]
+        argv = [
+            sys.executable,
+            "-m",
+            "builder",
+            "build",
+            "--backend",
+            "host",
+            "--project",
+            str(self.scratch / "project"),
+            "--wheelhouse",
+            str(self.wheelhouse),
+            "--out",
+            str(self.dist),
+            "--work-dir",
+            str(self.scratch / "work"),
+        ]
         log = (self.log_dir / f"{name}.log").open("w")
-        return subprocess.Popen(argv, cwd=self.scratch, env=self.env(), stdout=log,
-                                stderr=subprocess.STDOUT, preexec_fn=_terminal_defaults,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            cwd=self.scratch,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_terminal_defaults,
+            start_new_session=True,
+        )
 
     def log_tail(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")[-1500:]
@@ -153,20 +174,30 @@ class Soak:
             if p.name.startswith(".") and p.name not in (".manifest.lock", LOCKS_DIR):
                 problems.append(f"{p.name}: a hidden leftover in dist/")
         problems += _lock_problems(self.dist / LOCKS_DIR, killed)
-        listing = subprocess.run([sys.executable, "-m", "builder", "cache", "list",
-                                  "--format", "json"], capture_output=True, text=True,
-                                 env=self.env(), cwd=self.scratch)
+        listing = subprocess.run(
+            [sys.executable, "-m", "builder", "cache", "list", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.scratch,
+        )
         if listing.returncode != 0:
-            problems.append(f"cache list exited {listing.returncode}: "
-                            f"{listing.stderr.strip()[-500:]}")
+            problems.append(
+                f"cache list exited {listing.returncode}: {listing.stderr.strip()[-500:]}"
+            )
         return problems
 
     def half_made(self) -> int:
         """Half-made cache entries (``.<entry>.<random>`` folders) left so far."""
         if not self.cache.is_dir():
             return 0
-        return sum(1 for kind in self.cache.iterdir() if kind.is_dir()
-                   for p in kind.iterdir() if p.name.startswith(".") and p.is_dir())
+        return sum(
+            1
+            for kind in self.cache.iterdir()
+            if kind.is_dir()
+            for p in kind.iterdir()
+            if p.name.startswith(".") and p.is_dir()
+        )
 
 
 class Pruner(threading.Thread):
@@ -181,13 +212,19 @@ class Pruner(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.wait(self.every):
-            proc = subprocess.run([sys.executable, "-m", "builder", "cache", "prune"],
-                                  capture_output=True, text=True, env=self.soak.env(),
-                                  cwd=self.soak.scratch)
+            proc = subprocess.run(
+                [sys.executable, "-m", "builder", "cache", "prune"],
+                capture_output=True,
+                text=True,
+                env=self.soak.env(),
+                cwd=self.soak.scratch,
+            )
             self.runs += 1
             if proc.returncode != 0:
-                self.failures.append(f"prune {self.runs} exited {proc.returncode}: "
-                                     f"{(proc.stdout + proc.stderr).strip()[-500:]}")
+                self.failures.append(
+                    f"prune {self.runs} exited {proc.returncode}: "
+                    f"{(proc.stdout + proc.stderr).strip()[-500:]}"
+                )
 
     def finish(self) -> None:
         self._halt.set()
@@ -231,8 +268,7 @@ def run_round(soak: Soak, r: Round) -> None:
     again = soak.start_build(f"{name}-next")
     rc = again.wait(timeout=1800)
     if rc != 0:
-        r.problems.append(f"the build after {name} exited {rc}: "
-                          f"{soak.log_tail(f'{name}-next')}")
+        r.problems.append(f"the build after {name} exited {rc}: {soak.log_tail(f'{name}-next')}")
     elif not any(w.startswith(f"soakext-0.1.{r.number}+") for w in _listed(soak.dist)):
         r.problems.append(f"the build after {name} listed no soakext 0.1.{r.number} wheel")
     r.problems += [f"after {name}-next: {p}" for p in soak.check()]
@@ -252,8 +288,9 @@ def _lock_problems(locks: Path, killed: bool) -> list[str]:
                 continue
             fcntl.flock(fh, fcntl.LOCK_UN)
         if path.stat().st_size and not killed:
-            problems.append(f"{LOCKS_DIR}/{path.name}: still names a holder: "
-                            f"{path.read_text().strip()}")
+            problems.append(
+                f"{LOCKS_DIR}/{path.name}: still names a holder: {path.read_text().strip()}"
+            )
     return problems
 
 
@@ -265,14 +302,18 @@ def _listed(dist: Path) -> set[str]:
 
 
 def table(rounds: Sequence[Round]) -> str:
-    lines = [f"{'signal':<8} {'rounds':>6} {'signalled':>9} {'finished first':>14} "
-             f"{'failed':>6}", "-" * 48]
+    lines = [
+        f"{'signal':<8} {'rounds':>6} {'signalled':>9} {'finished first':>14} {'failed':>6}",
+        "-" * 48,
+    ]
     for sig in SIGNALS:
         mine = [r for r in rounds if r.sig == sig]
-        lines.append(f"{sig.name:<8} {len(mine):>6} "
-                     f"{sum(r.outcome == 'signalled' for r in mine):>9} "
-                     f"{sum(r.outcome == 'finished first' for r in mine):>14} "
-                     f"{sum(bool(r.problems) for r in mine):>6}")
+        lines.append(
+            f"{sig.name:<8} {len(mine):>6} "
+            f"{sum(r.outcome == 'signalled' for r in mine):>9} "
+            f"{sum(r.outcome == 'finished first' for r in mine):>14} "
+            f"{sum(bool(r.problems) for r in mine):>6}"
+        )
     return "\n".join(lines)
 
 
@@ -288,15 +329,25 @@ def default_wheelhouse() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--builds", type=int, default=30, help="rounds (default 30)")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="start no round after this many minutes")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="start no round after this many minutes"
+    )
     parser.add_argument("--seed", type=int, default=None, help="the delays' seed")
-    parser.add_argument("--prune-every", type=float, default=3.0,
-                        help="seconds between cache prunes (default 3)")
-    parser.add_argument("--wheelhouse", type=Path, default=None,
-                        help="torch and the build requirements (default: the test suite's)")
-    parser.add_argument("--keep", type=Path, default=ROOT / "build" / "soak",
-                        help="where the builds' logs are kept (default build/soak)")
+    parser.add_argument(
+        "--prune-every", type=float, default=3.0, help="seconds between cache prunes (default 3)"
+    )
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=None,
+        help="torch and the build requirements (default: the test suite's)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=ROOT / "build" / "soak",
+        help="where the builds' logs are kept (default build/soak)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
@@ -322,26 +373,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         pruner.start()
         try:
             for number in range(1, args.builds + 1):
-                if (args.max_minutes is not None
-                        and time.monotonic() - start > 60 * args.max_minutes):
+                if (
+                    args.max_minutes is not None
+                    and time.monotonic() - start > 60 * args.max_minutes
+                ):
                     break
-                r = Round(number, SIGNALS[(number - 1) % len(SIGNALS)],
-                          rng.uniform(0, duration))
+                r = Round(number, SIGNALS[(number - 1) % len(SIGNALS)], rng.uniform(0, duration))
                 run_round(soak, r)
                 rounds.append(r)
                 status = "; ".join(r.problems) if r.problems else "consistent"
-                print(f"round {number}: {r.sig.name} after {r.delay:.1f} s, {r.outcome}, "
-                      f"exit {r.rc}: {status}", flush=True)
+                print(
+                    f"round {number}: {r.sig.name} after {r.delay:.1f} s, {r.outcome}, "
+                    f"exit {r.rc}: {status}",
+                    flush=True,
+                )
         finally:
             pruner.finish()
         half_made = soak.half_made()
     problems = setup_problems + [p for r in rounds for p in r.problems] + pruner.failures
     print()
     print(table(rounds))
-    print(f"\n{len(rounds)} rounds of {args.builds} requested (seed {seed}); a warm build "
-          f"{duration:.1f} s; wall {(time.monotonic() - start) / 60:.1f} min; "
-          f"{pruner.runs} cache prunes beside them; {len(pruner.failures)} failed; "
-          f"{half_made} half-made cache folders left; {len(problems)} problems")
+    print(
+        f"\n{len(rounds)} rounds of {args.builds} requested (seed {seed}); a warm build "
+        f"{duration:.1f} s; wall {(time.monotonic() - start) / 60:.1f} min; "
+        f"{pruner.runs} cache prunes beside them; {len(pruner.failures)} failed; "
+        f"{half_made} half-made cache folders left; {len(problems)} problems"
+    )
     for p in problems:
         print(f"  - {p}")
     return 1 if problems or not rounds else 0

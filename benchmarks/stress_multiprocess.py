@@ -35,17 +35,22 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The tests that start processes of their own and make them meet (DDP ranks, combine_ddp
 #: ranks, a checkpoint resumed in a fresh process; builders and writers sharing one dist/).
 GROUPS: dict[str, list[str]] = {
-    "amp": ["tests/amp/test_distributed.py", "tests/amp/test_resume.py",
-            # the saturation mode's DDP ranks (tests/npu/_saturation_worker.py)
-            "tests/npu/test_saturation.py::test_one_saturating_rank_makes_every_rank_skip"],
-    "builder": ["tests/builder/e2e/test_faults_concurrency.py",
-                # writers in forked processes sharing one manifest
-                "tests/builder/e2e/test_repair.py::test_parallel_cells_do_not_lose_entries",
-                # a lock holder in another process while prune runs
-                "tests/builder/e2e/test_cache_prune.py::"
-                "test_prune_removes_superseded_torch_envs_and_never_one_in_use",
-                "tests/builder/e2e/test_cache_prune.py::"
-                "test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock"],
+    "amp": [
+        "tests/amp/test_distributed.py",
+        "tests/amp/test_resume.py",
+        # the saturation mode's DDP ranks (tests/npu/_saturation_worker.py)
+        "tests/npu/test_saturation.py::test_one_saturating_rank_makes_every_rank_skip",
+    ],
+    "builder": [
+        "tests/builder/e2e/test_faults_concurrency.py",
+        # writers in forked processes sharing one manifest
+        "tests/builder/e2e/test_repair.py::test_parallel_cells_do_not_lose_entries",
+        # a lock holder in another process while prune runs
+        "tests/builder/e2e/test_cache_prune.py::"
+        "test_prune_removes_superseded_torch_envs_and_never_one_in_use",
+        "tests/builder/e2e/test_cache_prune.py::"
+        "test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock",
+    ],
 }
 
 
@@ -100,8 +105,13 @@ class Load:
         with self._lock:
             if self._stop.is_set():
                 return None
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self._procs.append(proc)
         return proc
 
@@ -134,9 +144,20 @@ def run_round(number: int, tests: Sequence[str], scratch: Path) -> tuple[dict[st
     """One pytest session of *tests*; the outcome per test and pytest's output."""
     junit = scratch / f"round{number}.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider",
-         f"--junitxml={junit}"],
-        cwd=ROOT, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *tests,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     output = proc.stdout + proc.stderr
     if not junit.exists():  # pytest itself failed (a usage or collection error)
         raise SystemExit(f"round {number}: pytest exited {proc.returncode}:\n{output[-3000:]}")
@@ -145,8 +166,10 @@ def run_round(number: int, tests: Sequence[str], scratch: Path) -> tuple[dict[st
 
 def table(tallies: dict[str, Tally]) -> str:
     width = max(len(t) for t in tallies)
-    lines = [f"{'test':<{width}}  {'runs':>5}  {'failed':>6}  {'skipped':>7}  failed in round",
-             "-" * (width + 40)]
+    lines = [
+        f"{'test':<{width}}  {'runs':>5}  {'failed':>6}  {'skipped':>7}  failed in round",
+        "-" * (width + 40),
+    ]
     for test_id, t in tallies.items():
         rounds = ", ".join(map(str, t.failed_rounds[:10])) + (" ..." if t.failed > 10 else "")
         lines.append(f"{test_id:<{width}}  {t.runs:>5}  {t.failed:>6}  {t.skipped:>7}  {rounds}")
@@ -156,17 +179,32 @@ def table(tallies: dict[str, Tally]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="rounds (default 100)")
-    parser.add_argument("--group", nargs="+", choices=sorted(GROUPS), default=["amp"],
-                        help="test groups (default: amp)")
-    parser.add_argument("--test", nargs="+", default=[],
-                        help="pytest node ids or paths, instead of --group")
+    parser.add_argument(
+        "--group",
+        nargs="+",
+        choices=sorted(GROUPS),
+        default=["amp"],
+        help="test groups (default: amp)",
+    )
+    parser.add_argument(
+        "--test", nargs="+", default=[], help="pytest node ids or paths, instead of --group"
+    )
     parser.add_argument("--load", choices=["kernels", "hogs", "none"], default="kernels")
-    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2,
-                        help="busy loops for --load hogs (default: one per CPU)")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="start no round after this many minutes")
-    parser.add_argument("--keep", type=Path, default=ROOT / "build" / "stress",
-                        help="where a failing round's output is kept (default build/stress)")
+    parser.add_argument(
+        "--hogs",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="busy loops for --load hogs (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="start no round after this many minutes"
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=ROOT / "build" / "stress",
+        help="where a failing round's output is kept (default build/stress)",
+    )
     args = parser.parse_args(argv)
     tests = args.test or [t for g in args.group for t in GROUPS[g]]
 
@@ -195,18 +233,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.keep.mkdir(parents=True, exist_ok=True)
                     kept = args.keep / f"round{number}.txt"
                     kept.write_text(output)
-                    print(f"round {number}: FAILED {', '.join(failed)} (output: {kept})",
-                          flush=True)
+                    print(
+                        f"round {number}: FAILED {', '.join(failed)} (output: {kept})", flush=True
+                    )
                 elif number % 10 == 0:
-                    print(f"round {number}: all passed ({time.monotonic() - start:.0f} s)",
-                          flush=True)
+                    print(
+                        f"round {number}: all passed ({time.monotonic() - start:.0f} s)", flush=True
+                    )
     finally:
         load.stop()
     wall = time.monotonic() - start
     print()
     print(table(tallies) if tallies else "no round ran")
-    print(f"\n{rounds} rounds of {args.runs} requested; wall {wall / 60:.1f} min; "
-          f"{os.cpu_count()} CPUs; load: {load.describe()}")
+    print(
+        f"\n{rounds} rounds of {args.runs} requested; wall {wall / 60:.1f} min; "
+        f"{os.cpu_count()} CPUs; load: {load.describe()}"
+    )
     return 1 if any(t.failed for t in tallies.values()) else 0
 
 

@@ -21,6 +21,7 @@ Per row, over ``--steps`` steady-state steps (after two warm-up steps) of a CPU 
 
     python benchmarks/zero_grad_ddp.py [--count 100] [--size 1024] [--steps 20] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,11 @@ from amp._amp_state import _amp_state  # noqa: E402
 
 Maker = Callable[[Any], Any]
 ROWS: list[tuple[str, Maker, dict[str, Any]]] = [
-    ("SGD + combine_grad", lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-     {"combine_grad": True}),
+    (
+        "SGD + combine_grad",
+        lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+        {"combine_grad": True},
+    ),
     ("NpuFusedSGD", lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9), {}),
     ("NpuFusedAdam", lambda ps: O.NpuFusedAdam(ps, lr=1e-3), {}),
 ]
@@ -61,14 +65,16 @@ def _step(ddp: torch.nn.Module, opt: Any, x: torch.Tensor) -> None:
     opt.step()
 
 
-def _row(make: Maker, extra: dict[str, Any], count: int, size: int, steps: int
-         ) -> tuple[int, float, float]:
+def _row(
+    make: Maker, extra: dict[str, Any], count: int, size: int, steps: int
+) -> tuple[int, float, float]:
     _amp_state.opt_properties = None
     _amp_state.loss_scalers = []
     model = npu_fused_ops.ManyParams(count, size)
     opt = make(model.parameters())
-    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0,
-                                dynamic_init_scale=2.0**10, **extra)
+    model, opt = amp.initialize(
+        model, opt, opt_level="O2", verbosity=0, dynamic_init_scale=2.0**10, **extra
+    )
     ddp = DistributedDataParallel(model)
     x = torch.randn(count * size, generator=torch.Generator().manual_seed(1))
     for _ in range(2):
@@ -99,9 +105,11 @@ def main() -> None:
     warnings.simplefilter("ignore")  # the fused optimizers' one-time notices
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        print(f"torch {torch.__version__}, {args.threads} thread(s), {args.count} parameters x "
-              f"{args.size}, O2, {args.steps} steps after 2 warm-up steps, "
-              "ddp_model.zero_grad() each step")
+        print(
+            f"torch {torch.__version__}, {args.threads} thread(s), {args.count} parameters x "
+            f"{args.size}, O2, {args.steps} steps after 2 warm-up steps, "
+            "ddp_model.zero_grad() each step"
+        )
         print(f"{'optimizer':22} {'recombined':>10} {'ops/step':>9} {'ms/step':>8}")
         for label, make, extra in ROWS:
             recombined, ops, ms = _row(make, extra, args.count, args.size, args.steps)

@@ -58,8 +58,14 @@ def _files() -> list[tuple[str, Path]]:
 
 
 def _metadata(version: str) -> str:
-    lines = ["Metadata-Version: 2.1", "Name: ampforge-builder", f"Version: {version}",
-             f"Summary: {SUMMARY}", "License: BSD-3-Clause", "Requires-Python: >=3.9"]
+    lines = [
+        "Metadata-Version: 2.1",
+        "Name: ampforge-builder",
+        f"Version: {version}",
+        f"Summary: {SUMMARY}",
+        "License: BSD-3-Clause",
+        "Requires-Python: >=3.9",
+    ]
     lines += [f"Requires-Dist: {r}" for r in _requirements()]
     return "\n".join(lines) + "\n"
 
@@ -68,7 +74,7 @@ def _dist_info(version: str) -> dict[str, str]:
     return {
         "METADATA": _metadata(version),
         "WHEEL": "Wheel-Version: 1.0\nGenerator: ampforge-builder wheelbackend\n"
-                 "Root-Is-Purelib: true\nTag: py3-none-any\n",
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
         "entry_points.txt": f"[console_scripts]\n{SCRIPT}\n",
     }
 
@@ -83,14 +89,17 @@ def _date_time() -> tuple[int, int, int, int, int, int]:
     return tuple(time.gmtime(max(epoch, 315532800))[:6])  # type: ignore[return-value]
 
 
-def build_wheel(wheel_directory: str, config_settings: dict | None = None,
-                metadata_directory: str | None = None) -> str:
+def build_wheel(
+    wheel_directory: str, config_settings: dict | None = None, metadata_directory: str | None = None
+) -> str:
     version = _version()
     name = f"{NAME}-{version}-py3-none-any.whl"
     info = f"{NAME}-{version}.dist-info"
     when = _date_time()
-    members = [(arc, src.read_bytes(), 0o755 if os.access(src, os.X_OK) else 0o644)
-               for arc, src in _files()]
+    members = [
+        (arc, src.read_bytes(), 0o755 if os.access(src, os.X_OK) else 0o644)
+        for arc, src in _files()
+    ]
     members += [(f"{info}/{k}", v.encode(), 0o644) for k, v in sorted(_dist_info(version).items())]
     record = [_record_line(arc, data) for arc, data, _ in members] + [f"{info}/RECORD,,"]
     members.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode(), 0o644))
@@ -113,5 +122,7 @@ def get_requires_for_build_wheel(config_settings: dict | None = None) -> list[st
 def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> str:
     # The package is a folder outside this one (the repository's builder/): an sdist of this
     # folder alone could not rebuild it. The wheel is the distribution.
-    raise RuntimeError("ampforge-builder is built as a wheel from the repository "
-                       "(pip wheel ./builder-dist); it has no sdist")
+    raise RuntimeError(
+        "ampforge-builder is built as a wheel from the repository "
+        "(pip wheel ./builder-dist); it has no sdist"
+    )

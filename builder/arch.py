@@ -40,6 +40,7 @@ def emulated_cpu(machine: str) -> Optional[str]:
     arch = next((a for a in ARCHES.values() if a.machine == machine), None)
     return arch.emulated_cpu if arch else None
 
+
 # Accepted spellings on the command line / environment, so ARCH=x86_64 or ARCH=arm64 work.
 ALIASES: dict[str, str] = {
     "x86": "X86",

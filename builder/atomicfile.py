@@ -29,8 +29,9 @@ def public_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_replace(target: Path, write: Callable[[BinaryIO], object],
-                   size: Optional[int] = None) -> None:
+def atomic_replace(
+    target: Path, write: Callable[[BinaryIO], object], size: Optional[int] = None
+) -> None:
     """Write *target* through *write* into a temporary file in its folder, fsync it, then
     rename it over the final name: readers see the old file or the whole new one. What *write*
     returns (``fh.write``'s byte count, say) is ignored.

@@ -55,18 +55,45 @@ class BackendKind:
     cuda: bool = False
 
 
-DOCKER = BackendKind("docker", in_container=True, foreign=False, disk_per_cell_gib=4,
-                     disk_in="engine", offline_wheels="cell", needs=frozenset({ENGINE}),
-                     cuda=True)
-HOST = BackendKind("host", in_container=False, foreign=False, disk_per_cell_gib=3,
-                   disk_in="work", offline_wheels="here", needs=frozenset({REPAIR_TOOLS}),
-                   cuda=True)
-CROSS = BackendKind("cross", in_container=False, foreign=True, disk_per_cell_gib=2,
-                    disk_in="cache", offline_wheels="build host",
-                    needs=frozenset({CROSS_TOOLCHAIN, CROSS_SYSROOTS, REPAIR_TOOLS}))
-EMULATED = BackendKind("emulated", in_container=True, foreign=True, disk_per_cell_gib=4,
-                       disk_in="engine", offline_wheels="cell",
-                       needs=frozenset({ENGINE, EMULATION}), emulated=True)
+DOCKER = BackendKind(
+    "docker",
+    in_container=True,
+    foreign=False,
+    disk_per_cell_gib=4,
+    disk_in="engine",
+    offline_wheels="cell",
+    needs=frozenset({ENGINE}),
+    cuda=True,
+)
+HOST = BackendKind(
+    "host",
+    in_container=False,
+    foreign=False,
+    disk_per_cell_gib=3,
+    disk_in="work",
+    offline_wheels="here",
+    needs=frozenset({REPAIR_TOOLS}),
+    cuda=True,
+)
+CROSS = BackendKind(
+    "cross",
+    in_container=False,
+    foreign=True,
+    disk_per_cell_gib=2,
+    disk_in="cache",
+    offline_wheels="build host",
+    needs=frozenset({CROSS_TOOLCHAIN, CROSS_SYSROOTS, REPAIR_TOOLS}),
+)
+EMULATED = BackendKind(
+    "emulated",
+    in_container=True,
+    foreign=True,
+    disk_per_cell_gib=4,
+    disk_in="engine",
+    offline_wheels="cell",
+    needs=frozenset({ENGINE, EMULATION}),
+    emulated=True,
+)
 #: What a CUDA cell adds to its backend's ``disk_per_cell_gib``: its torch is a CUDA build with
 #: the nvidia-* packages and the pinned toolkit (measured: the docker torch layer of a CUDA 13.0
 #: cell of torch 2.14.1, 6.3 GB; a CPU cell's is 1.3 GB), installed once for the build; the

@@ -109,23 +109,31 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         "(env BUILDER_OFFLINE=1; config offline.enabled)",
     )
     g.add_argument(
-        "--backend", choices=BACKENDS, default=None,
+        "--backend",
+        choices=BACKENDS,
+        default=None,
         help="where cells are built: auto (default) picks per cell and says why "
         "(env BUILDER_BACKEND; config build.backend)",
     )
     g.add_argument(
-        "--base-image", metavar="REF", default=None,
+        "--base-image",
+        metavar="REF",
+        default=None,
         help="base image for this host's arch instead of the config's; 'local' builds or "
         "reuses the one from `python -m builder base-image` (env BUILDER_BASE_IMAGE)",
     )
     g.add_argument(
-        "--network", metavar="NAME", default=None,
+        "--network",
+        metavar="NAME",
+        default=None,
         help="Docker network the cell's image build and container join, e.g. an --internal "
         "network whose only way out is the proxy (docker backend; env BUILDER_NETWORK; "
         "config build.network; default: the engine's bridge)",
     )
     g.add_argument(
-        "--pull", choices=PULL_POLICIES, default=None,
+        "--pull",
+        choices=PULL_POLICIES,
+        default=None,
         help="base images: missing (default) pulls those the engine lacks, always pulls each "
         "build, never pulls; --offline means never (env BUILDER_PULL; config build.pull)",
     )
@@ -152,23 +160,36 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
 
 #: cibuildwheel's build options as flags (builder.config.buildoptions.KEYS): (metavar, help).
 BUILD_OPTION_FLAGS: dict[str, tuple[str, str]] = {
-    "environment": ("ASSIGNMENTS", "cibuildwheel's environment: 'NAME=value ...' set in the build "
-                    "environment and the verification's (test-command, repair-wheel-command), "
-                    "each value evaluated there by sh ($VAR, $(cmd)) (config environment; "
-                    "pyproject [tool.cibuildwheel] environment)"),
-    "environment-pass": ("NAMES", "this machine's variables passed into the build and "
-                         "verification environments (values never logged or recorded)"),
+    "environment": (
+        "ASSIGNMENTS",
+        "cibuildwheel's environment: 'NAME=value ...' set in the build "
+        "environment and the verification's (test-command, repair-wheel-command), "
+        "each value evaluated there by sh ($VAR, $(cmd)) (config environment; "
+        "pyproject [tool.cibuildwheel] environment)",
+    ),
+    "environment-pass": (
+        "NAMES",
+        "this machine's variables passed into the build and "
+        "verification environments (values never logged or recorded)",
+    ),
     "before-all": ("CMD", "run once per cell's build environment before anything is built"),
-    "before-build": ("CMD", "run before the build, the build environment's python first on "
-                     "PATH"),
-    "config-settings": ("SETTINGS", "PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
-                        "--config-settings=--build-option=--cpp_ext)"),
-    "build-frontend": ("FRONTEND", "pip (default: pip wheel, the build environment's pip), "
-                       "build (pypa/build, installed into the build environment), build[uv] "
-                       "(pypa/build installed by the pinned uv) or uv (uv build); "
-                       "'NAME; args: ARGS' adds arguments to the frontend's command"),
-    "repair-wheel-command": ("CMD", "replaces auditwheel repair: {wheel} and {dest_dir} "
-                             "placeholders"),
+    "before-build": ("CMD", "run before the build, the build environment's python first on PATH"),
+    "config-settings": (
+        "SETTINGS",
+        "PEP 517 config settings, 'KEY=VALUE ...' (e.g. "
+        "--config-settings=--build-option=--cpp_ext)",
+    ),
+    "build-frontend": (
+        "FRONTEND",
+        "pip (default: pip wheel, the build environment's pip), "
+        "build (pypa/build, installed into the build environment), build[uv] "
+        "(pypa/build installed by the pinned uv) or uv (uv build); "
+        "'NAME; args: ARGS' adds arguments to the frontend's command",
+    ),
+    "repair-wheel-command": (
+        "CMD",
+        "replaces auditwheel repair: {wheel} and {dest_dir} placeholders",
+    ),
 }
 
 
@@ -181,18 +202,20 @@ def add_build_option_flags(g: argparse._ArgumentGroup) -> None:
 
 #: What each command selects when no arch, Python, torch or selector is named.
 EVERY_CELL = "default: every cell of the matrix"
-HOST_CELL = ("default: this host's one cell -- its arch and the builder's Python, with the "
-             "newest torch it can build; --all for every cell")
+HOST_CELL = (
+    "default: this host's one cell -- its arch and the builder's Python, with the "
+    "newest torch it can build; --all for every cell"
+)
 
 
-def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
-                          default: str) -> None:
+def add_selection_options(
+    p: argparse.ArgumentParser, selectors: bool = True, *, default: str
+) -> None:
     g = p.add_argument_group(f"selection ({default})")
     g.add_argument(
         "--arch",
         metavar="A",
-        help="X86 or ARM (also x86_64/aarch64); comma-separated for several "
-        "(env BUILDER_ARCH)",
+        help="X86 or ARM (also x86_64/aarch64); comma-separated for several (env BUILDER_ARCH)",
     )
     g.add_argument(
         "--python",
@@ -201,11 +224,15 @@ def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
         "--torch, each resolves to the newest torch of the matrix that this host can build "
         "(else the newest), and says so",
     )
-    g.add_argument("--torch", metavar="T",
-                   help="torch release(s) such as 2.13.0 (env BUILDER_TORCH)")
-    g.add_argument("--cuda", metavar="C",
-                   help="the cuda axis: cpu or CUDA version(s) such as 13.0 (env BUILDER_CUDA; "
-                        "docs/cuda-wheels.md)")
+    g.add_argument(
+        "--torch", metavar="T", help="torch release(s) such as 2.13.0 (env BUILDER_TORCH)"
+    )
+    g.add_argument(
+        "--cuda",
+        metavar="C",
+        help="the cuda axis: cpu or CUDA version(s) such as 13.0 (env BUILDER_CUDA; "
+        "docs/cuda-wheels.md)",
+    )
     if selectors:
         g.add_argument(
             "selectors",
@@ -213,33 +240,44 @@ def add_selection_options(p: argparse.ArgumentParser, selectors: bool = True, *,
             metavar="SELECTOR",
             help="shell-style patterns on cell identifiers, e.g. 'cp311-*' or "
             "'*-manylinux_aarch64-*'; several (as arguments or space-separated in one, "
-            "as cibuildwheel's build=\"cp39-* cp311-*\") select the cells matching any of "
+            'as cibuildwheel\'s build="cp39-* cp311-*") select the cells matching any of '
             "them; braces expand: 'cp3{11,12}-*'",
         )
 
 
 def add_print_identifiers_option(g: argparse._ActionsContainer, what: str) -> None:
     """cibuildwheel's ``--print-build-identifiers``: one cell identifier a line, then exit."""
-    g.add_argument("--print-build-identifiers", action="store_true",
-                   help=f"print the identifier of each cell {what}, one a line, and stop")
+    g.add_argument(
+        "--print-build-identifiers",
+        action="store_true",
+        help=f"print the identifier of each cell {what}, one a line, and stop",
+    )
 
 
 class RenamedOption(argparse.Action):
     """An option that also answers to an old name; using the old name leaves a note
     (printed by :func:`main`) naming the new one."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str,
-                 old: Sequence[str] = (), **kwargs: object) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, old: Sequence[str] = (), **kwargs: object
+    ) -> None:
         self.old = tuple(old)
         super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
         if option_string in self.old:
-            notes = [*getattr(namespace, "usage_notes", ()),
-                     f"{option_string} is now {self.option_strings[0]}; the old name "
-                     "still works for this release"]
+            notes = [
+                *getattr(namespace, "usage_notes", ()),
+                f"{option_string} is now {self.option_strings[0]}; the old name "
+                "still works for this release",
+            ]
             namespace.usage_notes = notes
 
 
@@ -383,12 +421,17 @@ def with_build_options(settings: Settings, args: argparse.Namespace, ctx: Contex
     root = Path(project).resolve() if project else default_project()
     cli = {key: getattr(args, key.replace("-", "_"), None) for key in KEYS}
     upper = upper_layers(settings.config.build_options, ctx.env, cli)
-    host_arch = next((a for a, spec in ARCHES.items() if spec.machine == platform.machine()),
-                     None)
-    cibw = read_project(root, host_arch=host_arch, upper_options=upper,
-                        upper_test=upper_test(settings.config.test,
-                                              getattr(args, "test_requires", None),
-                                              getattr(args, "test_command", None)))
+    host_arch = next((a for a, spec in ARCHES.items() if spec.machine == platform.machine()), None)
+    cibw = read_project(
+        root,
+        host_arch=host_arch,
+        upper_options=upper,
+        upper_test=upper_test(
+            settings.config.test,
+            getattr(args, "test_requires", None),
+            getattr(args, "test_command", None),
+        ),
+    )
     options = over(options_from(root, table=cibw.table), upper)
     from builder.config.cibwkeys import project_warnings  # noqa: PLC0415
 
@@ -425,9 +468,14 @@ def _pass_names(data: Mapping[str, object]) -> list[str]:
     return [w for w in words if isinstance(w, str)] if isinstance(words, list) else []
 
 
-def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: bool,
-                      settings: Settings | None = None,
-                      host: Host | None = None) -> tuple[Settings, Resolution]:
+def resolve_from_args(
+    args: argparse.Namespace,
+    ctx: Context,
+    *,
+    everything: bool,
+    settings: Settings | None = None,
+    host: Host | None = None,
+) -> tuple[Settings, Resolution]:
     """Settings -> the resolved records (:mod:`builder.plan.resolve`); notes and warnings go
     to stderr. *everything*: no selection means the whole matrix (else this host's cell).
     *host*: this machine's facts, when the caller probes them too (``doctor``)."""
@@ -441,8 +489,14 @@ def resolve_from_args(args: argparse.Namespace, ctx: Context, *, everything: boo
     host = host or Host(ctx.output.redact)
     project = getattr(args, "project", None)
     settings = with_build_options(settings, args, ctx)
-    resolution = resolve(settings, host, registry(), out=Path(getattr(args, "out", "dist")),
-                         everything=everything, project=Path(project) if project else None)
+    resolution = resolve(
+        settings,
+        host,
+        registry(),
+        out=Path(getattr(args, "out", "dist")),
+        everything=everything,
+        project=Path(project) if project else None,
+    )
     for w in resolution.warnings:
         ctx.output.err(f"warning: {w}")
     for n in resolution.notes:

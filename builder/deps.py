@@ -27,4 +27,5 @@ def require(module: str, distribution: str, purpose: str) -> ModuleType:
         raise ConfigError(
             f"the builder needs {distribution} for {purpose}, and this Python "
             f"({sys.executable}) does not have it; set up the builder's environment "
-            "(`make builder-env`, or `python -m builder.lockfile install`)") from None
+            "(`make builder-env`, or `python -m builder.lockfile install`)"
+        ) from None

@@ -100,8 +100,9 @@ def paths_in_line(line: str) -> list[Path]:
     return [Path(m.group(1)) for m in _PATH_IN_LINE.finditer(line)]
 
 
-def disk_full(path: Path, *, needed: Optional[int] = None, what: str = "",
-              detail: str = "") -> DiskFull:
+def disk_full(
+    path: Path, *, needed: Optional[int] = None, what: str = "", detail: str = ""
+) -> DiskFull:
     """The error for a write to *path* that does not fit. *needed*: the bytes the write needs
     when known (a wheel's or the manifest's size); else the message says it is more than what
     is free. *what*: the write, for the reader (``the wheel``, ``the cell's log``)."""
@@ -109,10 +110,12 @@ def disk_full(path: Path, *, needed: Optional[int] = None, what: str = "",
     free = free_bytes(path)
     mount = mount_point(path)
     need = f"{human(needed)} needed" if needed is not None else "the write needed more"
-    message = (f"no space left on device: {what + ' ' if what else ''}{path} (file system "
-               f"{mount}: {human(free)} free, {need}). Nothing partial was kept; free space "
-               f"on {mount} (or point the build at another disk: --work-dir, --out, "
-               f"AMPFORGE_CACHE) and run again")
+    message = (
+        f"no space left on device: {what + ' ' if what else ''}{path} (file system "
+        f"{mount}: {human(free)} free, {need}). Nothing partial was kept; free space "
+        f"on {mount} (or point the build at another disk: --work-dir, --out, "
+        f"AMPFORGE_CACHE) and run again"
+    )
     if detail:
         message += f"\n{detail}"
     return DiskFull(message, path=path, free=free, needed=needed)
@@ -135,16 +138,16 @@ def files_state(folder: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of each file directly in *folder*: what :func:`remove_changed` compares."""
     if not folder.is_dir():
         return {}
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in folder.iterdir() if p.is_file()}
+    return {
+        p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()
+    }
 
 
 def remove_changed(folder: Path, before: dict[str, tuple[int, int]]) -> list[str]:
     """Remove the files of *folder* that are new or changed since *before*: after a tool that
     writes in place failed (``pip download`` copies straight to its ``--dest``), any of them
     may be cut short, and a later run would take it as downloaded. Returns their names."""
-    gone = sorted(name for name, state in files_state(folder).items()
-                  if before.get(name) != state)
+    gone = sorted(name for name, state in files_state(folder).items() if before.get(name) != state)
     for name in gone:
         (folder / name).unlink(missing_ok=True)
     return gone

@@ -62,8 +62,14 @@ class DiskFull(StepFailed):
 
     return_code = 1
 
-    def __init__(self, message: str, *, path: object = None, free: int | None = None,
-                 needed: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: object = None,
+        free: int | None = None,
+        needed: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.path = path
         self.free = free

@@ -95,8 +95,11 @@ def find_up_to_date(out: Path, cell_id: str, key: str) -> Optional[Path]:
 def rebuild_reason(out: Path, cell_id: str, parts: Mapping[str, Any]) -> str:
     """Why *cell_id* is built although dist/ may hold it: the inputs whose digest differs from
     its newest manifest entry's (``extra.inputs``), or that there is no usable entry."""
-    entries = [w for w in read_manifest(out)["wheels"] if w.get("cell") == cell_id] if (
-        out / "manifest.json").exists() else []
+    entries = (
+        [w for w in read_manifest(out)["wheels"] if w.get("cell") == cell_id]
+        if (out / "manifest.json").exists()
+        else []
+    )
     if not entries:
         return "not built before (no manifest entry)"
     newest = max(entries, key=lambda w: str(w.get("finished_at") or ""))

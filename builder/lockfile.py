@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Optional
 
 LOCK_FILE = Path(__file__).resolve().with_name("requirements.lock")
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)"
-                  r"((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*(?:#.*)?$")
+_PIN = re.compile(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)"
+    r"((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*(?:#.*)?$"
+)
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
@@ -75,8 +77,9 @@ def read_locked(path: Optional[Path] = None) -> dict[str, tuple[str, tuple[str, 
     for number, text in _entries(path):
         m = _PIN.match(text)
         if m is None:
-            raise ValueError(f"{path}:{number}: {text!r} is not a 'name==version "
-                             "[--hash=sha256:...]' pin")
+            raise ValueError(
+                f"{path}:{number}: {text!r} is not a 'name==version [--hash=sha256:...]' pin"
+            )
         locked[_canonical(m.group(1))] = (m.group(2), tuple(_HASH.findall(m.group(3))))
     return locked
 
@@ -132,8 +135,9 @@ class MissingBuilderWheels(Exception):
     """A bundle that cannot set up the builder (exit 2)."""
 
 
-def bundle_wheels(bundle_root: Path, pins: dict[str, str],
-                  python_version: Optional[str] = None) -> Path:
+def bundle_wheels(
+    bundle_root: Path, pins: dict[str, str], python_version: Optional[str] = None
+) -> Path:
     """The bundle's folder of builder wheels, verified: bundle.json lists a builder section for
     this lock (and for *python_version*'s major.minor, when given) and every file in it is
     present with its sha256. Raises MissingBuilderWheels naming what is missing."""
@@ -150,14 +154,16 @@ def bundle_wheels(bundle_root: Path, pins: dict[str, str],
             f"offline bundle {bundle_root} holds no wheels for the builder's own environment "
             f"(bundle.json has no 'builder' section); it cannot set up the builder without a "
             f"network: missing {', '.join(f'{n}=={v}' for n, v in sorted(pins.items()))}. "
-            "Fetch the bundle again with this checkout (`make fetch BUNDLE=DIR`)")
+            "Fetch the bundle again with this checkout (`make fetch BUNDLE=DIR`)"
+        )
     made_for = ".".join(str(section.get("python", "")).split(".")[:2])
     if python_version is not None and made_for != ".".join(python_version.split(".")[:2]):
         raise MissingBuilderWheels(
             f"offline bundle {bundle_root} holds the builder's wheels for Python {made_for} "
             f"({section.get('platform', '?')}), but the builder's environment here is Python "
             f"{python_version}; fetch the bundle with that Python (make fetch PYTHON=...), or "
-            f"set up with Python {made_for} (make PYTHON=python{made_for})")
+            f"set up with Python {made_for} (make PYTHON=python{made_for})"
+        )
     listed = {_canonical(str(w["name"])): str(w["version"]) for w in section["wheels"]}
     missing = [f"{n}=={v}" for n, v in sorted(pins.items()) if listed.get(n) != v]
     if missing:
@@ -165,7 +171,8 @@ def bundle_wheels(bundle_root: Path, pins: dict[str, str],
             f"offline bundle {bundle_root} lacks builder wheels pinned by {LOCK_FILE.name} "
             f"(bundle made for lock {str(section.get('lock_sha256', '?'))[:12]}, this checkout's "
             f"is {digest()[:12]}): missing {', '.join(missing)}. Fetch the bundle again with "
-            "this checkout (`make fetch BUNDLE=DIR`)")
+            "this checkout (`make fetch BUNDLE=DIR`)"
+        )
     try:
         verify_bundle(bundle)
     except ConfigError as exc:
@@ -176,22 +183,43 @@ def bundle_wheels(bundle_root: Path, pins: dict[str, str],
 def _python_version(python: str) -> Optional[str]:
     """*python*'s version, or None when it cannot say (pip will fail on it, naming it)."""
     try:
-        out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True, check=False, timeout=60).stdout
+        out = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return out.strip() or None
 
 
-def install_argv(python: str, bundle: Optional[Path], offline: bool,
-                 pins: dict[str, str]) -> list[str]:
+def install_argv(
+    python: str, bundle: Optional[Path], offline: bool, pins: dict[str, str]
+) -> list[str]:
     # --require-hashes: every file pip installs, from the index or the bundle, must be one of
     # the lock's sha256s (pip names the file it refuses); --no-deps as the lock is complete.
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-            "--quiet", "--require-hashes", "--no-deps", "-r", str(LOCK_FILE)]
+    argv = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+        "--require-hashes",
+        "--no-deps",
+        "-r",
+        str(LOCK_FILE),
+    ]
     if bundle is not None:
-        return [*argv, "--no-index", "--find-links",
-                str(bundle_wheels(bundle, pins, _python_version(python)))]
+        return [
+            *argv,
+            "--no-index",
+            "--find-links",
+            str(bundle_wheels(bundle, pins, _python_version(python))),
+        ]
     return [*argv, "--no-index"] if offline else argv
 
 
@@ -205,9 +233,24 @@ def _download_hashes(python: str, pins: dict[str, str]) -> dict[str, set[str]]:
         req = Path(tmp) / "pins.txt"
         req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
         dest = Path(tmp) / "files"
-        subprocess.run([python, "-m", "pip", "download", "--disable-pip-version-check",
-                        "--no-input", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--dest", str(dest), "-r", str(req)], check=True)
+        subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+                str(dest),
+                "-r",
+                str(req),
+            ],
+            check=True,
+        )
         for file in sorted(dest.iterdir()):
             # A wheel's name is "<name>-<version>-...": normalised name, no dash inside.
             name = _canonical(file.name.split("-")[0])
@@ -238,25 +281,32 @@ def pin_lock(frozen: Path, python: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m builder.lockfile",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m builder.lockfile", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     inst = sub.add_parser("install", help="install the lock into a Python environment")
-    inst.add_argument("--python", default=sys.executable,
-                      help="the environment's interpreter (default: this one)")
-    inst.add_argument("--bundle", type=Path, default=None,
-                      help="offline bundle: install only its builder wheels (--no-index)")
-    inst.add_argument("--offline", action="store_true",
-                      help="no index (pip's find-links only)")
+    inst.add_argument(
+        "--python", default=sys.executable, help="the environment's interpreter (default: this one)"
+    )
+    inst.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="offline bundle: install only its builder wheels (--no-index)",
+    )
+    inst.add_argument("--offline", action="store_true", help="no index (pip's find-links only)")
     req = sub.add_parser("requirements", help="print the builder extra of pyproject.toml")
-    req.add_argument("--pyproject", type=Path,
-                     default=LOCK_FILE.parent.parent / "pyproject.toml")
+    req.add_argument("--pyproject", type=Path, default=LOCK_FILE.parent.parent / "pyproject.toml")
     sub.add_parser("check", help="exit 1 if this environment differs from the lock")
     sub.add_parser("constraints", help="print the lock without hashes (a pip constraints file)")
     pin = sub.add_parser("pin", help="print the lock for pip-freeze output, with sha256s")
     pin.add_argument("--frozen", type=Path, required=True, help="`pip freeze --all` output")
-    pin.add_argument("--python", required=True, help="the lock venv's interpreter (its pip "
-                     "downloads the pinned files)")
+    pin.add_argument(
+        "--python",
+        required=True,
+        help="the lock venv's interpreter (its pip downloads the pinned files)",
+    )
     args = parser.parse_args(argv)
     if args.command == "requirements":
         print("\n".join(project_requirements(args.pyproject)))
@@ -267,8 +317,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         pins = read_pins()
         if args.command == "install" and unhashed():
-            raise ValueError(f"{LOCK_FILE}: pins without --hash=sha256 ({', '.join(unhashed())})"
-                             "; re-pin with `make builder-lock`")
+            raise ValueError(
+                f"{LOCK_FILE}: pins without --hash=sha256 ({', '.join(unhashed())})"
+                "; re-pin with `make builder-lock`"
+            )
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -286,8 +338,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     where = f"offline bundle {args.bundle}" if args.bundle else "pip's configured index"
-    print(f"builder environment: {len(pins)} pinned distributions ({LOCK_FILE.name} "
-          f"{digest()[:12]}) from {where}", file=sys.stderr)
+    print(
+        f"builder environment: {len(pins)} pinned distributions ({LOCK_FILE.name} "
+        f"{digest()[:12]}) from {where}",
+        file=sys.stderr,
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)

@@ -36,8 +36,11 @@ class NetworkOptions:
         """pip's environment form. PIP_DEFAULT_TIMEOUT is pip's other name for --timeout: a
         shell that sets it would otherwise win or lose by the order of os.environ."""
         timeout = f"{self.timeout:g}"
-        return {"PIP_RETRIES": str(self.retries), "PIP_TIMEOUT": timeout,
-                "PIP_DEFAULT_TIMEOUT": timeout}
+        return {
+            "PIP_RETRIES": str(self.retries),
+            "PIP_TIMEOUT": timeout,
+            "PIP_DEFAULT_TIMEOUT": timeout,
+        }
 
     def describe(self) -> str:
         return f"pip.retries={self.retries}, pip.timeout={self.timeout:g}s"
@@ -48,9 +51,15 @@ _EXPECTED = re.compile(r"Expected sha256 ([0-9a-f]{64})")
 _GOT = re.compile(r"Got\s+([0-9a-f]{64})")
 # urllib3's words, as pip prints them (specific enough not to match a step's other output).
 _STALL = ("ReadTimeoutError", "ConnectTimeoutError", "Read timed out.")
-_RESET = ("ConnectionResetError", "Connection reset by peer", "RemoteDisconnected",
-          "ProtocolError('Connection aborted", "NewConnectionError", "ProxyError",
-          "Max retries exceeded")
+_RESET = (
+    "ConnectionResetError",
+    "Connection reset by peer",
+    "RemoteDisconnected",
+    "ProtocolError('Connection aborted",
+    "NewConnectionError",
+    "ProxyError",
+    "Max retries exceeded",
+)
 
 
 def explain_hashes(output: str) -> Optional[str]:
@@ -60,12 +69,17 @@ def explain_hashes(output: str) -> Optional[str]:
     files = sorted({m.group(2).rsplit("/", 1)[-1] for m in _HASH_FILE.finditer(output)})
     expected, got = _EXPECTED.search(output), _GOT.search(output)
     what = ", ".join(files) or "a downloaded file"
-    sums = (f" (expected sha256 {expected.group(1)}, got {got.group(1)})"
-            if expected and got and len(files) <= 1 else "")
-    return (f"hash mismatch: {what} is not the file its sha256 names{sums}; pip refused it "
-            "and nothing was installed or kept. The index, a mirror, a proxy or a bundle "
-            "holds other bytes: clear the proxy's cache, use another mirror or fetch the "
-            "bundle again -- never drop the hash")
+    sums = (
+        f" (expected sha256 {expected.group(1)}, got {got.group(1)})"
+        if expected and got and len(files) <= 1
+        else ""
+    )
+    return (
+        f"hash mismatch: {what} is not the file its sha256 names{sums}; pip refused it "
+        "and nothing was installed or kept. The index, a mirror, a proxy or a bundle "
+        "holds other bytes: clear the proxy's cache, use another mirror or fetch the "
+        "bundle again -- never drop the hash"
+    )
 
 
 def explain(output: str, net: Optional[NetworkOptions] = None) -> Optional[str]:
@@ -76,19 +90,29 @@ def explain(output: str, net: Optional[NetworkOptions] = None) -> Optional[str]:
         return hashes
     if any(s in output for s in _STALL):
         within = f"within {net.timeout:g} s, {net.retries} retries " if net else ""
-        return (f"the network stalled: no answer {within}(pip.timeout / BUILDER_PIP_TIMEOUT, "
-                "pip.retries / BUILDER_PIP_RETRIES); check the proxy and the index, or raise "
-                "the timeout for a slow one")
+        return (
+            f"the network stalled: no answer {within}(pip.timeout / BUILDER_PIP_TIMEOUT, "
+            "pip.retries / BUILDER_PIP_RETRIES); check the proxy and the index, or raise "
+            "the timeout for a slow one"
+        )
     if any(s in output for s in _RESET):
         after = f"after {net.retries} retries " if net else ""
-        return (f"connections kept failing {after}with backoff (pip.retries / "
-                "BUILDER_PIP_RETRIES): check the proxy and the index, or raise the retries "
-                "for a flaky one")
+        return (
+            f"connections kept failing {after}with backoff (pip.retries / "
+            "BUILDER_PIP_RETRIES): check the proxy and the index, or raise the retries "
+            "for a flaky one"
+        )
     return None
 
 
-def run_pip(argv: Sequence[str], env: Mapping[str, str], net: NetworkOptions, log: TextIO,
-            redact: Callable[[str], str], what: str) -> str:
+def run_pip(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    net: NetworkOptions,
+    log: TextIO,
+    redact: Callable[[str], str],
+    what: str,
+) -> str:
     """Run pip (*argv*) with *net*'s retries and timeout; its redacted output, logged to *log*.
     StepFailed naming *what*, the fault (:func:`explain`) and pip's last lines on failure."""
     full_env = {**env, **net.env()}
@@ -100,6 +124,8 @@ def run_pip(argv: Sequence[str], env: Mapping[str, str], net: NetworkOptions, lo
     if proc.returncode != 0:
         hint = explain(output, net)
         tail = "\n".join(output.strip().splitlines()[-15:])
-        raise StepFailed(f"{what} failed (exit {proc.returncode}"
-                         f"{'; ' + hint if hint else ''}; full output in {log.name}):\n{tail}")
+        raise StepFailed(
+            f"{what} failed (exit {proc.returncode}"
+            f"{'; ' + hint if hint else ''}; full output in {log.name}):\n{tail}"
+        )
     return output

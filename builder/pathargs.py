@@ -153,8 +153,7 @@ def _values(value: object) -> Iterator[str]:
         yield os.fspath(value)
 
 
-def check_path_arguments(command: str, args: argparse.Namespace,
-                         options: dict[str, str]) -> None:
+def check_path_arguments(command: str, args: argparse.Namespace, options: dict[str, str]) -> None:
     """Raise :class:`ConfigError` (exit 2) for the first wrong path argument of *command*.
     *options* maps an argparse dest to the option's spelling in messages (``--out``)."""
     for (cmd, dest), kind in PATH_ARGUMENTS.items():
@@ -168,5 +167,6 @@ def check_path_arguments(command: str, args: argparse.Namespace,
             why = problem(path, want)
             if why is not None:
                 name = options.get(dest, dest.upper())
-                raise ConfigError(f"{shown(path)} {why}; expected {_EXPECTED[want]}",
-                                  key=f"command line {name}")
+                raise ConfigError(
+                    f"{shown(path)} {why}; expected {_EXPECTED[want]}", key=f"command line {name}"
+                )

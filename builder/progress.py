@@ -29,8 +29,9 @@ def _rich(module: str) -> ModuleType:  # a module of rich
 class Progress:
     """Thread-safe: cells built in parallel report into one display."""
 
-    def __init__(self, stream: TextIO, redact: Callable[[str], str] = str,
-                 live: Optional[bool] = None) -> None:
+    def __init__(
+        self, stream: TextIO, redact: Callable[[str], str] = str, live: Optional[bool] = None
+    ) -> None:
         self.console = _rich("console").Console(file=stream, highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
             self.console.width = 160  # logs: no folding of cell ids and errors
@@ -42,9 +43,13 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.live_mode:
-            self._live = _rich("live").Live(self._table(), console=self.console,
-                                            refresh_per_second=2, get_renderable=self._table,
-                                            transient=False)
+            self._live = _rich("live").Live(
+                self._table(),
+                console=self.console,
+                refresh_per_second=2,
+                get_renderable=self._table,
+                transient=False,
+            )
             self._live.__enter__()
         return self
 
@@ -86,8 +91,9 @@ class Progress:
         return table
 
 
-def summary_table(results: Iterable[CellResult], console: Console,
-                  redact: Callable[[str], str] = str) -> None:
+def summary_table(
+    results: Iterable[CellResult], console: Console, redact: Callable[[str], str] = str
+) -> None:
     table = _rich("table").Table(title="build summary", title_justify="left")
     for col in ("CELL", "RESULT", "TIME", "TAG", "WHEEL / ERROR"):
         table.add_column(col, overflow="fold")

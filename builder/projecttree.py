@@ -48,8 +48,20 @@ from builder.errors import ConfigError, StepFailed
 #: Never copied into a build: version control, environments, build outputs, caches, compiled
 #: modules.
 PROJECT_IGNORE: tuple[str, ...] = (
-    ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyc",
-    ".pytest_cache", ".ruff_cache", ".hypothesis", ".mypy_cache", "out",
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    "*.pyc",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".mypy_cache",
+    "out",
 )
 #: The entries of PROJECT_IGNORE that are a checkout's history (said when skipped).
 VCS_NAMES: tuple[str, ...] = (".git",)
@@ -73,8 +85,10 @@ def file_limit(env: Mapping[str, str]) -> int:
         return DEFAULT_FILE_LIMIT
     m = _SIZE.fullmatch(raw)
     if m is None or float(m.group(1)) <= 0:
-        raise ConfigError(f"{raw!r} is not a size; expected bytes or a number with K, M, G or "
-                          "T (e.g. 8G)", key=f"environment {LIMIT_VAR}")
+        raise ConfigError(
+            f"{raw!r} is not a size; expected bytes or a number with K, M, G or T (e.g. 8G)",
+            key=f"environment {LIMIT_VAR}",
+        )
     power = "kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0
     return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
 
@@ -124,21 +138,30 @@ class CopyReport:
         stderr only says the surprises)."""
         out = []
         if self.outside:
-            out.append(f"project copy: skipped {len(self.outside)} symlink(s) pointing outside "
-                       "the project (not followed, not copied): "
-                       + _listed([f"{p} -> {t}" for p, t in self.outside]))
+            out.append(
+                f"project copy: skipped {len(self.outside)} symlink(s) pointing outside "
+                "the project (not followed, not copied): "
+                + _listed([f"{p} -> {t}" for p, t in self.outside])
+            )
         if self.special:
-            out.append(f"project copy: skipped {len(self.special)} special file(s) (FIFOs, "
-                       "sockets, devices are not files a build reads): "
-                       + _listed([f"{p} ({k})" for p, k in self.special]))
+            out.append(
+                f"project copy: skipped {len(self.special)} special file(s) (FIFOs, "
+                "sockets, devices are not files a build reads): "
+                + _listed([f"{p} ({k})" for p, k in self.special])
+            )
         if self.vcs and vcs:
-            out.append("project copy: not copied: " + _listed(self.vcs)
-                       + " (version control: the build gets the checkout's files, not its "
-                         "history)")
+            out.append(
+                "project copy: not copied: "
+                + _listed(self.vcs)
+                + " (version control: the build gets the checkout's files, not its "
+                "history)"
+            )
         if self.large:
-            out.append(f"project copy: copied {len(self.large)} large file(s) ({human(LARGE_FILE)}"
-                       " or more; every cell copies them): "
-                       + _listed([f"{p} ({human(n)})" for p, n in self.large]))
+            out.append(
+                f"project copy: copied {len(self.large)} large file(s) ({human(LARGE_FILE)}"
+                " or more; every cell copies them): "
+                + _listed([f"{p} ({human(n)})" for p, n in self.large])
+            )
         return out
 
 
@@ -156,7 +179,9 @@ class _Walk:
         return ConfigError(
             f"project file {rel} in {self.src} is {human(size)}, over the {human(self.limit)} "
             "one file copied into a build may be (every cell copies the project); move it out "
-            f"of the project, or set {LIMIT_VAR} (e.g. {LIMIT_VAR}=8G)", key="--project")
+            f"of the project, or set {LIMIT_VAR} (e.g. {LIMIT_VAR}=8G)",
+            key="--project",
+        )
 
     def run(self) -> CopyReport:
         if self.dest is not None:
@@ -172,8 +197,9 @@ class _Walk:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            raise StepFailed(f"cannot read project folder {rel or '.'} in {self.src}: "
-                             f"{exc.strerror or exc}") from None
+            raise StepFailed(
+                f"cannot read project folder {rel or '.'} in {self.src}: {exc.strerror or exc}"
+            ) from None
         for entry in entries:
             name = entry.name
             path = f"{rel}/{name}" if rel else name
@@ -223,8 +249,9 @@ class _Walk:
         try:
             fsrc = open_no_follow(source)
         except OSError as exc:
-            raise StepFailed(f"cannot read project file {rel} in {self.src}: "
-                             f"{exc.strerror or exc}") from None
+            raise StepFailed(
+                f"cannot read project file {rel} in {self.src}: {exc.strerror or exc}"
+            ) from None
         with fsrc:
             st = os.fstat(fsrc.fileno())
             if not stat.S_ISREG(st.st_mode):

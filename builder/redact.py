@@ -20,7 +20,8 @@ MASK = "***"
 # The user name ends at its first ':' and may hold a raw '@' (``me@corp:pw@proxy``: urllib,
 # pip and curl read user ``me@corp``, password ``pw``).
 _URL_CREDENTIALS = re.compile(
-    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/\s]*:)(?P<pw>\S+)@(?=[^@\s]*(?:\s|$))")
+    r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/\s]*:)(?P<pw>\S+)@(?=[^@\s]*(?:\s|$))"
+)
 
 
 def redact_url_credentials(text: str) -> str:

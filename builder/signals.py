@@ -46,8 +46,9 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
 
 
 def describe(interrupt: KeyboardInterrupt) -> str:
-    return f"terminated by {interrupt.name}" if isinstance(interrupt, Terminated) else (
-        "interrupted")
+    return (
+        f"terminated by {interrupt.name}" if isinstance(interrupt, Terminated) else ("interrupted")
+    )
 
 
 def _raise(signum: int, _frame: Optional[FrameType]) -> None:

@@ -29,6 +29,7 @@ without the tracker; the step time is the median over the steps after the first.
 
 Needs matplotlib for the PNG (`pip install "ampforge[demo]"`). `make demo DEMO_ARGS=...`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,12 +98,22 @@ def model_specs(batch: int, width: int, depth: int) -> list[ModelSpec]:
 
     return [
         # The README's quick start, as in apex's: Linear(10, 1), SGD, MSE, a batch of 64.
-        ModelSpec("quickstart", "nn.Linear(10, 1), SGD lr 0.01, batch 64", 64, 10,
-                  lambda: torch.nn.Linear(10, 1),
-                  lambda params: torch.optim.SGD(params, lr=0.01)),
-        ModelSpec("mlp", f"MLP 64-{width}x{depth}-1 (ReLU), amp FusedAdam lr 1e-3, "
-                  f"batch {batch}", batch, 64, mlp,
-                  lambda params: amp.optimizers.FusedAdam(params, lr=1e-3)),
+        ModelSpec(
+            "quickstart",
+            "nn.Linear(10, 1), SGD lr 0.01, batch 64",
+            64,
+            10,
+            lambda: torch.nn.Linear(10, 1),
+            lambda params: torch.optim.SGD(params, lr=0.01),
+        ),
+        ModelSpec(
+            "mlp",
+            f"MLP 64-{width}x{depth}-1 (ReLU), amp FusedAdam lr 1e-3, batch {batch}",
+            batch,
+            64,
+            mlp,
+            lambda params: amp.optimizers.FusedAdam(params, lr=1e-3),
+        ),
     ]
 
 
@@ -223,9 +234,13 @@ def train(spec: ModelSpec, run: RunSpec, device: torch.device, steps: int) -> Ru
     # Pass 2: every step, timed, no tracker.
     model, optimizer = _setup(spec, run, device)
     params = list(model.parameters())
-    result = RunResult(model=spec.name, run=run.label, weights_dtype=_short(params[0].dtype),
-                       weights_bytes=sum(p.numel() * p.element_size() for p in params),
-                       peak_bytes=peak())
+    result = RunResult(
+        model=spec.name,
+        run=run.label,
+        weights_dtype=_short(params[0].dtype),
+        weights_bytes=sum(p.numel() * p.element_size() for p in params),
+        peak_bytes=peak(),
+    )
     for _ in range(steps):
         _sync(device)
         start = time.perf_counter()
@@ -263,59 +278,87 @@ def human_bytes(n: int) -> str:
 
 def run_table(results: list[RunResult]) -> list[str]:
     rows = [RUN_HEADER] + [
-        (r.model, r.run, r.weights_dtype, human_bytes(r.weights_bytes),
-         human_bytes(r.peak_bytes), f"{r.step_ms:.2f}", f"{r.losses[-1]:.5f}")
+        (
+            r.model,
+            r.run,
+            r.weights_dtype,
+            human_bytes(r.weights_bytes),
+            human_bytes(r.peak_bytes),
+            f"{r.step_ms:.2f}",
+            f"{r.losses[-1]:.5f}",
+        )
         for r in results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_HEADER))]
-    return ["  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in
-                      enumerate(zip(row, widths))).rstrip() for row in rows]
+    return [
+        "  ".join(
+            v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
 
 
-def write_png(path: Path, results: list[RunResult], specs: list[ModelSpec],
-              device: torch.device, peak_what: str) -> None:
+def write_png(
+    path: Path,
+    results: list[RunResult],
+    specs: list[ModelSpec],
+    device: torch.device,
+    peak_what: str,
+) -> None:
     try:
         import matplotlib  # noqa: PLC0415 - only the PNG needs it
     except ImportError:
-        raise SystemExit('error: matplotlib is needed for the PNG: pip install "ampforge[demo]" '
-                         "(or `make setup`, whose dev extra includes it)") from None
+        raise SystemExit(
+            'error: matplotlib is needed for the PNG: pip install "ampforge[demo]" '
+            "(or `make setup`, whose dev extra includes it)"
+        ) from None
     matplotlib.use("Agg")  # headless: no display is needed or used
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    fig, axes = plt.subplots(len(specs), 3, figsize=(12, 3.4 * len(specs)), dpi=80,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(specs), 3, figsize=(12, 3.4 * len(specs)), dpi=80, squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, spec in zip(axes, specs):
         mine = [r for r in results if r.model == spec.name]
         names = [r.run for r in mine]
         for i, r in enumerate(mine):
-            row[0].plot(range(1, len(r.losses) + 1), r.losses, label=r.run,
-                        color=colors[i % len(colors)])
+            row[0].plot(
+                range(1, len(r.losses) + 1), r.losses, label=r.run, color=colors[i % len(colors)]
+            )
         row[0].xaxis.set_major_locator(MaxNLocator(integer=True))
         row[0].set_title(f"{spec.name}: loss", fontsize=10)
         row[0].set_xlabel("step")
         row[0].legend(fontsize=8)
         bar_colors = [colors[i % len(colors)] for i in range(len(mine))]
-        unit, size = next(((u, n) for u, n in UNITS if max(r.peak_bytes for r in mine) >= n),
-                          ("B", 1))
+        unit, size = next(
+            ((u, n) for u, n in UNITS if max(r.peak_bytes for r in mine) >= n), ("B", 1)
+        )
         row[1].bar(names, [r.peak_bytes / size for r in mine], color=bar_colors)
         row[1].set_title(f"{spec.name}: peak memory ({unit}, {peak_what})", fontsize=10)
         row[2].bar(names, [r.step_ms for r in mine], color=bar_colors)
         row[2].set_title(f"{spec.name}: step time (ms, median)", fontsize=10)
         for ax in row[1:]:
             ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"amp demo on {device.type}: fp32 vs O1/O2 "
-                 f"(torch {torch.__version__})", fontsize=11)
+    fig.suptitle(
+        f"amp demo on {device.type}: fp32 vs O1/O2 (torch {torch.__version__})", fontsize=11
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     # The numbers also travel inside the PNG (a tEXt chunk), so the picture says what it shows.
-    fig.savefig(tmp, format="png", metadata={"Software": None,
-        "Title": "amp demo: loss, peak memory, step time",
-        "Description": "; ".join(f"{r.model} {r.run}: peak {r.peak_bytes} B, "
-                                 f"step {r.step_ms:.3f} ms, final loss {r.losses[-1]:.6g}"
-                                 for r in results)})
+    fig.savefig(
+        tmp,
+        format="png",
+        metadata={
+            "Software": None,
+            "Title": "amp demo: loss, peak memory, step time",
+            "Description": "; ".join(
+                f"{r.model} {r.run}: peak {r.peak_bytes} B, "
+                f"step {r.step_ms:.3f} ms, final loss {r.losses[-1]:.6g}"
+                for r in results
+            ),
+        },
+    )
     plt.close(fig)
     tmp.replace(path)  # never a half-written picture at PATH
 
@@ -335,18 +378,27 @@ def pick_device(name: str) -> torch.device:
     if device.type != "cpu":
         mod = getattr(torch, device.type, None)
         if mod is None or not mod.is_available():
-            raise SystemExit(f"error: --device {name}: no {device.type} device here "
-                             "(expected auto, cpu, or a device this torch has)")
+            raise SystemExit(
+                f"error: --device {name}: no {device.type} device here "
+                "(expected auto, cpu, or a device this torch has)"
+            )
     return device
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
-    p.add_argument("--device", default="auto",
-                   help="auto (cuda, else npu, else cpu; the default), cpu, cuda, npu, cuda:1")
-    p.add_argument("--out", type=Path, default=Path("build/amp_demo.png"),
-                   help="the PNG to write (default build/amp_demo.png)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda, else npu, else cpu; the default), cpu, cuda, npu, cuda:1",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("build/amp_demo.png"),
+        help="the PNG to write (default build/amp_demo.png)",
+    )
     p.add_argument("--batch", type=int, default=1024, help="the MLP's batch (default 1024)")
     p.add_argument("--width", type=int, default=128, help="the MLP's hidden width (default 128)")
     p.add_argument("--depth", type=int, default=4, help="the MLP's hidden layers (default 4)")
@@ -363,8 +415,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     specs = model_specs(args.batch, args.width, args.depth)
     runs = runs_for(device)
     peak_what = "live tensor bytes" if device.type == "cpu" else "max_memory_allocated"
-    print(f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} threads); "
-          f"runs: {', '.join(r.label for r in runs)}; {args.steps} steps each")
+    print(
+        f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} threads); "
+        f"runs: {', '.join(r.label for r in runs)}; {args.steps} steps each"
+    )
     results: list[RunResult] = []
     for spec in specs:
         mine = [train(spec, run, device, args.steps) for run in runs]
@@ -374,9 +428,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         for line in loss_table(mine):
             print(line)
     print()
-    print(f"per run: weights = the model's parameters as it trains; peak = {peak_what} "
-          f"over model set-up and the first {min(args.steps, MEMORY_STEPS)} steps; "
-          "step = median step time after the first")
+    print(
+        f"per run: weights = the model's parameters as it trains; peak = {peak_what} "
+        f"over model set-up and the first {min(args.steps, MEMORY_STEPS)} steps; "
+        "step = median step time after the first"
+    )
     for line in run_table(results):
         print(line)
     write_png(args.out, results, specs, device, peak_what)

@@ -1,5 +1,6 @@
 """Shared fixtures. `backend`: run a kernel/optimizer test on every backend (the compiled
 kernels per ISA, and the pure-torch fallback)."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,8 @@ from amp import _torch_compat as compat
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(
-    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
 
 
 def _select(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
@@ -53,8 +55,9 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture(params=["avx512", "avx2", "generic"])
-def compiled_backend(request: pytest.FixtureRequest,
-                     monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def compiled_backend(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
     """The compiled kernels only, per ISA (for what exists only in amp._C)."""
     yield from _select(request, monkeypatch)
 
@@ -98,11 +101,17 @@ def one_rank_gloo() -> Iterator[None]:
 # outside the docker stream (a new module that uses the engine must be listed here, or carry the
 # `docker` marker).
 
-DOCKER_MODULES = frozenset({
-    "test_base_image.py", "test_doctor.py", "test_emulation.py", "test_engines.py",
-    "test_pipeline_front.py",
-    "test_proxy_real.py", "test_render_docker.py",
-})  # modules whose engine tests all carry the marker need not be listed (their other tests
+DOCKER_MODULES = frozenset(
+    {
+        "test_base_image.py",
+        "test_doctor.py",
+        "test_emulation.py",
+        "test_engines.py",
+        "test_pipeline_front.py",
+        "test_proxy_real.py",
+        "test_render_docker.py",
+    }
+)  # modules whose engine tests all carry the marker need not be listed (their other tests
 #     then run in either stream): test_repair.py, test_signals.py, test_pull.py, ...
 DOCKER_GROUP = "docker"
 # Session fixtures (tests/builder/conftest.py) whose users must share a worker, or the build
@@ -185,17 +194,24 @@ _NPU_FIXTURES = ("npu", "npu_backend", "torch_npu", "saturating_npu")
 def _lacking(exc: BaseException, item: pytest.Item) -> Optional[str]:
     version = torch.__version__
     if isinstance(exc, compat.HalfUnsupportedError) or (
-            isinstance(exc, (RuntimeError, NotImplementedError))
-            and any(s in str(exc) for s in _HALF_ON_CPU)):
-        if not (compat.half_matmul_supported("cpu") and compat.autocast_supports(
-                "cpu", torch.float16)):
+        isinstance(exc, (RuntimeError, NotImplementedError))
+        and any(s in str(exc) for s in _HALF_ON_CPU)
+    ):
+        if not (
+            compat.half_matmul_supported("cpu") and compat.autocast_supports("cpu", torch.float16)
+        ):
             first = str(exc).splitlines()[0][:160]
             if any(f in getattr(item, "fixturenames", ()) for f in _NPU_FIXTURES):
-                return (f"torch {version}'s CPU has no float16 matmul/autocast, and this test "
-                        f"compares the npu device with the CPU in float16: {first}")
+                return (
+                    f"torch {version}'s CPU has no float16 matmul/autocast, and this test "
+                    f"compares the npu device with the CPU in float16: {first}"
+                )
             return f"torch {version}'s CPU has no float16 matmul/autocast: {first}"
-    if (isinstance(exc, AttributeError) and "GradScaler" in str(exc)
-            and compat.grad_scaler_class() is None):
+    if (
+        isinstance(exc, AttributeError)
+        and "GradScaler" in str(exc)
+        and compat.grad_scaler_class() is None
+    ):
         return f"torch {version} has no torch.amp.GradScaler (torch >= 2.3), this test's reference"
     return None
 
@@ -247,7 +263,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         if not in_worker and installed.ops.fallback_calls() == before:
             raise AssertionError(
                 "marked half_device, but ran no op on the npu device it was given as torch's "
-                "default device: it computes nothing in float16 there")
+                "default device: it computes nothing in float16 there"
+            )
         return result
     try:
         return (yield)

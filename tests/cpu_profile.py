@@ -53,11 +53,16 @@ def measured(out_dir: str, nodeid: str, group: str, engine_stream: bool) -> Iter
         yield
     finally:
         wall1, (own1, kids1), engine1 = time.time(), _own_and_children(), _engine_cpu()
-        record = {"id": nodeid, "group": group, "wall": round(wall1 - wall0, 3),
-                  "own": round(own1 - own0, 3), "children": round(kids1 - kids0, 3),
-                  # only the docker stream's tests run containers; the other worker's tests
-                  # would see that stream's containers in the cgroup too
-                  "engine": round(engine1 - engine0, 3) if engine_stream else 0.0}
+        record = {
+            "id": nodeid,
+            "group": group,
+            "wall": round(wall1 - wall0, 3),
+            "own": round(own1 - own0, 3),
+            "children": round(kids1 - kids0, 3),
+            # only the docker stream's tests run containers; the other worker's tests
+            # would see that stream's containers in the cgroup too
+            "engine": round(engine1 - engine0, 3) if engine_stream else 0.0,
+        }
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")

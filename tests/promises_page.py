@@ -7,6 +7,7 @@ tests/test_promises_page.py fails when the two differ.
     python tests/promises_page.py --write  # rewrite docs/promises.md (what `make promises` runs)
     python tests/promises_page.py --check  # exit 1 if docs/promises.md is out of date (pre-commit)
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "promises.md"
 FIELDS = ("promise", "fault", "result")
 # The areas, in the page's order: a test's folder under tests/ names its area.
-AREAS = {"builder": "The builder", "amp": "amp", "optimizers": "amp's optimizers",
-         "kernels": "amp's kernels", "npu": "amp on an NPU"}
+AREAS = {
+    "builder": "The builder",
+    "amp": "amp",
+    "optimizers": "amp's optimizers",
+    "kernels": "amp's kernels",
+    "npu": "amp on an NPU",
+}
 
 
 class PromiseError(ValueError):
@@ -38,8 +44,12 @@ class Promise:
 
 def _marker_fields(node: ast.expr) -> dict[str, str] | None:
     """The keyword strings of a ``pytest.mark.promise(...)`` decorator, None for others."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "promise" and ast.unparse(node.func) == "pytest.mark.promise"):
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "promise"
+        and ast.unparse(node.func) == "pytest.mark.promise"
+    ):
         return None
     if node.args:
         raise PromiseError("pass promise=, fault= and result= by keyword")
@@ -74,8 +84,15 @@ def collect(root: Path = ROOT) -> list[Promise]:
                 if fields is not None:
                     found.append(Promise(area, f"{rel}::{node.name}", deco.lineno, **fields))
     order = list(AREAS)
-    return sorted(found, key=lambda p: (order.index(p.area) if p.area in order else len(order),
-                                        p.area, p.test.split("::")[0], p.line))
+    return sorted(
+        found,
+        key=lambda p: (
+            order.index(p.area) if p.area in order else len(order),
+            p.area,
+            p.test.split("::")[0],
+            p.line,
+        ),
+    )
 
 
 def _cell(text: str) -> str:
@@ -92,10 +109,18 @@ def render(promises: list[Promise]) -> str:
         "`make promises`, and `tests/test_promises_page.py` fails when it is out of date.",
     ]
     for area in dict.fromkeys(p.area for p in promises):
-        out += ["", f"## {AREAS.get(area, area)}", "",
-                "| Promise | Fault injected | Test | Result |", "|---|---|---|---|"]
-        out += [f"| {_cell(p.promise)} | {_cell(p.fault)} | `{p.test}` | {_cell(p.result)} |"
-                for p in promises if p.area == area]
+        out += [
+            "",
+            f"## {AREAS.get(area, area)}",
+            "",
+            "| Promise | Fault injected | Test | Result |",
+            "|---|---|---|---|",
+        ]
+        out += [
+            f"| {_cell(p.promise)} | {_cell(p.fault)} | `{p.test}` | {_cell(p.result)} |"
+            for p in promises
+            if p.area == area
+        ]
     return "\n".join(out) + "\n"
 
 

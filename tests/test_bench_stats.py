@@ -1,6 +1,7 @@
 """benchmarks/benchstats.py (the spread and reliability of benchmark figures) and the
 benchmarks' --json output built on it. Nothing here times anything against a bound: the
 statistics are fed known samples, and the benchmark runs are checked for their structure."""
+
 from __future__ import annotations
 
 import json
@@ -96,18 +97,23 @@ def test_check_target_is_not_checked_on_unreliable_figures() -> None:
 
 
 def _run(script: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json",
-                          "-"], capture_output=True, text=True, check=True, cwd=ROOT,
-                         timeout=600).stdout
-    return json.loads(out[out.index("\n{") + 1:])
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    ).stdout
+    return json.loads(out[out.index("\n{") + 1 :])
 
 
 def test_optimizer_step_json_has_spreads() -> None:
-    doc = _run("optimizer_step.py", "--sizes", "2e4", "--rounds", "3", "--cases", "a",
-               "--others", "")
+    doc = _run(
+        "optimizer_step.py", "--sizes", "2e4", "--rounds", "3", "--cases", "a", "--others", ""
+    )
     (res,) = doc["results"]
-    for key in ("torch_ms", "exact_ms", "defer_ms", "probe_ms", "defer_speedup",
-                "exact_pct_probe"):
+    for key in ("torch_ms", "exact_ms", "defer_ms", "probe_ms", "defer_speedup", "exact_pct_probe"):
         fig = res["figures"][key]
         assert fig["n"] == 3 and fig["lo"] <= fig["median"] <= fig["hi"]
         assert "unreliable" in fig
@@ -121,7 +127,8 @@ def test_bench_ascend_json_has_counts_and_spreads() -> None:
     # deterministic counts (tests/npu asserts the budgets; here only that they are reported)
     assert counts["NpuFusedAdam (combined)"]["syncs"] == 1
     assert counts["NpuFusedAdam (combined)"]["total"] == sum(
-        counts["NpuFusedAdam (combined)"][p] for p in ("unscale+check", "step", "zero_grad"))
+        counts["NpuFusedAdam (combined)"][p] for p in ("unscale+check", "step", "zero_grad")
+    )
     times = {row["optimizer"]: row for row in doc["times"]}
     assert set(times) == set(counts)
     for row in times.values():

@@ -19,19 +19,25 @@ def test_a_tests_children_are_counted_and_summed(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-c", BURN], check=True)
     with measured(str(out), "tests/x/test_a.py::test_idle", "module:x/test_a.py", False):
         pass
-    burns, idle = (json.loads(line) for line in next(out.glob("*.jsonl")).read_text()
-                   .splitlines())
+    burns, idle = (json.loads(line) for line in next(out.glob("*.jsonl")).read_text().splitlines())
     assert burns["id"].endswith("test_burns") and burns["children"] >= 0.3, burns
     assert idle["children"] < 0.1 and idle["engine"] == 0.0, idle
 
-    table = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ci_cpu.py"), str(out)],
-                           capture_output=True, text=True, check=True).stdout.splitlines()
+    table = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "ci_cpu.py"), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     row = next(line for line in table if line.startswith("tests/x/test_a.py"))
     assert row.split()[1] == "2"  # both tests in the module's row
     assert float(table[-1].split()[-1]) >= 0.3  # the total holds the child's CPU
 
 
 def test_no_records_is_an_error_naming_the_folder(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ci_cpu.py"), str(tmp_path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "ci_cpu.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and str(tmp_path) in r.stderr and "AMPFORGE_CPU_PROFILE" in r.stderr

@@ -29,9 +29,13 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def test_mkdocs_builds_the_site_with_no_warning(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                        str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "index.html").is_file()
 
@@ -80,7 +84,7 @@ def _first_column_flags(section: str) -> set[str]:
 def _section(text: str, heading: str) -> str:
     start = text.index(heading)
     nxt = re.compile(r"^#{1,3} ", re.M).search(text, start + len(heading))
-    return text[start:nxt.start() if nxt else len(text)]
+    return text[start : nxt.start() if nxt else len(text)]
 
 
 def _parser_flags() -> dict[str, set[str]]:
@@ -91,8 +95,9 @@ def _parser_flags() -> dict[str, set[str]]:
 
 def _flags_of(parser: argparse.ArgumentParser) -> set[str]:
     """A command's options, its own subcommands' too (``cache list|prune``: one section)."""
-    flags = {o for a in parser._actions for o in a.option_strings
-             if o.startswith("--") and o != "--help"}
+    flags = {
+        o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"
+    }
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
             for p in a.choices.values():
@@ -102,9 +107,10 @@ def _flags_of(parser: argparse.ArgumentParser) -> set[str]:
 
 def _documented_flags() -> dict[str, set[str]]:
     text = REFERENCE.read_text()
-    shared = {"#selection-options": _first_column_flags(_section(text, "### Selection options")),
-              "#configuration-options": _first_column_flags(
-                  _section(text, "### Configuration options"))}
+    shared = {
+        "#selection-options": _first_column_flags(_section(text, "### Selection options")),
+        "#configuration-options": _first_column_flags(_section(text, "### Configuration options")),
+    }
     documented: dict[str, set[str]] = {}
     for m in COMMAND_HEADING.finditer(text):
         section = _section(text, m.group(0))
@@ -121,10 +127,16 @@ def test_the_reference_lists_every_command_and_option_the_parser_has() -> None:
     assert set(documented) == set(actual), (
         f"docs/reference.md: commands without a '### `python -m builder NAME`' section: "
         f"{sorted(set(actual) - set(documented))}; sections for no command: "
-        f"{sorted(set(documented) - set(actual))}")
-    drift = {name: {"missing from the reference": sorted(actual[name] - documented[name]),
-                    "not an option of the command": sorted(documented[name] - actual[name])}
-             for name in actual if actual[name] != documented[name]}
+        f"{sorted(set(documented) - set(actual))}"
+    )
+    drift = {
+        name: {
+            "missing from the reference": sorted(actual[name] - documented[name]),
+            "not an option of the command": sorted(documented[name] - actual[name]),
+        }
+        for name in actual
+        if actual[name] != documented[name]
+    }
     assert not drift, f"docs/reference.md differs from `python -m builder CMD --help`: {drift}"
 
 
@@ -139,13 +151,17 @@ def _schema_keys(schema: dict, prefix: str = "") -> set[str]:
 
 def test_the_reference_lists_every_key_of_the_configuration_file() -> None:
     section = _section(REFERENCE.read_text(), "## Configuration file keys")
-    documented = {k for row in re.findall(r"^\|([^|\n]*)\|", section, re.M)
-                  for k in re.findall(r"`([a-z][\w.-]*(?:\.ARCH\.[a-z_]+)?)`", row)}
+    documented = {
+        k
+        for row in re.findall(r"^\|([^|\n]*)\|", section, re.M)
+        for k in re.findall(r"`([a-z][\w.-]*(?:\.ARCH\.[a-z_]+)?)`", row)
+    }
     actual = _schema_keys(CONFIG_SCHEMA)
     assert {"matrix.python", "images.ARCH.base", "build.backend"} <= actual
     assert documented == actual, (
         f"docs/reference.md, Configuration file keys: missing {sorted(actual - documented)}; "
-        f"not in builder/config/schema.py {sorted(documented - actual)}")
+        f"not in builder/config/schema.py {sorted(documented - actual)}"
+    )
 
 
 def test_the_reference_lists_every_builder_variable() -> None:
@@ -154,7 +170,8 @@ def test_the_reference_lists_every_builder_variable() -> None:
     actual = set(load.ENV.values()) | set(buildoptions.ENV.values())
     assert documented == actual, (
         f"docs/reference.md, Environment variables: missing {sorted(actual - documented)}; "
-        f"read by no setting {sorted(documented - actual)}")
+        f"read by no setting {sorted(documented - actual)}"
+    )
 
 
 MAKEFILE = (ROOT / "Makefile").read_text()
@@ -171,7 +188,8 @@ def test_the_reference_lists_every_make_target() -> None:
     assert {"wheel", "matrix", "test", "docs"} <= actual
     assert documented == actual, (
         f"docs/reference.md, Make targets: missing {sorted(actual - documented)}; "
-        f"not in the Makefile {sorted(documented - actual)}")
+        f"not in the Makefile {sorted(documented - actual)}"
+    )
 
 
 def test_the_reference_lists_every_make_variable() -> None:
@@ -183,7 +201,8 @@ def test_the_reference_lists_every_make_variable() -> None:
     unknown = {v for v in documented if not re.search(rf"\b{v}\b", MAKEFILE)}
     assert not missing and not unknown, (
         f"docs/reference.md, Make variables: missing {sorted(missing)}; "
-        f"not in the Makefile {sorted(unknown)}")
+        f"not in the Makefile {sorted(unknown)}"
+    )
 
 
 def test_where_things_live_names_every_folder_and_only_real_ones() -> None:
@@ -192,11 +211,13 @@ def test_where_things_live_names_every_folder_and_only_real_ones() -> None:
     text = (ROOT / "docs" / "development.md").read_text()
     section = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     listed = {m.rstrip("/") for m in re.findall(r"^- `([^`]+/)`", section, re.M)}
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     parts = [f.split("/") for f in files]
     folders = {p[0] for p in parts if len(p) > 1}
-    folders |= {"/".join(p[:2]) for p in parts
-                if len(p) > 2 and p[0] in ("amp", "builder", "tests")}
+    folders |= {
+        "/".join(p[:2]) for p in parts if len(p) > 2 and p[0] in ("amp", "builder", "tests")
+    }
     assert sorted(folders - listed) == [], "folders missing from the map"
     assert sorted(listed - folders) == [], "the map names folders the repository lacks"

@@ -102,9 +102,7 @@ def import_graph(names: dict[str, Path]) -> dict[str, list[Edge]]:
                 parts = target.split(".")
                 for depth in range(1, len(parts) + 1):
                     name = ".".join(parts[:depth])
-                    own = module == name or (
-                        depth < len(parts) and module.startswith(name + ".")
-                    )
+                    own = module == name or (depth < len(parts) and module.startswith(name + "."))
                     if name in names and not own and not any(e.target == name for e in edges):
                         edges.append(Edge(name, path, node.lineno))
         graph[module] = edges
@@ -281,8 +279,7 @@ def test_detector_ignores_type_checking_and_external_imports(tmp_path: Path) -> 
             "pkg/__init__.py": "",
             "pkg/a.py": "import pkg.b\n",
             "pkg/b.py": (
-                "from typing import TYPE_CHECKING\nimport os\n"
-                "if TYPE_CHECKING:\n    import pkg.a\n"
+                "from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import pkg.a\n"
             ),
         },
     )
@@ -315,6 +312,7 @@ def test_detector_counts_the_packages_an_import_runs_first(tmp_path: Path) -> No
     )
     (found,) = find_circles(tmp_path, ("pkg",))
     assert "modules (pkg.a, pkg.sub):" in found and "pkg.a -> pkg.sub " in found
+
 
 if __name__ == "__main__":  # the pre-commit hook: no pytest run, the same check
     import sys

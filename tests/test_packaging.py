@@ -29,8 +29,10 @@ def test_the_license_argument_follows_setuptools_version() -> None:
     setup = _setup_module()
     assert setup.LICENSE == "BSD-3-Clause"
     assert setup.license_kwargs("75.3.2") == {"license": "BSD-3-Clause"}
-    assert setup.license_kwargs("77.0.3") == {"license_expression": "BSD-3-Clause",
-                                              "license_files": ["LICENSE"]}
+    assert setup.license_kwargs("77.0.3") == {
+        "license_expression": "BSD-3-Clause",
+        "license_files": ["LICENSE"],
+    }
     assert setup.license_kwargs("84.2.1")["license_expression"] == "BSD-3-Clause"
 
 
@@ -46,12 +48,19 @@ def test_the_metadata_carries_the_spdx_license_without_deprecations(tmp_path: Pa
     (src / "amp" / "__init__.py").write_text("")
     out = tmp_path / "meta"
     out.mkdir()
-    code = ("import sys, warnings; warnings.simplefilter('always');"
-            "from setuptools import build_meta as b;"
-            "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=src, capture_output=True,
-                       text=True, env={"AMP_BUILD_EXT": "0", "PATH": "/usr/bin:/bin"},
-                       check=False)
+    code = (
+        "import sys, warnings; warnings.simplefilter('always');"
+        "from setuptools import build_meta as b;"
+        "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        env={"AMP_BUILD_EXT": "0", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Deprecat" not in r.stderr, r.stderr[-3000:]
     meta = Parser().parsestr((out / r.stdout.strip().splitlines()[-1] / "METADATA").read_text())

@@ -1,5 +1,6 @@
 """docs/promises.md is the tests' `promise` markers, row for row (`make promises` rewrites it),
 and a malformed marker is refused naming its file and line."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,16 +31,23 @@ def test_check_mode_agrees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 def _tree(tmp_path: Path, decorator: str) -> Path:
     (tmp_path / "tests" / "builder").mkdir(parents=True)
     (tmp_path / "tests" / "builder" / "test_x.py").write_text(
-        f"import pytest\n\n{decorator}\ndef test_it():\n    pass\n")
+        f"import pytest\n\n{decorator}\ndef test_it():\n    pass\n"
+    )
     return tmp_path
 
 
-@pytest.mark.parametrize("decorator,message", [
-    ('@pytest.mark.promise(promise="p", fault="f")', "missing or empty: result"),
-    ('@pytest.mark.promise("p", fault="f", result="r")', "by keyword"),
-    ('@pytest.mark.promise(promise="p", fault="f", result="r", why="w")', "unknown field 'why'"),
-    ('@pytest.mark.promise(promise="p", fault=F, result="r")', "fault= must be a literal"),
-])
+@pytest.mark.parametrize(
+    "decorator,message",
+    [
+        ('@pytest.mark.promise(promise="p", fault="f")', "missing or empty: result"),
+        ('@pytest.mark.promise("p", fault="f", result="r")', "by keyword"),
+        (
+            '@pytest.mark.promise(promise="p", fault="f", result="r", why="w")',
+            "unknown field 'why'",
+        ),
+        ('@pytest.mark.promise(promise="p", fault=F, result="r")', "fault= must be a literal"),
+    ],
+)
 def test_a_malformed_marker_is_refused_naming_file_and_line(tmp_path, decorator, message):
     with pytest.raises(PromiseError) as err:
         collect(_tree(tmp_path, decorator))

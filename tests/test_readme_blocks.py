@@ -57,8 +57,15 @@ def page_blocks(page: Path) -> list[Block]:
         while j < len(lines) and lines[j].strip() != "```":
             body.append(lines[j])
             j += 1
-        blocks.append(Block(name, i + 1, m.group(1) if m else None, m.group(2) if m else "",
-                            tuple(_commands(body))))
+        blocks.append(
+            Block(
+                name,
+                i + 1,
+                m.group(1) if m else None,
+                m.group(2) if m else "",
+                tuple(_commands(body)),
+            )
+        )
         i = j + 1
     return blocks
 
@@ -109,13 +116,18 @@ def _starts_from(ref: str) -> str | None:
     marks = list(func.decorator_list)
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets):
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets
+        ):
             value = stmt.value
             marks += value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
     for mark in marks:
-        if (isinstance(mark, ast.Call) and isinstance(mark.func, ast.Attribute)
-                and mark.func.attr == "starts_from" and mark.args
-                and isinstance(mark.args[0], ast.Constant)):
+        if (
+            isinstance(mark, ast.Call)
+            and isinstance(mark.func, ast.Attribute)
+            and mark.func.attr == "starts_from"
+            and mark.args
+            and isinstance(mark.args[0], ast.Constant)
+        ):
             return str(mark.args[0].value)
     return None
 
@@ -130,15 +142,18 @@ def test_the_readme_has_command_blocks() -> None:
 def test_each_docs_page_starts_with_its_title(page: Path) -> None:
     first = page.read_text().split("\n", 1)[0]
     assert first.startswith("# ") and first[2:].strip(), (
-        f"{page.relative_to(ROOT)}:1: a page starts with its '# Title' line, not {first!r}")
+        f"{page.relative_to(ROOT)}:1: a page starts with its '# Title' line, not {first!r}"
+    )
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])
 def test_each_block_says_which_tests_run_it(block: Block) -> None:
     where = f"{block.page}:{block.line}"
-    assert block.mark, (f"{where}: a ```bash block without '<!-- checked-by: "
-                        "tests/...::test_... -->' or '<!-- not-run: reason -->' on the line "
-                        "before it")
+    assert block.mark, (
+        f"{where}: a ```bash block without '<!-- checked-by: "
+        "tests/...::test_... -->' or '<!-- not-run: reason -->' on the line "
+        "before it"
+    )
     if block.mark == "not-run":
         assert len(block.detail.split()) >= 3, f"{where}: say why it cannot run"
         return
@@ -160,25 +175,28 @@ def test_each_checked_block_starts_where_its_reader_does(block: Block) -> None:
         f"{block.page}:{block.line}: none of {refs} starts from what this block's reader has "
         "(@pytest.mark.starts_from('fresh clone' | 'installed tool' | 'bundle' | 'fresh venv')); "
         f"add one that does, or say why in the comment: '<!-- checked-by: ...{SUITE_ENV} "
-        "reason -->'")
+        "reason -->'"
+    )
 
 
 def test_a_reader_start_is_recognised() -> None:
     """The mark is found on the front door's own test (so the rule above can fail)."""
-    ref = ("tests/builder/e2e/test_front_door.py::"
-           "test_readme_make_wheel_arm_py39_from_a_fresh_clone")
+    ref = "tests/builder/e2e/test_front_door.py::test_readme_make_wheel_arm_py39_from_a_fresh_clone"
     assert _starts_from(ref) == "fresh clone"
     assert _starts_from("tests/test_readme_blocks.py::test_the_readme_has_command_blocks") is None
 
 
-MAKE_LINES = [(f"{b.page}:{b.line}", c) for b in BLOCKS for c in b.commands
-              if c.startswith("make ")]
+MAKE_LINES = [
+    (f"{b.page}:{b.line}", c) for b in BLOCKS for c in b.commands if c.startswith("make ")
+]
 
 
-@pytest.mark.parametrize(("where", "command"), MAKE_LINES,
-                         ids=[f"{where}:{c.split()[1]}" for where, c in MAKE_LINES])
+@pytest.mark.parametrize(
+    ("where", "command"), MAKE_LINES, ids=[f"{where}:{c.split()[1]}" for where, c in MAKE_LINES]
+)
 def test_make_commands_name_real_targets(where: str, command: str) -> None:
     argv = [a for a in shlex.split(command.replace("…", "x")) if not a.startswith("[")]
-    r = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert "No rule to make target" not in r.stderr, f"{where}: {command}: {r.stderr}"

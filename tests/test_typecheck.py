@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_amp_and_the_builder_type_check() -> None:
     # The checkout's .mypy_cache, as `make lint` uses it: a warm run takes a fraction of a second.
-    run = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, f"mypy exited {run.returncode}:\n{run.stdout}{run.stderr}"
     assert "Success: no issues found" in run.stdout, run.stdout

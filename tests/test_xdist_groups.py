@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-TESTS = '''
+TESTS = """
 import pytest
 
 @pytest.mark.xdist_group("one")
@@ -22,15 +22,33 @@ def test_grouped(i):
 @pytest.mark.parametrize("i", range(6))
 def test_free(i):
     pass
-'''
+"""
 
 
 def test_loadgroup_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_sample.py").write_text(TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the project's configuration
-    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v",
-                        "-p", "no:cacheprovider", "-c", "pytest.ini", "test_sample.py"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            "pytest.ini",
+            "test_sample.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     workers: dict[str, set[str]] = defaultdict(set)
     found = re.findall(r"\[(gw\d)\].*PASSED \S*test_sample\.py::(test_\w+)", r.stdout)

@@ -4,6 +4,7 @@
 
 Like ``apex``, it sits in ``amp/_shim`` (on ``sys.path`` after the site directory): an
 installed apex keeps its own ``apex_C``."""
+
 from amp.combine_tensors import flatten, unflatten
 
 __all__ = ["flatten", "unflatten"]

@@ -4,6 +4,7 @@ change_data_ptr``), served by ampforge: ``amp.combine_tensors.change_data_ptr``.
 
 Like ``apex``, it sits in ``amp/_shim`` (on ``sys.path`` after the site directory): an
 installed Apex for Ascend keeps its own ``change_data_ptr``."""
+
 from amp.combine_tensors import change_data_ptr
 
 __all__ = ["change_data_ptr"]

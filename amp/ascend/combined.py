@@ -20,6 +20,7 @@ with ``check_combined_tensors=True`` also that its memory is still inside the bu
 the buffers are dropped (with Ascend's message under ``check_combined_tensors``) and combined
 again after the next backward pass.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -378,12 +379,15 @@ def _group_segments(params: _Buffer, grads: _Buffer) -> Iterator[tuple[int, Segm
             end += 1
         first = params.offsets[start]
         last = params.offsets[end - 1] + get_aligned_storage_size(params.tensors[end - 1])
-        yield group, Segment(
-            params=[e.param for e in owners[start:end]],
-            param=params.flat.narrow(0, first, last - first),
-            grad=grads.flat.narrow(0, first, last - first),
-            offsets=[o - first for o in params.offsets[start:end]],
-            numels=[t.numel() for t in params.tensors[start:end]],
+        yield (
+            group,
+            Segment(
+                params=[e.param for e in owners[start:end]],
+                param=params.flat.narrow(0, first, last - first),
+                grad=grads.flat.narrow(0, first, last - first),
+                offsets=[o - first for o in params.offsets[start:end]],
+                numels=[t.numel() for t in params.tensors[start:end]],
+            ),
         )
         start = end
 

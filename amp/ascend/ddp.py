@@ -8,6 +8,7 @@ over the default process group, bucket by bucket (``ddp_replica_count`` buckets 
 each between 1 Mi and 24 Mi elements as Ascend sizes them), before amp unscales them -- the
 order DistributedDataParallel uses, so the averaged gradients are the same.
 """
+
 from __future__ import annotations
 
 import math

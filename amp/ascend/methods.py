@@ -6,6 +6,7 @@ With master weights (O2) the lists are ``[half model (or fp32 masters), float32 
 ``[float32]``, with None where a position has no buffer, as in Ascend. Before the first backward
 pass, or when combining is off for the optimizer, the getters log why and return ``[]``.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,9 @@ def _getter(side: str, what: str) -> Any:
 
 
 @torch.no_grad()
-def clip_grad_norm_fused(grads: list[Optional[Tensor]], max_norm: float,
-                         norm_type: float = 2.0) -> Tensor:
+def clip_grad_norm_fused(
+    grads: list[Optional[Tensor]], max_norm: float, norm_type: float = 2.0
+) -> Tensor:
     """``torch.nn.utils.clip_grad_norm_`` over whole buffers: one norm per buffer (the
     padding is zero, so it adds nothing), the total, one multiply per buffer. Returns the
     total norm. As Ascend's, a NaN norm leaves the gradients alone (its ``clip_coef < 1`` is

@@ -17,6 +17,7 @@ there is no flag: inf/NaN mode. torch_npu's device is recognised by its device m
 (``torch.get_device_module(type) is torch_npu.npu``), not by its name: amp names no device
 type but the CPU's (tests/amp/test_device_agnostic.py).
 """
+
 from __future__ import annotations
 
 import sys
@@ -64,8 +65,11 @@ def saturation_flag(device_type: Optional[str] = None) -> Optional[OverflowFlag]
     clear = getattr(npu, "clear_npu_overflow_flag", None)
     get = getattr(npu, "get_npu_overflow_flag", None)
     if clear is None or get is None:
-        missing = [name for name, fn in (("clear_npu_overflow_flag", clear),
-                                         ("get_npu_overflow_flag", get)) if fn is None]
+        missing = [
+            name
+            for name, fn in (("clear_npu_overflow_flag", clear), ("get_npu_overflow_flag", get))
+            if fn is None
+        ]
         raise RuntimeError(
             "torch_npu reports a saturating device (no inf/NaN support), but torch_npu.npu has "
             f"no {' or '.join(missing)}: amp could not see an overflow, and every overflowed "

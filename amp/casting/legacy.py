@@ -14,6 +14,7 @@ wrapped (and restored by ``_deactivate``); ``F.binary_cross_entropy`` on a half 
 ``NotImplementedError`` unless ``allow_banned=True``, which runs it in float32 instead (on
 every device, since CUDA's autocast refuses it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,14 +43,16 @@ class InitHandle(AmpHandle):
     """The handle ``amp.init()`` returns (and makes ``_amp_state.handle``): autocast entered
     for the calling thread until ``_deactivate()``, which must be called from that thread."""
 
-    def __init__(self, dtype: torch.dtype, device_types: list[str], enable_caching: bool,
-                 verbose: bool) -> None:
+    def __init__(
+        self, dtype: torch.dtype, device_types: list[str], enable_caching: bool, verbose: bool
+    ) -> None:
         super().__init__(active=True, verbose=verbose)
         self._caching = enable_caching
         self._stack = contextlib.ExitStack()
         for device_type in device_types:
             self._stack.enter_context(
-                torch.autocast(device_type, dtype=dtype, cache_enabled=enable_caching))
+                torch.autocast(device_type, dtype=dtype, cache_enabled=enable_caching)
+            )
         # Registered functions cast while this is set, as inside an O1 forward.
         self._token = _O1_FORWARD.set(O1Context(dtype, device_types[-1], False))
 
@@ -103,14 +106,21 @@ def _device_types(device_type: Optional[str], patch_type: torch.dtype) -> list[s
         raise compat.HalfUnsupportedError(
             f"amp.init: torch {torch.__version__} has no autocast to {patch_type} on "
             f"{' or '.join(repr(t) for t in wanted)}. Pass patch_type=torch.bfloat16, or "
-            "device_type= the accelerator the model runs on.")
+            "device_type= the accelerator the model runs on."
+        )
     return usable
 
 
-def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
-         enable_caching: bool = True, verbose: bool = False, allow_banned: bool = False,
-         patch_type: torch.dtype = torch.float16, *, device_type: Optional[str] = None
-         ) -> AmpHandle:
+def init(
+    enabled: bool = True,
+    loss_scale: Union[str, float] = "dynamic",
+    enable_caching: bool = True,
+    verbose: bool = False,
+    allow_banned: bool = False,
+    patch_type: torch.dtype = torch.float16,
+    *,
+    device_type: Optional[str] = None,
+) -> AmpHandle:
     """apex's old ``amp.init()``: O1 casting for this thread until ``handle._deactivate()``.
 
     ``patch_type`` is the half type (fp16 or bf16); ``device_type`` limits autocast to one
@@ -132,8 +142,9 @@ def init(enabled: bool = True, loss_scale: Union[str, float] = "dynamic",
         >>> handle._deactivate()
     """
     if patch_type not in HALF_DTYPES:
-        raise TypeError(f"amp.init: patch_type must be torch.float16 or torch.bfloat16; got "
-                        f"{patch_type!r}")
+        raise TypeError(
+            f"amp.init: patch_type must be torch.float16 or torch.bfloat16; got {patch_type!r}"
+        )
     previous = _amp_state.handle
     if isinstance(previous, InitHandle):
         previous._deactivate()  # a second init replaces the first instead of nesting in it

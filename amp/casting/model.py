@@ -3,6 +3,7 @@ inputs, per-op precision (O1, through ``torch.autocast``) and outputs are handle
 
 Nothing in torch is monkey-patched: only the given model instances get a wrapped ``forward``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ def _cast_module_tensors(module: nn.Module, dtype: torch.dtype) -> None:
 
 # torch_npu's batch-norm layers (torch_npu.contrib.module), which Apex for Ascend keeps in
 # float32 too. Known by class name: torch_npu cannot be imported off an NPU machine.
-NPU_BATCHNORMS = frozenset({"FastBatchNorm1d", "FastBatchNorm2d", "FastBatchNorm3d",
-                            "FastSyncBatchNorm"})
+NPU_BATCHNORMS = frozenset(
+    {"FastBatchNorm1d", "FastBatchNorm2d", "FastBatchNorm3d", "FastSyncBatchNorm"}
+)
 
 
 def is_batchnorm(module: nn.Module) -> bool:
@@ -68,8 +70,9 @@ def _model_device_type(model: nn.Module, args: tuple, kwargs: dict) -> str:
     return "cpu"
 
 
-def wrap_forward(model: nn.Module, props: Properties,
-                 cast_model_outputs: Optional[torch.dtype]) -> None:
+def wrap_forward(
+    model: nn.Module, props: Properties, cast_model_outputs: Optional[torch.dtype]
+) -> None:
     """Replace ``model.forward`` (on this instance only) by one that casts inputs to
     ``props.cast_model_type``, runs under ``torch.autocast`` when ``props.patch_torch_functions``
     (O1), and casts outputs to ``cast_model_outputs``.
@@ -114,12 +117,16 @@ def check_params_fp32(model: nn.Module) -> Optional[str]:
     return None
 
 
-def _fp32_state_dict_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                          local_metadata: Any) -> None:
+def _fp32_state_dict_hook(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
     # Only this module's entries: it may itself be a child of a larger model.
     for key, value in list(state_dict.items()):
-        if (key.startswith(prefix) and isinstance(value, torch.Tensor)
-                and value.dtype in (torch.float16, torch.bfloat16)):
+        if (
+            key.startswith(prefix)
+            and isinstance(value, torch.Tensor)
+            and value.dtype in (torch.float16, torch.bfloat16)
+        ):
             state_dict[key] = value.detach().to(torch.float32)
 
 

@@ -1,6 +1,7 @@
 """amp's O1 state below the cast registry: apex's ``_amp_state.handle`` (``AmpHandle``) and the
 O1 forward in progress (``O1Context``, entered with ``o1_forward``), which the registered
 casters (amp/casting/registry.py) read to know whether and how to cast."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,8 @@ class O1Context:
 
 # Set by the O1 forward (amp/casting/model.py) for its duration; None outside any O1 forward.
 _O1_FORWARD: contextvars.ContextVar[Optional[O1Context]] = contextvars.ContextVar(
-    "amp_o1_forward", default=None)
+    "amp_o1_forward", default=None
+)
 
 
 class AmpHandle:

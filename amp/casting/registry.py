@@ -23,6 +23,7 @@ As in apex, registrations are made before ``amp.initialize``, which consumes the
 later takes effect at the next O1 ``amp.initialize``. A second registration of the same
 function replaces the first.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,9 +58,13 @@ def _register(module: Any, name: str, kind: str) -> None:
     if not hasattr(module, name):
         raise ValueError(f"No function named {name} in module {module}.")  # apex's message
     if _amp_state.handle.is_active():
-        logger.warning("amp: register_%s_function(%s, %r) after amp.initialize takes effect "
-                       "at the next O1 amp.initialize (as in apex)", kind,
-                       getattr(module, "__name__", module), name)
+        logger.warning(
+            "amp: register_%s_function(%s, %r) after amp.initialize takes effect "
+            "at the next O1 amp.initialize (as in apex)",
+            kind,
+            getattr(module, "__name__", module),
+            name,
+        )
     _REGISTRY[(id(module), name)] = (module, name, kind)
 
 
@@ -117,6 +122,7 @@ def _target_dtype(kind: str, ctx: O1Context, args: tuple, kwargs: dict) -> Optio
 
 def make_caster(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
     """*fn*, casting its arguments as *kind* says while an amp O1 forward runs."""
+
     @functools.wraps(fn)
     def caster(*args: Any, **kwargs: Any) -> Any:
         ctx = _O1_FORWARD.get()

@@ -19,6 +19,7 @@ Returned norms are float32 tensors on the tensors' device (apex returns them on 
 Python rather than C++ is the one place because only Python reaches every device: C++ could
 serve CPU tensors only, and the other devices would need these rules a second time.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -49,21 +50,24 @@ def _raise_flag(noop_flag: Tensor, overflow: bool) -> None:
         noop_flag.fill_(1)
 
 
-def multi_tensor_scale(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists,
-                       scale: float) -> None:
+def multi_tensor_scale(
+    chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, scale: float
+) -> None:
     _count(tensor_lists, 2, 2, "multi_tensor_scale")
     _raise_flag(noop_flag, mt.scale(tensor_lists[0], tensor_lists[1], scale))
 
 
-def multi_tensor_axpby(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, a: float,
-                       b: float, arg_to_check: int) -> None:
+def multi_tensor_axpby(
+    chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, a: float, b: float, arg_to_check: int
+) -> None:
     _count(tensor_lists, 3, 3, "multi_tensor_axpby")
     xs, ys, outs = tensor_lists
     _raise_flag(noop_flag, mt.axpby(xs, ys, outs, a, b, arg_to_check))
 
 
-def _l2norm(noop_flag: Tensor, tensor_lists: Lists, scale: float, per_tensor: Optional[bool],
-            op: str) -> tuple[Tensor, Tensor]:
+def _l2norm(
+    noop_flag: Tensor, tensor_lists: Lists, scale: float, per_tensor: Optional[bool], op: str
+) -> tuple[Tensor, Tensor]:
     _count(tensor_lists, 1, 1, op)
     per = bool(per_tensor)
     total, per_norms, bad = mt.l2norm(tensor_lists[0], scale, per)
@@ -75,82 +79,204 @@ def _l2norm(noop_flag: Tensor, tensor_lists: Lists, scale: float, per_tensor: Op
     return norm, torch.empty(0, dtype=torch.float32, device=device)
 
 
-def multi_tensor_l2norm(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists,
-                        per_tensor: Optional[bool] = None) -> tuple[Tensor, Tensor]:
+def multi_tensor_l2norm(
+    chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, per_tensor: Optional[bool] = None
+) -> tuple[Tensor, Tensor]:
     return _l2norm(noop_flag, tensor_lists, 1.0, per_tensor, "multi_tensor_l2norm")
 
 
-def multi_tensor_unscale_l2norm(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists,
-                                inv_scale: Tensor, per_tensor: Optional[bool] = None
-                                ) -> tuple[Tensor, Tensor]:
-    return _l2norm(noop_flag, tensor_lists, float(inv_scale.item()), per_tensor,
-                   "multi_tensor_unscale_l2norm")
+def multi_tensor_unscale_l2norm(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    inv_scale: Tensor,
+    per_tensor: Optional[bool] = None,
+) -> tuple[Tensor, Tensor]:
+    return _l2norm(
+        noop_flag, tensor_lists, float(inv_scale.item()), per_tensor, "multi_tensor_unscale_l2norm"
+    )
 
 
-def multi_tensor_adam(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, lr: float,
-                      beta1: float, beta2: float, eps: float, step: int, mode: int,
-                      bias_correction: int, weight_decay: float) -> None:
+def multi_tensor_adam(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    mode: int,
+    bias_correction: int,
+    weight_decay: float,
+) -> None:
     _count(tensor_lists, 4, 5, "multi_tensor_adam")
     g, p, m, v = tensor_lists[:4]
-    mt.adam(g, p, m, v, _optional(tensor_lists, 4), lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-            step=step, adam_w_mode=mode == 1, bias_correction=bias_correction != 0,
-            weight_decay=weight_decay)
+    mt.adam(
+        g,
+        p,
+        m,
+        v,
+        _optional(tensor_lists, 4),
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        step=step,
+        adam_w_mode=mode == 1,
+        bias_correction=bias_correction != 0,
+        weight_decay=weight_decay,
+    )
 
 
-def multi_tensor_sgd(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, wd: float,
-                     momentum: float, dampening: float, lr: float, nesterov: bool,
-                     first_run: bool, wd_after_momentum: bool, scale: float = 1.0) -> None:
+def multi_tensor_sgd(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    wd: float,
+    momentum: float,
+    dampening: float,
+    lr: float,
+    nesterov: bool,
+    first_run: bool,
+    wd_after_momentum: bool,
+    scale: float = 1.0,
+) -> None:
     _count(tensor_lists, 3, 4, "multi_tensor_sgd")
     if float(noop_flag.item()) != 0.0:
         return  # apex's SGD skips the step once an overflow was flagged
     g, p, bufs = tensor_lists[:3]
-    mt.sgd(g, p, bufs, _optional(tensor_lists, 3), lr=lr, momentum=momentum,
-           dampening=dampening, weight_decay=wd, nesterov=nesterov,
-           wd_after_momentum=wd_after_momentum, first_run=first_run, grad_scale=scale)
+    mt.sgd(
+        g,
+        p,
+        bufs,
+        _optional(tensor_lists, 3),
+        lr=lr,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=wd,
+        nesterov=nesterov,
+        wd_after_momentum=wd_after_momentum,
+        first_run=first_run,
+        grad_scale=scale,
+    )
 
 
-def multi_tensor_lamb(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, lr: float,
-                      beta1: float, beta2: float, eps: float, step: int, bias_correction: int,
-                      weight_decay: float, grad_averaging: int, mode: int,
-                      global_grad_norm: Tensor, max_grad_norm: float,
-                      use_nvlamb: Optional[bool] = None) -> None:
+def multi_tensor_lamb(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    bias_correction: int,
+    weight_decay: float,
+    grad_averaging: int,
+    mode: int,
+    global_grad_norm: Tensor,
+    max_grad_norm: float,
+    use_nvlamb: Optional[bool] = None,
+) -> None:
     _count(tensor_lists, 4, 5, "multi_tensor_lamb")
     norm = float(global_grad_norm.item())
     # apex clips by global_grad_norm / max_grad_norm when the norm exceeds it.
     clip = norm / max_grad_norm if max_grad_norm > 0 and norm > max_grad_norm else 1.0
     g, p, m, v = tensor_lists[:4]
-    mt.lamb(g, p, m, v, _optional(tensor_lists, 4), lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-            step=step, bias_correction=bias_correction != 0, weight_decay=weight_decay,
-            grad_averaging=grad_averaging != 0, adam_w_mode=mode == 1,
-            use_nvlamb=bool(use_nvlamb), grad_scale=1.0 / clip)
+    mt.lamb(
+        g,
+        p,
+        m,
+        v,
+        _optional(tensor_lists, 4),
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        step=step,
+        bias_correction=bias_correction != 0,
+        weight_decay=weight_decay,
+        grad_averaging=grad_averaging != 0,
+        adam_w_mode=mode == 1,
+        use_nvlamb=bool(use_nvlamb),
+        grad_scale=1.0 / clip,
+    )
 
 
-def multi_tensor_adagrad(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists, lr: float,
-                         eps: float, mode: int, weight_decay: float) -> None:
+def multi_tensor_adagrad(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    lr: float,
+    eps: float,
+    mode: int,
+    weight_decay: float,
+) -> None:
     _count(tensor_lists, 3, 4, "multi_tensor_adagrad")
     g, p, h = tensor_lists[:3]
-    mt.adagrad(g, p, h, _optional(tensor_lists, 3), lr=lr, eps=eps,
-                weight_decay=weight_decay, w_mode=mode == 1)
+    mt.adagrad(
+        g,
+        p,
+        h,
+        _optional(tensor_lists, 3),
+        lr=lr,
+        eps=eps,
+        weight_decay=weight_decay,
+        w_mode=mode == 1,
+    )
 
 
-def multi_tensor_novograd(chunk_size: int, noop_flag: Tensor, tensor_lists: Lists,
-                          grad_norms: Tensor, lr: float, beta1: float, beta2: float, eps: float,
-                          step: int, bias_correction: int, weight_decay: float,
-                          grad_averaging: int, moment_mode: int, norm_type: int) -> None:
+def multi_tensor_novograd(
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: Lists,
+    grad_norms: Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    bias_correction: int,
+    weight_decay: float,
+    grad_averaging: int,
+    moment_mode: int,
+    norm_type: int,
+) -> None:
     _count(tensor_lists, 3, 4, "multi_tensor_novograd")
     g, p, m = tensor_lists[:3]
-    mt.novograd(g, p, m, _optional(tensor_lists, 3), grad_norms=grad_norms, lr=lr,
-                 beta1=beta1, beta2=beta2, eps=eps, step=step,
-                 bias_correction=bias_correction != 0, weight_decay=weight_decay,
-                 grad_averaging=grad_averaging != 0, moment_mode=moment_mode,
-                 norm_type=norm_type)
+    mt.novograd(
+        g,
+        p,
+        m,
+        _optional(tensor_lists, 3),
+        grad_norms=grad_norms,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        step=step,
+        bias_correction=bias_correction != 0,
+        weight_decay=weight_decay,
+        grad_averaging=grad_averaging != 0,
+        moment_mode=moment_mode,
+        norm_type=norm_type,
+    )
 
 
 OPS: dict[str, Callable[..., Any]] = {
     f.__name__: f
-    for f in (multi_tensor_scale, multi_tensor_axpby, multi_tensor_l2norm,
-              multi_tensor_unscale_l2norm, multi_tensor_adam, multi_tensor_sgd,
-              multi_tensor_lamb, multi_tensor_adagrad, multi_tensor_novograd)
+    for f in (
+        multi_tensor_scale,
+        multi_tensor_axpby,
+        multi_tensor_l2norm,
+        multi_tensor_unscale_l2norm,
+        multi_tensor_adam,
+        multi_tensor_sgd,
+        multi_tensor_lamb,
+        multi_tensor_adagrad,
+        multi_tensor_novograd,
+    )
 }
 
 

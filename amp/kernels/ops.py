@@ -12,6 +12,7 @@ Lists must be non-empty, of equal length, element-wise equal in size, contiguous
 each list must share one dtype among float32, float16 and bfloat16; ``params`` must be
 float32 whenever a separate half ``model_params`` copy is written.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,9 +26,22 @@ from .. import _ext
 from .. import _torch_compat as compat
 from .._device import KERNEL_DEVICE_TYPE, kernel_device_ok
 
-__all__ = ["scale", "axpby", "l2norm", "l2norm_device", "l2norm_total_device",
-           "scale_l2norm", "scale_l2norm_device",
-           "adam", "sgd", "lamb", "adagrad", "novograd", "nonfinite_flag", "uses_kernels"]
+__all__ = [
+    "scale",
+    "axpby",
+    "l2norm",
+    "l2norm_device",
+    "l2norm_total_device",
+    "scale_l2norm",
+    "scale_l2norm_device",
+    "adam",
+    "sgd",
+    "lamb",
+    "adagrad",
+    "novograd",
+    "nonfinite_flag",
+    "uses_kernels",
+]
 
 # typing's generics: a module-level alias is evaluated at import, and Python 3.8's builtins
 # and collections.abc classes cannot be subscripted.
@@ -37,8 +51,9 @@ _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def uses_kernels(tensors: TensorSeq) -> bool:
     """True when a call on these tensors runs the compiled kernels."""
-    return (bool(tensors) and tensors[0].device.type == KERNEL_DEVICE_TYPE
-            and _ext.load() is not None)
+    return (
+        bool(tensors) and tensors[0].device.type == KERNEL_DEVICE_TYPE and _ext.load() is not None
+    )
 
 
 def _kernels(first: TensorSeq) -> Optional[ModuleType]:
@@ -52,28 +67,38 @@ def _kernels(first: TensorSeq) -> Optional[ModuleType]:
 # --- validation for the fallback (the kernels validate in C++) -------------------
 # The messages keep this module's former name, amp.multi_tensor: error messages are part of
 # amp's interface.
-def _check(name: str, ts: TensorSeq, like: Optional[TensorSeq] = None,
-           fp32_only: bool = False) -> None:
+def _check(
+    name: str, ts: TensorSeq, like: Optional[TensorSeq] = None, fp32_only: bool = False
+) -> None:
     if len(ts) == 0:
         raise ValueError(f"amp.multi_tensor: {name} is an empty list")
     if like is not None and len(ts) != len(like):
-        raise ValueError(f"amp.multi_tensor: {name} has {len(ts)} tensors; expected "
-                         f"{len(like)} (one per tensor of the first list)")
+        raise ValueError(
+            f"amp.multi_tensor: {name} has {len(ts)} tensors; expected "
+            f"{len(like)} (one per tensor of the first list)"
+        )
     dtype, device = ts[0].dtype, ts[0].device
     # The common case in one pass over the list; the loop below only runs to name the
     # first offending tensor (a step's lists hold thousands of tensors).
-    if (dtype in _FLOAT_TYPES and (not fp32_only or dtype == torch.float32)
-            and all(t.dtype == dtype and t.device == device and t.is_contiguous() for t in ts)
-            and (like is None or all(t.device == o.device and t.numel() == o.numel()
-                                     for t, o in zip(ts, like)))):
+    if (
+        dtype in _FLOAT_TYPES
+        and (not fp32_only or dtype == torch.float32)
+        and all(t.dtype == dtype and t.device == device and t.is_contiguous() for t in ts)
+        and (
+            like is None
+            or all(t.device == o.device and t.numel() == o.numel() for t, o in zip(ts, like))
+        )
+    ):
         return
     for i, t in enumerate(ts):
         where = f"amp.multi_tensor: {name}[{i}]"
         if t.dtype not in _FLOAT_TYPES:
             raise TypeError(f"{where} has dtype {t.dtype}; expected float32, float16 or bfloat16")
         if t.dtype != dtype:
-            raise TypeError(f"{where} has dtype {t.dtype} but {name}[0] has {dtype}; "
-                            "one list must share one dtype")
+            raise TypeError(
+                f"{where} has dtype {t.dtype} but {name}[0] has {dtype}; "
+                "one list must share one dtype"
+            )
         if fp32_only and t.dtype != torch.float32:
             raise TypeError(f"{where} must be float32 when a half model copy is written")
         if t.device != device or (like is not None and t.device != like[i].device):
@@ -81,8 +106,10 @@ def _check(name: str, ts: TensorSeq, like: Optional[TensorSeq] = None,
         if not t.is_contiguous():
             raise ValueError(f"{where} is not contiguous")
         if like is not None and t.numel() != like[i].numel():
-            raise ValueError(f"{where} has {t.numel()} elements; expected {like[i].numel()} "
-                             "to match the first list")
+            raise ValueError(
+                f"{where} has {t.numel()} elements; expected {like[i].numel()} "
+                "to match the first list"
+            )
 
 
 def _check_lists(half_copy: bool = False, **lists: Optional[TensorSeq]) -> None:
@@ -163,8 +190,7 @@ def _scaled_f32(grads: TensorSeq, grad_scale: GradScale) -> list[Tensor]:
     if isinstance(grad_scale, Tensor):
         # A no-op where the scale already is float32 on the gradients' device (the clip
         # factors are made so); a group's other device gets its own copy.
-        scale: Union[float, Tensor] = grad_scale.to(device=grads[0].device,
-                                                    dtype=torch.float32)
+        scale: Union[float, Tensor] = grad_scale.to(device=grads[0].device, dtype=torch.float32)
     else:
         scale = float(grad_scale)
         if scale == 1.0:
@@ -214,8 +240,9 @@ def _scale_into(inputs: TensorSeq, outputs: TensorSeq, scale: float) -> list[Ten
     return vals
 
 
-def axpby(xs: TensorSeq, ys: TensorSeq, outputs: TensorSeq, a: float, b: float,
-          arg_to_check: int = -1) -> bool:
+def axpby(
+    xs: TensorSeq, ys: TensorSeq, outputs: TensorSeq, a: float, b: float, arg_to_check: int = -1
+) -> bool:
     """outputs[i] = a*xs[i] + b*ys[i]; True if a checked input (-1 both, 0 xs, 1 ys)
     holds a non-finite value."""
     if arg_to_check not in (-1, 0, 1):
@@ -233,8 +260,9 @@ def axpby(xs: TensorSeq, ys: TensorSeq, outputs: TensorSeq, a: float, b: float,
     return bad
 
 
-def l2norm(tensors: TensorSeq, scale: float = 1.0,
-           per_tensor: bool = False) -> tuple[float, Optional[Tensor], bool]:
+def l2norm(
+    tensors: TensorSeq, scale: float = 1.0, per_tensor: bool = False
+) -> tuple[float, Optional[Tensor], bool]:
     """(L2 norm of all tensors*scale, float64 tensor of per-tensor norms or None,
     True if any tensor*scale is non-finite). Read-only."""
     mod = _kernels(tensors)
@@ -253,8 +281,10 @@ def l2norm_device(tensors: TensorSeq, scale: float = 1.0) -> tuple[Tensor, Tenso
     mod = _kernels(tensors)
     if mod is not None:
         total, _, bad = mod.l2norm(list(tensors), float(scale), False)
-        return (torch.tensor(float(total), dtype=torch.float64),
-                torch.tensor([1.0 if bad else 0.0]))
+        return (
+            torch.tensor(float(total), dtype=torch.float64),
+            torch.tensor([1.0 if bad else 0.0]),
+        )
     total_t = l2norm_total_device(tensors, scale)
     return total_t, nonfinite_flag(total_t)
 
@@ -276,10 +306,23 @@ def _model_list(model_params: Optional[TensorSeq]) -> Optional[list[Tensor]]:
     return None if model_params is None else list(model_params)
 
 
-def adam(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: TensorSeq,
-         model_params: Optional[TensorSeq] = None, *, lr: float, beta1: float, beta2: float,
-         eps: float, step: int, adam_w_mode: bool, bias_correction: bool = True,
-         weight_decay: float = 0.0, grad_scale: GradScale = 1.0) -> None:
+def adam(
+    grads: TensorSeq,
+    params: TensorSeq,
+    exp_avgs: TensorSeq,
+    exp_avg_sqs: TensorSeq,
+    model_params: Optional[TensorSeq] = None,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    adam_w_mode: bool,
+    bias_correction: bool = True,
+    weight_decay: float = 0.0,
+    grad_scale: GradScale = 1.0,
+) -> None:
     """One Adam/AdamW step (torch.optim.Adam/AdamW arithmetic) on every tensor.
 
     Gradients are multiplied by ``grad_scale`` (inverse loss scale x clip coefficient; on
@@ -288,16 +331,34 @@ def adam(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: 
     cast, into it in the same pass."""
     mod = _kernels(grads)
     if mod is not None:
-        mod.adam(list(grads), list(params), list(exp_avgs), list(exp_avg_sqs),
-                 _model_list(model_params), float(lr),
-                 float(beta1), float(beta2), float(eps), int(step), bool(adam_w_mode),
-                 bool(bias_correction), float(weight_decay), _host_scale(grad_scale))
+        mod.adam(
+            list(grads),
+            list(params),
+            list(exp_avgs),
+            list(exp_avg_sqs),
+            _model_list(model_params),
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            int(step),
+            bool(adam_w_mode),
+            bool(bias_correction),
+            float(weight_decay),
+            _host_scale(grad_scale),
+        )
         return
     _check_step("adam", step)
-    _check_lists(model_params is not None, grads=grads, params=params, exp_avgs=exp_avgs,
-                 exp_avg_sqs=exp_avg_sqs, model_params=model_params)
-    bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
-    bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
+    _check_lists(
+        model_params is not None,
+        grads=grads,
+        params=params,
+        exp_avgs=exp_avgs,
+        exp_avg_sqs=exp_avg_sqs,
+        model_params=model_params,
+    )
+    bc1 = 1.0 - beta1**step if bias_correction else 1.0
+    bc2 = 1.0 - beta2**step if bias_correction else 1.0
     g = _scaled_f32(grads, grad_scale)
     p, m, v = _f32(params), _f32(exp_avgs), _f32(exp_avg_sqs)
     if adam_w_mode:
@@ -318,28 +379,51 @@ def adam(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: 
         _write_back(model_params, p)
 
 
-def sgd(grads: TensorSeq, params: TensorSeq, momentum_buffers: Optional[TensorSeq] = None,
-        model_params: Optional[TensorSeq] = None, *, lr: float, momentum: float = 0.0,
-        dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-        wd_after_momentum: bool = False, first_run: bool = False,
-        grad_scale: GradScale = 1.0) -> None:
+def sgd(
+    grads: TensorSeq,
+    params: TensorSeq,
+    momentum_buffers: Optional[TensorSeq] = None,
+    model_params: Optional[TensorSeq] = None,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    wd_after_momentum: bool = False,
+    first_run: bool = False,
+    grad_scale: GradScale = 1.0,
+) -> None:
     """One SGD step (torch.optim.SGD arithmetic; apex's ``wd_after_momentum``).
 
     With ``first_run`` the momentum buffers are initialised to the gradient (their
     old contents are ignored), as torch does on a parameter's first step."""
     mod = _kernels(grads)
     if mod is not None:
-        mod.sgd(list(grads), list(params),
-                None if momentum_buffers is None else list(momentum_buffers),
-                _model_list(model_params), float(lr),
-                float(momentum), float(dampening), float(weight_decay), bool(nesterov),
-                bool(wd_after_momentum), bool(first_run), _host_scale(grad_scale))
+        mod.sgd(
+            list(grads),
+            list(params),
+            None if momentum_buffers is None else list(momentum_buffers),
+            _model_list(model_params),
+            float(lr),
+            float(momentum),
+            float(dampening),
+            float(weight_decay),
+            bool(nesterov),
+            bool(wd_after_momentum),
+            bool(first_run),
+            _host_scale(grad_scale),
+        )
         return
     if momentum != 0 and momentum_buffers is None:
         raise ValueError("amp.multi_tensor.sgd: momentum != 0 needs momentum_buffers")
-    _check_lists(model_params is not None, grads=grads, params=params,
-                 momentum_buffers=momentum_buffers if momentum != 0 else None,
-                 model_params=model_params)
+    _check_lists(
+        model_params is not None,
+        grads=grads,
+        params=params,
+        momentum_buffers=momentum_buffers if momentum != 0 else None,
+        model_params=model_params,
+    )
     d = _scaled_f32(grads, grad_scale)
     p = _f32(params)
     if weight_decay != 0 and not wd_after_momentum:
@@ -367,28 +451,61 @@ def _f32_constant(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def lamb(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq, exp_avg_sqs: TensorSeq,
-         model_params: Optional[TensorSeq] = None, *, lr: float, beta1: float, beta2: float,
-         eps: float, step: int, bias_correction: bool = True, weight_decay: float = 0.0,
-         grad_averaging: bool = True, adam_w_mode: bool = True, use_nvlamb: bool = False,
-         grad_scale: GradScale = 1.0) -> Tensor:
+def lamb(
+    grads: TensorSeq,
+    params: TensorSeq,
+    exp_avgs: TensorSeq,
+    exp_avg_sqs: TensorSeq,
+    model_params: Optional[TensorSeq] = None,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    bias_correction: bool = True,
+    weight_decay: float = 0.0,
+    grad_averaging: bool = True,
+    adam_w_mode: bool = True,
+    use_nvlamb: bool = False,
+    grad_scale: GradScale = 1.0,
+) -> Tensor:
     """One LAMB step (apex's multi_tensor_lamb); ``grad_scale`` folds in the inverse
     loss scale and the global-norm clip ratio. Returns the per-tensor step sizes
     (lr x trust ratio) that were applied (float32; on the fallback on the tensors' device,
     computed there: no value is read back)."""
     mod = _kernels(grads)
     if mod is not None:
-        return mod.lamb(list(grads), list(params), list(exp_avgs), list(exp_avg_sqs),
-                        _model_list(model_params), float(lr),
-                        float(beta1), float(beta2), float(eps), int(step),
-                        bool(bias_correction), float(weight_decay), bool(grad_averaging),
-                        bool(adam_w_mode), bool(use_nvlamb), _host_scale(grad_scale))
+        return mod.lamb(
+            list(grads),
+            list(params),
+            list(exp_avgs),
+            list(exp_avg_sqs),
+            _model_list(model_params),
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            int(step),
+            bool(bias_correction),
+            float(weight_decay),
+            bool(grad_averaging),
+            bool(adam_w_mode),
+            bool(use_nvlamb),
+            _host_scale(grad_scale),
+        )
     _check_step("lamb", step)
-    _check_lists(model_params is not None, grads=grads, params=params, exp_avgs=exp_avgs,
-                 exp_avg_sqs=exp_avg_sqs, model_params=model_params)
+    _check_lists(
+        model_params is not None,
+        grads=grads,
+        params=params,
+        exp_avgs=exp_avgs,
+        exp_avg_sqs=exp_avg_sqs,
+        model_params=model_params,
+    )
     beta3 = _f32_constant(1.0 - beta1) if grad_averaging else 1.0
-    bc1 = _f32_constant(1.0 - beta1 ** step) if bias_correction else 1.0
-    bc2 = _f32_constant(1.0 - beta2 ** step) if bias_correction else 1.0
+    bc1 = _f32_constant(1.0 - beta1**step) if bias_correction else 1.0
+    bc2 = _f32_constant(1.0 - beta2**step) if bias_correction else 1.0
     g = _scaled_f32(grads, grad_scale)
     p, m, v = _f32(params), _f32(exp_avgs), _f32(exp_avg_sqs)
     if not adam_w_mode and weight_decay != 0:
@@ -439,8 +556,9 @@ def scale_l2norm(inputs: TensorSeq, outputs: TensorSeq, scale: float) -> tuple[f
     return total, not math.isfinite(total)
 
 
-def scale_l2norm_device(inputs: TensorSeq, outputs: TensorSeq, scale: float
-                        ) -> tuple[Tensor, Tensor]:
+def scale_l2norm_device(
+    inputs: TensorSeq, outputs: TensorSeq, scale: float
+) -> tuple[Tensor, Tensor]:
     """``scale_l2norm`` without reading anything back: (the L2 norm of the outputs, float64
     0-dim; the found-inf flag, float32 shape [1]) on the tensors' device, after a fixed number
     of calls whatever the number of tensors. On the CPU kernels' path the kernel's numbers
@@ -448,27 +566,43 @@ def scale_l2norm_device(inputs: TensorSeq, outputs: TensorSeq, scale: float
     mod = _kernels(inputs)
     if mod is not None:
         norm, bad = mod.scale_l2norm(list(inputs), list(outputs), float(scale))
-        return (torch.tensor(float(norm), dtype=torch.float64),
-                torch.tensor([1.0 if bad else 0.0]))
+        return (torch.tensor(float(norm), dtype=torch.float64), torch.tensor([1.0 if bad else 0.0]))
     _check_lists(inputs=inputs, outputs=outputs)
     total = _total(_norms64(_scale_into(inputs, outputs, float(scale))))
     return total, nonfinite_flag(total)
 
 
-def adagrad(grads: TensorSeq, params: TensorSeq, sums: TensorSeq,
-            model_params: Optional[TensorSeq] = None, *, lr: float, eps: float,
-            weight_decay: float = 0.0, w_mode: bool = False, grad_scale: GradScale = 1.0
-            ) -> None:
+def adagrad(
+    grads: TensorSeq,
+    params: TensorSeq,
+    sums: TensorSeq,
+    model_params: Optional[TensorSeq] = None,
+    *,
+    lr: float,
+    eps: float,
+    weight_decay: float = 0.0,
+    w_mode: bool = False,
+    grad_scale: GradScale = 1.0,
+) -> None:
     """One Adagrad step (torch.optim.Adagrad's arithmetic with ``w_mode=False``; apex's
     decoupled decay with ``w_mode=True``), writing the half ``model_params`` copy if given."""
     mod = _kernels(grads)
     if mod is not None:
-        mod.adagrad(list(grads), list(params), list(sums), _model_list(model_params),
-                    float(lr), float(eps), float(weight_decay), bool(w_mode),
-                    _host_scale(grad_scale))
+        mod.adagrad(
+            list(grads),
+            list(params),
+            list(sums),
+            _model_list(model_params),
+            float(lr),
+            float(eps),
+            float(weight_decay),
+            bool(w_mode),
+            _host_scale(grad_scale),
+        )
         return
-    _check_lists(model_params is not None, grads=grads, params=params, sums=sums,
-                 model_params=model_params)
+    _check_lists(
+        model_params is not None, grads=grads, params=params, sums=sums, model_params=model_params
+    )
     g = _scaled_f32(grads, grad_scale)
     p, h = _f32(params), _f32(sums)
     if not w_mode and weight_decay != 0:
@@ -488,36 +622,70 @@ def adagrad(grads: TensorSeq, params: TensorSeq, sums: TensorSeq,
         _write_back(model_params, p)
 
 
-def novograd(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq,
-             model_params: Optional[TensorSeq] = None, *, grad_norms: Tensor, lr: float,
-             beta1: float, beta2: float, eps: float, step: int, bias_correction: bool = True,
-             weight_decay: float = 0.0, grad_averaging: bool = True, moment_mode: int = 1,
-             norm_type: int = 2, init_norms: bool = False, grad_scale: GradScale = 1.0
-             ) -> None:
+def novograd(
+    grads: TensorSeq,
+    params: TensorSeq,
+    exp_avgs: TensorSeq,
+    model_params: Optional[TensorSeq] = None,
+    *,
+    grad_norms: Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    bias_correction: bool = True,
+    weight_decay: float = 0.0,
+    grad_averaging: bool = True,
+    moment_mode: int = 1,
+    norm_type: int = 2,
+    init_norms: bool = False,
+    grad_scale: GradScale = 1.0,
+) -> None:
     """One NovoGrad step (apex's multi_tensor_novograd). ``grad_norms`` (float32, one per
     tensor) holds the blended per-tensor gradient norms and is updated in place; with
     ``init_norms`` it is set to this step's norms. ``moment_mode`` 0 regularises inside the
     moment, 1 decouples the weight decay; ``norm_type`` 2 is L2, 0 the max norm."""
     mod = _kernels(grads)
     if mod is not None:
-        mod.novograd(list(grads), list(params), list(exp_avgs), _model_list(model_params),
-                     grad_norms, float(lr), float(beta1), float(beta2), float(eps), int(step),
-                     bool(bias_correction), float(weight_decay), bool(grad_averaging),
-                     int(moment_mode), int(norm_type), bool(init_norms),
-                     _host_scale(grad_scale))
+        mod.novograd(
+            list(grads),
+            list(params),
+            list(exp_avgs),
+            _model_list(model_params),
+            grad_norms,
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            int(step),
+            bool(bias_correction),
+            float(weight_decay),
+            bool(grad_averaging),
+            int(moment_mode),
+            int(norm_type),
+            bool(init_norms),
+            _host_scale(grad_scale),
+        )
         return
     _check_step("novograd", step)
     if norm_type not in (0, 2):
-        raise ValueError(f"amp.multi_tensor.novograd: norm_type must be 2 (L2) or 0 (max); "
-                         f"got {norm_type}")
+        raise ValueError(
+            f"amp.multi_tensor.novograd: norm_type must be 2 (L2) or 0 (max); got {norm_type}"
+        )
     if moment_mode not in (0, 1):
         raise ValueError("amp.multi_tensor.novograd: moment_mode must be 0 or 1")
-    _check_lists(model_params is not None, grads=grads, params=params, exp_avgs=exp_avgs,
-                 model_params=model_params)
+    _check_lists(
+        model_params is not None,
+        grads=grads,
+        params=params,
+        exp_avgs=exp_avgs,
+        model_params=model_params,
+    )
     g = _scaled_f32(grads, grad_scale)
     p, m = _f32(params), _f32(exp_avgs)
-    bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
-    bc2 = math.sqrt(1.0 - beta2 ** step) if bias_correction else 1.0
+    bc1 = 1.0 - beta1**step if bias_correction else 1.0
+    bc2 = math.sqrt(1.0 - beta2**step) if bias_correction else 1.0
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     # This step's norms, blended with the old ones in float64, kept in float32 (grad_norms);
     # the denominators from the kept norms, rounded to float32: the kernel's arithmetic.
@@ -526,8 +694,9 @@ def novograd(grads: TensorSeq, params: TensorSeq, exp_avgs: TensorSeq,
     elif all(t.numel() for t in g):
         n = torch.stack(list(torch._foreach_norm(g, float("inf")))).to(torch.float64)
     else:  # the max norm has no identity: an empty tensor's is 0 here, as the kernel's
-        n = torch.stack([t.abs().max() if t.numel() else t.new_zeros(()) for t in g]
-                        ).to(torch.float64)
+        n = torch.stack([t.abs().max() if t.numel() else t.new_zeros(()) for t in g]).to(
+            torch.float64
+        )
     if not init_norms:
         # beta2 * old * old + (1 - beta2) * n * n, in that order (addcmul: self + v * a * b)
         old = grad_norms.to(torch.float64)

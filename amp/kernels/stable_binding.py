@@ -17,6 +17,7 @@ translated here:
 
 Only torch is imported: this runs inside ``import amp._C``.
 """
+
 from __future__ import annotations
 
 import keyword
@@ -68,19 +69,22 @@ def _function(name: str, op: Any, doc: str) -> Callable[..., Any]:
         if not arg.name.isidentifier() or keyword.iskeyword(arg.name):
             raise ImportError(f"amp._C: op {name}'s argument {arg.name!r} is not a Python name")
         names.append(arg.name)
-        params.append(arg.name if arg.default_value is None
-                      else f"{arg.name}={arg.default_value!r}")
+        params.append(
+            arg.name if arg.default_value is None else f"{arg.name}={arg.default_value!r}"
+        )
     call = f"_op({', '.join(names)})"
     if name in _RESULTS:
         call = f"_result({call}, {', '.join(names)})"
-    source = (f"def {name}({', '.join(params)}):\n"
-              f"    try:\n"
-              f"        return {call}\n"
-              f"    except RuntimeError as exc:\n"
-              f"        typed = _typed(exc)\n"
-              f"        if typed is None:\n"
-              f"            raise\n"
-              f"        raise typed from None\n")
+    source = (
+        f"def {name}({', '.join(params)}):\n"
+        f"    try:\n"
+        f"        return {call}\n"
+        f"    except RuntimeError as exc:\n"
+        f"        typed = _typed(exc)\n"
+        f"        if typed is None:\n"
+        f"            raise\n"
+        f"        raise typed from None\n"
+    )
     scope: dict[str, Any] = {"_op": op, "_typed": _typed, "_result": _RESULTS.get(name)}
     exec(compile(source, f"<amp._C {name}>", "exec"), scope)  # source: the schema's, above
     fn = scope[name]
@@ -90,8 +94,10 @@ def _function(name: str, op: Any, doc: str) -> Callable[..., Any]:
 
 def _build(module: ModuleType) -> dict[str, Callable[..., Any]]:
     docs: dict[str, str] = module._docs
-    return {name: _function(name, getattr(torch.ops.amp_C, name).default, docs[name])
-            for name in module._schemas}
+    return {
+        name: _function(name, getattr(torch.ops.amp_C, name).default, docs[name])
+        for name in module._schemas
+    }
 
 
 def install(module: ModuleType, functions: Optional[dict[str, Callable[..., Any]]] = None) -> None:

@@ -2,6 +2,7 @@
 (``prepare_backward``: which ``Stage`` this step is in), after it (``post_backward``: unscale per
 tensor list, in one pass, over the combined buffers, or check for the deferred step; every path
 answers with ``unscale.Unscaled``), and after a failed one."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -67,8 +68,9 @@ def restore_after_failed_backward(optimizer: torch.optim.Optimizer) -> None:
     stash.stage = Stage.READY
 
 
-def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool
-                     ) -> Unscaled:
+def _generic_unscale(
+    optimizer: torch.optim.Optimizer, inv_scale: float, with_stash: bool
+) -> Unscaled:
     stash: OptimizerStash = optimizer._amp_stash
     saved = stash.set_aside if with_stash else None
     pairs: list[Pair] = []
@@ -79,8 +81,7 @@ def _generic_unscale(optimizer: torch.optim.Optimizer, inv_scale: float, with_st
     return result
 
 
-def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float, stage: Stage
-                  ) -> Unscaled:
+def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float, stage: Stage) -> Unscaled:
     """After the last backward pass before a step (``stage``: ``prepare_backward``'s answer for
     it): unscale (per tensor list, one pass, combined) or check (deferred) the gradients."""
     stash: OptimizerStash = optimizer._amp_stash
@@ -112,8 +113,12 @@ def _post_backward_combined(optimizer: Any, inv_scale: float) -> Optional[Unscal
     if not combined.still_valid():
         if stash.set_aside is not None:
             return None
-        if not combined.build([list(zip(models, g["params"])) for models, g in
-                               zip(stash.model_params, optimizer.param_groups)]):
+        if not combined.build(
+            [
+                list(zip(models, g["params"]))
+                for models, g in zip(stash.model_params, optimizer.param_groups)
+            ]
+        ):
             return None
     if getattr(optimizer, "combine_ddp", False):
         ddp.all_reduce(combined.model_grad_flats(), optimizer.ddp_replica_count)

@@ -5,6 +5,7 @@ a fused optimizer (``amp.optimizers``' tensor-list base, ``FusedOptimizer``), wr
 as Protocols: amp looks for these methods on any optimizer and takes the fused paths where they
 are (amp/masters/stash.py, backward.py), and the optimizers implement them without importing
 amp's step."""
+
 from __future__ import annotations
 
 from typing import Any, List, Protocol, Union, runtime_checkable
@@ -50,8 +51,9 @@ class DeferredStep(Protocol):
     (read-only), and ``step()`` becomes one fused pass that unscales, updates and writes the half
     model copy. Having both methods is what makes amp treat an optimizer as fused."""
 
-    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float
-                             ) -> Union[bool, Tensor]: ...
+    def _amp_grads_nonfinite(
+        self, model_params: ParamGroups, inv_scale: float
+    ) -> Union[bool, Tensor]: ...
 
     def _amp_fused_step(self, model_params: ParamGroups, inv_scale: float) -> None: ...
 

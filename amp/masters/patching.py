@@ -1,6 +1,7 @@
 """``amp.initialize``'s optimizer side: the fp32 masters made, the stash attached, Apex for
 Ascend's rules checked, and the patched ``step``/``zero_grad``/``state_dict``/
 ``load_state_dict``/``add_param_group``, which read the step's ``Stage``."""
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,12 @@ def process_optimizer(
         )
     check_ascend_rules(optimizer, props)
     master_weights = bool(props.master_weights)
-    stash = OptimizerStash(optimizer, master_weights, wants_deferred_unscale(optimizer, props),
-                           check_combined=props.check_combined_tensors)
+    stash = OptimizerStash(
+        optimizer,
+        master_weights,
+        wants_deferred_unscale(optimizer, props),
+        check_combined=props.check_combined_tensors,
+    )
     # Ascend's per-optimizer switches, read at every step (scripts change them after initialize).
     optimizer.accelerate = props.combine_grad
     optimizer.check_combined_tensors = props.check_combined_tensors
@@ -102,8 +107,7 @@ def check_ascend_rules(optimizer: Any, props: Properties) -> None:
             )
         if o2 and props.master_weights is not True:
             raise RuntimeError(
-                "With opt_level O2, master_weights should be True when npu fused optimizer is "
-                "used"
+                "With opt_level O2, master_weights should be True when npu fused optimizer is used"
             )
     elif props.check_combined_tensors and not props.combine_grad:
         maybe_log(

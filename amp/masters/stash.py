@@ -22,6 +22,7 @@ The fused paths are used only when they give the generic result: when a second b
 with possibly another scale comes before the step, or when gradients already exist before the
 backward pass, that step falls back to the generic path.
 """
+
 from __future__ import annotations
 
 import enum
@@ -47,8 +48,9 @@ def wants_deferred_unscale(optimizer: Any, props: Properties) -> bool:
     ``materialize_master_grads=False``, when master weights exist (O2)."""
     if props.defer_unscale:
         return True
-    return bool(props.master_weights) and getattr(optimizer, "materialize_master_grads", True) \
-        is False
+    return (
+        bool(props.master_weights) and getattr(optimizer, "materialize_master_grads", True) is False
+    )
 
 
 class Stage(enum.Enum):
@@ -88,8 +90,13 @@ CLOSURE_REFUSED = "amp does not support a closure with a fused optimizer's step"
 class OptimizerStash:
     """What amp keeps on an optimizer (``optimizer._amp_stash``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, master_weights: bool,
-                 defer_unscale: bool = False, check_combined: bool = False) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        master_weights: bool,
+        defer_unscale: bool = False,
+        check_combined: bool = False,
+    ) -> None:
         self.master_weights = master_weights
         self.fused = is_fused(optimizer)
         # deferred: grads stay scaled until the optimizer's kernel reads them (opt-in);

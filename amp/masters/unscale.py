@@ -1,6 +1,7 @@
 """Gradients on their way to a step: the one grouper that splits tensors into kernel calls, the
 one check that a gradient is dense (every kernel amp calls reads strided memory), and the
 unscale passes, which all answer with one result type, ``Unscaled``."""
+
 from __future__ import annotations
 
 import math
@@ -128,8 +129,10 @@ def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
         written.append(grad)
         if stash is not None:
             stashed.append((grad, stash))
-    flags = [check_and_unscale_(grads, inv_scale)
-             for grads in group_by(written, lambda g: (g.device, g.dtype)).values()]
+    flags = [
+        check_and_unscale_(grads, inv_scale)
+        for grads in group_by(written, lambda g: (g.device, g.dtype)).values()
+    ]
     if stashed:
         torch._foreach_add_([g for g, _ in stashed], [s for _, s in stashed])
     if not flags:
@@ -180,29 +183,46 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     return Unscaled(flag, total, written)
 
 
-def combine_norms(norms: Sequence[Norm], flags: Sequence[Union[Tensor, bool]]
-                  ) -> tuple[Norm, Union[Tensor, bool]]:
+def combine_norms(
+    norms: Sequence[Norm], flags: Sequence[Union[Tensor, bool]]
+) -> tuple[Norm, Union[Tensor, bool]]:
     """The global norm and found-inf flag of several kernel calls: numbers while every call
     answered with numbers (the CPU), else tensors on the first device tensor's device (one
     combining step, nothing read back)."""
     tensors = [n for n in norms if isinstance(n, Tensor)]
     if not tensors:
-        return (math.sqrt(sum(float(n) * float(n) for n in norms)),
-                any(bool(f) for f in flags))
+        return (math.sqrt(sum(float(n) * float(n) for n in norms)), any(bool(f) for f in flags))
     if len(norms) == 1:
         return norms[0], flags[0]
     device = tensors[0].device
-    total = torch.linalg.vector_norm(torch.stack([
-        n.to(device=device, dtype=torch.float64).reshape(()) if isinstance(n, Tensor)
-        else torch.tensor(float(n), dtype=torch.float64, device=device) for n in norms]))
-    flag = torch.stack([
-        f.to(device=device, dtype=torch.float32).reshape(()) if isinstance(f, Tensor)
-        else torch.tensor(1.0 if f else 0.0, device=device) for f in flags]).amax().reshape(1)
+    total = torch.linalg.vector_norm(
+        torch.stack(
+            [
+                n.to(device=device, dtype=torch.float64).reshape(())
+                if isinstance(n, Tensor)
+                else torch.tensor(float(n), dtype=torch.float64, device=device)
+                for n in norms
+            ]
+        )
+    )
+    flag = (
+        torch.stack(
+            [
+                f.to(device=device, dtype=torch.float32).reshape(())
+                if isinstance(f, Tensor)
+                else torch.tensor(1.0 if f else 0.0, device=device)
+                for f in flags
+            ]
+        )
+        .amax()
+        .reshape(1)
+    )
     return total, flag
 
 
-def check_deferred(optimizer: DeferredStep, model_params: list[list[Tensor]], inv_scale: float
-                   ) -> Unscaled:
+def check_deferred(
+    optimizer: DeferredStep, model_params: list[list[Tensor]], inv_scale: float
+) -> Unscaled:
     """The deferred path: the fused optimizer checks the still-scaled gradients read-only
     (``_amp_grads_nonfinite``); its step unscales them as it reads them."""
     found = optimizer._amp_grads_nonfinite(model_params, inv_scale)

@@ -7,6 +7,7 @@ that also checks them and measures their norm, and the step writes the half mode
 (see ``_amp_unscaled_step``); with ``amp.initialize(..., defer_unscale=True)`` the unscale
 happens inside the step instead (``_amp_grads_nonfinite`` / ``_amp_fused_step``).
 """
+
 from .fused_adagrad import FusedAdagrad
 from .fused_adam import FusedAdam
 from .fused_lamb import FusedLAMB
@@ -17,7 +18,21 @@ from .lamb import Lamb, NpuFusedLamb
 from .npu_fused_adam import NpuFusedAdam, NpuFusedAdamP, NpuFusedAdamW, NpuFusedBertAdam
 from .npu_fused_sgd import NpuFusedAdadelta, NpuFusedRMSprop, NpuFusedRMSpropTF, NpuFusedSGD
 
-__all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb",
-           "FusedNovoGrad", "FusedSGD", "Lamb", "NpuFusedAdadelta", "NpuFusedAdam",
-           "NpuFusedAdamP", "NpuFusedAdamW", "NpuFusedBertAdam", "NpuFusedLamb",
-           "NpuFusedRMSprop", "NpuFusedRMSpropTF", "NpuFusedSGD"]
+__all__ = [
+    "FusedAdagrad",
+    "FusedAdam",
+    "FusedLAMB",
+    "FusedMixedPrecisionLamb",
+    "FusedNovoGrad",
+    "FusedSGD",
+    "Lamb",
+    "NpuFusedAdadelta",
+    "NpuFusedAdam",
+    "NpuFusedAdamP",
+    "NpuFusedAdamW",
+    "NpuFusedBertAdam",
+    "NpuFusedLamb",
+    "NpuFusedRMSprop",
+    "NpuFusedRMSpropTF",
+    "NpuFusedSGD",
+]

@@ -17,6 +17,7 @@ to zero, as long as ``eps > 0`` where an update divides by ``sqrt(state) + eps``
 
 ``Lamb`` uses the same updates on one run per parameter, without amp and without combining.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -123,8 +124,9 @@ class ElementwiseOptimizer(Optimizer):
         key = (like.device, like.dtype, slot)
         buf = self._scratch_bufs.get(key)
         if buf is None or buf.numel() < like.numel():
-            buf = self._scratch_bufs[key] = torch.empty(like.numel(), dtype=like.dtype,
-                                                        device=like.device)
+            buf = self._scratch_bufs[key] = torch.empty(
+                like.numel(), dtype=like.dtype, device=like.device
+            )
         return buf.narrow(0, 0, like.numel()).view(like.shape)
 
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> bool:
@@ -198,8 +200,12 @@ class NpuFusedOptimizer(ElementwiseOptimizer):
         tensors = []
         for p in seg.params:
             t = self.state[p][name]
-            if t.shape != p.shape or t.stride() != p.stride() or t.dtype != p.dtype \
-                    or t.device != p.device:
+            if (
+                t.shape != p.shape
+                or t.stride() != p.stride()
+                or t.dtype != p.dtype
+                or t.device != p.device
+            ):
                 # combine_npu keeps each tensor's strides: give the state the parameter's.
                 like = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device=p.device)
                 t = self.state[p][name] = like.copy_(t)

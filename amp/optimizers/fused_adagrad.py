@@ -1,4 +1,5 @@
 """FusedAdagrad: apex.optimizers.FusedAdagrad on amp._C's multi-tensor Adagrad kernel."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,9 +19,15 @@ class FusedAdagrad(FusedOptimizer):
         opt = FusedAdagrad(model.parameters(), lr=1e-2)
     """
 
-    def __init__(self, params: Any, lr: float = 1e-2, eps: float = 1e-10,
-                 weight_decay: float = 0.0, set_grad_none: bool = True,
-                 adagrad_w_mode: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0.0,
+        set_grad_none: bool = True,
+        adagrad_w_mode: bool = False,
+    ) -> None:
         for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             if not 0.0 <= value:
                 raise ValueError(f"FusedAdagrad: invalid {name} {value!r}; expected >= 0")
@@ -29,11 +36,18 @@ class FusedAdagrad(FusedOptimizer):
         super().__init__(params, defaults, set_grad_none)
 
     def _torch_group_keys(self) -> dict:
-        return {"lr_decay": 0.0, "initial_accumulator_value": 0.0, "foreach": None,
-                "maximize": False, "differentiable": False, "fused": None}
+        return {
+            "lr_decay": 0.0,
+            "initial_accumulator_value": 0.0,
+            "foreach": None,
+            "maximize": False,
+            "differentiable": False,
+            "fused": None,
+        }
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         for group, models in zip(self.param_groups, model_params):
             buckets = make_buckets(group["params"], models, grads_on_params=grads_on_params)
             if not buckets:
@@ -46,6 +60,14 @@ class FusedAdagrad(FusedOptimizer):
                     if "sum" not in st:
                         st["sum"] = p.new_zeros(p.shape)
                     sums.append(st["sum"])
-                mt.adagrad(b.grads, b.params, sums, b.model_params, lr=group["lr"],
-                            eps=group["eps"], weight_decay=group["weight_decay"],
-                            w_mode=self.adagrad_w_mode, grad_scale=inv_scale)
+                mt.adagrad(
+                    b.grads,
+                    b.params,
+                    sums,
+                    b.model_params,
+                    lr=group["lr"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    w_mode=self.adagrad_w_mode,
+                    grad_scale=inv_scale,
+                )

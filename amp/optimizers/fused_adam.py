@@ -1,4 +1,5 @@
 """FusedAdam: apex.optimizers.FusedAdam on amp._C's multi-tensor Adam kernel."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -42,11 +43,22 @@ class FusedAdam(FusedOptimizer):
         loss.backward(); opt.step(); opt.zero_grad()
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 adam_w_mode: bool = True, weight_decay: float = 0.0, amsgrad: bool = False,
-                 set_grad_none: bool = True, capturable: bool = False,
-                 master_weights: bool = False, *, max_grad_norm: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        adam_w_mode: bool = True,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        set_grad_none: bool = True,
+        capturable: bool = False,
+        master_weights: bool = False,
+        *,
+        max_grad_norm: float = 0.0,
+    ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
         for name, flag in (("capturable", capturable), ("master_weights", master_weights)):
@@ -61,8 +73,15 @@ class FusedAdam(FusedOptimizer):
             raise ValueError(f"FusedAdam: invalid weight_decay {weight_decay}")
         if not 0.0 <= max_grad_norm:
             raise ValueError(f"FusedAdam: invalid max_grad_norm {max_grad_norm}")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, amsgrad=False, step=0)
+        defaults = dict(
+            lr=lr,
+            bias_correction=bias_correction,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=False,
+            step=0,
+        )
         self.adam_w_mode = bool(adam_w_mode)
         self.max_grad_norm = float(max_grad_norm)
         self.capturable = capturable
@@ -131,11 +150,18 @@ class FusedAdam(FusedOptimizer):
     def _torch_group_keys(self) -> dict:
         # torch.optim.AdamW is Adam with decoupled_weight_decay=True; a group without the
         # key would load as L2-regularised Adam.
-        return {"decoupled_weight_decay": self.adam_w_mode, "maximize": False,
-                "foreach": None, "capturable": False, "differentiable": False, "fused": None}
+        return {
+            "decoupled_weight_decay": self.adam_w_mode,
+            "maximize": False,
+            "foreach": None,
+            "capturable": False,
+            "differentiable": False,
+            "fused": None,
+        }
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
         for group, models in zip(self.param_groups, model_params):
             owner: dict[int, Tensor] = {}  # id(master) -> the half parameter it stands for
@@ -164,8 +190,19 @@ class FusedAdam(FusedOptimizer):
                     exp_avgs, exp_avg_sqs = self._fp32_moments([owner[id(m)] for m in b.params])
                 else:
                     exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
-                mt.adam(b.grads, b.params, exp_avgs, exp_avg_sqs, b.model_params,
-                        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        step=group["step"], adam_w_mode=self.adam_w_mode,
-                        bias_correction=group["bias_correction"],
-                        weight_decay=group["weight_decay"], grad_scale=grad_scale)
+                mt.adam(
+                    b.grads,
+                    b.params,
+                    exp_avgs,
+                    exp_avg_sqs,
+                    b.model_params,
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    step=group["step"],
+                    adam_w_mode=self.adam_w_mode,
+                    bias_correction=group["bias_correction"],
+                    weight_decay=group["weight_decay"],
+                    grad_scale=grad_scale,
+                )

@@ -1,4 +1,5 @@
 """FusedLAMB: apex.optimizers.FusedLAMB on amp._C's multi-tensor LAMB kernel."""
+
 from __future__ import annotations
 
 import math
@@ -37,30 +38,49 @@ class FusedLAMB(FusedOptimizer):
     ratio applies when ``weight_decay != 0`` or ``use_nvlamb``; otherwise the step is lr.
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01, amsgrad: bool = False, adam_w_mode: bool = True,
-                 grad_averaging: bool = True, set_grad_none: bool = True,
-                 max_grad_norm: float = 1.0, use_nvlamb: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        amsgrad: bool = False,
+        adam_w_mode: bool = True,
+        grad_averaging: bool = True,
+        set_grad_none: bool = True,
+        max_grad_norm: float = 1.0,
+        use_nvlamb: bool = False,
+    ) -> None:
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
         if not 0.0 <= lr:
             raise ValueError(f"FusedLAMB: invalid learning rate {lr}")
         check_beta_range("FusedLAMB", betas)
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, grad_averaging=grad_averaging,
-                        max_grad_norm=max_grad_norm, step=0)
+        defaults = dict(
+            lr=lr,
+            bias_correction=bias_correction,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            grad_averaging=grad_averaging,
+            max_grad_norm=max_grad_norm,
+            step=0,
+        )
         self.adam_w_mode = bool(adam_w_mode)
         self.use_nvlamb = bool(use_nvlamb)
         super().__init__(params, defaults, set_grad_none)
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         # apex clips by the norm of all gradients of all groups, before any update (a read
         # pass that is skipped when no group clips, or reuses amp's measurement).
         clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
-        norm: Norm = (self._global_norm(model_params, inv_scale, grads_on_params)
-                      if clipping else 0.0)
+        norm: Norm = (
+            self._global_norm(model_params, inv_scale, grads_on_params) if clipping else 0.0
+        )
         for group, models in zip(self.param_groups, model_params):
             buckets = self._group_buckets(group, models, grads_on_params)
             if not buckets:
@@ -70,13 +90,26 @@ class FusedLAMB(FusedOptimizer):
             beta1, beta2 = group["betas"]
             for b in buckets:
                 exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
-                mt.lamb(b.grads, b.params, exp_avgs, exp_avg_sqs, b.model_params,
-                        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        step=group["step"], bias_correction=group["bias_correction"],
-                        weight_decay=group["weight_decay"],
-                        grad_averaging=group["grad_averaging"], adam_w_mode=self.adam_w_mode,
-                        use_nvlamb=self.use_nvlamb, grad_scale=grad_scale)
+                mt.lamb(
+                    b.grads,
+                    b.params,
+                    exp_avgs,
+                    exp_avg_sqs,
+                    b.model_params,
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    step=group["step"],
+                    bias_correction=group["bias_correction"],
+                    weight_decay=group["weight_decay"],
+                    grad_averaging=group["grad_averaging"],
+                    adam_w_mode=self.adam_w_mode,
+                    use_nvlamb=self.use_nvlamb,
+                    grad_scale=grad_scale,
+                )
 
-    def _group_buckets(self, group: dict[str, Any], models: list[Tensor],
-                       grads_on_params: bool) -> list[Bucket]:
+    def _group_buckets(
+        self, group: dict[str, Any], models: list[Tensor], grads_on_params: bool
+    ) -> list[Bucket]:
         return make_buckets(group["params"], models, grads_on_params=grads_on_params)

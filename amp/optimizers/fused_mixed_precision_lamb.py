@@ -1,4 +1,5 @@
 """FusedMixedPrecisionLamb: apex.optimizers.FusedMixedPrecisionLamb on amp._C's LAMB kernel."""
+
 from __future__ import annotations
 
 import copy
@@ -32,21 +33,43 @@ class FusedMixedPrecisionLamb(FusedLAMB):
     # torch.amp.GradScaler hands itself to step() instead of unscaling first.
     _step_supports_amp_scaling = True
 
-    def __init__(self, params: Any, lr: float = 1e-3, step: int = 0,
-                 bias_correction: bool = True, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, amsgrad: bool = False,
-                 adam_w_mode: bool = True, grad_averaging: bool = True,
-                 max_grad_norm: float = 1.0, use_nvlamb: bool = False,
-                 reduced_precision_dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        step: int = 0,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        amsgrad: bool = False,
+        adam_w_mode: bool = True,
+        grad_averaging: bool = True,
+        max_grad_norm: float = 1.0,
+        use_nvlamb: bool = False,
+        reduced_precision_dtype: Optional[torch.dtype] = None,
+    ) -> None:
         if reduced_precision_dtype not in (None, torch.float16, torch.bfloat16):
-            raise TypeError("FusedMixedPrecisionLamb: reduced_precision_dtype must be None, "
-                            f"torch.float16 or torch.bfloat16; got {reduced_precision_dtype!r}")
+            raise TypeError(
+                "FusedMixedPrecisionLamb: reduced_precision_dtype must be None, "
+                f"torch.float16 or torch.bfloat16; got {reduced_precision_dtype!r}"
+            )
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"FusedMixedPrecisionLamb: step must be an int >= 0; got {step!r}")
-        super().__init__(params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
-                         weight_decay=weight_decay, amsgrad=amsgrad, adam_w_mode=adam_w_mode,
-                         grad_averaging=grad_averaging, set_grad_none=True,
-                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb)
+        super().__init__(
+            params,
+            lr=lr,
+            bias_correction=bias_correction,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            adam_w_mode=adam_w_mode,
+            grad_averaging=grad_averaging,
+            set_grad_none=True,
+            max_grad_norm=max_grad_norm,
+            use_nvlamb=use_nvlamb,
+        )
         for group in self.param_groups:
             group["step"] = step
         self.reduced_precision_dtype = reduced_precision_dtype
@@ -60,8 +83,9 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         self._owner[id(master)] = p
         return master
 
-    def _group_buckets(self, group: dict[str, Any], models: list[Tensor],
-                       grads_on_params: bool) -> list[Bucket]:
+    def _group_buckets(
+        self, group: dict[str, Any], models: list[Tensor], grads_on_params: bool
+    ) -> list[Bucket]:
         reduced = self.reduced_precision_dtype
         params, halves, sources = [], [], []
         for p, mp in zip(group["params"], models):
@@ -88,8 +112,7 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         return exp_avgs, exp_avg_sqs
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None,
-             grad_scaler: Any = None) -> Any:
+    def step(self, closure: Optional[Callable[[], Any]] = None, grad_scaler: Any = None) -> Any:
         if grad_scaler is None:
             return super().step(closure)
         loss = closure_loss(closure)
@@ -99,8 +122,9 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             return loss
         inv_scale = float(grad_scaler._get_scale_async().double().reciprocal().float().item())
         self._amp_cached_norm = None
-        self._update([list(g["params"]) for g in self.param_groups], inv_scale,
-                     grads_on_params=True)
+        self._update(
+            [list(g["params"]) for g in self.param_groups], inv_scale, grads_on_params=True
+        )
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -1,4 +1,5 @@
 """FusedNovoGrad: apex.optimizers.FusedNovoGrad on amp._C's multi-tensor NovoGrad kernel."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,31 +22,50 @@ class FusedNovoGrad(FusedOptimizer):
     model copy is written in the same pass as the update.
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False,
-                 reg_inside_moment: bool = False, grad_averaging: bool = True,
-                 norm_type: int = 2, init_zero: bool = False,
-                 set_grad_none: bool = True) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        reg_inside_moment: bool = False,
+        grad_averaging: bool = True,
+        norm_type: int = 2,
+        init_zero: bool = False,
+        set_grad_none: bool = True,
+    ) -> None:
         if amsgrad:
             raise RuntimeError("FusedNovoGrad does not support the AMSGrad variant.")
         if norm_type not in (0, 2):
-            raise ValueError(f"FusedNovoGrad: norm_type must be 2 (L2) or 0 (max norm); "
-                             f"got {norm_type!r}")
+            raise ValueError(
+                f"FusedNovoGrad: norm_type must be 2 (L2) or 0 (max norm); got {norm_type!r}"
+            )
         if not 0.0 <= lr:
             raise ValueError(f"FusedNovoGrad: invalid learning rate {lr}")
         check_beta_range("FusedNovoGrad", betas)
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, grad_averaging=grad_averaging,
-                        norm_type=norm_type, init_zero=init_zero, step=0)
+        defaults = dict(
+            lr=lr,
+            bias_correction=bias_correction,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            grad_averaging=grad_averaging,
+            norm_type=norm_type,
+            init_zero=init_zero,
+            step=0,
+        )
         self.moment_mode = 0 if reg_inside_moment else 1
         super().__init__(params, defaults, set_grad_none)
 
     def _is_new(self, p: torch.Tensor) -> bool:
         return "exp_avg" not in self.state[p]
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         for group, models in zip(self.param_groups, model_params):
             buckets = make_buckets(group["params"], models, self._is_new, grads_on_params)
             if not buckets:
@@ -60,14 +80,25 @@ class FusedNovoGrad(FusedOptimizer):
                         st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
-                mt.novograd(b.grads, b.params, [st["exp_avg"] for st in states],
-                             b.model_params, grad_norms=norms, lr=group["lr"], beta1=beta1,
-                             beta2=beta2, eps=group["eps"], step=group["step"],
-                             bias_correction=group["bias_correction"],
-                             weight_decay=group["weight_decay"],
-                             grad_averaging=group["grad_averaging"],
-                             moment_mode=self.moment_mode, norm_type=group["norm_type"],
-                             init_norms=new and not group["init_zero"], grad_scale=inv_scale)
+                mt.novograd(
+                    b.grads,
+                    b.params,
+                    [st["exp_avg"] for st in states],
+                    b.model_params,
+                    grad_norms=norms,
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    step=group["step"],
+                    bias_correction=group["bias_correction"],
+                    weight_decay=group["weight_decay"],
+                    grad_averaging=group["grad_averaging"],
+                    moment_mode=self.moment_mode,
+                    norm_type=group["norm_type"],
+                    init_norms=new and not group["init_zero"],
+                    grad_scale=inv_scale,
+                )
                 _store_norms(states, norms)
 
 
@@ -76,8 +107,7 @@ def _store_norms(states: list[dict], norms: torch.Tensor) -> None:
     apex's per-parameter layout): one copy into the existing float32 tensors where they all
     are such, else fresh ones (a state loaded in another dtype or on another device)."""
     kept = [st["exp_avg_sq"] for st in states]
-    if all(t.dtype == torch.float32 and t.dim() == 0 and t.device == norms.device
-           for t in kept):
+    if all(t.dtype == torch.float32 and t.dim() == 0 and t.device == norms.device for t in kept):
         torch._foreach_copy_(kept, list(norms.unbind()))
         return
     for st, n in zip(states, norms.unbind()):

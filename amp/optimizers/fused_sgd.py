@@ -1,4 +1,5 @@
 """FusedSGD: apex.optimizers.FusedSGD on amp._C's multi-tensor SGD kernel."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,10 +25,20 @@ class FusedSGD(FusedOptimizer):
 
     _group_step = False
 
-    def __init__(self, params: Any, lr: float = required, momentum: float = 0.0,
-                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 wd_after_momentum: bool = False, materialize_master_grads: bool = True,
-                 set_grad_none: bool = False, *, max_grad_norm: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = required,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        wd_after_momentum: bool = False,
+        materialize_master_grads: bool = True,
+        set_grad_none: bool = False,
+        *,
+        max_grad_norm: float = 0.0,
+    ) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"FusedSGD: invalid learning rate {lr}")
         if momentum < 0.0:
@@ -36,8 +47,13 @@ class FusedSGD(FusedOptimizer):
             raise ValueError(f"FusedSGD: invalid weight_decay value {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("FusedSGD: Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+        )
         self.wd_after_momentum = bool(wd_after_momentum)
         self.materialize_master_grads = materialize_master_grads
         self.max_grad_norm = float(max_grad_norm)
@@ -46,8 +62,9 @@ class FusedSGD(FusedOptimizer):
     def _first_run(self, p: torch.Tensor) -> bool:
         return self.state[p].get("momentum_buffer") is None
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
         for group, models in zip(self.param_groups, model_params):
             momentum = group["momentum"]
@@ -62,10 +79,20 @@ class FusedSGD(FusedOptimizer):
                         st = self.state[p]
                         if first_run:  # the kernel initialises it to the gradient
                             st["momentum_buffer"] = torch.empty_like(
-                                p, memory_format=torch.preserve_format)
+                                p, memory_format=torch.preserve_format
+                            )
                         bufs.append(st["momentum_buffer"])
-                mt.sgd(b.grads, b.params, bufs, b.model_params, lr=group["lr"],
-                       momentum=momentum, dampening=group["dampening"],
-                       weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                       wd_after_momentum=self.wd_after_momentum, first_run=first_run,
-                       grad_scale=grad_scale)
+                mt.sgd(
+                    b.grads,
+                    b.params,
+                    bufs,
+                    b.model_params,
+                    lr=group["lr"],
+                    momentum=momentum,
+                    dampening=group["dampening"],
+                    weight_decay=group["weight_decay"],
+                    nesterov=group["nesterov"],
+                    wd_after_momentum=self.wd_after_momentum,
+                    first_run=first_run,
+                    grad_scale=grad_scale,
+                )

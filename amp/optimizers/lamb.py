@@ -9,6 +9,7 @@ the buffer in one operation, so a step is a fixed number of operations per buffe
 also records ``weight_norm``, ``adam_norm`` and ``trust_ratio`` in each parameter's state, as
 Ascend's does (its MNIST example logs them).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,9 +33,13 @@ def _check(lr: float, betas: tuple[float, float], eps: float) -> None:
     check_betas(betas)
 
 
-def lamb_update(group: dict[str, Any], run: Run, adam: bool,
-                grad_divisor: Optional[Tensor] = None, norms: bool = True
-                ) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+def lamb_update(
+    group: dict[str, Any],
+    run: Run,
+    adam: bool,
+    grad_divisor: Optional[Tensor] = None,
+    norms: bool = True,
+) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """One LAMB step on ``run``; returns the per-parameter weight norms, Adam-step norms and
     trust ratios (1-D, one entry per parameter of the run), unless ``adam`` and not
     ``norms`` (nothing needs them then)."""
@@ -53,8 +58,9 @@ def lamb_update(group: dict[str, Any], run: Run, adam: bool,
         return None
     weight_norm = torch.stack(torch._foreach_norm(run.parts(param), 2)).clamp(0, 10)
     adam_norm = torch.stack(torch._foreach_norm(run.parts(adam_step), 2))
-    ratio = torch.where((weight_norm == 0) | (adam_norm == 0), torch.ones_like(weight_norm),
-                        weight_norm / adam_norm)
+    ratio = torch.where(
+        (weight_norm == 0) | (adam_norm == 0), torch.ones_like(weight_norm), weight_norm / adam_norm
+    )
     if adam:
         param.add_(adam_step, alpha=-group["lr"])
     else:
@@ -66,9 +72,16 @@ class NpuFusedLamb(NpuFusedOptimizer):
     """LAMB on amp's combined buffers. With ``use_global_grad_norm``, gradients are first
     divided by their global norm when it exceeds 1 (Ascend's option), on the device."""
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0, adam: bool = False,
-                 use_global_grad_norm: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0,
+        adam: bool = False,
+        use_global_grad_norm: bool = False,
+    ) -> None:
         _check(lr, betas, eps)
         self.adam = adam
         self.use_global_grad_norm = use_global_grad_norm
@@ -96,8 +109,15 @@ class Lamb(ElementwiseOptimizer):
         opt = Lamb(model.parameters(), lr=2.5e-3, weight_decay=0.01)
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0, adam: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0,
+        adam: bool = False,
+    ) -> None:
         _check(lr, betas, eps)
         self.adam = adam
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -113,7 +133,8 @@ class Lamb(ElementwiseOptimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError(
-                        "Lamb does not support sparse gradients, consider SparseAdam instad.")
+                        "Lamb does not support sparse gradients, consider SparseAdam instad."
+                    )
                 fresh = self._new_state(p, group)
                 runs.append((group, _single_run(p, self.state[p], fresh)))
         return runs
@@ -136,8 +157,13 @@ def _single_run(p: Tensor, state: dict[str, Any], fresh: bool) -> Run:
     flat = all(t.is_contiguous() for t in tensors)
     as_run = [t.view(-1) if flat else t for t in tensors]
     return Run(
-        param=as_run[0], grad=as_run[1],
+        param=as_run[0],
+        grad=as_run[1],
         states={"exp_avg": as_run[2], "exp_avg_sq": as_run[3]},
-        step=state["step"] + 1, fresh=fresh, params=[p], offsets=[0], numels=[p.numel()],
+        step=state["step"] + 1,
+        fresh=fresh,
+        params=[p],
+        offsets=[0],
+        numels=[p.numel()],
         whole=not flat,
     )

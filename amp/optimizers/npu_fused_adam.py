@@ -1,6 +1,7 @@
 """Apex for Ascend's Adam family on combined buffers: ``NpuFusedAdam``, ``NpuFusedAdamW``
 (torch.optim's Adam/AdamW op for op: bit-equal), ``NpuFusedAdamP`` and ``NpuFusedBertAdam``
 (Ascend's formulas: no torch counterpart)."""
+
 from __future__ import annotations
 
 import math
@@ -49,16 +50,25 @@ class NpuFusedAdam(NpuFusedOptimizer):
     decoupled = False
     one_pass = False  # a class default too: optimizers unpickled from before it existed
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
-                 one_pass: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        *,
+        one_pass: bool = False,
+    ) -> None:
         check_nonnegative(lr=lr, eps=eps)
         check_betas(betas)
         check_nonnegative(weight_decay=weight_decay)
         # Not a param-group key: state_dict() stays Ascend's.
         self.one_pass = bool(one_pass)
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      amsgrad=amsgrad))
+        super().__init__(
+            params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -73,10 +83,19 @@ class NpuFusedAdam(NpuFusedOptimizer):
         if not one_pass_ready(bufs):
             return False
         beta1, beta2 = group["betas"]
-        kernel_ops.adam([run.grad], [run.param], [run.states["exp_avg"]],
-                        [run.states["exp_avg_sq"]], lr=group["lr"], beta1=beta1, beta2=beta2,
-                        eps=group["eps"], step=run.step, adam_w_mode=self.decoupled,
-                        weight_decay=group["weight_decay"])
+        kernel_ops.adam(
+            [run.grad],
+            [run.param],
+            [run.states["exp_avg"]],
+            [run.states["exp_avg_sq"]],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            step=run.step,
+            adam_w_mode=self.decoupled,
+            weight_decay=group["weight_decay"],
+        )
         return True
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
@@ -97,8 +116,8 @@ class NpuFusedAdam(NpuFusedOptimizer):
                 grad = torch.add(grad, param, alpha=wd, out=run.scratch(1))
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1 ** run.step
-        bias_correction2_sqrt = (1 - beta2 ** run.step) ** 0.5
+        bias_correction1 = 1 - beta1**run.step
+        bias_correction2_sqrt = (1 - beta2**run.step) ** 0.5
         step_size = lr / bias_correction1
         if group["amsgrad"]:
             max_sq = run.states["max_exp_avg_sq"]
@@ -114,9 +133,17 @@ class NpuFusedAdamW(NpuFusedAdam):
 
     decoupled = True
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 one_pass: bool = False) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        one_pass: bool = False,
+    ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, one_pass=one_pass)
 
 
@@ -126,29 +153,51 @@ class NpuFusedAdamP(NpuFusedOptimizer):
     looks at each matrix-shaped parameter's cosine similarity with its gradient, per parameter
     (as in Ascend). Like Ascend's, the constructor checks nothing."""
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0, delta: float = 0.1,
-                 wd_ratio: float = 0.1, nesterov: bool = False) -> None:
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      delta=delta, wd_ratio=wd_ratio, nesterov=nesterov))
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        delta: float = 0.1,
+        wd_ratio: float = 0.1,
+        nesterov: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                delta=delta,
+                wd_ratio=wd_ratio,
+                nesterov=nesterov,
+            ),
+        )
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
     @staticmethod
-    def _cosine_similarity(x: Tensor, y: Tensor, eps: float, view: Callable[[Tensor], Tensor]
-                           ) -> Tensor:
+    def _cosine_similarity(
+        x: Tensor, y: Tensor, eps: float, view: Callable[[Tensor], Tensor]
+    ) -> Tensor:
         x, y = view(x), view(y)
         return (x * y).sum(dim=1).abs() / x.norm(dim=1).add_(eps) / y.norm(dim=1).add_(eps)
 
     @classmethod
-    def _projection(cls, p: Tensor, grad: Tensor, perturb: Tensor, delta: float,
-                    wd_ratio: float, eps: float) -> float:
+    def _projection(
+        cls, p: Tensor, grad: Tensor, perturb: Tensor, delta: float, wd_ratio: float, eps: float
+    ) -> float:
         """Project ``perturb`` (in place) off ``p`` when ``grad`` is nearly orthogonal to it,
         channel-wise first, then layer-wise; return the weight-decay ratio to use."""
         expand = [-1] + [1] * (p.dim() - 1)
         views: list[Callable[[Tensor], Tensor]] = [
-            lambda x: x.reshape(x.size(0), -1), lambda x: x.reshape(1, -1)]
+            lambda x: x.reshape(x.size(0), -1),
+            lambda x: x.reshape(1, -1),
+        ]
         for view in views:
             cosine = cls._cosine_similarity(grad, p, eps, view)
             # A host decision per parameter, as in Ascend.
@@ -165,8 +214,8 @@ class NpuFusedAdamP(NpuFusedOptimizer):
         exp_avg, exp_avg_sq = run.states["exp_avg"], run.states["exp_avg_sq"]
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** run.step)).add_(eps)
-        step_size = lr / (1 - beta1 ** run.step)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**run.step)).add_(eps)
+        step_size = lr / (1 - beta1**run.step)
         if group["nesterov"]:
             perturb = (beta1 * exp_avg + (1 - beta1) * grad) / denom
         else:
@@ -175,9 +224,14 @@ class NpuFusedAdamP(NpuFusedOptimizer):
         for i, p in enumerate(run.params):
             ratio = 1.0
             if p.dim() > 1 and p.numel() > 0:  # (an empty one has no direction to keep)
-                ratio = self._projection(run.shaped(param, i), run.shaped(grad, i),
-                                         run.shaped(perturb, i), group["delta"],
-                                         group["wd_ratio"], eps)
+                ratio = self._projection(
+                    run.shaped(param, i),
+                    run.shaped(grad, i),
+                    run.shaped(perturb, i),
+                    group["delta"],
+                    group["wd_ratio"],
+                    eps,
+                )
             ratios.append(ratio)
         if wd > 0:
             ratio_t = run.per_part(torch.tensor(ratios, dtype=param.dtype).to(param.device))
@@ -225,10 +279,19 @@ class NpuFusedBertAdam(NpuFusedOptimizer):
     and applied on the device (no host synchronisation): gradients are divided by it, in
     place as in Ascend, when it is finite and above 1."""
 
-    def __init__(self, params: Any, lr: float = required, warmup: float = -1,
-                 t_total: float = -1, schedule: str = "warmup_linear", b1: float = 0.9,
-                 b2: float = 0.99, e: float = 1e-6, weight_decay: float = 0.01,
-                 max_grad_norm: float = -1) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = required,
+        warmup: float = -1,
+        t_total: float = -1,
+        schedule: str = "warmup_linear",
+        b1: float = 0.9,
+        b2: float = 0.99,
+        e: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float = -1,
+    ) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
         if schedule not in SCHEDULES:
@@ -242,9 +305,20 @@ class NpuFusedBertAdam(NpuFusedOptimizer):
         if not e >= 0.0:
             raise ValueError(f"Invalid epsilon value: {e} - should be >= 0.0")
         self.max_grad_norm = max_grad_norm
-        super().__init__(params, dict(lr=lr, schedule=schedule, warmup=warmup,
-                                      t_total=t_total, b1=b1, b2=b2, e=e,
-                                      weight_decay=weight_decay, max_grad_norm=max_grad_norm))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                schedule=schedule,
+                warmup=warmup,
+                t_total=t_total,
+                b1=b1,
+                b2=b2,
+                e=e,
+                weight_decay=weight_decay,
+                max_grad_norm=max_grad_norm,
+            ),
+        )
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")

@@ -1,6 +1,7 @@
 """Apex for Ascend's ``NpuFusedSGD``, ``NpuFusedAdadelta``, ``NpuFusedRMSprop`` (torch.optim's
 SGD/Adadelta/RMSprop op for op, once per combined buffer: bit-equal) and
 ``NpuFusedRMSpropTF`` (TensorFlow's RMSprop as Ascend writes it: no torch counterpart)."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -16,8 +17,13 @@ from .combined_buffers import NpuFusedOptimizer, Run, check_nonnegative, one_pas
 # torch runs the given capability: the AVX2 / AVX-512 builds fuse a*b+c into one FMA exactly
 # where torch's vectorised kernels call vec::fmadd; the generic build rounds twice, as torch's
 # DEFAULT (non-vectorised) build does.
-_SAME_ROUNDING = {("avx2", "AVX2"), ("avx2", "AVX512"), ("avx512", "AVX2"),
-                  ("avx512", "AVX512"), ("generic", "DEFAULT")}
+_SAME_ROUNDING = {
+    ("avx2", "AVX2"),
+    ("avx2", "AVX512"),
+    ("avx512", "AVX2"),
+    ("avx512", "AVX512"),
+    ("generic", "DEFAULT"),
+}
 
 
 def sgd_kernel_bit_equal() -> bool:
@@ -46,9 +52,17 @@ class NpuFusedSGD(NpuFusedOptimizer):
     counts_steps = False
     one_pass: Optional[bool] = None  # a class default too: optimizers unpickled from before
 
-    def __init__(self, params: Any, lr: float = required, momentum: float = 0,
-                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
-                 one_pass: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = required,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
+        nesterov: bool = False,
+        *,
+        one_pass: Optional[bool] = None,
+    ) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         check_nonnegative(momentum=momentum, weight_decay=weight_decay)
@@ -56,8 +70,16 @@ class NpuFusedSGD(NpuFusedOptimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         # Not a param-group key: state_dict() stays Ascend's.
         self.one_pass = None if one_pass is None else bool(one_pass)
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      weight_decay=weight_decay, nesterov=nesterov))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                dampening=dampening,
+                weight_decay=weight_decay,
+                nesterov=nesterov,
+            ),
+        )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -79,10 +101,17 @@ class NpuFusedSGD(NpuFusedOptimizer):
             return False
         if self.one_pass is None and not sgd_kernel_bit_equal():
             return False
-        kernel_ops.sgd([run.grad], [run.param], None if buf is None else [buf],
-                       lr=group["lr"], momentum=momentum, dampening=group["dampening"],
-                       weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                       first_run=run.fresh)
+        kernel_ops.sgd(
+            [run.grad],
+            [run.param],
+            None if buf is None else [buf],
+            lr=group["lr"],
+            momentum=momentum,
+            dampening=group["dampening"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+            first_run=run.fresh,
+        )
         return True
 
     def _update(self, group: dict[str, Any], run: Run) -> None:
@@ -108,8 +137,14 @@ class NpuFusedSGD(NpuFusedOptimizer):
 class NpuFusedAdadelta(NpuFusedOptimizer):
     """Adadelta: torch.optim.Adadelta's operations once per buffer."""
 
-    def __init__(self, params: Any, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
-                 weight_decay: float = 0) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0,
+    ) -> None:
         check_nonnegative(lr=lr)
         if not 0.0 <= rho <= 1.0:
             raise ValueError(f"Invalid rho value: {rho}")
@@ -137,12 +172,28 @@ class NpuFusedRMSprop(NpuFusedOptimizer):
     buffer (torch's ``lerp_`` for the centered average, where Ascend's code has
     ``mul_().add_()``: one rounding apart)."""
 
-    def __init__(self, params: Any, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0, momentum: float = 0, centered: bool = False) -> None:
-        check_nonnegative(lr=lr, eps=eps, momentum=momentum, weight_decay=weight_decay,
-                          alpha=alpha)
-        super().__init__(params, dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
-                                      centered=centered, weight_decay=weight_decay))
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum: float = 0,
+        centered: bool = False,
+    ) -> None:
+        check_nonnegative(lr=lr, eps=eps, momentum=momentum, weight_decay=weight_decay, alpha=alpha)
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                alpha=alpha,
+                eps=eps,
+                centered=centered,
+                weight_decay=weight_decay,
+            ),
+        )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -168,8 +219,7 @@ class NpuFusedRMSprop(NpuFusedOptimizer):
         if group["centered"]:
             grad_avg = run.states["grad_avg"]
             grad_avg.lerp_(grad, 1 - alpha)
-            avg = torch.addcmul(square_avg, grad_avg, grad_avg, value=-1,
-                                out=run.scratch()).sqrt_()
+            avg = torch.addcmul(square_avg, grad_avg, grad_avg, value=-1, out=run.scratch()).sqrt_()
         else:
             avg = torch.sqrt(square_avg, out=run.scratch())
         avg = avg.add_(group["eps"])
@@ -186,15 +236,32 @@ class NpuFusedRMSpropTF(NpuFusedOptimizer):
     momentum buffer with ``lr_in_momentum``; optional decoupled weight decay), Ascend's
     formulas once per buffer. The squared average starts at zero, as in Ascend."""
 
-    def __init__(self, params: Any, lr: float = 1e-2, alpha: float = 0.9, eps: float = 1e-10,
-                 weight_decay: float = 0, momentum: float = 0.0, centered: bool = False,
-                 decoupled_decay: bool = False, lr_in_momentum: bool = True) -> None:
-        check_nonnegative(lr=lr, eps=eps, momentum=momentum, weight_decay=weight_decay,
-                          alpha=alpha)
-        super().__init__(params, dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
-                                      centered=centered, weight_decay=weight_decay,
-                                      decoupled_decay=decoupled_decay,
-                                      lr_in_momentum=lr_in_momentum))
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        alpha: float = 0.9,
+        eps: float = 1e-10,
+        weight_decay: float = 0,
+        momentum: float = 0.0,
+        centered: bool = False,
+        decoupled_decay: bool = False,
+        lr_in_momentum: bool = True,
+    ) -> None:
+        check_nonnegative(lr=lr, eps=eps, momentum=momentum, weight_decay=weight_decay, alpha=alpha)
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                alpha=alpha,
+                eps=eps,
+                centered=centered,
+                weight_decay=weight_decay,
+                decoupled_decay=decoupled_decay,
+                lr_in_momentum=lr_in_momentum,
+            ),
+        )
 
     __setstate__ = NpuFusedRMSprop.__setstate__
     _state_names = NpuFusedRMSprop._state_names

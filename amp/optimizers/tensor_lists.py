@@ -4,6 +4,7 @@ amp/masters/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``;
 ``DeferredStep``), and the step counter kept per param group but saved per parameter, as
 torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
 ``combined_buffers``.)"""
+
 from __future__ import annotations
 
 import copy
@@ -27,6 +28,7 @@ def closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
         return None
     with torch.enable_grad():
         return closure()
+
 
 @dataclass
 class Bucket:
@@ -54,17 +56,22 @@ def _grad_of(model_param: Tensor) -> Optional[Tensor]:
     return _dense(g)
 
 
-def make_buckets(params: list[Tensor], models: list[Tensor],
-                 extra_key: Optional[Callable[[Tensor], Any]] = None,
-                 grads_on_params: bool = False,
-                 grad_sources: Optional[list[Tensor]] = None) -> list[Bucket]:
+def make_buckets(
+    params: list[Tensor],
+    models: list[Tensor],
+    extra_key: Optional[Callable[[Tensor], Any]] = None,
+    grads_on_params: bool = False,
+    grad_sources: Optional[list[Tensor]] = None,
+) -> list[Bucket]:
     """Pair params with their gradients -- the model tensors' (amp's deferred path) or, with
     ``grads_on_params``, their own (standalone, or amp's unscaled fp32 master grads) --
     or the tensors named in ``grad_sources`` -- skipping params without a grad, and split them
     by (grad dtype, param dtype, model-copy dtype, device, extra key)."""
     if len(params) != len(models):
-        raise ValueError(f"amp.optimizers: a param group has {len(params)} params but "
-                         f"{len(models)} model params were given for it")
+        raise ValueError(
+            f"amp.optimizers: a param group has {len(params)} params but "
+            f"{len(models)} model params were given for it"
+        )
     triples: list[tuple[Tensor, Tensor, Optional[Tensor]]] = []  # (param, grad, half copy)
     for i, (p, mp) in enumerate(zip(params, models)):
         if grad_sources is not None:
@@ -74,18 +81,26 @@ def make_buckets(params: list[Tensor], models: list[Tensor],
         if g is None:
             continue
         if mp is not p and mp.shape != p.shape:
-            raise ValueError("amp.optimizers: model param and optimizer param differ in shape "
-                             f"({tuple(mp.shape)} vs {tuple(p.shape)})")
+            raise ValueError(
+                "amp.optimizers: model param and optimizer param differ in shape "
+                f"({tuple(mp.shape)} vs {tuple(p.shape)})"
+            )
         triples.append((p, g, None if mp is p else mp))
 
     def kind(t: tuple[Tensor, Tensor, Optional[Tensor]]) -> tuple:
         p, g, half = t
-        return (g.dtype, p.dtype, None if half is None else half.dtype, p.device,
-                extra_key(p) if extra_key else None)
+        return (
+            g.dtype,
+            p.dtype,
+            None if half is None else half.dtype,
+            p.device,
+            extra_key(p) if extra_key else None,
+        )
 
-    return [Bucket([p for p, _, _ in ts], [g for _, g, _ in ts],
-                   [h for _, _, h in ts if h is not None])
-            for ts in group_by(triples, kind).values()]
+    return [
+        Bucket([p for p, _, _ in ts], [g for _, g, _ in ts], [h for _, _, h in ts if h is not None])
+        for ts in group_by(triples, kind).values()
+    ]
 
 
 def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
@@ -102,8 +117,9 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
     return tuple((id(g), g._version) for g in grads)
 
 
-def grad_norm(model_params: Iterable[Iterable[Tensor]], inv_scale: float, check: bool = True
-              ) -> tuple[Norm, Union[bool, Tensor]]:
+def grad_norm(
+    model_params: Iterable[Iterable[Tensor]], inv_scale: float, check: bool = True
+) -> tuple[Norm, Union[bool, Tensor]]:
     """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass: numbers on
     the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1] flag; not read back)
     for grads on a device. Without ``check`` the flag is not computed there (False)."""
@@ -152,8 +168,11 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _amp_note_grad_norm(self, norm: Norm, grads: list[Tensor]) -> None:
         """amp's unscale pass measured the norm of the unscaled grads it wrote (a device
         tensor is kept as one: read only if clipping needs it on the host)."""
-        self._amp_cached_norm = (1.0, grads_signature(grads),
-                                 norm if isinstance(norm, Tensor) else float(norm))
+        self._amp_cached_norm = (
+            1.0,
+            grads_signature(grads),
+            norm if isinstance(norm, Tensor) else float(norm),
+        )
 
     @torch.no_grad()
     def _amp_unscaled_step(self, model_params: ParamGroups) -> None:
@@ -161,15 +180,18 @@ class FusedOptimizer(torch.optim.Optimizer):
         masters under O2); the half model copies in ``model_params`` are written in the
         same pass as the update."""
         if len(model_params) != len(self.param_groups):
-            raise ValueError(f"amp.optimizers: got model params for {len(model_params)} groups; "
-                             f"the optimizer has {len(self.param_groups)}")
+            raise ValueError(
+                f"amp.optimizers: got model params for {len(model_params)} groups; "
+                f"the optimizer has {len(self.param_groups)}"
+            )
         try:
             self._update([list(g) for g in model_params], 1.0, grads_on_params=True)
         finally:
             self._amp_cached_norm = None
 
-    def _amp_grads_nonfinite(self, model_params: ParamGroups, inv_scale: float
-                             ) -> Union[bool, Tensor]:
+    def _amp_grads_nonfinite(
+        self, model_params: ParamGroups, inv_scale: float
+    ) -> Union[bool, Tensor]:
         grads = grads_of(model_params)
         norm, bad = grad_norm(model_params, inv_scale)
         self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm)
@@ -178,8 +200,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def _amp_fused_step(self, model_params: ParamGroups, inv_scale: float) -> None:
         if len(model_params) != len(self.param_groups):
-            raise ValueError(f"amp.optimizers: got model params for {len(model_params)} groups; "
-                             f"the optimizer has {len(self.param_groups)}")
+            raise ValueError(
+                f"amp.optimizers: got model params for {len(model_params)} groups; "
+                f"the optimizer has {len(self.param_groups)}"
+            )
         try:
             self._update([list(g) for g in model_params], float(inv_scale))
         finally:
@@ -197,18 +221,24 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _grad_sources(self, model_params: ParamGroups, grads_on_params: bool) -> ParamGroups:
         return [list(g["params"]) for g in self.param_groups] if grads_on_params else model_params
 
-    def _global_norm(self, model_params: ParamGroups, inv_scale: float,
-                     grads_on_params: bool = False) -> float:
+    def _global_norm(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> float:
         """The grad norm measured by amp's pass for these very grads and scale, else computed."""
         sources = self._grad_sources(model_params, grads_on_params)
         cached = self._amp_cached_norm
-        if (cached is not None and cached[0] == inv_scale and cached[1] is not None
-                and cached[1] == grads_signature(grads_of(sources))):
+        if (
+            cached is not None
+            and cached[0] == inv_scale
+            and cached[1] is not None
+            and cached[1] == grads_signature(grads_of(sources))
+        ):
             return cached[2]
         return grad_norm(sources, inv_scale, check=False)[0]
 
-    def _clipped_grad_scale(self, model_params: ParamGroups, inv_scale: float,
-                            grads_on_params: bool = False) -> mt.GradScale:
+    def _clipped_grad_scale(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> mt.GradScale:
         """inv_scale times the clip coefficient of the optional ``max_grad_norm`` (Adam, SGD):
         both are applied as the kernels read the gradients, which are not rewritten. For
         grads on a device, a 0-dim tensor there (computed there, not read back)."""
@@ -223,8 +253,9 @@ class FusedOptimizer(torch.optim.Optimizer):
             return torch.where(coef < 1.0, coef, 1.0) * inv_scale
         return inv_scale * min(1.0, self.max_grad_norm / (norm + 1e-6))
 
-    def _update(self, model_params: ParamGroups, inv_scale: float,
-                grads_on_params: bool = False) -> None:
+    def _update(
+        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
         raise NotImplementedError
 
     def _adam_moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:

@@ -8,6 +8,7 @@ It is optimizer-like (``param_groups``, ``state``, ``step``, ``zero_grad``, ``st
 optimizer. Under amp the wrapped optimizer steps the fp32 masters, whose unscaled gradients
 LARC rescales.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,16 +26,19 @@ class LARC:
         model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
     """
 
-    def __init__(self, optimizer: Any, trust_coefficient: float = 0.02, clip: bool = True,
-                 eps: float = 1e-8) -> None:
+    def __init__(
+        self, optimizer: Any, trust_coefficient: float = 0.02, clip: bool = True, eps: float = 1e-8
+    ) -> None:
         for name, value in (("trust_coefficient", trust_coefficient), ("eps", eps)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"LARC: {name} must be a number >= 0; got {value!r}")
         if not isinstance(clip, bool):
             raise TypeError(f"LARC: clip must be True or False; got {clip!r}")
         if not hasattr(optimizer, "param_groups") or not callable(getattr(optimizer, "step", None)):
-            raise TypeError("LARC: optimizer must be a torch.optim.Optimizer (or behave like "
-                            f"one); got {type(optimizer).__name__}")
+            raise TypeError(
+                "LARC: optimizer must be a torch.optim.Optimizer (or behave like "
+                f"one); got {type(optimizer).__name__}"
+            )
         self.optim = optimizer
         self.trust_coefficient = float(trust_coefficient)
         self.clip = clip

@@ -2,6 +2,7 @@
 
 (Data parallelism itself is torch's ``DistributedDataParallel``; wrap the model in it after
 ``amp.initialize``.)"""
+
 from .LARC import LARC
 
 __all__ = ["LARC"]

@@ -21,6 +21,4 @@ from builder.backends.host import HostBackend
 
 def registry() -> dict[str, Backend]:
     """A fresh registry (backends keep per-run caches, e.g. the cross targets they prepared)."""
-    return {b.name: b for b in (DockerBackend(), HostBackend(), CrossBackend(),
-                                EmulatedBackend())}
-
+    return {b.name: b for b in (DockerBackend(), HostBackend(), CrossBackend(), EmulatedBackend())}

@@ -58,8 +58,9 @@ class Availability:
 class Host:
     """This machine's facts, each probed once and only when a backend asks for it."""
 
-    def __init__(self, redactor: Redactor,
-                 engine_factory: Optional[Callable[[], DockerEngine]] = None) -> None:
+    def __init__(
+        self, redactor: Redactor, engine_factory: Optional[Callable[[], DockerEngine]] = None
+    ) -> None:
         self.redactor = redactor
         self.machine = platform.machine()
         self._engine_factory = engine_factory
@@ -94,8 +95,11 @@ class Host:
         engine = self.engine()
         if engine is None:
             reason = self._engine_reason or ""
-            return reason if reason.startswith("no container engine") else (
-                f"no container engine answers ({reason})")
+            return (
+                reason
+                if reason.startswith("no container engine")
+                else (f"no container engine answers ({reason})")
+            )
         return f"engine {engine.base_url} (server {engine.server_version})"
 
     def image_id(self, ref: str) -> Optional[str]:
@@ -234,15 +238,23 @@ class CellJob:
         # another machine is, before the rewrite, auditwheel or the verification unpack it.
         problems = release_problems(wheel)
         if problems:
-            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
-                                               if len(problems) > 5 else "")
-            raise StepFailed(f"the project's build made {wheel.name}, which is not a wheel "
-                             f"this builder repairs or releases: {shown}")
+            shown = "; ".join(problems[:5]) + (
+                f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+            )
+            raise StepFailed(
+                f"the project's build made {wheel.name}, which is not a wheel "
+                f"this builder repairs or releases: {shown}"
+            )
         r = self.resolved
         if r.stable:
-            return add_local_version(wheel, None, out_dir, torch_npu=r.torch_npu,
-                                     pin=r.torch_requirement,
-                                     npu_spec=r.torch_requirement[len("torch"):])
+            return add_local_version(
+                wheel,
+                None,
+                out_dir,
+                torch_npu=r.torch_npu,
+                pin=r.torch_requirement,
+                npu_spec=r.torch_requirement[len("torch") :],
+            )
         return add_local_version(wheel, self.cell.torch_local, out_dir, torch_npu=r.torch_npu)
 
     def normalize(self, wheel: Path) -> None:

@@ -61,9 +61,11 @@ def cross_available(machine: str, python: str) -> tuple[bool, str]:
     if machine != "aarch64":
         return False, f"cross compilation targets aarch64 only, not {machine}"
     if python not in DEBIAN_PYTHONS:
-        return False, (f"no aarch64 Python {python} sysroot: no Debian release ships an arm64 "
-                       f"Python {python} to verify the wheel against (cross Pythons: "
-                       f"{', '.join(DEBIAN_PYTHONS)})")
+        return False, (
+            f"no aarch64 Python {python} sysroot: no Debian release ships an arm64 "
+            f"Python {python} to verify the wheel against (cross Pythons: "
+            f"{', '.join(DEBIAN_PYTHONS)})"
+        )
     try:
         find_toolchain(machine)
         find_qemu(machine)
@@ -82,11 +84,15 @@ def build_host(support: SupportTable) -> BuildHost:
     ``build_host``): the host's Python with the support table's ``cross_host_torch``."""
     torch = support.cross_host_torch
     return BuildHost(
-        python=HOST_PYTHON, torch=torch,
-        reason=(f"the project's build runs on this host with torch.utils.cpp_extension, pointed "
-                f"at the target torch's headers and libraries: torch {torch} (cross_host_torch "
-                f"in {support.file}) in a cached environment of this host's Python "
-                f"{HOST_PYTHON}"))
+        python=HOST_PYTHON,
+        torch=torch,
+        reason=(
+            f"the project's build runs on this host with torch.utils.cpp_extension, pointed "
+            f"at the target torch's headers and libraries: torch {torch} (cross_host_torch "
+            f"in {support.file}) in a cached environment of this host's Python "
+            f"{HOST_PYTHON}"
+        ),
+    )
 
 
 def download_env(job: CellJob) -> dict[str, str]:
@@ -104,9 +110,11 @@ def host_build_python(job: CellJob) -> str:
     its interpreter runs the project's build. One line naming what is missing when it cannot be
     made."""
     host = job.resolved.image.build_host or build_host(job.config.support)
-    need = (f"the cross backend needs a host torch to run the project's build (torch "
-            f"{host.torch} for this host's Python {host.python}: cross_host_torch in "
-            f"{job.config.support.file})")
+    need = (
+        f"the cross backend needs a host torch to run the project's build (torch "
+        f"{host.torch} for this host's Python {host.python}: cross_host_torch in "
+        f"{job.config.support.file})"
+    )
     try:
         python = str(find_python(host.python))
         return host_torch_env(job, python, download_env(job), torch=host.torch)
@@ -131,7 +139,8 @@ def check_target_abi(job: CellJob, torch: TargetTorch) -> TargetTorch:
         raise StepFailed(
             f"torch {torch.version} for {job.cell.machine} ({torch.wheel.name}) was built with "
             f"_GLIBCXX_USE_CXX11_ABI={int(found)}, but {job.resolved.cxx11_abi_reason}: correct "
-            "the table")
+            "the table"
+        )
     return torch
 
 
@@ -150,9 +159,12 @@ class CrossTarget:
         return self.python.sysroot.parent.name  # builder.cross.sysroot: <entry>/root
 
     def key(self) -> dict[str, Any]:
-        return {"cross_sources": tree_digest(BUILDER_DIR / "cross"),
-                "toolchain": self.toolchain.version(), "target_python": self.sysroot_id,
-                "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel)}
+        return {
+            "cross_sources": tree_digest(BUILDER_DIR / "cross"),
+            "toolchain": self.toolchain.version(),
+            "target_python": self.sysroot_id,
+            "target_torch": self.torch_wheel.name + ":" + sha256_file(self.torch_wheel),
+        }
 
 
 def project_copy(job: CellJob) -> Path:
@@ -166,8 +178,9 @@ def project_copy(job: CellJob) -> Path:
     return dest
 
 
-def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTorch
-                ) -> dict[str, Any]:
+def qemu_verify(
+    job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTorch
+) -> dict[str, Any]:
     """The wheel's modules and the project's test-command on the target, under QEMU; the
     test's whole output goes to the cell's log."""
 
@@ -181,9 +194,17 @@ def qemu_verify(job: CellJob, wheel: Path, target: CrossTarget, torch: TargetTor
 
     opts = job.opts
     project = project_copy(job) if opts.test.enabled else opts.project
-    return verify_wheel(wheel, target.python, torch, test=opts.test, project=project,
-                        pip_env=download_env(job), wheelhouse=opts.wheelhouse, log=log,
-                        environment=job.config.build_options.environment)
+    return verify_wheel(
+        wheel,
+        target.python,
+        torch,
+        test=opts.test,
+        project=project,
+        pip_env=download_env(job),
+        wheelhouse=opts.wheelhouse,
+        log=log,
+        environment=job.config.build_options.environment,
+    )
 
 
 class CrossBackend:
@@ -198,26 +219,34 @@ class CrossBackend:
             return Availability(False, why)
         host_torch = support.cross_host_torch
         if not support.supports(host_torch, HOST_PYTHON, host.machine):
-            return Availability(False, f"the cross builds' host torch {host_torch} "
-                                       f"(cross_host_torch in {support.file}) has no wheel for "
-                                       f"this host's Python {HOST_PYTHON}")
+            return Availability(
+                False,
+                f"the cross builds' host torch {host_torch} "
+                f"(cross_host_torch in {support.file}) has no wheel for "
+                f"this host's Python {HOST_PYTHON}",
+            )
         if support.is_cuda_build(cell.torch, cell.machine):
-            return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
-                                       f"(per {support.file}): it cannot be imported under "
-                                       f"qemu-{cell.machine}, so the wheel could not be verified")
+            return Availability(
+                False,
+                f"torch {cell.torch} for {cell.machine} is a CUDA build "
+                f"(per {support.file}): it cannot be imported under "
+                f"qemu-{cell.machine}, so the wheel could not be verified",
+            )
         return Availability(True, why)
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
-        return ImageChoice(ref=f"cross:debian-arm64-python{cell.python}",
-                           build_host=build_host(config.support))
+        return ImageChoice(
+            ref=f"cross:debian-arm64-python{cell.python}", build_host=build_host(config.support)
+        )
 
     def _target(self, job: CellJob) -> CrossTarget:
         cell = job.cell
         if cell.identifier not in self._targets:
             toolchain = find_toolchain(cell.machine)
             python = ensure_target_python(cell.python, cell.machine)
-            wheel = require_cpu_torch(cell.torch, python, env=download_env(job),
-                                      platform=job.resolved.plat)
+            wheel = require_cpu_torch(
+                cell.torch, python, env=download_env(job), platform=job.resolved.plat
+            )
             self._targets[cell.identifier] = CrossTarget(toolchain, python, wheel)
         return self._targets[cell.identifier]
 
@@ -225,15 +254,28 @@ class CrossBackend:
         target = job.steps("cross target", lambda: self._target(job))
         host = job.resolved.image.build_host or build_host(job.config.support)
         # The host interpreter and torch run the project's setup.py.
-        return {"excludes": list(CROSS_EXCLUDES), **target.key(),
-                "build_host": {"python": host.python, "torch": host.torch}}
+        return {
+            "excludes": list(CROSS_EXCLUDES),
+            **target.key(),
+            "build_host": {"python": host.python, "torch": host.torch},
+        }
 
     def build(self, job: CellJob) -> Built:
         cell, opts, steps, stage = job.cell, job.opts, job.steps, job.stage
         target = self._target(job)
-        torch = steps("target torch", lambda: check_target_abi(job, ensure_target_torch(
-            cell.torch, target.python, env=download_env(job), platform=job.resolved.plat,
-            extra_requirements=target_extras(job))))
+        torch = steps(
+            "target torch",
+            lambda: check_target_abi(
+                job,
+                ensure_target_torch(
+                    cell.torch,
+                    target.python,
+                    env=download_env(job),
+                    platform=job.resolved.plat,
+                    extra_requirements=target_extras(job),
+                ),
+            ),
+        )
         if job.reuse is not None:
             return self._verify_shared(job, target, torch)
         host_python = steps("host torch", lambda: host_build_python(job))
@@ -241,35 +283,56 @@ class CrossBackend:
         add_compile_flags(env, list(job.config.build.extra_cflags))  # build.extra_cflags
         if opts.jobs:
             env["MAX_JOBS"] = str(opts.jobs)
-        built = steps("compile", lambda: cross_build_wheel(
-            opts.project, stage / "raw", target.python, torch, target.toolchain,
-            host_python=host_python,
-            log_path=job.log_path, extra_env=env,  # the cell's log is the build's log
-            ccache=opts.ccache, options=job.config.build_options,
-            cxx11_abi=job.resolved.cxx11_abi, cxx_floor=job.resolved.cxx_floor,
-            redact=job.log.redactor))
+        built = steps(
+            "compile",
+            lambda: cross_build_wheel(
+                opts.project,
+                stage / "raw",
+                target.python,
+                torch,
+                target.toolchain,
+                host_python=host_python,
+                log_path=job.log_path,
+                extra_env=env,  # the cell's log is the build's log
+                ccache=opts.ccache,
+                options=job.config.build_options,
+                cxx11_abi=job.resolved.cxx11_abi,
+                cxx_floor=job.resolved.cxx_floor,
+                redact=job.log.redactor,
+            ),
+        )
         # Any project gets +torchX.Y (a no-op when its build honoured AMP_LOCAL_VERSION).
         (stage / "labelled").mkdir(parents=True, exist_ok=True)
         labelled = steps("version label", lambda: job.label(built.wheel, stage / "labelled"))
         ceiling = job.resolved.plat
-        needs = steps("symbol versions", lambda: check_needs_within(
-            labelled, ceiling, job.resolved.plat_reason))
+        needs = steps(
+            "symbol versions",
+            lambda: check_needs_within(labelled, ceiling, job.resolved.plat_reason),
+        )
         ldpaths = [*target.toolchain.lib_dirs, *target.python.lib_dirs]
         # auditwheel on this x86_64 host takes no explicit *_aarch64 plat (only auto): the
         # achieved tag is checked against the cell's resolved tag in verify instead.
         command = job.config.build_options.repair_wheel_command
         if command is not None:  # the project's own repair (cibuildwheel's), on this host
+
             def repair() -> Path:
                 with HostEngine().session(log=job.log, parent=stage) as session:
-                    return repair_with_command(session, str(labelled), stage / "repaired",
-                                               command, project=str(project_copy(job)),
-                                               options=job.config.build_options)
+                    return repair_with_command(
+                        session,
+                        str(labelled),
+                        stage / "repaired",
+                        command,
+                        project=str(project_copy(job)),
+                        options=job.config.build_options,
+                    )
 
             repaired_wheel = steps("repair", repair)
             repaired_tag = oldest_tag(split_wheel_name(repaired_wheel.name)[4])
         else:
-            repaired = steps("repair", lambda: repair_cross_wheel(
-                labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES))
+            repaired = steps(
+                "repair",
+                lambda: repair_cross_wheel(labelled, stage / "repaired", ldpaths, CROSS_EXCLUDES),
+            )
             repaired_wheel, repaired_tag = repaired.wheel, repaired.tag
         job.normalize(repaired_wheel)
 
@@ -280,14 +343,19 @@ class CrossBackend:
             return qemu_verify(job, repaired_wheel, target, torch)
 
         report = steps("verify (qemu)", verify)
-        return Built(wheel=repaired_wheel, torch=torch.full_version,
-                     compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
-                     tag=repaired_tag, modules=tuple(extension_modules(repaired_wheel)),
-                     base_image=f"cross:{target.sysroot_id}",
-                     extra={"verification": report,
-                            "platform": platform_record(repaired_tag, ceiling, needs),
-                            **({"ccache": asdict(built.ccache)}
-                               if built.ccache is not None else {})})
+        return Built(
+            wheel=repaired_wheel,
+            torch=torch.full_version,
+            compiler=f"{target.toolchain.cxx.name} {target.toolchain.version()}",
+            tag=repaired_tag,
+            modules=tuple(extension_modules(repaired_wheel)),
+            base_image=f"cross:{target.sysroot_id}",
+            extra={
+                "verification": report,
+                "platform": platform_record(repaired_tag, ceiling, needs),
+                **({"ccache": asdict(built.ccache)} if built.ccache is not None else {}),
+            },
+        )
 
     def _verify_shared(self, job: CellJob, target: CrossTarget, torch: TargetTorch) -> Built:
         """Another cell's abi3 wheel, run under QEMU on this cell's Python (no compile)."""
@@ -304,8 +372,15 @@ class CrossBackend:
 
         report = job.steps("verify (qemu)", verify)
         tag = oldest_tag(split_wheel_name(wheel.name)[4])
-        return Built(wheel=wheel, torch=torch.full_version, compiler="(not compiled: shared)",
-                     tag=tag, modules=tuple(extension_modules(wheel)),
-                     base_image=f"cross:{target.sysroot_id}",
-                     extra={"verification": report,
-                            "platform": platform_record(tag, ceiling, version_needs(wheel))})
+        return Built(
+            wheel=wheel,
+            torch=torch.full_version,
+            compiler="(not compiled: shared)",
+            tag=tag,
+            modules=tuple(extension_modules(wheel)),
+            base_image=f"cross:{target.sysroot_id}",
+            extra={
+                "verification": report,
+                "platform": platform_record(tag, ceiling, version_needs(wheel)),
+            },
+        )

@@ -64,10 +64,12 @@ def image_above_torch(cell: Cell, support: SupportTable) -> Optional[str]:
         return None  # an image without a manylinux tag (a local Debian one): the checks decide
     if image_glibc <= torch_glibc:
         return None
-    return (f"its base image {cell.image.ref} is {cell.image.plat}, newer than torch "
-            f"{cell.torch}'s own {ceiling} (per {support.file}): a wheel built there would not "
-            f"install wherever torch does; set the config's images.{cell.arch} to a "
-            f"{ceiling.rsplit('_', 1)[0].replace('manylinux_2_17', 'manylinux2014')} image")
+    return (
+        f"its base image {cell.image.ref} is {cell.image.plat}, newer than torch "
+        f"{cell.torch}'s own {ceiling} (per {support.file}): a wheel built there would not "
+        f"install wherever torch does; set the config's images.{cell.arch} to a "
+        f"{ceiling.rsplit('_', 1)[0].replace('manylinux_2_17', 'manylinux2014')} image"
+    )
 
 
 def image_choice(ref: str, cell: Cell, host: Host) -> ImageChoice:
@@ -92,7 +94,8 @@ def base_image_step(job: CellJob, engine: DockerEngine, make_base: str, other: s
                 f"never). Either --pull missing, or `docker pull {cell.image.ref}` (offline: "
                 f"`docker load -i FILE.tar`), or build a local manylinux-shaped image with "
                 f"`{make_base}` and pass --base-image local (make wheel BASE_IMAGE=local), or "
-                f"use {other}")
+                f"use {other}"
+            )
         return found
 
     return job.steps("base image", base)
@@ -119,18 +122,24 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
             log.note(f"ampforge: image {tag} is up to date (same recipe and base image)")
             return found
         folder = recipe.write(job.stage / "context")
-        return engine.build_image(recipe.dockerfile, tag, context=folder,
-                                  build_args=recipe.build_args, log=log,
-                                  labels={"org.ampforge.cell": cell.identifier},
-                                  network=None if opts.offline else opts.network)
+        return engine.build_image(
+            recipe.dockerfile,
+            tag,
+            context=folder,
+            build_args=recipe.build_args,
+            log=log,
+            labels={"org.ampforge.cell": cell.identifier},
+            network=None if opts.offline else opts.network,
+        )
 
     image_id = job.steps("image", image)
     binds = {str(opts.wheelhouse.resolve()): CONTAINER_WHEELHOUSE} if opts.wheelhouse else {}
     wheelhouse = CONTAINER_WHEELHOUSE if opts.wheelhouse else None
     # torch (and the build requirements) once per key, as a layer on the cell image: the build
     # and the verification venv both use it (builder.backends.torchenv).
-    torch_tag = job.steps("torch", lambda: docker_torch_image(
-        job, engine, tag, image_id, binds or None, wheelhouse))
+    torch_tag = job.steps(
+        "torch", lambda: docker_torch_image(job, engine, tag, image_id, binds or None, wheelhouse)
+    )
     env = {} if opts.offline else dict(recipe.build_args)  # proxies for pip, never in the image
     env.update(job.config.pip.network.env())  # the exec's, so a changed retry is no new image
     env.update(opts.epoch_env())
@@ -145,16 +154,29 @@ def build_in_container(job: CellJob, engine: DockerEngine, base_id: str) -> Buil
     if opts.ccache is not False:
         volumes[ccache_volume()] = "/ccache"
         env["CCACHE_DIR"] = "/ccache"
-    with engine.container(torch_tag, env=env, binds=binds, volumes=volumes,
-                          network=not opts.offline,
-                          network_name=opts.network,
-                          labels={RUN_LABEL: job.run_id,
-                                  f"{CONTAINER_LABEL}.cell": cell.identifier,
-                                  f"{CONTAINER_LABEL}.project": opts.project.name},
-                          log=log) as session:
-        built = build_in_cell(job, session, python=cell.python_path, wheelhouse=wheelhouse,
-                              auditwheel=CONTAINER_AUDITWHEEL, auditwheel_env=None,
-                              prepared=IMAGE_VENV_PYTHON)
+    with engine.container(
+        torch_tag,
+        env=env,
+        binds=binds,
+        volumes=volumes,
+        network=not opts.offline,
+        network_name=opts.network,
+        labels={
+            RUN_LABEL: job.run_id,
+            f"{CONTAINER_LABEL}.cell": cell.identifier,
+            f"{CONTAINER_LABEL}.project": opts.project.name,
+        },
+        log=log,
+    ) as session:
+        built = build_in_cell(
+            job,
+            session,
+            python=cell.python_path,
+            wheelhouse=wheelhouse,
+            auditwheel=CONTAINER_AUDITWHEEL,
+            auditwheel_env=None,
+            prepared=IMAGE_VENV_PYTHON,
+        )
     built.base_image = base_id
     built.extra["image"] = tag
     built.extra["torch_image"] = torch_tag
@@ -166,32 +188,49 @@ class DockerBackend:
 
     def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
         if cell.machine != host.machine:
-            return Availability(False, f"docker runs {host.machine} containers here; "
-                                       f"{cell.machine} cells need emulation (backend emulated)")
+            return Availability(
+                False,
+                f"docker runs {host.machine} containers here; "
+                f"{cell.machine} cells need emulation (backend emulated)",
+            )
         above = image_above_torch(cell, support)
         if above is not None:
             return Availability(False, above)
         engine = host.engine()
         if engine is None:
-            return Availability(False, f"{host.engine_reason()}; start one (.ci/dockerd-up, or "
-                                       "point DOCKER_HOST at a Podman socket) or build without "
-                                       "containers: --backend host (make wheel BACKEND=host)")
+            return Availability(
+                False,
+                f"{host.engine_reason()}; start one (.ci/dockerd-up, or "
+                "point DOCKER_HOST at a Podman socket) or build without "
+                "containers: --backend host (make wheel BACKEND=host)",
+            )
         ref, pull = cell.image.ref, cell.image.pull
         present = host.image_id(ref) is not None
         if cell.image.pinned:  # --base-image: that image (local: built on first use)
-            how = "" if present or ref.startswith(LOCAL_PREFIX) or pull == "never" else (
-                f", pulled first: --pull {pull}")
-            return Availability(True, f"{host.engine_reason()}; base image {ref} "
-                                      f"(--base-image{how})")
+            how = (
+                ""
+                if present or ref.startswith(LOCAL_PREFIX) or pull == "never"
+                else (f", pulled first: --pull {pull}")
+            )
+            return Availability(
+                True, f"{host.engine_reason()}; base image {ref} (--base-image{how})"
+            )
         if not present and pull == "never":
-            return Availability(False, f"{host.engine_reason()} lacks the base image {ref} "
-                                       "and nothing is pulled (--pull never, or offline): "
-                                       "`docker pull` or `docker load` it, or build a local one "
-                                       "with `python -m builder base-image` and pass "
-                                       "--base-image local")
+            return Availability(
+                False,
+                f"{host.engine_reason()} lacks the base image {ref} "
+                "and nothing is pulled (--pull never, or offline): "
+                "`docker pull` or `docker load` it, or build a local one "
+                "with `python -m builder base-image` and pass "
+                "--base-image local",
+            )
         if not present:
-            return Availability(True, f"{host.engine_reason()} lacks the base image {ref}; a "
-                                      f"docker build pulls it first (--pull {pull})", pull=True)
+            return Availability(
+                True,
+                f"{host.engine_reason()} lacks the base image {ref}; a "
+                f"docker build pulls it first (--pull {pull})",
+                pull=True,
+            )
         again = " (pulled again first: --pull always)" if pull == "always" else ""
         return Availability(True, f"{host.engine_reason()} has the base image {ref}{again}")
 
@@ -212,8 +251,12 @@ class DockerBackend:
 LOCAL_PREFIX = "ampforge/base:"
 
 
-def pull_base_images(cells: Sequence[ResolvedCell], engine: DockerEngine, proxy: ProxySettings,
-                     say: Callable[[str], None]) -> list[str]:
+def pull_base_images(
+    cells: Sequence[ResolvedCell],
+    engine: DockerEngine,
+    proxy: ProxySettings,
+    say: Callable[[str], None],
+) -> list[str]:
     """Pull the base images the cells' pull policy asks for (each image once), before any
     cell is built; return the refs pulled. :class:`~builder.engines.pull.PullFailed` (exit 1)
     says why one could not be, with the fix. Only images this host runs natively are pulled:
@@ -221,8 +264,12 @@ def pull_base_images(cells: Sequence[ResolvedCell], engine: DockerEngine, proxy:
     pulled: list[str] = []
     for c in cells:
         ref, policy = c.image.ref, c.cell.image.pull
-        if (not backend_kind(c.backend).in_container or c.cell.machine != c.host_machine
-                or ref.startswith(LOCAL_PREFIX) or ref in pulled):
+        if (
+            not backend_kind(c.backend).in_container
+            or c.cell.machine != c.host_machine
+            or ref.startswith(LOCAL_PREFIX)
+            or ref in pulled
+        ):
             continue
         if needs_pull(policy, engine.image_id(ref) is not None):
             say(f"base image: pulling {ref} (--pull {policy})")

@@ -76,73 +76,108 @@ def pip_zip() -> Path:
     return out
 
 
-def planned_download(session: Session, python: str, steps: str, *, torch: str,
-                     requirements: Sequence[str], index_url: Optional[str],
-                     env: Optional[Mapping[str, str]] = None) -> Planned:
+def planned_download(
+    session: Session,
+    python: str,
+    steps: str,
+    *,
+    torch: str,
+    requirements: Sequence[str],
+    index_url: Optional[str],
+    env: Optional[Mapping[str, str]] = None,
+) -> Planned:
     """Ask pip inside *session* (with *python*, the interpreter torch goes into, and the
     builder's own pip: :func:`pip_zip`) what installing ``torch==torch`` and *requirements*
     would download."""
     pip = session.copy_in(pip_zip(), session.workdir)
-    argv = [python, steps, "download-size", "--torch", torch, "--pip", pip, "--report",
-            f"{session.workdir}/download-report.json"]
+    argv = [
+        python,
+        steps,
+        "download-size",
+        "--torch",
+        torch,
+        "--pip",
+        pip,
+        "--report",
+        f"{session.workdir}/download-report.json",
+    ]
     if index_url:
         argv += ["--index-url", index_url]
     for req in requirements:
         argv += ["--extra", req]
     try:
-        found: dict[str, Any] = parse_result(session.run(argv, env=dict(env or {}),
-                                                         step="size the torch download"))
+        found: dict[str, Any] = parse_result(
+            session.run(argv, env=dict(env or {}), step="size the torch download")
+        )
     except StepFailed as exc:
         return Planned(unknown=exc.message.splitlines()[0])
     if not found.get("sized"):
         return Planned(unknown=str(found.get("reason", "pip could not resolve it")))
-    items = tuple((str(i["name"]), str(i["version"]),
-                   int(i["size"]) if i.get("size") is not None else None)
-                  for i in found.get("items", []))
+    items = tuple(
+        (str(i["name"]), str(i["version"]), int(i["size"]) if i.get("size") is not None else None)
+        for i in found.get("items", [])
+    )
     return Planned(items=items)
 
 
-def large_download_message(planned: Planned, *, torch: str, machine: str,
-                           cuda_build: bool, cuda_cell: str = "") -> Optional[str]:
+def large_download_message(
+    planned: Planned, *, torch: str, machine: str, cuda_build: bool, cuda_cell: str = ""
+) -> Optional[str]:
     """The warning for *planned* (None when it stays under :data:`LARGE_DOWNLOAD`, or when its
     size is unknown and the index's torch for *machine* is not known to be a CUDA build)."""
-    hint = (f"To build and verify against the CPU build instead, give a folder of CPU wheels: "
-            f"--find-links DIR (make wheel WHEELHOUSE=DIR), filled with `pip download "
-            f"--only-binary=:all: --dest DIR torch=={torch} setuptools wheel` from an index "
-            f"that serves CPU builds (or `python -m builder fetch`; see its --help)")
+    hint = (
+        f"To build and verify against the CPU build instead, give a folder of CPU wheels: "
+        f"--find-links DIR (make wheel WHEELHOUSE=DIR), filled with `pip download "
+        f"--only-binary=:all: --dest DIR torch=={torch} setuptools wheel` from an index "
+        f"that serves CPU builds (or `python -m builder fetch`; see its --help)"
+    )
     if cuda_cell:  # a CUDA cell needs the CUDA build: say so instead of offering the CPU one
-        hint = (f"The CUDA {cuda_cell} cell needs this CUDA build; a wheelhouse or bundle "
-                "(`python -m builder fetch`) downloads it once for every machine")
+        hint = (
+            f"The CUDA {cuda_cell} cell needs this CUDA build; a wheelhouse or bundle "
+            "(`python -m builder fetch`) downloads it once for every machine"
+        )
     if planned.total >= LARGE_DOWNLOAD:
-        biggest = sorted(((size or 0, name, version) for name, version, size in planned.items),
-                         reverse=True)
+        biggest = sorted(
+            ((size or 0, name, version) for name, version, size in planned.items), reverse=True
+        )
         large = [b for b in biggest[:4] if b[0] >= 50_000_000]
         shown = ", ".join(f"{name} {version} {gigabytes(size)}" for size, name, version in large)
         more = len(biggest) - len(large)
         unsized = planned.unsized
-        return (f"installing torch {torch} from the index downloads {gigabytes(planned.total)}"
-                f"{' or more' if unsized else ''} ({len(planned.items)} files: {shown}"
-                f"{f', {more} smaller' if more > 0 else ''})"
-                f"{'; it is a CUDA build with its nvidia packages' if _has_cuda(planned) else ''}"
-                f". {hint}")
+        return (
+            f"installing torch {torch} from the index downloads {gigabytes(planned.total)}"
+            f"{' or more' if unsized else ''} ({len(planned.items)} files: {shown}"
+            f"{f', {more} smaller' if more > 0 else ''})"
+            f"{'; it is a CUDA build with its nvidia packages' if _has_cuda(planned) else ''}"
+            f". {hint}"
+        )
     if (planned.unknown or planned.unsized) and cuda_build:
         why = planned.unknown or f"the index gave no size for {', '.join(planned.unsized)}"
-        return (f"installing torch {torch} from the index: the default index's torch {torch} "
-                f"for {machine} is a CUDA build, several GB with its nvidia packages (its size "
-                f"could not be read: {why}). {hint}")
+        return (
+            f"installing torch {torch} from the index: the default index's torch {torch} "
+            f"for {machine} is a CUDA build, several GB with its nvidia packages (its size "
+            f"could not be read: {why}). {hint}"
+        )
     return None
 
 
 def _has_cuda(planned: Planned) -> bool:
-    return any(name.startswith(("nvidia-", "nvidia_", "cuda-", "triton"))
-               for name, _, _ in planned.items)
+    return any(
+        name.startswith(("nvidia-", "nvidia_", "cuda-", "triton")) for name, _, _ in planned.items
+    )
 
 
-def announce_large_download(job: CellJob, session: Session, python: str, steps: str, *,
-                            requirements: Sequence[str],
-                            env: Optional[Mapping[str, str]] = None,
-                            torch: Optional[str] = None,
-                            machine: Optional[str] = None) -> None:
+def announce_large_download(
+    job: CellJob,
+    session: Session,
+    python: str,
+    steps: str,
+    *,
+    requirements: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    torch: Optional[str] = None,
+    machine: Optional[str] = None,
+) -> None:
     """Before the cell installs torch from an index (no wheelhouse), say so if it is large.
     *torch*, *machine*: another torch than the cell's, for another machine (the cross backend's
     host torch)."""
@@ -151,15 +186,27 @@ def announce_large_download(job: CellJob, session: Session, python: str, steps: 
     machine = machine or job.cell.machine
     if opts.wheelhouse is not None or opts.offline:
         return
-    planned = planned_download(session, python, steps, torch=torch,
-                               requirements=requirements, index_url=job.config.pip.index_url,
-                               env=env)
-    sized = (f"{gigabytes(planned.total)} in {len(planned.items)} files"
-             if not planned.unknown else f"unknown ({planned.unknown})")
+    planned = planned_download(
+        session,
+        python,
+        steps,
+        torch=torch,
+        requirements=requirements,
+        index_url=job.config.pip.index_url,
+        env=env,
+    )
+    sized = (
+        f"{gigabytes(planned.total)} in {len(planned.items)} files"
+        if not planned.unknown
+        else f"unknown ({planned.unknown})"
+    )
     job.log.note(f"ampforge: torch {torch} from the index: download size {sized}")
     message = large_download_message(
-        planned, torch=torch, machine=machine,
+        planned,
+        torch=torch,
+        machine=machine,
         cuda_build=job.config.support.is_cuda_build(torch, machine),
-        cuda_cell=job.cell.cuda if torch == job.cell.torch and job.cell.cuda != "cpu" else "")
+        cuda_cell=job.cell.cuda if torch == job.cell.torch and job.cell.cuda != "cpu" else "",
+    )
     if message is not None:
         job.warn(message)

@@ -49,32 +49,48 @@ class EmulatedBackend:
     def availability(self, cell: Cell, host: Host, support: SupportTable) -> Availability:
         if cell.machine == host.machine:
             native = DockerBackend().availability(cell, host, support)
-            return Availability(native.ok, f"this host's cell runs natively in the engine; "
-                                           f"{native.reason}", pull=native.pull)
+            return Availability(
+                native.ok,
+                f"this host's cell runs natively in the engine; {native.reason}",
+                pull=native.pull,
+            )
         above = image_above_torch(cell, support)
         if above is not None:
             return Availability(False, above)
         emulation = host.emulation(cell.machine)
         if not emulation.available:
-            return Availability(False, f"{cell.machine} emulation is unavailable on this "
-                                       f"{host.machine} host: {emulation.reason}; "
-                                       f"{how_to_enable(cell.machine)}")
+            return Availability(
+                False,
+                f"{cell.machine} emulation is unavailable on this "
+                f"{host.machine} host: {emulation.reason}; "
+                f"{how_to_enable(cell.machine)}",
+            )
         if host.engine() is None:
             return Availability(False, host.engine_reason())
         if support.is_cuda_build(cell.torch, cell.machine):
-            return Availability(False, f"torch {cell.torch} for {cell.machine} is a CUDA build "
-                                       f"(per {support.file}): its CUDA libraries would have to "
-                                       "be installed and imported under QEMU")
+            return Availability(
+                False,
+                f"torch {cell.torch} for {cell.machine} is a CUDA build "
+                f"(per {support.file}): its CUDA libraries would have to "
+                "be installed and imported under QEMU",
+            )
         if cell.image.pinned:  # --base-image: that image or none (the build step says how)
-            return Availability(True, f"{cell.arch} cells in emulated containers of "
-                                      f"{cell.image.ref} ({emulation.reason})")
+            return Availability(
+                True,
+                f"{cell.arch} cells in emulated containers of "
+                f"{cell.image.ref} ({emulation.reason})",
+            )
         ref = present_base(cell, host)
         if ref is None:
-            return Availability(False, f"{host.engine_reason()} has no {cell.machine} base "
-                                       f"image ({cell.image.ref} or `python -m builder "
-                                       f"base-image --arch {cell.arch}`)")
-        return Availability(True, f"{cell.arch} cells in emulated containers of {ref} "
-                                  f"({emulation.reason})")
+            return Availability(
+                False,
+                f"{host.engine_reason()} has no {cell.machine} base "
+                f"image ({cell.image.ref} or `python -m builder "
+                f"base-image --arch {cell.arch}`)",
+            )
+        return Availability(
+            True, f"{cell.arch} cells in emulated containers of {ref} ({emulation.reason})"
+        )
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
         ref = cell.image.ref
@@ -86,12 +102,14 @@ class EmulatedBackend:
         assert job.engine is not None and job.recipe is not None
         if job.cell.machine != job.resolved.host_machine:
             job.steps("emulation", lambda: require_emulation(job.cell.machine))
-        base_id = base_image_step(job, job.engine,
-                                  f"python -m builder base-image --arch {job.cell.arch}",
-                                  "--backend cross")
+        base_id = base_image_step(
+            job,
+            job.engine,
+            f"python -m builder base-image --arch {job.cell.arch}",
+            "--backend cross",
+        )
         return container_key(job.recipe, job.cell.image, base_id)
 
     def build(self, job: CellJob) -> Built:
         assert job.engine is not None
-        return build_in_container(job, job.engine,
-                                  job.engine.image_id(job.cell.image.ref) or "")
+        return build_in_container(job, job.engine, job.engine.image_id(job.cell.image.ref) or "")

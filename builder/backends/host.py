@@ -30,8 +30,11 @@ class HostBackend:
             return Availability(False, f"the host backend builds {host.machine} cells only")
         python = host.python(cell.python)
         if python is None:
-            return Availability(False, f"no Python {cell.python} interpreter on this host "
-                                       f"(python{cell.python} on PATH, e.g. from pyenv)")
+            return Availability(
+                False,
+                f"no Python {cell.python} interpreter on this host "
+                f"(python{cell.python} on PATH, e.g. from pyenv)",
+            )
         return Availability(True, f"local Python {cell.python} at {python}")
 
     def base_image(self, cell: Cell, host: Host, config: BuildConfig) -> ImageChoice:
@@ -53,16 +56,23 @@ class HostBackend:
             env["MAX_JOBS"] = str(opts.jobs)
         env.update(opts.epoch_env())
         if opts.ccache and shutil.which("ccache") is None:
-            raise StepFailed("--ccache: ccache is not installed on this host "
-                             "(apt-get install ccache), or build without --ccache")
+            raise StepFailed(
+                "--ccache: ccache is not installed on this host "
+                "(apt-get install ccache), or build without --ccache"
+            )
         if opts.ccache is not False:
             # Beside the other caches, shared by every work folder: outlives the session.
             env["CCACHE_DIR"] = str(cache_root() / "ccache")
         prepared = job.steps("torch", lambda: host_torch_env(job, python, env))
         with HostEngine().session(env=env, log=job.log, parent=job.stage) as session:
             built = build_in_cell(
-                job, session, python=python,
+                job,
+                session,
+                python=python,
                 wheelhouse=str(opts.wheelhouse.resolve()) if opts.wheelhouse else None,
-                auditwheel=aw, auditwheel_env=aw_env, prepared=prepared)
+                auditwheel=aw,
+                auditwheel_env=aw_env,
+                prepared=prepared,
+            )
         built.base_image = f"host:{python}"
         return built

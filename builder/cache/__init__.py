@@ -173,8 +173,11 @@ def file_digest(path: Path) -> str:
     """sha256 of *path*'s bytes, remembered per (path, size, mtime) under the cache root: a
     wheelhouse of multi-GB torch wheels is hashed once, not on every build."""
     st = path.stat()
-    memo = cache_root() / "digests" / content_key(
-        [str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
+    memo = (
+        cache_root()
+        / "digests"
+        / content_key([str(path.resolve()), str(st.st_size), str(st.st_mtime_ns)], length=32)
+    )
     try:
         value = memo.read_text().strip()
     except FileNotFoundError:  # not yet, or pruned a moment ago: hash it (again)
@@ -190,8 +193,11 @@ def file_digest(path: Path) -> str:
 
 def folder_digest(folder: Path) -> str:
     """A content hash of every file in *folder* (names and bytes, order-independent)."""
-    parts = [f"{p.relative_to(folder).as_posix()}:{file_digest(p)}"
-             for p in sorted(folder.rglob("*")) if p.is_file()]
+    parts = [
+        f"{p.relative_to(folder).as_posix()}:{file_digest(p)}"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
     return content_key(parts, length=64)
 
 
@@ -247,6 +253,5 @@ def tree_problems(root: Path, manifest: Path, limit: int = 5) -> list[str]:
         elif st.st_size != want[0]:
             problems.append(f"{path} has {st.st_size} bytes, {want[0]} when the entry was made")
         elif st.st_mtime_ns != want[1] and sha256_file(path) != want[2]:
-            problems.append(f"{path} does not match its sha256 (changed after the entry was "
-                            "made)")
+            problems.append(f"{path} does not match its sha256 (changed after the entry was made)")
     return problems

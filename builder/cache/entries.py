@@ -30,12 +30,20 @@ class Entry:
     result: str = ""  # what prune did
 
     def document(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "size": self.size,
-                "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
-                "state": self.state, "why": self.why,
-                "path": str(self.path) if self.path else None, "image": self.image or None,
-                "tags": list(self.tags), "in_use": self.in_use, "prune": self.prune,
-                **({"result": self.result} if self.result else {})}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "size": self.size,
+            "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
+            "state": self.state,
+            "why": self.why,
+            "path": str(self.path) if self.path else None,
+            "image": self.image or None,
+            "tags": list(self.tags),
+            "in_use": self.in_use,
+            "prune": self.prune,
+            **({"result": self.result} if self.result else {}),
+        }
 
 
 def held(entry: Path) -> str:

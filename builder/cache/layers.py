@@ -47,7 +47,8 @@ def torch_layers(engine: Any) -> list[Entry]:
     users: dict[str, list[str]] = {}
     for c in api.containers(all=True):
         users.setdefault(str(c.get("ImageID", "")), []).append(
-            str((c.get("Names") or [c["Id"][:12]])[0]).lstrip("/"))
+            str((c.get("Names") or [c["Id"][:12]])[0]).lstrip("/")
+        )
     out = []
     for img in api.images(filters={"label": CELL_LABEL}):
         named = [t for t in img.get("RepoTags") or () if t != "<none>:<none>"]
@@ -60,8 +61,11 @@ def torch_layers(engine: Any) -> list[Entry]:
         except ValueError:
             parts = {}
         key = tags[0].rsplit("-", 1)[-1] if tags else ""
-        why = (superseded(parts, key, DOCKER_WHERE, DOCKER_OPTIONAL) if tags
-               else "untagged (no build finds it)")
+        why = (
+            superseded(parts, key, DOCKER_WHERE, DOCKER_OPTIONAL)
+            if tags
+            else "untagged (no build finds it)"
+        )
         if not why and engine.image_id(str(parts["cell_image"])) is None:
             why = f"its cell image {str(parts['cell_image'])[:19]} is gone from the engine"
         try:
@@ -75,9 +79,19 @@ def torch_layers(engine: Any) -> list[Entry]:
         in_use = f"used by container {', '.join(names)}" if names else ""
         for tag in tags:
             in_use = in_use or held(layer_lock(tag.split(":", 1)[1]))
-        out.append(Entry("torch-layer", tags[0] if tags else img["Id"][:19],
-                         max(size, 0), used, "superseded" if why else "current", why,
-                         image=str(img["Id"]), tags=tags, in_use=in_use))
+        out.append(
+            Entry(
+                "torch-layer",
+                tags[0] if tags else img["Id"][:19],
+                max(size, 0),
+                used,
+                "superseded" if why else "current",
+                why,
+                image=str(img["Id"]),
+                tags=tags,
+                in_use=in_use,
+            )
+        )
     return out
 
 

@@ -40,8 +40,12 @@ DEFAULT_OLDER_THAN = 30 * DAY
 #: progress (builders before the per-entry locks took none).
 LEFTOVER_AGE = 1 * DAY
 #: Kinds whose entries are keyed by what an index or mirror serves (only age can tell).
-INDEX_KEYED = {"sysroots": "sysroot", "sites": "target-site", "wheels": "target-wheel",
-               "apt": "apt-lists"}
+INDEX_KEYED = {
+    "sysroots": "sysroot",
+    "sites": "target-site",
+    "wheels": "target-wheel",
+    "apt": "apt-lists",
+}
 #: Kinds removed only when asked: ccache bounds itself (its max_size, 5 GB by default).
 CCACHE = "ccache"
 DIGESTS = "digests"
@@ -56,8 +60,9 @@ def parse_duration(text: str) -> float:
     """``7d``, ``12h``, ``90m``, ``2w``, ``30s`` in seconds; ValueError naming *text*."""
     m = _DURATION.match(text.strip())
     if m is None:
-        raise ValueError(f"{text!r} is not a duration (a number and a unit: s, m, h, d or w, "
-                         "e.g. 7d or 12h)")
+        raise ValueError(
+            f"{text!r} is not a duration (a number and a unit: s, m, h, d or w, e.g. 7d or 12h)"
+        )
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
@@ -77,6 +82,7 @@ class Inventory:
 
 
 # -- sizes and times ------------------------------------------------------------------------
+
 
 def tree_size(path: Path) -> int:
     """Bytes on disk under *path* (hard links once)."""
@@ -114,6 +120,7 @@ def last_used(path: Path) -> float:
 
 # -- the folders ----------------------------------------------------------------------------
 
+
 def _children(folder: Path) -> Iterator[Path]:
     if not folder.is_dir():
         return
@@ -126,11 +133,19 @@ def _leftover(kind: str, tmp: Path) -> Entry:
     # ensure_entry's ".<final>.<random>" and discard_entry's ".<final>.discarded.<random>"
     # (mkdtemp's random part has no dot; a final name may: torch-2.9.1-...).
     name = tmp.name[1:]
-    final = tmp.with_name(name.split(".discarded.")[0] if ".discarded." in name
-                          else name.rsplit(".", 1)[0])
-    return Entry(kind, tmp.name, tree_size(tmp), last_used(tmp), "superseded",
-                 "a half-made or half-removed entry left by a builder that stopped",
-                 path=tmp, lock_for=final)
+    final = tmp.with_name(
+        name.split(".discarded.")[0] if ".discarded." in name else name.rsplit(".", 1)[0]
+    )
+    return Entry(
+        kind,
+        tmp.name,
+        tree_size(tmp),
+        last_used(tmp),
+        "superseded",
+        "a half-made or half-removed entry left by a builder that stopped",
+        path=tmp,
+        lock_for=final,
+    )
 
 
 def _folder_entries(root: Path) -> Iterator[Entry]:
@@ -145,9 +160,15 @@ def _folder_entries(root: Path) -> Iterator[Entry]:
             if kind == DIGESTS:
                 yield _digests(kind_dir)
             elif kind == CCACHE:
-                yield Entry(CCACHE, kind_dir.name, tree_size(kind_dir), last_used(kind_dir),
-                            "current", "bounded by ccache's own max_size; removed by prune "
-                            "--ccache only", path=kind_dir)
+                yield Entry(
+                    CCACHE,
+                    kind_dir.name,
+                    tree_size(kind_dir),
+                    last_used(kind_dir),
+                    "current",
+                    "bounded by ccache's own max_size; removed by prune --ccache only",
+                    path=kind_dir,
+                )
             else:
                 yield _other(kind_dir)
             continue
@@ -166,14 +187,27 @@ def _folder_entries(root: Path) -> Iterator[Entry]:
                 if not child.is_dir():
                     continue  # the last key per cell (py3.11-torch2.13.0.json): bytes
                 why = host_env_superseded(child)
-                yield Entry("torch-env", child.name, tree_size(child), last_used(child),
-                            "superseded" if why else "current", why, path=child)
+                yield Entry(
+                    "torch-env",
+                    child.name,
+                    tree_size(child),
+                    last_used(child),
+                    "superseded" if why else "current",
+                    why,
+                    path=child,
+                )
             elif kind == "pip":
                 yield _pip_zip(child)
             else:
-                yield Entry(INDEX_KEYED[kind], child.name, tree_size(child), last_used(child),
-                            "unknown", "keyed by what the index serves: aged out only",
-                            path=child)
+                yield Entry(
+                    INDEX_KEYED[kind],
+                    child.name,
+                    tree_size(child),
+                    last_used(child),
+                    "unknown",
+                    "keyed by what the index serves: aged out only",
+                    path=child,
+                )
 
 
 def _pip_zip(path: Path) -> Entry:
@@ -181,22 +215,41 @@ def _pip_zip(path: Path) -> Entry:
 
     mine = f"pip-{pip.__version__}.zip"
     why = "" if path.name == mine else f"made for another pip (this builder's is {mine})"
-    return Entry("pip", path.name, tree_size(path), last_used(path),
-                 "superseded" if why else "current", why, path=path)
+    return Entry(
+        "pip",
+        path.name,
+        tree_size(path),
+        last_used(path),
+        "superseded" if why else "current",
+        why,
+        path=path,
+    )
 
 
 def _digests(folder: Path) -> Entry:
     memos = [p for p in folder.iterdir() if p.is_file()]
     newest = max((p.stat().st_mtime for p in memos), default=last_used(folder))
-    return Entry(DIGESTS, f"{len(memos)} file digests", sum(tree_size(p) for p in memos),
-                 newest, "current", "sha256 memos of wheelhouse files: each aged by its last "
-                 "use", path=folder)
+    return Entry(
+        DIGESTS,
+        f"{len(memos)} file digests",
+        sum(tree_size(p) for p in memos),
+        newest,
+        "current",
+        "sha256 memos of wheelhouse files: each aged by its last use",
+        path=folder,
+    )
 
 
 def _other(path: Path) -> Entry:
-    return Entry("other", path.name, tree_size(path), last_used(path), "unknown",
-                 "not made by the builder (e.g. a test suite's): removed by prune --all only",
-                 path=path)
+    return Entry(
+        "other",
+        path.name,
+        tree_size(path),
+        last_used(path),
+        "unknown",
+        "not made by the builder (e.g. a test suite's): removed by prune --all only",
+        path=path,
+    )
 
 
 def inventory(root: Path, engine: Any = None, engine_error: str = "") -> Inventory:
@@ -216,8 +269,10 @@ def inventory(root: Path, engine: Any = None, engine_error: str = "") -> Invento
 
 # -- deciding and removing ------------------------------------------------------------------
 
-def decide(inv: Inventory, older_than: float, everything: bool, ccache: bool,
-           now: Optional[float] = None) -> None:
+
+def decide(
+    inv: Inventory, older_than: float, everything: bool, ccache: bool, now: Optional[float] = None
+) -> None:
     """Set each entry's ``prune`` reason ('' for one that stays)."""
     now = time.time() if now is None else now
     for e in inv.entries:
@@ -228,8 +283,9 @@ def decide(inv: Inventory, older_than: float, everything: bool, ccache: bool,
         elif e.kind == "other":
             e.prune = ""
         elif e.kind == DIGESTS:
-            e.prune = "memos unused for longer than the limit" if _old_memos(
-                e, now - older_than) else ""
+            e.prune = (
+                "memos unused for longer than the limit" if _old_memos(e, now - older_than) else ""
+            )
         elif e.state == "superseded":
             e.prune = f"superseded: {e.why}"
         elif now - e.last_used > older_than:
@@ -243,8 +299,7 @@ def _old_memos(e: Entry, cutoff: float) -> list[Path]:
     return [p for p in e.path.iterdir() if p.is_file() and p.stat().st_mtime < cutoff]
 
 
-def prune(inv: Inventory, engine: Any, older_than: float, everything: bool,
-          dry_run: bool) -> None:
+def prune(inv: Inventory, engine: Any, older_than: float, everything: bool, dry_run: bool) -> None:
     """Remove what :func:`decide` marked; each entry's ``result`` says what happened."""
     from builder.cache.layers import remove_layer  # noqa: PLC0415
 
@@ -296,6 +351,7 @@ def _remove_path(e: Entry) -> str:
 
 # -- showing it -----------------------------------------------------------------------------
 
+
 def _age(seconds: float) -> str:
     return f"{seconds / DAY:.0f} days" if seconds >= DAY else f"{seconds / 3600:.0f} hours"
 
@@ -308,26 +364,43 @@ def table(inv: Inventory, show_result: bool = False) -> list[str]:
             state += f"; {e.in_use}"
         if show_result and e.result:
             state = f"{e.result} -- {state}"
-        rows.append((e.kind, e.name, human(e.size),
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)), state))
+        rows.append(
+            (
+                e.kind,
+                e.name,
+                human(e.size),
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)),
+                state,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
 
 
 def document(inv: Inventory, older_than: float) -> str:
-    return json.dumps({"root": str(inv.root), "older_than_s": older_than,
-                       "entries": [e.document() for e in inv.entries],
-                       "total_bytes": inv.total, "prune_bytes": inv.freed,
-                       "notes": inv.notes}, indent=1)
+    return json.dumps(
+        {
+            "root": str(inv.root),
+            "older_than_s": older_than,
+            "entries": [e.document() for e in inv.entries],
+            "total_bytes": inv.total,
+            "prune_bytes": inv.freed,
+            "notes": inv.notes,
+        },
+        indent=1,
+    )
 
 
 def summary(inv: Inventory, older_than: float) -> str:
     marked = [e for e in inv.entries if e.prune and not e.in_use]
-    where = str(inv.root) + (" and the engine's torch layers" if any(
-        e.image for e in inv.entries) else "")
-    return (f"caches ({where}): {human(inv.total)} in {entries(len(inv.entries))}; `cache "
-            f"prune` (superseded, or unused for {_age(older_than)}) would free "
-            f"{human(inv.freed)} ({entries(len(marked))})")
+    where = str(inv.root) + (
+        " and the engine's torch layers" if any(e.image for e in inv.entries) else ""
+    )
+    return (
+        f"caches ({where}): {human(inv.total)} in {entries(len(inv.entries))}; `cache "
+        f"prune` (superseded, or unused for {_age(older_than)}) would free "
+        f"{human(inv.freed)} ({entries(len(marked))})"
+    )
 
 
 def entries(n: int) -> str:

@@ -36,8 +36,7 @@ from builder.release.trusted import ID_TOKEN_ENV
 def trusted_publish_command(cli: str) -> str:
     """Trusted publishing: the release's wheels PyPI takes (no local version), uploaded with
     the job's OIDC token exchanged for a short-lived one (`publish --trusted-publishing`)."""
-    return (f"{publish_command(cli)} --repository pypi --skip-local-versions "
-            "--trusted-publishing")
+    return f"{publish_command(cli)} --repository pypi --skip-local-versions --trusted-publishing"
 
 
 TRUSTED_PUBLISH_COMMAND = trusted_publish_command(builder_cli())
@@ -80,8 +79,11 @@ def _cell_job(job: CiJob, wf: Workflow) -> dict[str, Any]:
     if wf.third_party:
         assert wf.tool is not None
         if backend_kind(job.backend).foreign:
-            doc["before_script"] = [SETTINGS_SCRIPT, install_tool(wf.tool, TOOL_VENV, _PATH),
-                                    provision_command(TOOL_VENV)]
+            doc["before_script"] = [
+                SETTINGS_SCRIPT,
+                install_tool(wf.tool, TOOL_VENV, _PATH),
+                provision_command(TOOL_VENV),
+            ]
         if job.backend == HOST.name:
             # The host backend's torch environments (a venv per cell torch, minutes and GB to
             # make) under the builder's cache root, kept between pipelines by the cell
@@ -92,17 +94,18 @@ def _cell_job(job: CiJob, wf: Workflow) -> dict[str, Any]:
         set_up = set_up_commands(job)
         if set_up != ["make builder-env"]:  # the cross / emulated tools first
             doc["before_script"] = [SETTINGS_SCRIPT, *set_up]
-    doc.update({
-        "script": script,
-        "artifacts": {"name": job.artifact, "paths": [f"{out}/"], "when": "on_success"},
-    })
+    doc.update(
+        {
+            "script": script,
+            "artifacts": {"name": job.artifact, "paths": [f"{out}/"], "when": "on_success"},
+        }
+    )
     return doc
 
 
 def render(wf: Workflow) -> str:
     cli = builder_cli(wf)
-    set_up = (install_tool(wf.tool, TOOL_VENV, _PATH) if wf.tool is not None
-              else "make builder-env")
+    set_up = install_tool(wf.tool, TOOL_VENV, _PATH) if wf.tool is not None else "make builder-env"
     jobs: dict[str, Any] = {TEMPLATE: {"before_script": [SETTINGS_SCRIPT, set_up]}}
     jobs.update({j.id: _cell_job(j, wf) for j in wf.jobs})
     jobs["release"] = {
@@ -125,9 +128,13 @@ def render(wf: Workflow) -> str:
     if wf.publish == "trusted":
         # The OIDC token only in this job, for PyPI's audience; the environment is the one
         # PyPI's trusted publisher names (and where GitLab's protection rules apply).
-        publish.update({"environment": PYPI_ENVIRONMENT,
-                        "id_tokens": {ID_TOKEN_ENV: {"aud": "pypi"}},
-                        "script": [trusted_publish_command(cli)]})
+        publish.update(
+            {
+                "environment": PYPI_ENVIRONMENT,
+                "id_tokens": {ID_TOKEN_ENV: {"aud": "pypi"}},
+                "script": [trusted_publish_command(cli)],
+            }
+        )
     jobs["publish"] = publish
     doc = {"stages": ["build", "verify", "release"], **jobs}
     return header(wf, "gitlab") + dump(doc)

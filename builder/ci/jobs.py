@@ -68,8 +68,15 @@ PUBLISH_SETTINGS: tuple[Setting, ...] = (
 TOOL = "ampforge-build"
 #: The make variables of `make wheel` and the `build` options they stand for (the Makefile's
 #: SELECT_FLAGS, SETTING_FLAGS and BUILD_FLAGS).
-MAKE_FLAGS = {"ARCH": "--arch", "PY": "--python", "TORCH": "--torch", "BACKEND": "--backend",
-              "PULL": "--pull", "CUDA": "--cuda", "CONFIG": "--config"}
+MAKE_FLAGS = {
+    "ARCH": "--arch",
+    "PY": "--python",
+    "TORCH": "--torch",
+    "BACKEND": "--backend",
+    "PULL": "--pull",
+    "CUDA": "--cuda",
+    "CONFIG": "--config",
+}
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,11 @@ def in_checkout(value: Optional[str], option: str) -> Optional[str]:
     try:
         return full.relative_to(here).as_posix()
     except ValueError:
-        raise ConfigError(f"{value!r} is outside this checkout ({here}); a CI job has only "
-                          "the checkout: give a path inside it", key=option) from None
+        raise ConfigError(
+            f"{value!r} is outside this checkout ({here}); a CI job has only "
+            "the checkout: give a path inside it",
+            key=option,
+        ) from None
 
 
 def in_project(value: Optional[str], root: Path, option: str) -> Optional[str]:
@@ -153,8 +163,11 @@ def in_project(value: Optional[str], root: Path, option: str) -> Optional[str]:
     try:
         return full.relative_to(root).as_posix()
     except ValueError:
-        raise ConfigError(f"{value!r} is outside the project ({root}); its CI jobs have only "
-                          "the project's checkout: give a path inside it", key=option) from None
+        raise ConfigError(
+            f"{value!r} is outside the project ({root}); its CI jobs have only "
+            "the project's checkout: give a path inside it",
+            key=option,
+        ) from None
 
 
 #: The CUDA record's fields that say nothing of the torch environment (a reason's wording; the
@@ -172,17 +185,31 @@ def env_key(cell: Any) -> str:
     # The CUDA torch's index and the toolkit pins are installed beside torch; the arch list
     # only steers the compile, so a new one keeps the environment.
     cuda = {k: v for k, v in record["cuda"].items() if k not in ENV_KEY_IGNORES}
-    parts = {"id": record["id"], "python": record["python"], "torch": record["torch"],
-             "cuda": cuda, "setuptools": record["setuptools"], "backend": record["backend"],
-             "base_image": record["base_image"], "index": record.get("index"),
-             "builder": __version__}
+    parts = {
+        "id": record["id"],
+        "python": record["python"],
+        "torch": record["torch"],
+        "cuda": cuda,
+        "setuptools": record["setuptools"],
+        "backend": record["backend"],
+        "base_image": record["base_image"],
+        "index": record.get("index"),
+        "builder": __version__,
+    }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     return f"torch-env-{record['id']}-{digest}"
 
 
-def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str],
-             project: Optional[str], source: str,
-             publish: str = PUBLISH_MODES[0], tool: Optional[str] = None) -> Workflow:
+def workflow(
+    settings: Settings,
+    resolution: Resolution,
+    *,
+    config: Optional[str],
+    project: Optional[str],
+    source: str,
+    publish: str = PUBLISH_MODES[0],
+    tool: Optional[str] = None,
+) -> Workflow:
     """The jobs for *resolution*, each with its ``make wheel`` arguments from its record."""
     by_cell = {c.identifier: c for c in resolution.cells}
     rows = [github_job(c, settings) for c in resolution.cells]
@@ -193,8 +220,13 @@ def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str
     jobs = []
     for row in rows:
         cell = by_cell[str(row["cell"])]
-        args = [f"ARCH={row['arch']}", f"PY={row['python']}", f"TORCH={row['torch']}",
-                f"BACKEND={row['backend']}", f"PULL={cell.settings['pull']['policy']}"]
+        args = [
+            f"ARCH={row['arch']}",
+            f"PY={row['python']}",
+            f"TORCH={row['torch']}",
+            f"BACKEND={row['backend']}",
+            f"PULL={cell.settings['pull']['policy']}",
+        ]
         if with_cuda:
             args.append(f"CUDA={cell.cell.cuda}")
         if config:
@@ -203,18 +235,32 @@ def workflow(settings: Settings, resolution: Resolution, *, config: Optional[str
             args.append(f"PROJECT={project}")
         builder = str(row["built_by"])
         verify = row["job"] == "verify"
-        jobs.append(CiJob(
-            id=ids[cell.identifier], cell=cell.identifier, kind=str(row["job"]),
-            runs_on=str(row["runs-on"]), backend=cell.backend, python=cell.cell.python,
-            make_args=tuple(args), artifact=artifact_name(cell.identifier),
-            builder=ids[builder] if verify else None,
-            builder_artifact=artifact_name(builder) if verify else None,
-            env_key=env_key(cell)))
+        jobs.append(
+            CiJob(
+                id=ids[cell.identifier],
+                cell=cell.identifier,
+                kind=str(row["job"]),
+                runs_on=str(row["runs-on"]),
+                backend=cell.backend,
+                python=cell.cell.python,
+                make_args=tuple(args),
+                artifact=artifact_name(cell.identifier),
+                builder=ids[builder] if verify else None,
+                builder_artifact=artifact_name(builder) if verify else None,
+                env_key=env_key(cell),
+            )
+        )
     runners = settings.config.runners
     release_on = runners.get("x86_64") or next(iter(runners.values()), "ubuntu-24.04")
     default = "configs/matrix.yaml" if tool is None else "the builder's default matrix"
-    return Workflow(jobs=tuple(jobs), release_runs_on=release_on,
-                    config=config or default, source=source, publish=publish, tool=tool)
+    return Workflow(
+        jobs=tuple(jobs),
+        release_runs_on=release_on,
+        config=config or default,
+        source=source,
+        publish=publish,
+        tool=tool,
+    )
 
 
 def artifact_name(cell: str) -> str:
@@ -249,9 +295,11 @@ def release_commands(cli: str = CHECKOUT_BUILDER) -> list[str]:
     # One index per torch series (safe next to the index torch comes from), and one of every
     # wheel (build/index/simple/): a stable-ABI wheel is on every series page its range admits,
     # which may be none when every newer torch's cells take it.
-    return [f"{cli} merge {ARTIFACTS}/dist-* --out {RELEASE}",
-            f"{cli} index {RELEASE} --per-torch --out {INDEX}",
-            f"{cli} index {RELEASE} --out {INDEX}"]
+    return [
+        f"{cli} merge {ARTIFACTS}/dist-* --out {RELEASE}",
+        f"{cli} index {RELEASE} --per-torch --out {INDEX}",
+        f"{cli} index {RELEASE} --out {INDEX}",
+    ]
 
 
 def publish_command(cli: str = CHECKOUT_BUILDER) -> str:
@@ -278,15 +326,18 @@ python{python} -m venv "{venv}"
 
 
 def install_tool(requirement: str, venv: str, path: str) -> str:
-    return TOOL_INSTALL.format(python=BUILDER_PYTHON, venv=venv, requirement=shlex.quote(
-        requirement), path=path, tool=TOOL)
+    return TOOL_INSTALL.format(
+        python=BUILDER_PYTHON, venv=venv, requirement=shlex.quote(requirement), path=path, tool=TOOL
+    )
 
 
 def provision_command(venv: str) -> str:
     """The cross/emulated tools' provisioning (:data:`PROVISION`) as the installed tool
     carries it: the same script, inside the package."""
-    where = ("import builder.cross, os; "
-             "print(os.path.join(os.path.dirname(builder.cross.__file__), 'provision.sh'))")
+    where = (
+        "import builder.cross, os; "
+        "print(os.path.join(os.path.dirname(builder.cross.__file__), 'provision.sh'))"
+    )
     return f'sudo bash "$("{venv}/bin/python" -c "{where}")"'
 
 
@@ -314,12 +365,16 @@ def header(wf: Workflow, service: str) -> str:
     if wf.publish == "token":
         release = "one release job (merge, index --per-torch; publish on tags)."
     elif service == "github":
-        release = (f"one release job (merge, index --per-torch, the wheels PyPI takes), one "
-                   f"publish job on tags (PyPI trusted publishing, environment "
-                   f"{PYPI_ENVIRONMENT}).")
+        release = (
+            f"one release job (merge, index --per-torch, the wheels PyPI takes), one "
+            f"publish job on tags (PyPI trusted publishing, environment "
+            f"{PYPI_ENVIRONMENT})."
+        )
     else:
-        release = ("one release job (merge, index --per-torch), one publish job on tags "
-                   "(the wheels PyPI takes, by PyPI trusted publishing: id_tokens aud pypi).")
+        release = (
+            "one release job (merge, index --per-torch), one publish job on tags "
+            "(the wheels PyPI takes, by PyPI trusted publishing: id_tokens aud pypi)."
+        )
     lines = [
         f"Rendered by `{wf.source}` from {wf.config}: re-render it after changing the config.",
         f"{builds} build job(s) (one per wheel), {len(wf.jobs) - builds} verify job(s) (a cell "
@@ -328,11 +383,14 @@ def header(wf: Workflow, service: str) -> str:
         "empty and ignored.",
     ]
     if wf.tool is not None:
-        lines.append(f"Each job installs the builder as a tool ({wf.tool}, its lock's pins, in a "
-                     f"venv of its own) and runs `{TOOL}` from the project's root.")
+        lines.append(
+            f"Each job installs the builder as a tool ({wf.tool}, its lock's pins, in a "
+            f"venv of its own) and runs `{TOOL}` from the project's root."
+        )
     if service == "gitlab":
         needs = "make, python3.11" if wf.tool is None else f"python{BUILDER_PYTHON} with venv"
-        lines.append("Runners are chosen by tag (the config's `runners:` labels); they need "
-                     f"{needs} and the backend's tools (docker for BACKEND=docker).")
+        lines.append(
+            "Runners are chosen by tag (the config's `runners:` labels); they need "
+            f"{needs} and the backend's tools (docker for BACKEND=docker)."
+        )
     return "".join(f"# {line}\n" for line in lines)
-

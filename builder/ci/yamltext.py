@@ -29,5 +29,11 @@ _Dumper.add_representer(Row, _row)
 
 
 def dump(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     width=200, allow_unicode=True)
+    return yaml.dump(
+        doc,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=200,
+        allow_unicode=True,
+    )

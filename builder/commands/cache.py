@@ -36,30 +36,59 @@ def _duration(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,prune}")
-    ls = sub.add_parser("list", help="one row per entry: kind, name, size, last use, state",
-                        description="One row per cache entry, then the total and what "
-                                    "`cache prune` would free.")
-    ls.add_argument("--format", choices=("table", "json"), default="table",
-                    help="table (default) or json: {root, entries: [...], total_bytes, "
-                         "prune_bytes, notes}")
-    ls.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
-                    help="the age prune would use for its estimate (default 30d)")
-    pr = sub.add_parser("prune", help="remove superseded entries and those unused for 30 days",
-                        description="Remove superseded entries and those no build used for "
-                                    "--older-than; each removal is atomic and skips entries "
-                                    "in use.")
-    pr.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
-                    help="remove entries unused for longer than this: 7d, 12h, 90m, 2w "
-                         "(default 30d)")
-    pr.add_argument("--all", action="store_true",
-                    help="remove every entry (still none in use); the compiler cache only "
-                         "with --ccache")
-    pr.add_argument("--ccache", action="store_true",
-                    help="remove the compiler cache too (it bounds itself: ccache's max_size)")
-    pr.add_argument("--dry-run", action="store_true",
-                    help="list what would be removed and what stays, with why; remove nothing")
-    pr.add_argument("--format", choices=("table", "json"), default="table",
-                    help="table (default) or json, as `cache list`, with each entry's result")
+    ls = sub.add_parser(
+        "list",
+        help="one row per entry: kind, name, size, last use, state",
+        description="One row per cache entry, then the total and what `cache prune` would free.",
+    )
+    ls.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or json: {root, entries: [...], total_bytes, prune_bytes, notes}",
+    )
+    ls.add_argument(
+        "--older-than",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="the age prune would use for its estimate (default 30d)",
+    )
+    pr = sub.add_parser(
+        "prune",
+        help="remove superseded entries and those unused for 30 days",
+        description="Remove superseded entries and those no build used for "
+        "--older-than; each removal is atomic and skips entries "
+        "in use.",
+    )
+    pr.add_argument(
+        "--older-than",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="remove entries unused for longer than this: 7d, 12h, 90m, 2w (default 30d)",
+    )
+    pr.add_argument(
+        "--all",
+        action="store_true",
+        help="remove every entry (still none in use); the compiler cache only with --ccache",
+    )
+    pr.add_argument(
+        "--ccache",
+        action="store_true",
+        help="remove the compiler cache too (it bounds itself: ccache's max_size)",
+    )
+    pr.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would be removed and what stays, with why; remove nothing",
+    )
+    pr.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or json, as `cache list`, with each entry's result",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -77,8 +106,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         engine_error = exc.message.splitlines()[0]
     inv = cacheprune.inventory(cache_root(), engine, engine_error)
     pruning = args.action == "prune"
-    cacheprune.decide(inv, older, everything=pruning and args.all,
-                      ccache=pruning and args.ccache)
+    cacheprune.decide(inv, older, everything=pruning and args.all, ccache=pruning and args.ccache)
     if pruning:
         cacheprune.prune(inv, engine, older, everything=args.all, dry_run=args.dry_run)
     if args.format == "json":
@@ -86,15 +114,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     elif pruning:
         done = [e for e in inv.entries if e.result]
         for e in done:
-            ctx.output.out(f"{e.result}: {e.kind} {e.name} ({human(e.size)}; "
-                           f"{e.prune})")
+            ctx.output.out(f"{e.result}: {e.kind} {e.name} ({human(e.size)}; {e.prune})")
         gone = [e for e in done if e.result.startswith(("removed", "would remove"))]
         kept = sum(1 for e in done if e.result.startswith("kept"))
         failed = len(done) - len(gone) - kept
         verb = "would free" if args.dry_run else "freed"
-        ctx.output.err(f"cache prune: {verb} {human(sum(e.size for e in gone))} "
-                       f"({cacheprune.entries(len(gone))}), {kept} kept in use"
-                       + (f", {failed} failed" if failed else ""))
+        ctx.output.err(
+            f"cache prune: {verb} {human(sum(e.size for e in gone))} "
+            f"({cacheprune.entries(len(gone))}), {kept} kept in use"
+            + (f", {failed} failed" if failed else "")
+        )
     else:
         for line in cacheprune.table(inv):
             ctx.output.out(line)

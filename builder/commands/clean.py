@@ -24,8 +24,11 @@ or a removal failed."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dry-run", action="store_true",
-                   help="list what would be removed (and what stays, with why); remove nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would be removed (and what stays, with why); remove nothing",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -40,6 +43,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.out(f"{verb} {c.id[:12]} ({c.name}, cell {c.cell}): {c.reason}")
     for c in kept:
         ctx.output.out(f"kept {c.id[:12]} ({c.name}, cell {c.cell}): {c.reason}")
-    ctx.output.err(f"clean: {len(done)} container{'s' if len(done) != 1 else ''} {verb}, "
-                   f"{len(kept)} kept (engine {engine.base_url})")
+    ctx.output.err(
+        f"clean: {len(done)} container{'s' if len(done) != 1 else ''} {verb}, "
+        f"{len(kept)} kept (engine {engine.base_url})"
+    )
     return 0

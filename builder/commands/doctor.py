@@ -41,16 +41,30 @@ builds can still run (another way, or the selection does not need it). Exit code
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table (default) or json: {ok, exit_code, checks: [{name, status, "
-                        "detail, fix}]}")
-    p.add_argument("--all", action="store_true",
-                   help="check for every cell of the matrix (narrowed by any selection), "
-                        "as `build --all`")
-    p.add_argument("--work-dir", metavar="DIR", default="build/ampforge",
-                   help="where builds write logs and staging (as `build --work-dir`)")
-    p.add_argument("--probe-timeout", type=float, default=1.0, metavar="S",
-                   help="seconds the TLS probe waits for the index (default 1)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or json: {ok, exit_code, checks: [{name, status, detail, fix}]}",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="check for every cell of the matrix (narrowed by any selection), as `build --all`",
+    )
+    p.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        default="build/ampforge",
+        help="where builds write logs and staging (as `build --work-dir`)",
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds the TLS probe waits for the index (default 1)",
+    )
     add_selection_options(p, default=HOST_CELL)
     add_config_options(p)
 
@@ -64,8 +78,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.probe_timeout <= 0:
         from builder.errors import ConfigError  # noqa: PLC0415
 
-        raise ConfigError(f"--probe-timeout {args.probe_timeout}; expected seconds > 0",
-                          key="--probe-timeout")
+        raise ConfigError(
+            f"--probe-timeout {args.probe_timeout}; expected seconds > 0", key="--probe-timeout"
+        )
     # One engine connection for the resolver and the checks; its error, whole, for the fix.
     # Made on first use, after the project's container-engine has chosen the socket.
     connected: list[tuple[DockerEngine | None, str]] = []
@@ -87,9 +102,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     host = Host(ctx.output.redact, engine_factory=factory)
     settings, resolution = resolve_from_args(args, ctx, everything=args.all, host=host)
     engine, engine_error = connect()
-    checks = run_checks(Scope(settings=settings, resolution=resolution, host=host,
-                              engine=engine, engine_error=engine_error, named=not args.all,
-                              work_dir=Path(args.work_dir), probe_timeout=args.probe_timeout))
+    checks = run_checks(
+        Scope(
+            settings=settings,
+            resolution=resolution,
+            host=host,
+            engine=engine,
+            engine_error=engine_error,
+            named=not args.all,
+            work_dir=Path(args.work_dir),
+            probe_timeout=args.probe_timeout,
+        )
+    )
     if args.format == "json":
         ctx.output.out(document(checks))
     else:

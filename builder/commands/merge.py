@@ -38,22 +38,37 @@ manifest.json."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dirs", nargs="+", metavar="DIR",
-                   help="build output folders (dist/ of each runner) to merge")
-    p.add_argument("--out", required=True, metavar="RELEASE",
-                   help="the release folder to write (wheels + manifest.json)")
-    p.add_argument("--link", action="store_true",
-                   help="hard-link the wheels into the release instead of copying them")
+    p.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="build output folders (dist/ of each runner) to merge",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="RELEASE",
+        help="the release folder to write (wheels + manifest.json)",
+    )
+    p.add_argument(
+        "--link",
+        action="store_true",
+        help="hard-link the wheels into the release instead of copying them",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     result = merge([Path(d) for d in args.dirs], Path(args.out), link=args.link)
     for entry in result.entries:
         built_by = entry["built_by"]
-        ctx.output.err(f"{entry['cell']}: {entry['file']} (built by {built_by['runner']}; "
-                       f"from {', '.join(built_by['sources'])})")
+        ctx.output.err(
+            f"{entry['cell']}: {entry['file']} (built by {built_by['runner']}; "
+            f"from {', '.join(built_by['sources'])})"
+        )
     what = "merged" if result.changed else "already up to date:"
-    ctx.output.err(f"{what} {len(result.wheels)} wheel(s), {len(result.entries)} cell(s) "
-                   f"from {len(args.dirs)} folder(s) in {result.out}")
+    ctx.output.err(
+        f"{what} {len(result.wheels)} wheel(s), {len(result.entries)} cell(s) "
+        f"from {len(args.dirs)} folder(s) in {result.out}"
+    )
     ctx.output.out(str(result.out))
     return 0

@@ -64,18 +64,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="output format (default: table)",
     )
-    p.add_argument("--github-jobs", choices=("all", "build", "verify"), default="all",
-                   help="with --format github: every cell (default), one job per wheel "
-                        "(build), or the cells that verify another job's wheel (verify)")
+    p.add_argument(
+        "--github-jobs",
+        choices=("all", "build", "verify"),
+        default="all",
+        help="with --format github: every cell (default), one job per wheel "
+        "(build), or the cells that verify another job's wheel (verify)",
+    )
     add_print_identifiers_option(p, "selected (those that need a native runner too)")
-    p.add_argument("--out", "--output-dir", dest="out", metavar="DIR", default="dist",
-                   help="the output folder the records name (as `build --out`; default: dist)")
-    p.add_argument("--project", metavar="PATH", default=None,
-                   help="the project to plan for, as `build --project` (default: this "
-                        "repository): cells outside its requires-python or torch bound are "
-                        "dropped")
-    add_build_option_flags(p.add_argument_group(
-        "cibuildwheel's build options (as `build` takes them; shown resolved, with sources)"))
+    p.add_argument(
+        "--out",
+        "--output-dir",
+        dest="out",
+        metavar="DIR",
+        default="dist",
+        help="the output folder the records name (as `build --out`; default: dist)",
+    )
+    p.add_argument(
+        "--project",
+        metavar="PATH",
+        default=None,
+        help="the project to plan for, as `build --project` (default: this "
+        "repository): cells outside its requires-python or torch bound are "
+        "dropped",
+    )
+    add_build_option_flags(
+        p.add_argument_group(
+            "cibuildwheel's build options (as `build` takes them; shown resolved, with sources)"
+        )
+    )
     add_selection_options(p, default=EVERY_CELL)
     add_config_options(p)
 
@@ -102,31 +119,56 @@ def _table(settings: Settings, resolution: Resolution) -> list[str]:
     lines += _per_cell_lines(cfg, resolution)
     lines += _image_lines(resolution)
     for host, cells in _build_hosts(resolution).items():
-        lines.append(f"host:    torch {host.torch} on this host's Python {host.python} runs the "
-                     f"project's build for {cells} cross cell{'s' if cells != 1 else ''} "
-                     f"(cross_host_torch in {cfg.support.file})")
+        lines.append(
+            f"host:    torch {host.torch} on this host's Python {host.python} runs the "
+            f"project's build for {cells} cross cell{'s' if cells != 1 else ''} "
+            f"(cross_host_torch in {cfg.support.file})"
+        )
     lines.append("")
-    header = ("CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE IMAGE", "TAG (AT MOST)",
-              "ABI", "SETUPTOOLS", "WHERE")
-    rows = [header] + [(c.identifier, c.cell.torch, c.torch_npu or "none", build_column(c),
-                        c.backend if c.buildable else "-",
-                        _short(c.image.ref) if c.buildable else "-", c.plat,
-                        abi_column(c), c.setuptools.replace("setuptools", "", 1) or "any",
-                        THIS_HOST if c.buildable else f"runner {c.runner}")
-                       for c in resolution.cells]
+    header = (
+        "CELL",
+        "TORCH",
+        "TORCH-NPU",
+        "BUILD",
+        "BACKEND",
+        "BASE IMAGE",
+        "TAG (AT MOST)",
+        "ABI",
+        "SETUPTOOLS",
+        "WHERE",
+    )
+    rows = [header] + [
+        (
+            c.identifier,
+            c.cell.torch,
+            c.torch_npu or "none",
+            build_column(c),
+            c.backend if c.buildable else "-",
+            _short(c.image.ref) if c.buildable else "-",
+            c.plat,
+            abi_column(c),
+            c.setuptools.replace("setuptools", "", 1) or "any",
+            THIS_HOST if c.buildable else f"runner {c.runner}",
+        )
+        for c in resolution.cells
+    ]
     lines += _columns(rows)
     wheels = len({c.build_group for c in resolution.cells})
     stable = [c for c in resolution.cells if c.stable]
     if stable:
         groups = sorted({c.build_group for c in stable})
-        lines.append(f"{wheels} wheel{'s' if wheels != 1 else ''} for {len(resolution.cells)} "
-                     f"cells: {len(stable)} cells take the stable-ABI wheel"
-                     f"{'s' if len(groups) != 1 else ''} of {', '.join(groups)} "
-                     f"({stable[0].torch_requirement}, abi3; built once, verified in each).")
+        lines.append(
+            f"{wheels} wheel{'s' if wheels != 1 else ''} for {len(resolution.cells)} "
+            f"cells: {len(stable)} cells take the stable-ABI wheel"
+            f"{'s' if len(groups) != 1 else ''} of {', '.join(groups)} "
+            f"({stable[0].torch_requirement}, abi3; built once, verified in each)."
+        )
     lines += _cuda_lines(resolution)
     here, elsewhere = len(resolution.here), len(resolution.elsewhere)
-    lines.append(f"{here} cell{'s' if here != 1 else ''} to build on this host; {elsewhere} "
-                 f"need{'s' if elsewhere == 1 else ''} a native runner.")
+    lines.append(
+        f"{here} cell{'s' if here != 1 else ''} to build on this host; {elsewhere} "
+        f"need{'s' if elsewhere == 1 else ''} a native runner."
+    )
     if elsewhere:
         lines.append("")
         lines.append(f"not buildable on this host ({elsewhere}):")
@@ -150,11 +192,12 @@ def _cuda_lines(resolution: Resolution) -> list[str]:
         if not r.enabled or r.arch_list is None:
             continue
         pins = "pinned by version and sha256" if r.toolkit_hashed else "pinned by version"
-        lines += [f"cuda:    {c.identifier}: CUDA {r.cuda} ({r.reason})",
-                  f"           torch: {r.torch_source}",
-                  f"           toolkit ({pins}): "
-                  + ", ".join(t.split(" ")[0] for t in r.toolkit),
-                  f"           TORCH_CUDA_ARCH_LIST={r.arch_list.text} ({r.arch_list_source})"]
+        lines += [
+            f"cuda:    {c.identifier}: CUDA {r.cuda} ({r.reason})",
+            f"           torch: {r.torch_source}",
+            f"           toolkit ({pins}): " + ", ".join(t.split(" ")[0] for t in r.toolkit),
+            f"           TORCH_CUDA_ARCH_LIST={r.arch_list.text} ({r.arch_list_source})",
+        ]
     return lines
 
 
@@ -172,11 +215,14 @@ def _image_lines(resolution: Resolution) -> list[str]:
     it is pinned, and where it is set (the config, the project's manylinux-<arch>-image,
     --base-image)."""
     lines = []
-    for ref, source in dict.fromkeys((c.image.ref, c.image_source) for c in resolution.cells
-                                     if c.buildable and c.image.family):  # docker, emulated
+    for ref, source in dict.fromkeys(
+        (c.image.ref, c.image_source) for c in resolution.cells if c.buildable and c.image.family
+    ):  # docker, emulated
         pinned = unpinned_reason(ref) is None
-        lines.append(f"image:   {ref} ({'pinned by digest' if pinned else 'NOT pinned'}; "
-                     f"{source or 'the config'})")
+        lines.append(
+            f"image:   {ref} ({'pinned by digest' if pinned else 'NOT pinned'}; "
+            f"{source or 'the config'})"
+        )
     return lines
 
 
@@ -187,11 +233,16 @@ def _per_cell_lines(cfg: BuildConfig, resolution: Resolution) -> list[str]:
     base = cfg.build_options.describe()
     for c in resolution.cells:
         if c.build_options is not None:
-            lines += [f"option:  {c.identifier}: {line}" for line in c.build_options.describe()
-                      if line not in base]
+            lines += [
+                f"option:  {c.identifier}: {line}"
+                for line in c.build_options.describe()
+                if line not in base
+            ]
         if c.test is not None and c.test.skipped:
-            lines.append(f"test:    {c.identifier}: test-command not run ({c.test.skipped}); "
-                         "the builder's import check of its modules still runs")
+            lines.append(
+                f"test:    {c.identifier}: test-command not run ({c.test.skipped}); "
+                "the builder's import check of its modules still runs"
+            )
         elif c.test is not None and "overrides" in c.test.describe():
             lines.append(f"test:    {c.identifier}: {c.test.describe()}")
     return lines
@@ -219,7 +270,7 @@ def build_column(cell: ResolvedCell) -> str:
 
 
 def job_kind(cell: ResolvedCell) -> str:
-    """"build" for a cell that compiles its wheel, "verify" for one another cell's serves."""
+    """ "build" for a cell that compiles its wheel, "verify" for one another cell's serves."""
     return "verify" if cell.built_by and cell.built_by != cell.identifier else "build"
 
 
@@ -227,12 +278,21 @@ def github_job(cell: ResolvedCell, settings: Settings) -> dict[str, object]:
     """One CI job: the runner that can build the cell and the resolved fields it builds."""
     runners = settings.config.runners
     runs_on = runners.get(cell.host_machine, cell.host_machine) if cell.buildable else cell.runner
-    return {"cell": cell.identifier, "runs-on": runs_on, "arch": cell.cell.arch,
-            "machine": cell.cell.machine, "python": cell.cell.python, "torch": cell.cell.torch,
-            "backend": cell.backend, "plat": cell.plat, "torch_npu": cell.torch_npu,
-            "job": job_kind(cell), "wheel": cell.wheel,
-            "build_group": cell.build_group or cell.identifier,
-            "built_by": cell.built_by or cell.identifier}
+    return {
+        "cell": cell.identifier,
+        "runs-on": runs_on,
+        "arch": cell.cell.arch,
+        "machine": cell.cell.machine,
+        "python": cell.cell.python,
+        "torch": cell.cell.torch,
+        "backend": cell.backend,
+        "plat": cell.plat,
+        "torch_npu": cell.torch_npu,
+        "job": job_kind(cell),
+        "wheel": cell.wheel,
+        "build_group": cell.build_group or cell.identifier,
+        "built_by": cell.built_by or cell.identifier,
+    }
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -242,11 +302,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             ctx.output.out(c.identifier)
         return 0
     if args.format == "json":
-        ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution),
-                                  indent=2))
+        ctx.output.out(json.dumps(plan_document(settings.config.source_name, resolution), indent=2))
     elif args.format == "github":
-        include = [github_job(c, settings) for c in resolution.cells
-                   if args.github_jobs == "all" or job_kind(c) == args.github_jobs]
+        include = [
+            github_job(c, settings)
+            for c in resolution.cells
+            if args.github_jobs == "all" or job_kind(c) == args.github_jobs
+        ]
         ctx.output.out(json.dumps({"include": include}, separators=(",", ":")))
     else:
         for line in _table(settings, resolution):

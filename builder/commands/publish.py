@@ -68,86 +68,155 @@ PASSWORD_ENV = "TWINE_PASSWORD"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dist", nargs="?", default="dist", metavar="DIST",
-                   help="folder of wheels, usually with manifest.json (default: dist)")
-    p.add_argument("--repository-url", metavar="URL",
-                   help=f"upload endpoint, e.g. http://127.0.0.1:8080/ (env {URL_ENV}; config "
-                   "publish.repository_url)")
-    p.add_argument("--repository", choices=local_versions.REPOSITORY_NAMES, default=None,
-                   help="upload to PyPI or TestPyPI: twine's own upload URL for that name "
-                   "(instead of --repository-url)")
+    p.add_argument(
+        "dist",
+        nargs="?",
+        default="dist",
+        metavar="DIST",
+        help="folder of wheels, usually with manifest.json (default: dist)",
+    )
+    p.add_argument(
+        "--repository-url",
+        metavar="URL",
+        help=f"upload endpoint, e.g. http://127.0.0.1:8080/ (env {URL_ENV}; config "
+        "publish.repository_url)",
+    )
+    p.add_argument(
+        "--repository",
+        choices=local_versions.REPOSITORY_NAMES,
+        default=None,
+        help="upload to PyPI or TestPyPI: twine's own upload URL for that name "
+        "(instead of --repository-url)",
+    )
     p.add_argument("--username", "-u", metavar="NAME", help=f"user name (env {USER_ENV})")
-    p.add_argument("--skip-existing", action="store_true",
-                   help="skip files the repository already lists with the same sha256 (a "
-                   "different sha256 is an error); read from its simple index, see --index-url")
-    p.add_argument("--index-url", metavar="URL",
-                   help="the repository's PEP 503 simple index, read by --skip-existing "
-                   "(default: <repository-url>/simple/, where pypiserver serves it)")
-    p.add_argument("--accepts-local-versions", action=argparse.BooleanOptionalAction,
-                   default=None,
-                   help="whether the repository takes versions with a local label (+torch2.13): "
-                   "default no for PyPI and TestPyPI, yes for any other")
-    p.add_argument("--skip-local-versions", action="store_true",
-                   help="leave out the wheels whose version has a local label, naming each, "
-                   "and publish the rest (the stable-ABI wheels, for PyPI)")
-    p.add_argument("--stage", metavar="DIR", default=None,
-                   help="check as for an upload, then copy the wheels that would go up into "
-                   "DIR (new or empty) instead of uploading (for another uploader, e.g. "
-                   "trusted publishing)")
-    p.add_argument("--trusted-publishing", action="store_true",
-                   help=f"authenticate with the CI's OIDC token (env {trusted.ID_TOKEN_ENV}) "
-                   "exchanged for a short-lived API token, instead of a password")
-    p.add_argument("--config", metavar="FILE",
-                   help="build configuration YAML for publish.repository_url "
-                   "(default: configs/matrix.yaml)")
+    p.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="skip files the repository already lists with the same sha256 (a "
+        "different sha256 is an error); read from its simple index, see --index-url",
+    )
+    p.add_argument(
+        "--index-url",
+        metavar="URL",
+        help="the repository's PEP 503 simple index, read by --skip-existing "
+        "(default: <repository-url>/simple/, where pypiserver serves it)",
+    )
+    p.add_argument(
+        "--accepts-local-versions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the repository takes versions with a local label (+torch2.13): "
+        "default no for PyPI and TestPyPI, yes for any other",
+    )
+    p.add_argument(
+        "--skip-local-versions",
+        action="store_true",
+        help="leave out the wheels whose version has a local label, naming each, "
+        "and publish the rest (the stable-ABI wheels, for PyPI)",
+    )
+    p.add_argument(
+        "--stage",
+        metavar="DIR",
+        default=None,
+        help="check as for an upload, then copy the wheels that would go up into "
+        "DIR (new or empty) instead of uploading (for another uploader, e.g. "
+        "trusted publishing)",
+    )
+    p.add_argument(
+        "--trusted-publishing",
+        action="store_true",
+        help=f"authenticate with the CI's OIDC token (env {trusted.ID_TOKEN_ENV}) "
+        "exchanged for a short-lived API token, instead of a password",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="build configuration YAML for publish.repository_url (default: configs/matrix.yaml)",
+    )
 
 
 def resolve_repository_url(
-    cli_value: str | None, env: Mapping[str, str], config_value: str | None,
+    cli_value: str | None,
+    env: Mapping[str, str],
+    config_value: str | None,
     name: str | None = None,
 ) -> tuple[str, str]:
     """(URL, where it came from); ConfigError (exit 2) when none is given or it is not http(s).
     *name*: ``--repository pypi|testpypi``, twine's URL for it."""
     if cli_value and name:
-        raise ConfigError(f"give --repository-url or --repository, not both (got "
-                          f"{cli_value!r} and {name!r})", key="--repository")
+        raise ConfigError(
+            f"give --repository-url or --repository, not both (got {cli_value!r} and {name!r})",
+            key="--repository",
+        )
     named = local_versions.known_repositories()[name] if name else None
-    for value, origin in ((cli_value, "--repository-url"), (named, f"--repository {name}"),
-                          (env.get(URL_ENV), URL_ENV),
-                          (config_value, "config publish.repository_url")):
+    for value, origin in (
+        (cli_value, "--repository-url"),
+        (named, f"--repository {name}"),
+        (env.get(URL_ENV), URL_ENV),
+        (config_value, "config publish.repository_url"),
+    ):
         if value:
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ConfigError("expected an http(s) URL such as http://127.0.0.1:8080/, got "
-                                  f"{value!r}", key=origin)
+                raise ConfigError(
+                    f"expected an http(s) URL such as http://127.0.0.1:8080/, got {value!r}",
+                    key=origin,
+                )
             return value, origin
-    raise ConfigError(f"no repository URL; pass --repository-url URL (or --repository pypi), "
-                      f"set {URL_ENV}, or set publish.repository_url in the config file")
+    raise ConfigError(
+        f"no repository URL; pass --repository-url URL (or --repository pypi), "
+        f"set {URL_ENV}, or set publish.repository_url in the config file"
+    )
 
 
 def _run_twine(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace", check=False)
+        return subprocess.run(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            check=False,
+        )
     except OSError as exc:
-        raise StepFailed(f"cannot run twine ({exc}); install the builder extra: "
-                         "pip install -e '.[builder]'") from exc
+        raise StepFailed(
+            f"cannot run twine ({exc}); install the builder extra: pip install -e '.[builder]'"
+        ) from exc
 
 
 def twine_check(wheels: Sequence[Path], env: dict[str, str]) -> None:
     """``twine check --strict`` on *wheels*; StepFailed with twine's findings otherwise."""
-    cmd = [sys.executable, "-m", "twine", "--no-color", "check", "--strict",
-           *(str(w) for w in wheels)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "twine",
+        "--no-color",
+        "check",
+        "--strict",
+        *(str(w) for w in wheels),
+    ]
     proc = _run_twine(cmd, env)
     if proc.returncode != 0:
         lines = [ln.rstrip() for ln in proc.stdout.splitlines() if ln.strip()]
-        raise StepFailed("twine check --strict failed; nothing was uploaded:\n  "
-                         + "\n  ".join(lines[-15:]))
+        raise StepFailed(
+            "twine check --strict failed; nothing was uploaded:\n  " + "\n  ".join(lines[-15:])
+        )
 
 
 def twine_command(wheels: Sequence[Path], url: str, *, username: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "twine", "--no-color", "upload", "--non-interactive",
-           "--disable-progress-bar", "--repository-url", url]
+    cmd = [
+        sys.executable,
+        "-m",
+        "twine",
+        "--no-color",
+        "upload",
+        "--non-interactive",
+        "--disable-progress-bar",
+        "--repository-url",
+        url,
+    ]
     if username:
         cmd += ["--username", username]
     return cmd + [str(w) for w in wheels]
@@ -160,12 +229,16 @@ def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
         return url, None
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
-    return (urlunsplit(parts._replace(netloc=netloc)),
-            (unquote(parts.username or ""), unquote(parts.password or "")))
+    return (
+        urlunsplit(parts._replace(netloc=netloc)),
+        (unquote(parts.username or ""), unquote(parts.password or "")),
+    )
 
 
 def already_there(
-    wheels: Sequence[Path], sha256: Mapping[str, str], index_url: str,
+    wheels: Sequence[Path],
+    sha256: Mapping[str, str],
+    index_url: str,
     auth: tuple[str, str] | None,
 ) -> tuple[list[Path], list[str]]:
     """(wheels still to upload, notes); StepFailed when the repository holds a file of the
@@ -177,30 +250,42 @@ def already_there(
         if w.name not in listed:
             todo.append(w)
         elif listed[w.name] is None:
-            notes.append(f"{w.name}: already on the repository (its index gives no sha256 "
-                         "to compare); skipped")
+            notes.append(
+                f"{w.name}: already on the repository (its index gives no sha256 "
+                "to compare); skipped"
+            )
         elif listed[w.name] == sha256[w.name]:
             notes.append(f"{w.name}: already on the repository with the same sha256; skipped")
         else:
-            clashes.append(f"{w.name}: the repository has sha256 {listed[w.name]}, "
-                           f"this one is {sha256[w.name]}")
+            clashes.append(
+                f"{w.name}: the repository has sha256 {listed[w.name]}, "
+                f"this one is {sha256[w.name]}"
+            )
     if clashes:
-        raise StepFailed("the repository already holds different files under these names "
-                         "(a published file must never change; bump the version):\n  "
-                         + "\n  ".join(clashes))
+        raise StepFailed(
+            "the repository already holds different files under these names "
+            "(a published file must never change; bump the version):\n  " + "\n  ".join(clashes)
+        )
     return todo, notes
 
 
 def without_local_versions(
-    wheels: Sequence[Path], url: str, *, declared: bool | None, skip: bool,
+    wheels: Sequence[Path],
+    url: str,
+    *,
+    declared: bool | None,
+    skip: bool,
 ) -> tuple[list[Path], list[str]]:
     """(wheels to publish, notes). All or nothing: ConfigError (exit 2) naming every labelled
     wheel when the repository refuses local versions and *skip* was not asked for; with
     *skip*, the labelled wheels are left out whatever the repository takes."""
     labelled = local_versions.labelled(wheels)
     if skip:
-        notes = [f"{w.name}: local version +{local_versions.local_version(w)}; left out "
-                 "(--skip-local-versions)" for w in labelled]
+        notes = [
+            f"{w.name}: local version +{local_versions.local_version(w)}; left out "
+            "(--skip-local-versions)"
+            for w in labelled
+        ]
         return [w for w in wheels if w not in labelled], notes
     rule = local_versions.policy(url, declared)
     if labelled and not rule.accepts:
@@ -212,8 +297,11 @@ def check_stage(folder: Path) -> None:
     """ConfigError (exit 2) unless *folder* is new or empty: the uploader that takes it
     uploads everything in it, so a file left from another release would go up too."""
     if folder.is_dir() and any(folder.iterdir()):
-        raise ConfigError(f"{folder} is not empty; expected a new or empty folder (the uploader "
-                          "takes everything in it)", key="--stage")
+        raise ConfigError(
+            f"{folder} is not empty; expected a new or empty folder (the uploader "
+            "takes everything in it)",
+            key="--stage",
+        )
 
 
 def stage(wheels: Sequence[Path], sha256: Mapping[str, str], folder: Path) -> None:
@@ -224,8 +312,10 @@ def stage(wheels: Sequence[Path], sha256: Mapping[str, str], folder: Path) -> No
     for w in wheels:
         copy = Path(shutil.copyfile(w, folder / w.name))
         if sha256_file(copy) != sha256[w.name]:
-            raise StepFailed(f"{copy}: sha256 differs from {w} after copying; the disk or "
-                             "another process changed it")
+            raise StepFailed(
+                f"{copy}: sha256 differs from {w} after copying; the disk or "
+                "another process changed it"
+            )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -238,20 +328,26 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         redact.add_secret(id_token)
     if args.trusted_publishing:
         if args.stage:
-            raise ConfigError("--stage uploads nothing, so it takes no credentials; drop "
-                              "--trusted-publishing (the uploader of the staged folder "
-                              "authenticates itself)", key="--trusted-publishing")
+            raise ConfigError(
+                "--stage uploads nothing, so it takes no credentials; drop "
+                "--trusted-publishing (the uploader of the staged folder "
+                "authenticates itself)",
+                key="--trusted-publishing",
+            )
         if not id_token:
-            raise ConfigError(f"no OIDC token in {trusted.ID_TOKEN_ENV}; a GitLab job gets one "
-                              f"from `id_tokens: {trusted.ID_TOKEN_ENV}: aud: pypi` (testpypi "
-                              "for TestPyPI)", key="--trusted-publishing")
+            raise ConfigError(
+                f"no OIDC token in {trusted.ID_TOKEN_ENV}; a GitLab job gets one "
+                f"from `id_tokens: {trusted.ID_TOKEN_ENV}: aud: pypi` (testpypi "
+                "for TestPyPI)",
+                key="--trusted-publishing",
+            )
     env_url = ctx.env.get(URL_ENV)
     if env_url:
         redact.add_url(env_url)
     settings = load_settings(CliOverrides(config=args.config), ctx.env)
-    url, origin = resolve_repository_url(args.repository_url, ctx.env,
-                                         settings.config.publish.repository_url,
-                                         args.repository)
+    url, origin = resolve_repository_url(
+        args.repository_url, ctx.env, settings.config.publish.repository_url, args.repository
+    )
     redact.add_url(url)
     if args.stage:
         check_stage(Path(args.stage))
@@ -260,18 +356,22 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.err(f"note: {note}")
     check = "sha256 match manifest.json" if found.checked else "no manifest"
     doing = f"staging in {args.stage} for" if args.stage else "publishing to"
-    ctx.output.err(f"{len(found.wheels)} wheel(s) from {found.dist} ({check}), {doing} "
-                   f"{url} (from {origin})")
+    ctx.output.err(
+        f"{len(found.wheels)} wheel(s) from {found.dist} ({check}), {doing} {url} (from {origin})"
+    )
     # Before any network read or upload: a refused wheel stops the whole release here.
-    wheels, notes = without_local_versions(found.wheels, url, declared=args.accepts_local_versions,
-                                           skip=args.skip_local_versions)
+    wheels, notes = without_local_versions(
+        found.wheels, url, declared=args.accepts_local_versions, skip=args.skip_local_versions
+    )
     for note in notes:
         ctx.output.err(note)
     if not wheels:
         if args.stage:
             stage([], found.sha256, Path(args.stage))
-        ctx.output.err(f"nothing to publish: all {len(found.wheels)} wheel(s) have a local "
-                       "version (the stable-ABI wheels have none: docs/stable-wheels.md)")
+        ctx.output.err(
+            f"nothing to publish: all {len(found.wheels)} wheel(s) have a local "
+            "version (the stable-ABI wheels have none: docs/stable-wheels.md)"
+        )
         return 0
     username = args.username or ctx.env.get(USER_ENV)
     if args.skip_existing:
@@ -286,8 +386,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if not wheels:
             if args.stage:
                 stage([], found.sha256, Path(args.stage))
-            ctx.output.err(f"nothing to upload: all {len(found.wheels)} wheel(s) are "
-                           "already there")
+            ctx.output.err(f"nothing to upload: all {len(found.wheels)} wheel(s) are already there")
             return 0
     env = dict(ctx.env)
     # twine would otherwise ask the desktop keyring for a password, which can block or
@@ -299,15 +398,17 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         stage(wheels, found.sha256, Path(args.stage))
         for w in wheels:
             ctx.output.out(w.name)
-        ctx.output.err(f"staged {len(wheels)} wheel(s) in {args.stage} for {url}; nothing "
-                       "was uploaded")
+        ctx.output.err(
+            f"staged {len(wheels)} wheel(s) in {args.stage} for {url}; nothing was uploaded"
+        )
         return 0
     if args.trusted_publishing:
         # Minted last, after every check: the token lives minutes, and is only needed here.
         minted = trusted.mint_token(url, id_token or "")
         redact.add_secret(minted)
-        ctx.output.err(f"trusted publishing: {trusted.mint_url(url)} minted an upload token "
-                       "for this job")
+        ctx.output.err(
+            f"trusted publishing: {trusted.mint_url(url)} minted an upload token for this job"
+        )
         username = trusted.TOKEN_USER
         env[PASSWORD_ENV] = minted
     cmd = twine_command(wheels, url, username=username)
@@ -327,4 +428,3 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.out(w.name)
     ctx.output.err(f"published {len(wheels)} wheel(s) to {url}")
     return 0
-

@@ -25,8 +25,10 @@ from builder.errors import ConfigError
 from builder.images.render import render_all, write_recipes
 
 NAME = "render"
-HELP = ("write each selected cell's Dockerfile into OUT/<cell id>/, or (--ci) a CI workflow "
-        "that builds every wheel on its runner")
+HELP = (
+    "write each selected cell's Dockerfile into OUT/<cell id>/, or (--ci) a CI workflow "
+    "that builds every wheel on its runner"
+)
 DESCRIPTION = """\
 Render docker/<ARCH>/Dockerfile.j2 for every selected cell (default: all buildable
 cells) and write OUT/<cell id>/Dockerfile, plus the CA bundle when one is configured,
@@ -75,22 +77,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="output folder (default: build/dockerfiles); with --ci the workflow file "
         "(default: stdout)",
     )
-    p.add_argument("--ci", choices=("github", "gitlab"), default=None,
-                   help="write a CI workflow that builds every selected cell's wheel on its "
-                   "runner, merges and indexes them (see above)")
-    p.add_argument("--publish", choices=PUBLISH_MODES, default=None,
-                   help="with --ci: how the release is published on tags: trusted (default: PyPI "
-                   "trusted publishing, the wheels PyPI takes) or token (TWINE_* secrets)")
-    p.add_argument("--project", metavar="PATH", default=None,
-                   help="the project the jobs build, as `build --project`: a path inside this "
-                   "checkout (the jobs run `make wheel PROJECT=`), or a project of its own "
-                   "(the workflow is that project's: the jobs install the builder as a tool "
-                   "and build from its root; see above); default: this repository, or the "
-                   "current folder for the installed tool")
-    p.add_argument("--tool", metavar="REQUIREMENT", default=None,
-                   help="with --ci for a project of its own: what its jobs pip install as the "
-                   f"builder, a requirement or the path of a wheel in the project (default: "
-                   f"{TOOL_DIST}==<this builder's version>)")
+    p.add_argument(
+        "--ci",
+        choices=("github", "gitlab"),
+        default=None,
+        help="write a CI workflow that builds every selected cell's wheel on its "
+        "runner, merges and indexes them (see above)",
+    )
+    p.add_argument(
+        "--publish",
+        choices=PUBLISH_MODES,
+        default=None,
+        help="with --ci: how the release is published on tags: trusted (default: PyPI "
+        "trusted publishing, the wheels PyPI takes) or token (TWINE_* secrets)",
+    )
+    p.add_argument(
+        "--project",
+        metavar="PATH",
+        default=None,
+        help="the project the jobs build, as `build --project`: a path inside this "
+        "checkout (the jobs run `make wheel PROJECT=`), or a project of its own "
+        "(the workflow is that project's: the jobs install the builder as a tool "
+        "and build from its root; see above); default: this repository, or the "
+        "current folder for the installed tool",
+    )
+    p.add_argument(
+        "--tool",
+        metavar="REQUIREMENT",
+        default=None,
+        help="with --ci for a project of its own: what its jobs pip install as the "
+        f"builder, a requirement or the path of a wheel in the project (default: "
+        f"{TOOL_DIST}==<this builder's version>)",
+    )
     p.add_argument(
         "--print",
         dest="print_only",
@@ -105,11 +123,15 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.ci:
         return _render_ci(args, ctx)
     if args.publish:
-        raise ConfigError("--publish says how a CI workflow publishes; it needs --ci github or "
-                          "--ci gitlab", key="--publish")
+        raise ConfigError(
+            "--publish says how a CI workflow publishes; it needs --ci github or --ci gitlab",
+            key="--publish",
+        )
     if args.tool:
-        raise ConfigError("--tool says what a CI workflow's jobs install; it needs --ci github "
-                          "or --ci gitlab", key="--tool")
+        raise ConfigError(
+            "--tool says what a CI workflow's jobs install; it needs --ci github or --ci gitlab",
+            key="--tool",
+        )
     args.out = args.out or "build/dockerfiles"
     settings, resolution = resolve_from_args(args, ctx, everything=True)
     recipes = render_all([c.cell for c in resolution.cells], settings.config)
@@ -129,14 +151,19 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     from builder.ci.jobs import TOOL, in_checkout, in_project, workflow  # noqa: PLC0415
 
     if args.print_only:
-        raise ConfigError("--print writes Dockerfiles; --ci writes the workflow to --out FILE "
-                          "or stdout: use one of them")
+        raise ConfigError(
+            "--print writes Dockerfiles; --ci writes the workflow to --out FILE "
+            "or stdout: use one of them"
+        )
     root = _own_project(args.project)
     if root is None:
         if args.tool:
-            raise ConfigError("--tool names what the jobs of a project of its own install; "
-                              "this checkout's jobs use its Makefile (give --project a path "
-                              "outside this checkout, or leave --tool out)", key="--tool")
+            raise ConfigError(
+                "--tool names what the jobs of a project of its own install; "
+                "this checkout's jobs use its Makefile (give --project a path "
+                "outside this checkout, or leave --tool out)",
+                key="--tool",
+            )
         config = in_checkout(args.config, "--config")
         project = in_checkout(args.project, "--project")
         tool = None
@@ -149,11 +176,15 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     if cfg.origins.get("backend") == "built-in default":
         # CI runners are fresh machines with an engine: they build in the base images. What
         # this host would pick (its local Pythons, its cross toolchain) says nothing of them.
-        origins = {**cfg.origins, "backend": "render --ci: the CI runners build in the "
-                                             "manylinux base images"}
+        origins = {
+            **cfg.origins,
+            "backend": "render --ci: the CI runners build in the manylinux base images",
+        }
         settings = replace(settings, config=replace(cfg, backend=DOCKER.name, origins=origins))
-        ctx.output.err(f"note: --ci: BACKEND={DOCKER.name} for every job (the CI runners build in "
-                       "the manylinux base images); name --backend for another")
+        ctx.output.err(
+            f"note: --ci: BACKEND={DOCKER.name} for every job (the CI runners build in "
+            "the manylinux base images); name --backend for another"
+        )
     # The records name the jobs' output folder, dist/ (as `plan`'s do), not the workflow file.
     jobs_args = argparse.Namespace(**{**vars(args), "out": "dist"})
     settings, resolution = resolve_from_args(jobs_args, ctx, everything=True, settings=settings)
@@ -164,14 +195,23 @@ def _render_ci(args: argparse.Namespace, ctx: Context) -> int:
     argv += [f"--tool {shlex.quote(args.tool)}"] if args.tool and tool else []
     publish = args.publish or "trusted"
     argv += [f"--publish {publish}"] if args.publish else []
-    wf = workflow(settings, resolution, config=config, project=project, source=" ".join(argv),
-                  publish=publish, tool=tool)
+    wf = workflow(
+        settings,
+        resolution,
+        config=config,
+        project=project,
+        source=" ".join(argv),
+        publish=publish,
+        tool=tool,
+    )
     text = (github if args.ci == "github" else gitlab).render(wf)
     builds = sum(j.kind == "build" for j in wf.jobs)
     # GitLab's publish was always a job of its own; GitHub's is one with trusted publishing.
     publish_job = ", 1 publish job" if publish == "trusted" or args.ci == "gitlab" else ""
-    summary = (f"{builds} build job(s), {len(wf.jobs) - builds} verify job(s), 1 release job"
-               f"{publish_job} ({args.ci}, publish: {publish})")
+    summary = (
+        f"{builds} build job(s), {len(wf.jobs) - builds} verify job(s), 1 release job"
+        f"{publish_job} ({args.ci}, publish: {publish})"
+    )
     if args.out is None:
         ctx.output.out(text.rstrip("\n"))
         ctx.output.err(summary)

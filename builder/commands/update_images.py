@@ -29,13 +29,21 @@ failed, or --check found a pin to move; 2 a bad config file."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE",
-                   help="the build configuration YAML to rewrite (default: configs/matrix.yaml)")
-    p.add_argument("--arch", metavar="A",
-                   help="X86 or ARM (comma-separated for both; default: every image the "
-                        "config file names)")
-    p.add_argument("--check", action="store_true",
-                   help="pull and compare, write nothing; exit 1 when a pin would move (for CI)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the build configuration YAML to rewrite (default: configs/matrix.yaml)",
+    )
+    p.add_argument(
+        "--arch",
+        metavar="A",
+        help="X86 or ARM (comma-separated for both; default: every image the config file names)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="pull and compare, write nothing; exit 1 when a pin would move (for CI)",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -60,13 +68,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     changes = plan_changes(engine, found, settings.config.proxy, ctx.output.err)
     for c in changes:
         where = ", ".join(s.where for s in c.sites)
-        ctx.output.out(f"images.{c.arch}.base ({where}): "
-                       + (f"{c.old} -> {c.new}" if c.changed else f"{c.new} (unchanged)"))
+        ctx.output.out(
+            f"images.{c.arch}.base ({where}): "
+            + (f"{c.old} -> {c.new}" if c.changed else f"{c.new} (unchanged)")
+        )
     moved = [c for c in changes if c.changed]
     if args.check:
         return 1 if moved else 0
     written = write_changes(moved)
-    ctx.output.err(f"update-images: {len(moved)} pin{'s' if len(moved) != 1 else ''} moved"
-                   + (f"; rewrote {', '.join(display_path(p) for p in written)}" if written
-                      else ""))
+    ctx.output.err(
+        f"update-images: {len(moved)} pin{'s' if len(moved) != 1 else ''} moved"
+        + (f"; rewrote {', '.join(display_path(p) for p in written)}" if written else "")
+    )
     return 0

@@ -30,8 +30,23 @@ from builder.config.model import (
 )
 
 __all__ = [
-    "DEFAULT_CONFIG", "DEFAULTS_FILE", "REPO_ROOT", "BaseImage", "BuildConfig", "BuildOptions",
-    "CliOverrides", "default_project", "MatrixRule", "MatrixSpec", "OfflineOptions", "PipOptions",
-    "PublishOptions", "Selection", "Settings", "display_path", "load_config_file",
-    "load_settings", "parse_config_text",
+    "DEFAULT_CONFIG",
+    "DEFAULTS_FILE",
+    "REPO_ROOT",
+    "BaseImage",
+    "BuildConfig",
+    "BuildOptions",
+    "CliOverrides",
+    "default_project",
+    "MatrixRule",
+    "MatrixSpec",
+    "OfflineOptions",
+    "PipOptions",
+    "PublishOptions",
+    "Selection",
+    "Settings",
+    "display_path",
+    "load_config_file",
+    "load_settings",
+    "parse_config_text",
 ]

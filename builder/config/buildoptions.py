@@ -53,15 +53,24 @@ from builder.config.uvpin import uv_pin
 from builder.config.yamlfile import brief
 from builder.errors import ConfigError
 
-KEYS: tuple[str, ...] = ("environment", "environment-pass", "before-all", "before-build",
-                         "config-settings", "build-frontend", "repair-wheel-command")
+KEYS: tuple[str, ...] = (
+    "environment",
+    "environment-pass",
+    "before-all",
+    "before-build",
+    "config-settings",
+    "build-frontend",
+    "repair-wheel-command",
+)
 FRONTENDS: tuple[str, ...] = ("pip", "build", "build[uv]", "uv")
 #: The frontends that run the pinned uv (configs/uv.txt) in the build environment.
 UV_FRONTENDS: tuple[str, ...] = ("build[uv]", "uv")
 #: cibuildwheel's spellings of a frontend, for messages.
-FRONTEND_FORMS = ("one of pip, build, build[uv], uv, optionally with arguments for the "
-                  "frontend: 'NAME; args: ARGS' (e.g. 'build; args: --skip-dependency-check') "
-                  "or a table {name = NAME, args = [ARG, ...]}")
+FRONTEND_FORMS = (
+    "one of pip, build, build[uv], uv, optionally with arguments for the "
+    "frontend: 'NAME; args: ARGS' (e.g. 'build; args: --skip-dependency-check') "
+    "or a table {name = NAME, args = [ARG, ...]}"
+)
 #: The environment variable of each key (the builder's namespace, as its other settings).
 ENV: dict[str, str] = {k: "BUILDER_" + k.upper().replace("-", "_") for k in KEYS}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -89,17 +98,23 @@ class CibwOptions:
     def key(self) -> dict[str, Any]:
         """The part of a cell's input key: everything that shapes the wheel, the passed
         variables by name only."""
-        return {"environment": [list(a) for a in self.environment],
-                "environment_pass": list(self.environment_pass),
-                "before_all": self.before_all, "before_build": self.before_build,
-                "config_settings": [list(s) for s in self.config_settings],
-                "build_frontend": self.build_frontend,
-                "repair_wheel_command": self.repair_wheel_command,
-                # Only when set: the keys of builds without them stay what they were.
-                **({"build_frontend_args": list(self.build_frontend_args)}
-                   if self.build_frontend_args else {}),
-                # The pin with its hashes: other bytes under the same version rebuild too.
-                **({"uv": uv_pin().requirements_line()} if self.uses_uv else {})}
+        return {
+            "environment": [list(a) for a in self.environment],
+            "environment_pass": list(self.environment_pass),
+            "before_all": self.before_all,
+            "before_build": self.before_build,
+            "config_settings": [list(s) for s in self.config_settings],
+            "build_frontend": self.build_frontend,
+            "repair_wheel_command": self.repair_wheel_command,
+            # Only when set: the keys of builds without them stay what they were.
+            **(
+                {"build_frontend_args": list(self.build_frontend_args)}
+                if self.build_frontend_args
+                else {}
+            ),
+            # The pin with its hashes: other bytes under the same version rebuild too.
+            **({"uv": uv_pin().requirements_line()} if self.uses_uv else {}),
+        }
 
     @property
     def uses_uv(self) -> bool:
@@ -110,7 +125,8 @@ class CibwOptions:
         requirements (the offline pre-flight checks a wheelhouse for them, ``fetch``
         downloads them): pypa/build, the pinned uv."""
         return ([uv_pin().requirement] if self.uses_uv else []) + (
-            ["build"] if self.build_frontend in ("build", "build[uv]") else [])
+            ["build"] if self.build_frontend in ("build", "build[uv]") else []
+        )
 
     @property
     def frontend_spec(self) -> str:
@@ -126,8 +142,11 @@ class CibwOptions:
     def describe(self) -> list[str]:
         """One line per option set, with its source (passed variables by name)."""
         values = {**self.key(), "build_frontend": self.frontend_spec}
-        return [f"{key}: {values[key.replace('-', '_')]!r} ({self.origins[key]})"
-                for key in KEYS if key in self.origins]
+        return [
+            f"{key}: {values[key.replace('-', '_')]!r} ({self.origins[key]})"
+            for key in KEYS
+            if key in self.origins
+        ]
 
     def passed(self, env: Mapping[str, str]) -> dict[str, str]:
         """The ``environment-pass`` variables *env* has (a name it lacks is not passed)."""
@@ -147,27 +166,32 @@ def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
                 raise ValueError(f"{brief(name)} is not a variable name; expected e.g. CFLAGS")
             if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
                 raise ValueError(f"{name}: {brief(raw)} is not a value; expected a string")
-            out.append((name, shlex.quote(str(raw)) if isinstance(raw, (int, float))
-                        else raw))
+            out.append((name, shlex.quote(str(raw)) if isinstance(raw, (int, float)) else raw))
         return tuple(out)
     if not isinstance(value, str):
-        raise ValueError(f"{brief(value)} is not an environment; expected 'NAME=value NAME2=value' "
-                         "or a table of NAME = value")
+        raise ValueError(
+            f"{brief(value)} is not an environment; expected 'NAME=value NAME2=value' "
+            "or a table of NAME = value"
+        )
     out = []
     rest = value.strip()
     while rest:
         found = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", rest)
         if found is None:
-            raise ValueError(f"expected NAME=value at {brief(rest[:40])} in {brief(value)}; e.g. "
-                             "'PATH=\"$PATH:/opt/bin\" FORCE_CUDA=0'")
-        rest = rest[found.end():]
+            raise ValueError(
+                f"expected NAME=value at {brief(rest[:40])} in {brief(value)}; e.g. "
+                "'PATH=\"$PATH:/opt/bin\" FORCE_CUDA=0'"
+            )
+        rest = rest[found.end() :]
         word = _WORD.match(rest)
         raw = word.group(0) if word else ""
         out.append((found.group(1), raw))
-        rest = rest[len(raw):]
+        rest = rest[len(raw) :]
         if rest and not rest[0].isspace():
-            raise ValueError(f"unbalanced quote or stray character after {found.group(1)}= "
-                             f"in {brief(value)}; expected NAME=value words, quotes closed")
+            raise ValueError(
+                f"unbalanced quote or stray character after {found.group(1)}= "
+                f"in {brief(value)}; expected NAME=value words, quotes closed"
+            )
         rest = rest.lstrip()
     return tuple(out)
 
@@ -175,8 +199,10 @@ def parse_environment(value: Any) -> tuple[tuple[str, str], ...]:
 def parse_names(value: Any) -> tuple[str, ...]:
     items = value.split() if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"{brief(value)} is not a list of variable names; expected e.g. "
-                         "'HF_TOKEN PIP_INDEX_URL' or a list")
+        raise ValueError(
+            f"{brief(value)} is not a list of variable names; expected e.g. "
+            "'HF_TOKEN PIP_INDEX_URL' or a list"
+        )
     for name in items:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ValueError(f"{brief(name)} is not a variable name; expected e.g. HF_TOKEN")
@@ -200,12 +226,14 @@ def parse_config_settings(value: Any) -> tuple[tuple[str, str], ...]:
         for word in words:
             key, eq, one = word.partition("=")
             if not eq or not key:
-                raise ValueError(f"{brief(word)} is not KEY=VALUE; expected e.g. "
-                                 "'--build-option=--cpp_ext'")
+                raise ValueError(
+                    f"{brief(word)} is not KEY=VALUE; expected e.g. '--build-option=--cpp_ext'"
+                )
             pairs.append((key, one))
     else:
-        raise ValueError(f"{brief(value)} is not config settings; expected 'KEY=VALUE ...' or a "
-                         "table")
+        raise ValueError(
+            f"{brief(value)} is not config settings; expected 'KEY=VALUE ...' or a table"
+        )
     if not pairs:
         raise ValueError("no settings; expected 'KEY=VALUE ...' (leave the key out for none)")
     return tuple(pairs)
@@ -239,8 +267,9 @@ def parse_frontend(value: Any) -> tuple[str, tuple[str, ...]]:
         if isinstance(raw, str):
             raw = _shell_words(raw, value)
         if not isinstance(raw, (list, tuple)) or not all(isinstance(a, str) for a in raw):
-            raise ValueError(f"args {brief(raw)} is not a list of strings; expected "
-                             f"{FRONTEND_FORMS}")
+            raise ValueError(
+                f"args {brief(raw)} is not a list of strings; expected {FRONTEND_FORMS}"
+            )
         args = tuple(raw)
     elif isinstance(value, str):
         first, *rest = _split_semicolons(value)
@@ -248,8 +277,10 @@ def parse_frontend(value: Any) -> tuple[str, tuple[str, ...]]:
         for part in rest:
             key, colon, text = part.partition(":")
             if not colon or key.strip() != "args":
-                raise ValueError(f"{brief(part.strip())} in {brief(value)} is not "
-                                 f"'args: ARGS'; expected {FRONTEND_FORMS}")
+                raise ValueError(
+                    f"{brief(part.strip())} in {brief(value)} is not "
+                    f"'args: ARGS'; expected {FRONTEND_FORMS}"
+                )
             words += _shell_words(text, value)
         args = tuple(words)
     else:
@@ -270,29 +301,50 @@ def parse_repair(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         value = " && ".join(parse_repair(v) for v in value)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{brief(value)} is not a command; expected e.g. 'auditwheel repair "
-                         "--exclude libtorch.so -w {dest_dir} {wheel}'")
-    unknown = sorted({m.group(1) for m in re.finditer(r"\{([A-Za-z_]\w*)\}", value)}
-                     - set(REPAIR_PLACEHOLDERS) - set(PLACEHOLDERS))
+        raise ValueError(
+            f"{brief(value)} is not a command; expected e.g. 'auditwheel repair "
+            "--exclude libtorch.so -w {dest_dir} {wheel}'"
+        )
+    unknown = sorted(
+        {m.group(1) for m in re.finditer(r"\{([A-Za-z_]\w*)\}", value)}
+        - set(REPAIR_PLACEHOLDERS)
+        - set(PLACEHOLDERS)
+    )
     if unknown:
-        raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)} in "
-                         f"{brief(value)}; expected {{wheel}} and {{dest_dir}}")
+        raise ValueError(
+            f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)} in "
+            f"{brief(value)}; expected {{wheel}} and {{dest_dir}}"
+        )
     if "{wheel}" not in value or "{dest_dir}" not in value:
-        raise ValueError(f"{brief(value)} does not name both placeholders; expected {{wheel}} (the "
-                         "wheel to repair) and {dest_dir} (where the repaired wheel goes)")
+        raise ValueError(
+            f"{brief(value)} does not name both placeholders; expected {{wheel}} (the "
+            "wheel to repair) and {dest_dir} (where the repaired wheel goes)"
+        )
     return value.strip()
 
 
-_PARSERS = {"environment": parse_environment, "environment-pass": parse_names,
-            "before-all": parse_command, "before-build": parse_command,
-            "config-settings": parse_config_settings, "build-frontend": parse_frontend,
-            "repair-wheel-command": parse_repair}
+_PARSERS = {
+    "environment": parse_environment,
+    "environment-pass": parse_names,
+    "before-all": parse_command,
+    "before-build": parse_command,
+    "config-settings": parse_config_settings,
+    "build-frontend": parse_frontend,
+    "repair-wheel-command": parse_repair,
+}
 
 
-def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
-          key_prefix: str = "", lines: Optional[Mapping[str, Optional[int]]] = None,
-          base: CibwOptions = NO_OPTIONS, name: Optional[str] = None,
-          inherit: Optional[Mapping[str, str]] = None) -> CibwOptions:
+def layer(
+    data: Mapping[str, Any],
+    *,
+    origin: str,
+    file: Optional[str] = None,
+    key_prefix: str = "",
+    lines: Optional[Mapping[str, Optional[int]]] = None,
+    base: CibwOptions = NO_OPTIONS,
+    name: Optional[str] = None,
+    inherit: Optional[Mapping[str, str]] = None,
+) -> CibwOptions:
     """*base* with the keys *data* sets (absent or null: not set here) replaced; ConfigError
     (exit 2) naming the file, line and key of a bad value (*name*: the key's name in
     messages, when it is a variable or a flag). *inherit*: key -> ``append``/``prepend``
@@ -305,8 +357,7 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
         try:
             parsed = _PARSERS[key](data[key])
         except ValueError as exc:
-            raise ConfigError(str(exc), file=file, line=(lines or {}).get(key),
-                              key=where) from None
+            raise ConfigError(str(exc), file=file, line=(lines or {}).get(key), key=where) from None
         attr, source = key.replace("-", "_"), origin
         rule = (inherit or {}).get(key)
         if rule is not None and key in out.origins:
@@ -315,8 +366,11 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
             parsed = merge(getattr(out, attr), parsed, rule, file=file, key=where)
             source = f"{out.origins[key]} {rule}ed by {origin}"
         # (Any: each key's parser returns its own field's type)
-        values: dict[str, Any] = ({"build_frontend": parsed[0], "build_frontend_args": parsed[1]}
-                                  if key == "build-frontend" else {attr: parsed})
+        values: dict[str, Any] = (
+            {"build_frontend": parsed[0], "build_frontend_args": parsed[1]}
+            if key == "build-frontend"
+            else {attr: parsed}
+        )
         out = replace(out, **values, origins={**out.origins, key: source})
     return out
 
@@ -331,26 +385,37 @@ def merge(before: Any, after: Any, rule: str, *, file: Optional[str], key: str) 
         return first + second
     if isinstance(first, str) and not frontend:
         return f"{first} && {second}"
-    raise ConfigError(f"inherit = {rule!r}: {brief(before)} and {brief(after)} cannot be "
-                      "combined; expected inherit only on commands, lists and tables",
-                      file=file, key=key)
+    raise ConfigError(
+        f"inherit = {rule!r}: {brief(before)} and {brief(after)} cannot be "
+        "combined; expected inherit only on commands, lists and tables",
+        file=file,
+        key=key,
+    )
 
 
-def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
-                   table: Optional[CibwTable] = None) -> CibwOptions:
+def from_pyproject(
+    project: Path, identifiers: Optional[Sequence[str]] = None, table: Optional[CibwTable] = None
+) -> CibwOptions:
     """The project's ``[tool.cibuildwheel]`` build options, ``[tool.cibuildwheel.linux]``'s
     replacing them key by key as in cibuildwheel, then the overrides that select the cell
     named *identifiers* (none: the global value; none without a pyproject.toml)."""
     table = table if table is not None else read_table(project)
     out = NO_OPTIONS
     for lay in table.layers(identifiers):
-        out = layer(lay.data, origin=lay.origin, file=table.file, key_prefix=lay.key_prefix,
-                    base=out, inherit=lay.inherit)
+        out = layer(
+            lay.data,
+            origin=lay.origin,
+            file=table.file,
+            key_prefix=lay.key_prefix,
+            base=out,
+            inherit=lay.inherit,
+        )
     return out
 
 
-def upper_layers(config_layer: CibwOptions, env: Mapping[str, str],
-                 cli: Mapping[str, Optional[str]]) -> CibwOptions:
+def upper_layers(
+    config_layer: CibwOptions, env: Mapping[str, str], cli: Mapping[str, Optional[str]]
+) -> CibwOptions:
     """The layers above the project's: config file < ``BUILDER_*`` < command line (*cli*:
     key -> value or None)."""
     out = config_layer
@@ -359,8 +424,7 @@ def upper_layers(config_layer: CibwOptions, env: Mapping[str, str],
             out = layer({key: env[var]}, origin=f"environment {var}", name=var, base=out)
     for key in KEYS:
         if cli.get(key) is not None:
-            out = layer({key: cli[key]}, origin=f"command line --{key}", name=f"--{key}",
-                        base=out)
+            out = layer({key: cli[key]}, origin=f"command line --{key}", name=f"--{key}", base=out)
     return out
 
 
@@ -372,14 +436,21 @@ def over(base: CibwOptions, upper: CibwOptions) -> CibwOptions:
             attrs = [key.replace("-", "_")]
             if key == "build-frontend":
                 attrs.append("build_frontend_args")
-            out = replace(out, **{a: getattr(upper, a) for a in attrs},
-                          origins={**out.origins, key: upper.origins[key]})
+            out = replace(
+                out,
+                **{a: getattr(upper, a) for a in attrs},
+                origins={**out.origins, key: upper.origins[key]},
+            )
     return out
 
 
-def resolve_build_options(project: Path, config_layer: CibwOptions, env: Mapping[str, str],
-                          cli: Mapping[str, Optional[str]],
-                          identifiers: Optional[Sequence[str]] = None) -> CibwOptions:
+def resolve_build_options(
+    project: Path,
+    config_layer: CibwOptions,
+    env: Mapping[str, str],
+    cli: Mapping[str, Optional[str]],
+    identifiers: Optional[Sequence[str]] = None,
+) -> CibwOptions:
     """pyproject < config file < ``BUILDER_*`` < command line (*cli*: key -> value or None);
     *identifiers*: the cell whose overrides apply (none: the global options)."""
     return over(from_pyproject(project, identifiers), upper_layers(config_layer, env, cli))

@@ -40,27 +40,31 @@ def ca_bundle_problem(path: Path) -> Optional[str]:
     except FileNotFoundError:
         return f"CA bundle {shown} does not exist; expected a PEM file"
     except OSError as exc:
-        return (f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable "
-                "PEM file")
+        return f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable PEM file"
     if not stat.S_ISREG(st.st_mode):
-        return (f"CA bundle {shown} is not a regular file (a folder, FIFO or device); "
-                "expected a PEM file")
+        return (
+            f"CA bundle {shown} is not a regular file (a folder, FIFO or device); "
+            "expected a PEM file"
+        )
     if st.st_size > MAX_BYTES:
-        return (f"CA bundle {shown} is {st.st_size} bytes, more than any CA bundle "
-                f"({MAX_BYTES} at most); expected a PEM file of certificates")
+        return (
+            f"CA bundle {shown} is {st.st_size} bytes, more than any CA bundle "
+            f"({MAX_BYTES} at most); expected a PEM file of certificates"
+        )
     try:
         # O_NONBLOCK: a file that became a FIFO since stat is not waited on.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with open(fd, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
-        return (f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable "
-                "PEM file")
+        return f"cannot read CA bundle {shown}: {exc.strerror or exc}; expected a readable PEM file"
     text = data.decode("utf-8", errors="replace")
     if "-----BEGIN " not in text and _binary(data):
-        return (f"{shown} is a binary file (DER or PKCS#12?), not PEM; expected a PEM file "
-                "with '-----BEGIN CERTIFICATE-----' blocks (openssl x509 -inform der "
-                "-in FILE -out FILE.pem converts a DER certificate)")
+        return (
+            f"{shown} is a binary file (DER or PKCS#12?), not PEM; expected a PEM file "
+            "with '-----BEGIN CERTIFICATE-----' blocks (openssl x509 -inform der "
+            "-in FILE -out FILE.pem converts a DER certificate)"
+        )
     return _pem_problem(text, shown)
 
 
@@ -84,33 +88,46 @@ def _pem_problem(text: str, shown: str) -> Optional[str]:
         begin, end = _BEGIN.match(line), _END.match(line)
         if label is None:
             if end is not None:
-                return (f"{shown} line {number}: an END line without its BEGIN line; "
-                        "expected a PEM file of certificates")
+                return (
+                    f"{shown} line {number}: an END line without its BEGIN line; "
+                    "expected a PEM file of certificates"
+                )
             if begin is None:
                 continue
             label, start = begin.group(1), number
             if "PRIVATE KEY" in label:
-                return (f"{shown} line {number} begins a private key ({label}), which a CA "
-                        "bundle must not hold (it would be copied into every image); "
-                        "expected certificates only")
+                return (
+                    f"{shown} line {number} begins a private key ({label}), which a CA "
+                    "bundle must not hold (it would be copied into every image); "
+                    "expected certificates only"
+                )
             continue
         if begin is not None:
-            return (f"{shown} line {number}: a BEGIN line inside the {label} block begun on "
-                    f"line {start}; expected its END line first")
+            return (
+                f"{shown} line {number}: a BEGIN line inside the {label} block begun on "
+                f"line {start}; expected its END line first"
+            )
         if end is not None:
             if end.group(1) != label:
-                return (f"{shown} line {number}: END {end.group(1)} closes the {label} block "
-                        f"begun on line {start}")
+                return (
+                    f"{shown} line {number}: END {end.group(1)} closes the {label} block "
+                    f"begun on line {start}"
+                )
             certificates += label == "CERTIFICATE"
             label = None
             continue
         if not _BASE64.fullmatch(line.strip()):
-            return (f"{shown} line {number}: the {label} block begun on line {start} holds "
-                    "something other than base64; expected a PEM file (is it damaged?)")
+            return (
+                f"{shown} line {number}: the {label} block begun on line {start} holds "
+                "something other than base64; expected a PEM file (is it damaged?)"
+            )
     if label is not None:
-        return (f"{shown}: the {label} block begun on line {start} never ends (no "
-                f"'-----END {label}-----' line); is the file cut short?")
+        return (
+            f"{shown}: the {label} block begun on line {start} never ends (no "
+            f"'-----END {label}-----' line); is the file cut short?"
+        )
     if certificates == 0:
-        return (f"{shown} holds no certificate; expected a PEM file with "
-                "'-----BEGIN CERTIFICATE-----'")
+        return (
+            f"{shown} holds no certificate; expected a PEM file with '-----BEGIN CERTIFICATE-----'"
+        )
     return None

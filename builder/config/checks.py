@@ -97,10 +97,13 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[PathKey, str]:
                 msg += f", more than the {JOBS_MAX} compile jobs a cell takes"
             return path, msg
         if isinstance(inst, dict) and last in _STRING_OR_TABLE:
-            return path, (f"expected a string, null or a mapping of names to values, got "
-                          f"{_kind(inst)} {brief(inst)}")
-        return path, (f"expected a string or a non-empty list of strings, got {_kind(inst)} "
-                      f"{brief(inst)}")
+            return path, (
+                f"expected a string, null or a mapping of names to values, got "
+                f"{_kind(inst)} {brief(inst)}"
+            )
+        return path, (
+            f"expected a string or a non-empty list of strings, got {_kind(inst)} {brief(inst)}"
+        )
     if v == "minimum":
         return path, f"expected at least {err.validator_value}, got {brief(inst)}"
     if v == "maximum":
@@ -158,8 +161,12 @@ _AXIS_PARSERS: dict[str, Callable[[str], str]] = {
     "torch": values.torch_version,
     "cuda": values.cuda_version,
 }
-_AXIS_WORDS = {"arch": "arch", "python": "Python version", "torch": "torch version",
-               "cuda": "CUDA version or cpu"}
+_AXIS_WORDS = {
+    "arch": "arch",
+    "python": "Python version",
+    "torch": "torch version",
+    "cuda": "CUDA version or cpu",
+}
 #: Matrix axes a config file may leave out, and what they then are.
 _OPTIONAL_AXES = {"cuda": ["cpu"]}
 
@@ -204,19 +211,30 @@ def _check_values(doc: YamlDocument) -> None:
         if "base" in image:
             check(("images", name, "base"), values.image_pin, image["base"])
         if "plat" in image:
-            check(("images", name, "plat"), functools.partial(values.plat, machine=machine),
-                  image["plat"])
+            check(
+                ("images", name, "plat"),
+                functools.partial(values.plat, machine=machine),
+                image["plat"],
+            )
         if "python_path" in image:
             check(("images", name, "python_path"), values.python_path, image["python_path"])
     build = data.get("build") or {}
     jobs = build.get("jobs")
     if isinstance(jobs, float):  # the schema's integer takes 2.0 (and 1e300); MAX_JOBS would not
-        raise ConfigError(f"{_JOBS_EXPECTED}, got number {brief(jobs)}", file=doc.file,
-                          line=doc.line(("build", "jobs")), key="build.jobs")
+        raise ConfigError(
+            f"{_JOBS_EXPECTED}, got number {brief(jobs)}",
+            file=doc.file,
+            line=doc.line(("build", "jobs")),
+            key="build.jobs",
+        )
     timeout = (data.get("pip") or {}).get("timeout")
     if isinstance(timeout, float) and math.isnan(timeout):  # NaN passes every comparison
-        raise ConfigError("expected a timeout in seconds above 0 and at most 3600, got .nan",
-                          file=doc.file, line=doc.line(("pip", "timeout")), key="pip.timeout")
+        raise ConfigError(
+            "expected a timeout in seconds above 0 and at most 3600, got .nan",
+            file=doc.file,
+            line=doc.line(("pip", "timeout")),
+            key="pip.timeout",
+        )
     for path in _PATH_KEYS:
         node: Any = data
         for part in path:
@@ -270,9 +288,9 @@ def load_config_file(path: Path) -> tuple[YamlDocument, YamlDocument]:
     return defaults, doc
 
 
-
-def parse_config_text(text: str, name: str = "<config>", *,
-                      require_matrix: bool = True) -> YamlDocument:
+def parse_config_text(
+    text: str, name: str = "<config>", *, require_matrix: bool = True
+) -> YamlDocument:
     """Parse and check a configuration given as text (used by tests and tools; the built-in
     defaults have no matrix)."""
     doc = parse_yaml(text, name)

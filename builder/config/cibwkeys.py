@@ -30,8 +30,9 @@ from builder.config.projecttest import (
 
 IMAGES: tuple[str, ...] = ("manylinux-x86_64-image", "manylinux-aarch64-image")
 #: Keys read per cell: in the global and linux tables and in an override.
-PER_CELL: frozenset[str] = frozenset((*KEYS, REQUIRES_KEY, COMMAND_KEY, BEFORE_KEY, EXTRAS_KEY,
-                                      SOURCES_KEY, GROUPS_KEY, *IMAGES))
+PER_CELL: frozenset[str] = frozenset(
+    (*KEYS, REQUIRES_KEY, COMMAND_KEY, BEFORE_KEY, EXTRAS_KEY, SOURCES_KEY, GROUPS_KEY, *IMAGES)
+)
 #: Keys the builder reads from ``[tool.cibuildwheel]`` (and from its ``linux`` table).
 READ: frozenset[str] = frozenset((*PER_CELL, *GLOBAL_ONLY, OVERRIDES))
 
@@ -57,9 +58,9 @@ INSTEAD: dict[str, str] = {
     "musllinux-armv7l-image": "not used: the builder makes manylinux (glibc) wheels",
     "musllinux-riscv64-image": "not used: the builder makes manylinux (glibc) wheels",
     "dependency-versions": "not read: torch is pinned per cell (the support table), the build "
-                           "requirements by the project's build-system.requires",
+    "requirements by the project's build-system.requires",
     "build-verbosity": "not read: the cell's whole build output is in its log "
-                       "(build/ampforge/logs/<cell>.log)",
+    "(build/ampforge/logs/<cell>.log)",
     "allow-empty": "not read: a selection with no cell is an error (exit 2) naming why",
     "xbuild-tools": "not used: the builder makes Linux wheels",
     "pyodide-version": "not used: the builder makes Linux wheels",
@@ -68,9 +69,11 @@ INSTEAD: dict[str, str] = {
     "ios": "not used: the builder makes Linux wheels",
     "pyodide": "not used: the builder makes Linux wheels",
 }
-_GLOBAL_IN_OVERRIDE = ("not read in an override: cibuildwheel reads build, skip, test-skip, "
-                       "archs and container-engine once per build; set it in "
-                       "[tool.cibuildwheel] (or its linux table)")
+_GLOBAL_IN_OVERRIDE = (
+    "not read in an override: cibuildwheel reads build, skip, test-skip, "
+    "archs and container-engine once per build; set it in "
+    "[tool.cibuildwheel] (or its linux table)"
+)
 
 
 def unread_keys(section: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -80,8 +83,15 @@ def unread_keys(section: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key in section:
         if key in READ or key == LINUX:
             continue
-        out.append((key, INSTEAD.get(key, "unknown: not a cibuildwheel option the builder "
-                                          "knows (a typo?); it is ignored")))
+        out.append(
+            (
+                key,
+                INSTEAD.get(
+                    key,
+                    "unknown: not a cibuildwheel option the builder knows (a typo?); it is ignored",
+                ),
+            )
+        )
     return out
 
 
@@ -94,21 +104,34 @@ def project_warnings(project: Path) -> list[str]:
     lines = []
     for lay in table.base:
         prefix = lay.key_prefix.rstrip(".")
-        lines += [f"{file}: {prefix}.{key} is {advice}" if advice.startswith("unknown")
-                  else f"{file}: {prefix}.{key}: {advice}"
-                  for key, advice in unread_keys(lay.data)]
+        lines += [
+            f"{file}: {prefix}.{key} is {advice}"
+            if advice.startswith("unknown")
+            else f"{file}: {prefix}.{key}: {advice}"
+            for key, advice in unread_keys(lay.data)
+        ]
     for override in table.overrides:
         prefix = override.layer.key_prefix.rstrip(".")
         for key in override.layer.data:
             if key in PER_CELL:
                 continue
-            advice = (_GLOBAL_IN_OVERRIDE if key in GLOBAL_ONLY else
-                      INSTEAD.get(key, "unknown: not a cibuildwheel option the builder knows "
-                                       "(a typo?); it is ignored"))
-            lines.append(f"{file}: {prefix}.{key} is {advice}" if advice.startswith("unknown")
-                         else f"{file}: {prefix}.{key}: {advice}")
+            advice = (
+                _GLOBAL_IN_OVERRIDE
+                if key in GLOBAL_ONLY
+                else INSTEAD.get(
+                    key,
+                    "unknown: not a cibuildwheel option the builder knows (a typo?); it is ignored",
+                )
+            )
+            lines.append(
+                f"{file}: {prefix}.{key} is {advice}"
+                if advice.startswith("unknown")
+                else f"{file}: {prefix}.{key}: {advice}"
+            )
         for key in override.layer.inherit:
             if key not in PER_CELL:
-                lines.append(f"{file}: {prefix}.inherit.{key}: not used: the builder inherits "
-                             "only the keys it reads per cell")
+                lines.append(
+                    f"{file}: {prefix}.inherit.{key}: not used: the builder inherits "
+                    "only the keys it reads per cell"
+                )
     return lines

@@ -52,9 +52,12 @@ def linux_section(section: dict[str, Any], file: str) -> dict[str, Any]:
     cibuildwheel; ConfigError when it is not a table."""
     value = section.get(LINUX, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"is {type(value).__name__} ({brief(value)}); expected a table of "
-                          "the same keys as [tool.cibuildwheel]", file=file,
-                          key=f"tool.cibuildwheel.{LINUX}")
+        raise ConfigError(
+            f"is {type(value).__name__} ({brief(value)}); expected a table of "
+            "the same keys as [tool.cibuildwheel]",
+            file=file,
+            key=f"tool.cibuildwheel.{LINUX}",
+        )
     return value
 
 
@@ -120,39 +123,56 @@ def read_table(project: Path) -> CibwTable:
     # project and for the build of a copy of it (and in the input key, stable across folders).
     # Errors still name the whole path.
     shown = _shown(file)
-    base = (Layer(section, f"{shown} [tool.cibuildwheel]", "tool.cibuildwheel."),
-            Layer(linux_section(section, file), f"{shown} [tool.cibuildwheel.{LINUX}]",
-                  f"tool.cibuildwheel.{LINUX}."))
+    base = (
+        Layer(section, f"{shown} [tool.cibuildwheel]", "tool.cibuildwheel."),
+        Layer(
+            linux_section(section, file),
+            f"{shown} [tool.cibuildwheel.{LINUX}]",
+            f"tool.cibuildwheel.{LINUX}.",
+        ),
+    )
     raw = section.get(OVERRIDES)
     if raw is None:
         return CibwTable(file, base)
     key = f"tool.cibuildwheel.{OVERRIDES}"
     if not isinstance(raw, list):
-        raise ConfigError(f"is {brief(raw)}; expected an array of tables "
-                          "([[tool.cibuildwheel.overrides]]), each with a select", file=file,
-                          key=key)
+        raise ConfigError(
+            f"is {brief(raw)}; expected an array of tables "
+            "([[tool.cibuildwheel.overrides]]), each with a select",
+            file=file,
+            key=key,
+        )
     return CibwTable(file, base, tuple(_override(i, entry, file) for i, entry in enumerate(raw)))
 
 
 def _override(index: int, entry: Any, file: str) -> Override:
     key = f"tool.cibuildwheel.{OVERRIDES}[{index}]"
     if not isinstance(entry, dict):
-        raise ConfigError(f"is {brief(entry)}; expected a table with select and the settings "
-                          "for the cells it selects", file=file, key=key)
+        raise ConfigError(
+            f"is {brief(entry)}; expected a table with select and the settings "
+            "for the cells it selects",
+            file=file,
+            key=key,
+        )
     select = entry.get("select")
     if isinstance(select, list) and select and all(isinstance(s, str) for s in select):
         select = " ".join(select)
     if not isinstance(select, str) or not select.strip():
-        raise ConfigError(f"is {brief(select)}; expected identifier globs such as 'cp312-*' "
-                          "(a string or a list of strings): an override must select cells",
-                          file=file, key=f"{key}.select")
+        raise ConfigError(
+            f"is {brief(select)}; expected identifier globs such as 'cp312-*' "
+            "(a string or a list of strings): an override must select cells",
+            file=file,
+            key=f"{key}.select",
+        )
     inherit = entry.get("inherit", {})
     if not isinstance(inherit, dict) or not all(v in INHERIT_RULES for v in inherit.values()):
-        raise ConfigError(f"is {brief(inherit)}; expected a table of key = "
-                          f"{' | '.join(repr(r) for r in INHERIT_RULES)}", file=file,
-                          key=f"{key}.inherit")
+        raise ConfigError(
+            f"is {brief(inherit)}; expected a table of key = "
+            f"{' | '.join(repr(r) for r in INHERIT_RULES)}",
+            file=file,
+            key=f"{key}.inherit",
+        )
     data = {k: v for k, v in entry.items() if k not in ("select", "inherit")}
-    origin = (f"{_shown(file)} [[tool.cibuildwheel.overrides]] #{index + 1} "
-              f"(select = {select!r})")
+    origin = f"{_shown(file)} [[tool.cibuildwheel.overrides]] #{index + 1} (select = {select!r})"
     rules = {k: v for k, v in inherit.items() if v != "none"}
     return Override(index, select, parse([select]), Layer(data, origin, f"{key}.", rules))

@@ -59,8 +59,9 @@ class Toolkit:
     def requirements(self, machine: str) -> list[str]:
         """The pip requirement lines (with ``--hash`` options when :meth:`hashed`)."""
         hashed = self.hashed(machine)
-        return [p.requirement(machine) if hashed else f"{p.name}=={p.version}"
-                for p in self.packages]
+        return [
+            p.requirement(machine) if hashed else f"{p.name}=={p.version}" for p in self.packages
+        ]
 
 
 @dataclass(frozen=True)
@@ -77,18 +78,22 @@ def parse_arch_list(text: str, toolkit: Toolkit) -> ArchList:
     *toolkit*'s nvcc can target; ValueError saying what is wrong (callers add file and key)."""
     words = [w for w in re.split(r"[;\s]+", text.strip()) if w]
     if not words:
-        raise ValueError("an empty arch list; expected e.g. \"8.0;9.0+PTX\"")
+        raise ValueError('an empty arch list; expected e.g. "8.0;9.0+PTX"')
     sass: list[str] = []
     ptx: list[str] = []
     for word in words:
         m = _CAP.fullmatch(word)
         if m is None:
-            raise ValueError(f"{brief(word)} is not a compute capability; expected X.Y or X.Y+PTX "
-                             "(e.g. 8.6, 9.0+PTX)")
+            raise ValueError(
+                f"{brief(word)} is not a compute capability; expected X.Y or X.Y+PTX "
+                "(e.g. 8.6, 9.0+PTX)"
+            )
         cap = f"{m.group(1)}.{m.group(2)}"
         if cap not in toolkit.capabilities:
-            raise ValueError(f"compute capability {cap} is not a target of CUDA {toolkit.cuda} "
-                             f"(its nvcc targets {', '.join(toolkit.capabilities)})")
+            raise ValueError(
+                f"compute capability {cap} is not a target of CUDA {toolkit.cuda} "
+                f"(its nvcc targets {', '.join(toolkit.capabilities)})"
+            )
         code = cap.replace(".", "")
         if code not in sass:
             sass.append(code)
@@ -118,36 +123,48 @@ class CudaTable:
     def toolkit(self, cuda: str) -> Optional[Toolkit]:
         return self.toolkits.get(cuda)
 
-    def torch_source(self, torch: str, machine: str, cuda: str,
-                     index_urls: Mapping[str, str], index_origin: str
-                     ) -> tuple[Optional[TorchSource], str]:
+    def torch_source(
+        self, torch: str, machine: str, cuda: str, index_urls: Mapping[str, str], index_origin: str
+    ) -> tuple[Optional[TorchSource], str]:
         """(source, '') when torch *torch*'s CUDA *cuda* build for *machine* is reachable, else
         (None, why not). A configured per-CUDA index (*index_urls*, a mirror the user keeps)
         wins for the CUDA versions the table says it serves; the default index serves its own
         build's CUDA version."""
         tag = cuda_tag(cuda)
         if cuda not in self.toolkits:
-            return None, (f"no CUDA {cuda} toolkit in {self.file} (cuda.toolkits); known: "
-                          f"{', '.join(self.toolkits) or 'none'}")
+            return None, (
+                f"no CUDA {cuda} toolkit in {self.file} (cuda.toolkits); known: "
+                f"{', '.join(self.toolkits) or 'none'}"
+            )
         url = index_urls.get(cuda)
         if url is not None and cuda in self.per_cuda_indexes.get(torch, ()):
-            return TorchSource(url, f"torch {torch}'s {tag} build from the CUDA {cuda} index "
-                                    f"({index_origin}: cuda.index_urls.\"{cuda}\"; per "
-                                    f"{self.file})"), ""
+            return TorchSource(
+                url,
+                f"torch {torch}'s {tag} build from the CUDA {cuda} index "
+                f'({index_origin}: cuda.index_urls."{cuda}"; per '
+                f"{self.file})",
+            ), ""
         default = self.default_index.get(torch, {}).get(machine)
         if default == cuda:
-            return TorchSource(None, f"the default index's torch {torch} for {machine} is the "
-                                     f"CUDA {cuda} build (per {self.file})"), ""
-        have = (f"the default index's torch {torch} for {machine} is the CUDA {default} build"
-                if default else f"{self.file} records no CUDA build of the default index's "
-                                f"torch {torch} for {machine}")
+            return TorchSource(
+                None,
+                f"the default index's torch {torch} for {machine} is the "
+                f"CUDA {cuda} build (per {self.file})",
+            ), ""
+        have = (
+            f"the default index's torch {torch} for {machine} is the CUDA {default} build"
+            if default
+            else f"{self.file} records no CUDA build of the default index's "
+            f"torch {torch} for {machine}"
+        )
         if url is not None:
-            why = (f"; cuda.index_urls.\"{cuda}\" is configured, but {self.file} records no "
-                   f"{tag} build of torch {torch} on a per-CUDA index (cuda.torch.\"{torch}\""
-                   ".per_cuda_indexes)")
+            why = (
+                f'; cuda.index_urls."{cuda}" is configured, but {self.file} records no '
+                f'{tag} build of torch {torch} on a per-CUDA index (cuda.torch."{torch}"'
+                ".per_cuda_indexes)"
+            )
         else:
-            why = (f"; no per-CUDA index for {cuda} is configured (config cuda.index_urls."
-                   f"\"{cuda}\")")
+            why = f'; no per-CUDA index for {cuda} is configured (config cuda.index_urls."{cuda}")'
         return None, f"torch {torch} has no reachable {tag} build: {have}{why}"
 
 
@@ -164,33 +181,47 @@ def load_cuda(doc: YamlDocument, torches: Mapping[str, object]) -> CudaTable:
         return CudaTable(file=doc.file)
     if not isinstance(raw, dict) or not set(raw) <= {"toolkits", "torch"}:
         raise _fail(doc, p, "expected a mapping with 'toolkits' and 'torch'")
-    toolkits = {cuda: _toolkit(doc, p + ("toolkits", cuda), cuda, spec)
-                for cuda, spec in _mapping(doc, p + ("toolkits",), raw.get("toolkits")).items()}
+    toolkits = {
+        cuda: _toolkit(doc, p + ("toolkits", cuda), cuda, spec)
+        for cuda, spec in _mapping(doc, p + ("toolkits",), raw.get("toolkits")).items()
+    }
     default_index: dict[str, dict[str, str]] = {}
     per_cuda: dict[str, tuple[str, ...]] = {}
     for torch, spec in _mapping(doc, p + ("torch",), raw.get("torch")).items():
         tp = p + ("torch", torch)
         if torch not in torches:
-            raise _fail(doc, tp, f"torch {brief(torch)} is not in this table's 'torch' mapping; "
-                                 f"expected one of {', '.join(torches)}")
+            raise _fail(
+                doc,
+                tp,
+                f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                f"expected one of {', '.join(torches)}",
+            )
         if not isinstance(spec, dict) or not set(spec) <= {"default_index", "per_cuda_indexes"}:
-            raise _fail(doc, tp, "expected a mapping with 'default_index' and/or "
-                                 "'per_cuda_indexes'")
+            raise _fail(
+                doc, tp, "expected a mapping with 'default_index' and/or 'per_cuda_indexes'"
+            )
         default_index[torch] = {}
-        for machine, cuda in _mapping(doc, tp + ("default_index",),
-                                      spec.get("default_index") or {}).items():
+        for machine, cuda in _mapping(
+            doc, tp + ("default_index",), spec.get("default_index") or {}
+        ).items():
             mp = tp + ("default_index", machine)
             if machine not in MACHINES:
-                raise _fail(doc, mp, f"unknown machine {brief(machine)}; expected one of "
-                                     f"{', '.join(MACHINES)}")
+                raise _fail(
+                    doc,
+                    mp,
+                    f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}",
+                )
             default_index[torch][machine] = _cuda_known(doc, mp, cuda, toolkits)
         listed = spec.get("per_cuda_indexes") or []
         if not isinstance(listed, list):
             raise _fail(doc, tp + ("per_cuda_indexes",), "expected a list of CUDA versions")
-        per_cuda[torch] = tuple(_cuda_known(doc, tp + ("per_cuda_indexes", i), c, toolkits)
-                                for i, c in enumerate(listed))
-    return CudaTable(file=doc.file, toolkits=toolkits, default_index=default_index,
-                     per_cuda_indexes=per_cuda)
+        per_cuda[torch] = tuple(
+            _cuda_known(doc, tp + ("per_cuda_indexes", i), c, toolkits)
+            for i, c in enumerate(listed)
+        )
+    return CudaTable(
+        file=doc.file, toolkits=toolkits, default_index=default_index, per_cuda_indexes=per_cuda
+    )
 
 
 def _mapping(doc: YamlDocument, path: tuple, raw: object) -> dict[str, object]:
@@ -199,11 +230,16 @@ def _mapping(doc: YamlDocument, path: tuple, raw: object) -> dict[str, object]:
     return raw
 
 
-def _cuda_known(doc: YamlDocument, path: tuple, cuda: object,
-                toolkits: Mapping[str, Toolkit]) -> str:
+def _cuda_known(
+    doc: YamlDocument, path: tuple, cuda: object, toolkits: Mapping[str, Toolkit]
+) -> str:
     if not isinstance(cuda, str) or cuda not in toolkits:
-        raise _fail(doc, path, f"expected a quoted CUDA version of cuda.toolkits "
-                               f"({', '.join(toolkits) or 'none'}), got {brief(cuda)}")
+        raise _fail(
+            doc,
+            path,
+            f"expected a quoted CUDA version of cuda.toolkits "
+            f"({', '.join(toolkits) or 'none'}), got {brief(cuda)}",
+        )
     return cuda
 
 
@@ -214,32 +250,51 @@ def _toolkit(doc: YamlDocument, path: tuple, cuda: str, spec: object) -> Toolkit
     if not isinstance(spec, dict) or set(spec) != keys:
         raise _fail(doc, path, f"expected a mapping with {', '.join(sorted(keys))}")
     caps = spec["capabilities"]
-    if not isinstance(caps, list) or not caps or not all(
-            isinstance(c, str) and _CAP.fullmatch(c) and "+" not in c for c in caps):
-        raise _fail(doc, path + ("capabilities",),
-                    f'expected a list of quoted compute capabilities like "8.0", got {brief(caps)}')
+    if (
+        not isinstance(caps, list)
+        or not caps
+        or not all(isinstance(c, str) and _CAP.fullmatch(c) and "+" not in c for c in caps)
+    ):
+        raise _fail(
+            doc,
+            path + ("capabilities",),
+            f'expected a list of quoted compute capabilities like "8.0", got {brief(caps)}',
+        )
     packages = []
     for name, pkg in _mapping(doc, path + ("packages",), spec["packages"]).items():
         pp = path + ("packages", name)
-        if not isinstance(pkg, dict) or not isinstance(pkg.get("version"), str) or not (
-                set(pkg) <= {"version", "sha256"}):
-            raise _fail(doc, pp, "expected {version: \"X.Y.Z\", sha256: {machine: digest}}")
+        if (
+            not isinstance(pkg, dict)
+            or not isinstance(pkg.get("version"), str)
+            or not (set(pkg) <= {"version", "sha256"})
+        ):
+            raise _fail(doc, pp, 'expected {version: "X.Y.Z", sha256: {machine: digest}}')
         digests = pkg.get("sha256") or {}
-        for machine, digest in (digests.items() if isinstance(digests, dict) else [(None, 0)]):
-            if machine not in MACHINES or not (isinstance(digest, str)
-                                               and re.fullmatch(r"[0-9a-f]{64}", digest)):
-                raise _fail(doc, pp + ("sha256",), f"expected a mapping of machine "
-                                                   f"({', '.join(MACHINES)}) -> sha256 hex "
-                                                   f"digest, got {brief(machine)}: {brief(digest)}")
+        for machine, digest in digests.items() if isinstance(digests, dict) else [(None, 0)]:
+            if machine not in MACHINES or not (
+                isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)
+            ):
+                raise _fail(
+                    doc,
+                    pp + ("sha256",),
+                    f"expected a mapping of machine "
+                    f"({', '.join(MACHINES)}) -> sha256 hex "
+                    f"digest, got {brief(machine)}: {brief(digest)}",
+                )
         packages.append(ToolkitPackage(name, pkg["version"], dict(digests)))
     if not packages:
         raise _fail(doc, path + ("packages",), "expected at least one package (nvidia-cuda-nvcc)")
-    toolkit = Toolkit(cuda=cuda, capabilities=tuple(caps), default_arch_list="",
-                      packages=tuple(packages))
+    toolkit = Toolkit(
+        cuda=cuda, capabilities=tuple(caps), default_arch_list="", packages=tuple(packages)
+    )
     default = spec["default_arch_list"]
     try:
         parsed = parse_arch_list(default if isinstance(default, str) else "", toolkit)
     except ValueError as exc:
         raise _fail(doc, path + ("default_arch_list",), str(exc)) from None
-    return Toolkit(cuda=cuda, capabilities=toolkit.capabilities, default_arch_list=parsed.text,
-                   packages=toolkit.packages)
+    return Toolkit(
+        cuda=cuda,
+        capabilities=toolkit.capabilities,
+        default_arch_list=parsed.text,
+        packages=toolkit.packages,
+    )

@@ -28,8 +28,9 @@ class CudaOptions:
 NO_CUDA_OPTIONS = CudaOptions()
 
 
-def layer(merged: Mapping[str, Any], doc: YamlDocument, table: CudaTable,
-          origin: str) -> CudaOptions:
+def layer(
+    merged: Mapping[str, Any], doc: YamlDocument, table: CudaTable, origin: str
+) -> CudaOptions:
     """The ``cuda`` section of the merged config (*doc*: the file, for lines)."""
     raw = merged.get("cuda") or {}
     out: dict[str, dict[str, str]] = {"index_urls": {}, "arch_list": {}}
@@ -38,17 +39,26 @@ def layer(merged: Mapping[str, Any], doc: YamlDocument, table: CudaTable,
             path = ("cuda", key, cuda)
 
             def fail(message: str, path: tuple = path) -> ConfigError:
-                return ConfigError(message, file=doc.file, line=doc.line(path),
-                                   key=format_path(path))
+                return ConfigError(
+                    message, file=doc.file, line=doc.line(path), key=format_path(path)
+                )
 
             toolkit = table.toolkit(cuda)
             if toolkit is None:
-                raise fail(f"CUDA {brief(cuda)} has no toolkit in {table.file} (cuda.toolkits); "
-                           f"expected one of {', '.join(table.toolkits) or 'none'}")
+                raise fail(
+                    f"CUDA {brief(cuda)} has no toolkit in {table.file} (cuda.toolkits); "
+                    f"expected one of {', '.join(table.toolkits) or 'none'}"
+                )
             try:
-                out[key][cuda] = (values.index_url(value) if key == "index_urls"
-                                  else parse_arch_list(value, toolkit).text)
+                out[key][cuda] = (
+                    values.index_url(value)
+                    if key == "index_urls"
+                    else parse_arch_list(value, toolkit).text
+                )
             except ValueError as exc:
                 raise fail(f"{brief(value)}: {exc}") from None
-    return CudaOptions(index_urls=out["index_urls"], arch_list=out["arch_list"],
-                       origin=origin if raw else "built-in default")
+    return CudaOptions(
+        index_urls=out["index_urls"],
+        arch_list=out["arch_list"],
+        origin=origin if raw else "built-in default",
+    )

@@ -39,32 +39,41 @@ def resolve_groups(doc: Mapping[str, Any], names: Sequence[str]) -> tuple[str, .
     return tuple(out)
 
 
-def _expand(groups: Mapping[str, tuple[str, Any]], name: str,
-            seen: tuple[str, ...]) -> list[str]:
+def _expand(groups: Mapping[str, tuple[str, Any]], name: str, seen: tuple[str, ...]) -> list[str]:
     key = normalize(name)
     if key in seen:
-        raise ValueError(f"dependency group {name!r} includes itself ({' -> '.join(seen)} -> "
-                         f"{key}); expected groups without a cycle")
+        raise ValueError(
+            f"dependency group {name!r} includes itself ({' -> '.join(seen)} -> "
+            f"{key}); expected groups without a cycle"
+        )
     if key not in groups:
         have = ", ".join(sorted(k for k, _ in groups.values())) or "none"
-        raise ValueError(f"no dependency group {name!r} in [{KEY}] (it has: {have}); expected "
-                         "a group the project's pyproject.toml declares")
+        raise ValueError(
+            f"no dependency group {name!r} in [{KEY}] (it has: {have}); expected "
+            "a group the project's pyproject.toml declares"
+        )
     written, items = groups[key]
     if not isinstance(items, list):
-        raise ValueError(f"[{KEY}] {written} is {brief(items)}; expected a list of "
-                         "requirements and {include-group = \"NAME\"} tables")
+        raise ValueError(
+            f"[{KEY}] {written} is {brief(items)}; expected a list of "
+            'requirements and {include-group = "NAME"} tables'
+        )
     out: list[str] = []
     for item in items:
         if isinstance(item, dict) and set(item) == {"include-group"}:
             out += _expand(groups, str(item["include-group"]), (*seen, key))
             continue
         if not isinstance(item, str):
-            raise ValueError(f"[{KEY}] {written}: {brief(item)} is not a requirement; expected "
-                             "a string such as 'pytest>=8' or {include-group = \"NAME\"}")
+            raise ValueError(
+                f"[{KEY}] {written}: {brief(item)} is not a requirement; expected "
+                "a string such as 'pytest>=8' or {include-group = \"NAME\"}"
+            )
         try:
             Requirement(item)
         except InvalidRequirement as exc:
-            raise ValueError(f"[{KEY}] {written}: {brief(item)} is not a requirement ({exc})"
-                             "; expected e.g. 'pytest>=8'") from None
+            raise ValueError(
+                f"[{KEY}] {written}: {brief(item)} is not a requirement ({exc})"
+                "; expected e.g. 'pytest>=8'"
+            ) from None
         out.append(item.strip())
     return out

@@ -71,8 +71,12 @@ def _split(value: str) -> list[str]:
 
 
 def _parse_selection_axis(raw: str, axis: str, origin: str) -> tuple[str, ...]:
-    parse = {"arch": arch_name, "python": values.python_version, "torch": values.torch_version,
-             "cuda": values.cuda_version}[axis]
+    parse = {
+        "arch": arch_name,
+        "python": values.python_version,
+        "torch": values.torch_version,
+        "cuda": values.cuda_version,
+    }[axis]
     items = _split(raw)
     if not items:
         raise ConfigError(f"empty value; expected a {_AXIS_WORDS[axis]}", key=origin)
@@ -112,8 +116,9 @@ def _parse_retries(raw: str, origin: str) -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= 100:
-        raise ConfigError(f"expected a whole number of retries from 0 to 100, got {brief(raw)}",
-                          key=origin)
+        raise ConfigError(
+            f"expected a whole number of retries from 0 to 100, got {brief(raw)}", key=origin
+        )
     return value
 
 
@@ -123,8 +128,9 @@ def _parse_timeout(raw: str, origin: str) -> float:
     except ValueError:
         value = 0.0
     if not 0 < value <= 3600:  # NaN fails this too
-        raise ConfigError(f"expected a timeout in seconds above 0 and at most 3600, got "
-                          f"{brief(raw)}", key=origin)
+        raise ConfigError(
+            f"expected a timeout in seconds above 0 and at most 3600, got {brief(raw)}", key=origin
+        )
     return value
 
 
@@ -140,11 +146,19 @@ def _ca_bundle(path: Path, origin: str, doc: YamlDocument | None = None) -> Path
 
 #: Setting -> the environment variable that sets it (the third layer).
 ENV: dict[str, str] = {
-    "arch": "BUILDER_ARCH", "python": "BUILDER_PYTHON", "torch": "BUILDER_TORCH",
-    "jobs": "BUILDER_JOBS", "offline": "BUILDER_OFFLINE", "bundle": "BUILDER_BUNDLE",
-    "backend": "BUILDER_BACKEND", "base_image": "BUILDER_BASE_IMAGE",
-    "network": "BUILDER_NETWORK", "ca_bundle": "BUILDER_CA_BUNDLE", "pull": "BUILDER_PULL",
-    "pip_retries": "BUILDER_PIP_RETRIES", "pip_timeout": "BUILDER_PIP_TIMEOUT",
+    "arch": "BUILDER_ARCH",
+    "python": "BUILDER_PYTHON",
+    "torch": "BUILDER_TORCH",
+    "jobs": "BUILDER_JOBS",
+    "offline": "BUILDER_OFFLINE",
+    "bundle": "BUILDER_BUNDLE",
+    "backend": "BUILDER_BACKEND",
+    "base_image": "BUILDER_BASE_IMAGE",
+    "network": "BUILDER_NETWORK",
+    "ca_bundle": "BUILDER_CA_BUNDLE",
+    "pull": "BUILDER_PULL",
+    "pip_retries": "BUILDER_PIP_RETRIES",
+    "pip_timeout": "BUILDER_PIP_TIMEOUT",
     # pip.index_url: a CI variable names the index without editing the config file
     "index_url": "BUILDER_INDEX_URL",
     "cuda": "BUILDER_CUDA",
@@ -159,8 +173,14 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
     return value if value else None
 
 
-def _layered(name: str, file_value: Any, file_origin: str, env: Mapping[str, str],
-             cli_value: Any, parse: Any = None) -> tuple[Any, str]:
+def _layered(
+    name: str,
+    file_value: Any,
+    file_origin: str,
+    env: Mapping[str, str],
+    cli_value: Any,
+    parse: Any = None,
+) -> tuple[Any, str]:
     """One setting through the layers after the file: (value, where it came from)."""
     value, origin = file_value, file_origin
     var = ENV[name]
@@ -176,8 +196,9 @@ def _layered(name: str, file_value: Any, file_origin: str, env: Mapping[str, str
 
 def _parse_backend(raw: str, origin: str) -> str:
     if raw not in BACKENDS:
-        raise ConfigError(f"unknown backend {brief(raw)}; expected one of {', '.join(BACKENDS)}",
-                          key=origin)
+        raise ConfigError(
+            f"unknown backend {brief(raw)}; expected one of {', '.join(BACKENDS)}", key=origin
+        )
     return raw
 
 
@@ -190,8 +211,10 @@ def _parse_index_url(raw: str, origin: str) -> str:
 
 def _parse_pull(raw: str, origin: str) -> str:
     if raw not in PULL_POLICIES:
-        raise ConfigError(f"unknown pull policy {brief(raw)}; expected one of "
-                          f"{', '.join(PULL_POLICIES)}", key=origin)
+        raise ConfigError(
+            f"unknown pull policy {brief(raw)}; expected one of {', '.join(PULL_POLICIES)}",
+            key=origin,
+        )
     return raw
 
 
@@ -303,8 +326,9 @@ def _matrix(src: _Layers, support: SupportTable) -> MatrixSpec:
     m, doc = src.merged["matrix"], src.doc
     for i, torch in enumerate(m["torch"]):
         if not support.knows(torch):
-            raise _unknown_torch(torch, support, doc, ("matrix", "torch", i),
-                                 " (add a line there for a new release)")
+            raise _unknown_torch(
+                torch, support, doc, ("matrix", "torch", i), " (add a line there for a new release)"
+            )
     rules = {kind: _rules(kind, m.get(kind, []), doc, support) for kind in ("include", "exclude")}
     return MatrixSpec(
         arches=tuple(m["arch"]),
@@ -316,8 +340,9 @@ def _matrix(src: _Layers, support: SupportTable) -> MatrixSpec:
     )
 
 
-def _rules(kind: str, raws: list[dict[str, Any]], doc: YamlDocument,
-           support: SupportTable) -> tuple[MatrixRule, ...]:
+def _rules(
+    kind: str, raws: list[dict[str, Any]], doc: YamlDocument, support: SupportTable
+) -> tuple[MatrixRule, ...]:
     """The matrix's ``include`` or ``exclude`` entries (*kind*); an include's torch known."""
     rules = []
     for i, raw in enumerate(raws):
@@ -338,12 +363,17 @@ def _rules(kind: str, raws: list[dict[str, Any]], doc: YamlDocument,
     return tuple(rules)
 
 
-def _unknown_torch(torch: str, support: SupportTable, doc: YamlDocument, path: tuple,
-                   hint: str = "") -> ConfigError:
+def _unknown_torch(
+    torch: str, support: SupportTable, doc: YamlDocument, path: tuple, hint: str = ""
+) -> ConfigError:
     """The error for a matrix torch the support table lacks, at *path* of the file."""
-    return ConfigError(f"torch {torch} is not in the support table {support.file}; expected "
-                       f"one of {', '.join(support.wheels)}{hint}",
-                       file=doc.file, line=doc.line(path), key=format_path(path))
+    return ConfigError(
+        f"torch {torch} is not in the support table {support.file}; expected "
+        f"one of {', '.join(support.wheels)}{hint}",
+        file=doc.file,
+        line=doc.line(path),
+        key=format_path(path),
+    )
 
 
 def _images(merged: Mapping[str, Any]) -> dict[str, BaseImage]:
@@ -359,8 +389,9 @@ def _images(merged: Mapping[str, Any]) -> dict[str, BaseImage]:
 def _build(src: _Layers) -> BuildOptions:
     """Build options: jobs has all four layers."""
     build = src.merged["build"]
-    jobs, src.origins["jobs"] = _layered("jobs", build["jobs"], src.origin_of("build", "jobs")[0],
-                                         src.env, src.cli.jobs, _parse_jobs)
+    jobs, src.origins["jobs"] = _layered(
+        "jobs", build["jobs"], src.origin_of("build", "jobs")[0], src.env, src.cli.jobs, _parse_jobs
+    )
     return BuildOptions(
         jobs=jobs,
         extra_cflags=tuple(build["extra_cflags"]),
@@ -374,10 +405,16 @@ def _pip(src: _Layers) -> PipOptions:
     net = {}
     for key, parse in (("retries", _parse_retries), ("timeout", _parse_timeout)):
         net[key], src.origins[f"pip_{key}"] = _layered(
-            f"pip_{key}", pip[key], src.origin_of("pip", key)[0], src.env, None, parse)
+            f"pip_{key}", pip[key], src.origin_of("pip", key)[0], src.env, None, parse
+        )
     index_url, src.origins["index_url"] = _layered(
-        "index_url", pip["index_url"], src.origin_of("pip", "index_url")[0], src.env, None,
-        _parse_index_url)
+        "index_url",
+        pip["index_url"],
+        src.origin_of("pip", "index_url")[0],
+        src.env,
+        None,
+        _parse_index_url,
+    )
     return PipOptions(
         index_url=index_url,
         extra_index_urls=tuple(pip["extra_index_urls"]),
@@ -389,8 +426,13 @@ def _offline(src: _Layers) -> OfflineOptions:
     """Offline on or off, the wheelhouse (relative to the file naming it) and the bundle."""
     off, origins = src.merged["offline"], src.origins
     enabled, origins["offline"] = _layered(
-        "offline", off["enabled"], src.origin_of("offline", "enabled")[0], src.env, None,
-        _parse_bool)
+        "offline",
+        off["enabled"],
+        src.origin_of("offline", "enabled")[0],
+        src.env,
+        None,
+        _parse_bool,
+    )
     if src.cli.offline is not None:
         enabled, origins["offline"] = src.cli.offline, "command line --offline"
     bundle: Path | None = None
@@ -401,8 +443,9 @@ def _offline(src: _Layers) -> OfflineOptions:
     if raw_bundle is not None:
         bundle, origins["bundle"] = Path(os.path.abspath(raw_bundle)), bundle_origin
     wheelhouse = src.folder_of("offline", "wheelhouse") / off["wheelhouse"]
-    return OfflineOptions(enabled=enabled, wheelhouse=Path(os.path.normpath(wheelhouse)),
-                          bundle=bundle)
+    return OfflineOptions(
+        enabled=enabled, wheelhouse=Path(os.path.normpath(wheelhouse)), bundle=bundle
+    )
 
 
 def _proxy(src: _Layers) -> ProxySettings:
@@ -420,7 +463,8 @@ def _proxy(src: _Layers) -> ProxySettings:
                 proxy_notes[key] = (
                     f"{key.upper()} ({origin}) has no scheme; taken as "
                     f"{redact_url_credentials(proxy_values[key] or '')}, as pip and curl "
-                    "read it")
+                    "read it"
+                )
 
     for key in PROXY_KEYS:
         set_proxy(key, src.merged["proxy"][key], src.origin_of("proxy", key)[0])
@@ -430,8 +474,11 @@ def _proxy(src: _Layers) -> ProxySettings:
         value = getattr(src.cli, key)
         if value is not None:
             set_proxy(key, value or None, "command line --" + key.replace("_", "-"))
-    return ProxySettings(values=proxy_values, origins=proxy_origins,
-                         notes=tuple(proxy_notes[k] for k in PROXY_KEYS if k in proxy_notes))
+    return ProxySettings(
+        values=proxy_values,
+        origins=proxy_origins,
+        notes=tuple(proxy_notes[k] for k in PROXY_KEYS if k in proxy_notes),
+    )
 
 
 def _ca(src: _Layers) -> Path | None:
@@ -439,8 +486,7 @@ def _ca(src: _Layers) -> Path | None:
     ca: Path | None = None
     if src.merged["ca_bundle"] is not None:
         ca_origin, ca_doc = src.origin_of("ca_bundle")
-        ca = _ca_bundle(src.folder_of("ca_bundle") / src.merged["ca_bundle"], "ca_bundle",
-                        ca_doc)
+        ca = _ca_bundle(src.folder_of("ca_bundle") / src.merged["ca_bundle"], "ca_bundle", ca_doc)
         src.origins["ca_bundle"] = ca_origin
     raw_ca, ca_origin = _layered("ca_bundle", None, "", src.env, src.cli.ca_bundle)
     if raw_ca is not None:
@@ -462,24 +508,37 @@ def _where(src: _Layers, images: Mapping[str, BaseImage]) -> _Where:
     """Where and how: backend, network, pull policy, base image override, runners."""
     build, cli, env, origins = src.merged["build"], src.cli, src.env, src.origins
     backend, origins["backend"] = _layered(
-        "backend", build["backend"], src.origin_of("build", "backend")[0], env, cli.backend,
-        _parse_backend)
+        "backend",
+        build["backend"],
+        src.origin_of("build", "backend")[0],
+        env,
+        cli.backend,
+        _parse_backend,
+    )
     network, origins["network"] = _layered(
-        "network", build["network"], src.origin_of("build", "network")[0], env, cli.network)
+        "network", build["network"], src.origin_of("build", "network")[0], env, cli.network
+    )
     # A bundle implies offline too; that is decided where the bundle is opened, and the
     # build applies never_pull() there.
-    pull, origins["pull"] = _layered("pull", build["pull"], src.origin_of("build", "pull")[0],
-                                     env, cli.pull, _parse_pull)
+    pull, origins["pull"] = _layered(
+        "pull", build["pull"], src.origin_of("build", "pull")[0], env, cli.pull, _parse_pull
+    )
     base_image, origins["base_image"] = _layered(
-        "base_image", None, "config file images.<ARCH>.base", env, cli.base_image)
+        "base_image", None, "config file images.<ARCH>.base", env, cli.base_image
+    )
     if base_image is not None and base_image != "local":
         try:
             values.image_ref(base_image)
         except ValueError as exc:
             raise ConfigError(str(exc), key=origins["base_image"]) from None
     origins["runners"] = src.origin_of("runners")[0]
-    return _Where(backend=backend, network=network, pull=pull, base_image=base_image,
-                  images={arch: replace(image, pull=pull) for arch, image in images.items()})
+    return _Where(
+        backend=backend,
+        network=network,
+        pull=pull,
+        base_image=base_image,
+        images={arch: replace(image, pull=pull) for arch, image in images.items()},
+    )
 
 
 def _project_layers(src: _Layers) -> dict[str, Any]:
@@ -488,11 +547,17 @@ def _project_layers(src: _Layers) -> dict[str, Any]:
     doc = src.doc
     return {
         "test": projecttest.layer(
-            src.merged, origin=src.file_origin, file=doc.file,
-            lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)}),
+            src.merged,
+            origin=src.file_origin,
+            file=doc.file,
+            lines={k: doc.line((k,)) for k in (projecttest.REQUIRES_KEY, projecttest.COMMAND_KEY)},
+        ),
         "build_options": buildoptions.layer(
-            src.merged, origin=src.file_origin, file=doc.file,
-            lines={k: doc.line((k,)) for k in buildoptions.KEYS}),
+            src.merged,
+            origin=src.file_origin,
+            file=doc.file,
+            lines={k: doc.line((k,)) for k in buildoptions.KEYS},
+        ),
     }
 
 
@@ -502,12 +567,18 @@ def never_pull(config: BuildConfig, origin: str) -> BuildConfig:
     policy, or the default, yields."""
     asked = config.origins.get("pull", "").startswith(("command line", "environment"))
     if config.pull == "always" and asked:
-        raise ConfigError(f"pull always ({config.origins['pull']}) and {origin} contradict "
-                          "each other: an offline build reaches no registry; drop one",
-                          key=config.origins["pull"])
+        raise ConfigError(
+            f"pull always ({config.origins['pull']}) and {origin} contradict "
+            "each other: an offline build reaches no registry; drop one",
+            key=config.origins["pull"],
+        )
     images = {arch: replace(image, pull="never") for arch, image in config.images.items()}
-    return replace(config, pull="never", images=images,
-                   origins={**config.origins, "pull": f"{origin} (offline: nothing is pulled)"})
+    return replace(
+        config,
+        pull="never",
+        images=images,
+        origins={**config.origins, "pull": f"{origin} (offline: nothing is pulled)"},
+    )
 
 
 def _cuda_tuple(value: str | list[str] | None) -> tuple[str, ...] | None:
@@ -515,8 +586,9 @@ def _cuda_tuple(value: str | list[str] | None) -> tuple[str, ...] | None:
     return None if found is None else tuple(values.cuda_version(c) for c in found)
 
 
-def _include_arch_list(raw: dict[str, Any], doc: YamlDocument, path: tuple,
-                       support: Any) -> str | None:
+def _include_arch_list(
+    raw: dict[str, Any], doc: YamlDocument, path: tuple, support: Any
+) -> str | None:
     """An include's ``cuda_arch_list``, checked against its CUDA's toolkit (exit 2 otherwise)."""
     text = raw.get("cuda_arch_list")
     if text is None:
@@ -525,14 +597,19 @@ def _include_arch_list(raw: dict[str, Any], doc: YamlDocument, path: tuple,
     cuda = values.cuda_version(raw.get("cuda", "cpu"))
     toolkit = support.cuda.toolkit(cuda)
     if toolkit is None:
-        raise ConfigError(f"cuda_arch_list {brief(text)} needs the entry's cuda to be a CUDA "
-                          f"version of {support.file} (cuda.toolkits), got cuda {cuda!r}",
-                          file=doc.file, line=doc.line(p), key=format_path(p))
+        raise ConfigError(
+            f"cuda_arch_list {brief(text)} needs the entry's cuda to be a CUDA "
+            f"version of {support.file} (cuda.toolkits), got cuda {cuda!r}",
+            file=doc.file,
+            line=doc.line(p),
+            key=format_path(p),
+        )
     try:
         return parse_arch_list(text, toolkit).text
     except ValueError as exc:
-        raise ConfigError(f"{brief(text)}: {exc}", file=doc.file, line=doc.line(p),
-                          key=format_path(p)) from None
+        raise ConfigError(
+            f"{brief(text)}: {exc}", file=doc.file, line=doc.line(p), key=format_path(p)
+        ) from None
 
 
 def _check_proxy(key: str, value: str, origin: str) -> str:

@@ -73,8 +73,12 @@ class MatrixRule:
     def describe(self) -> str:
         parts = [
             f"{name}={','.join(vals)}"
-            for name, vals in (("arch", self.arch), ("python", self.python), ("torch", self.torch),
-                               ("cuda", self.cuda))
+            for name, vals in (
+                ("arch", self.arch),
+                ("python", self.python),
+                ("torch", self.torch),
+                ("cuda", self.cuda),
+            )
             if vals is not None
         ]
         return f"{self.key} ({' '.join(parts)})"
@@ -196,7 +200,10 @@ class Selection:
     @property
     def empty(self) -> bool:
         return (
-            self.arch is None and self.python is None and self.torch is None and not self.patterns
+            self.arch is None
+            and self.python is None
+            and self.torch is None
+            and not self.patterns
             and self.cuda is None
         )
 

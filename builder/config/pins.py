@@ -42,8 +42,11 @@ class ImageRef:
         return replace(self, digest=digest)
 
     def __str__(self) -> str:
-        return (self.repository + (f":{self.tag}" if self.tag else "")
-                + (f"@{self.digest}" if self.digest else ""))
+        return (
+            self.repository
+            + (f":{self.tag}" if self.tag else "")
+            + (f"@{self.digest}" if self.digest else "")
+        )
 
 
 def parse_ref(text: str) -> ImageRef:
@@ -51,9 +54,11 @@ def parse_ref(text: str) -> ImageRef:
     (the rest of the grammar is :func:`builder.config.values.image_ref`'s)."""
     name, at, digest = text.partition("@")
     if at and not DIGEST.fullmatch(digest):
-        raise ValueError(f"{text!r}: the digest {digest!r} is not sha256: followed by 64 "
-                         "lower-case hex digits; expected e.g. "
-                         f"{name}@sha256:{'0' * 12}... as `docker images --digests` shows it")
+        raise ValueError(
+            f"{text!r}: the digest {digest!r} is not sha256: followed by 64 "
+            "lower-case hex digits; expected e.g. "
+            f"{name}@sha256:{'0' * 12}... as `docker images --digests` shows it"
+        )
     head, colon, tag = name.rpartition(":")
     if colon and "/" not in tag:
         return ImageRef(head, tag, digest or None)
@@ -65,9 +70,11 @@ def config_pin(text: str) -> str:
     follows the tag; a bare digest cannot be updated, and says nothing to a reader)."""
     ref = parse_ref(text)
     if ref.digest is not None and ref.tag is None:
-        raise ValueError(f"{text!r} names a digest but no tag; expected "
-                         f"{ref.repository}:TAG@{ref.digest} (the tag is what "
-                         "`python -m builder update-images` follows)")
+        raise ValueError(
+            f"{text!r} names a digest but no tag; expected "
+            f"{ref.repository}:TAG@{ref.digest} (the tag is what "
+            "`python -m builder update-images` follows)"
+        )
     return text
 
 
@@ -77,17 +84,20 @@ def unpinned_reason(text: str) -> Optional[str]:
     if ref.digest is not None:
         return None
     what = f"tag {ref.tag}" if ref.tag else "no tag (Docker reads it as latest)"
-    return (f"{text} is not pinned by digest ({what}): it builds on whatever the tag names on "
-            "the day; `python -m builder update-images` pins it")
+    return (
+        f"{text} is not pinned by digest ({what}): it builds on whatever the tag names on "
+        "the day; `python -m builder update-images` pins it"
+    )
 
 
 def repo_digest(repository: str, repo_digests: list[str]) -> Optional[str]:
     """The digest *repository* has in an image's ``RepoDigests`` (``name@sha256:...``).
     Docker writes Docker Hub names short (``debian``, not ``docker.io/library/debian``)."""
+
     def short(name: str) -> str:
         for prefix in ("docker.io/library/", "docker.io/", "library/"):
             if name.startswith(prefix):
-                return name[len(prefix):]
+                return name[len(prefix) :]
         return name
 
     for entry in repo_digests:
@@ -99,8 +109,10 @@ def repo_digest(repository: str, repo_digests: list[str]) -> Optional[str]:
 
 # ------------------------------------------------------------------ rewriting the file
 
-_SCALAR = re.compile(r"""(?P<head>\s*(?:-\s+)?["']?[A-Za-z0-9_.-]+["']?\s*:\s*)"""
-                     r"""(?P<quote>["']?)(?P<value>[^"'#\s]+)(?P=quote)(?P<tail>\s*(?:#.*)?)""")
+_SCALAR = re.compile(
+    r"""(?P<head>\s*(?:-\s+)?["']?[A-Za-z0-9_.-]+["']?\s*:\s*)"""
+    r"""(?P<quote>["']?)(?P<value>[^"'#\s]+)(?P=quote)(?P<tail>\s*(?:#.*)?)"""
+)
 
 
 def rewrite_scalar(text: str, line: int, old: str, new: str) -> str:
@@ -110,7 +122,7 @@ def rewrite_scalar(text: str, line: int, old: str, new: str) -> str:
     hand then."""
     lines = text.splitlines(keepends=True)
     body = lines[line - 1]
-    ending = body[len(body.rstrip("\r\n")):]
+    ending = body[len(body.rstrip("\r\n")) :]
     found = _SCALAR.fullmatch(body.rstrip("\r\n"))
     if found is None or found.group("value") != old:
         raise ValueError(f"line {line} does not read `key: {old}`")

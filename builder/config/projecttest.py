@@ -87,22 +87,36 @@ class ProjectTest:
         keys cibuildwheel's other test options add only when set, so a cell without them
         keeps the key it had)."""
         out: dict[str, Any] = {"requires": list(self.requires), "command": self.command}
-        extra = {"before": self.before, "extras": list(self.extras),
-                 "sources": list(self.sources), "groups": list(self.groups),
-                 "group_requires": list(self.group_requires), "skipped": bool(self.skipped)}
+        extra = {
+            "before": self.before,
+            "extras": list(self.extras),
+            "sources": list(self.sources),
+            "groups": list(self.groups),
+            "group_requires": list(self.group_requires),
+            "skipped": bool(self.skipped),
+        }
         out.update({k: v for k, v in extra.items() if v})
         return out
 
     def record(self) -> dict[str, Any]:
         """What ``plan`` and the manifest show of the cell's test, with the sources."""
-        sources = {k: v for k, v in ((REQUIRES_KEY, self.requires_origin),
-                                     (COMMAND_KEY, self.command_origin)) if v}
-        return {"command": self.command, "requires": list(self.requires),
-                "before_test": self.before, "extras": list(self.extras),
-                "test_sources": list(self.sources), "groups": list(self.groups),
-                "group_requires": list(self.group_requires), "run": self.enabled,
-                "skipped": self.skipped or None,
-                "sources": dict(sorted({**sources, **self.origins}.items()))}
+        sources = {
+            k: v
+            for k, v in ((REQUIRES_KEY, self.requires_origin), (COMMAND_KEY, self.command_origin))
+            if v
+        }
+        return {
+            "command": self.command,
+            "requires": list(self.requires),
+            "before_test": self.before,
+            "extras": list(self.extras),
+            "test_sources": list(self.sources),
+            "groups": list(self.groups),
+            "group_requires": list(self.group_requires),
+            "run": self.enabled,
+            "skipped": self.skipped or None,
+            "sources": dict(sorted({**sources, **self.origins}.items())),
+        }
 
     def command_for(self, project: str) -> str:
         """The command with ``{project}``/``{package}`` naming *project* (a path inside the
@@ -120,9 +134,12 @@ class ProjectTest:
         parts = [f"{self.command!r} ({self.command_origin})"]
         if self.requires:
             parts.append(f"test-requires {' '.join(self.requires)}")
-        for key, value in ((BEFORE_KEY, self.before), (EXTRAS_KEY, ",".join(self.extras)),
-                           (SOURCES_KEY, " ".join(self.sources)),
-                           (GROUPS_KEY, " ".join(self.groups))):
+        for key, value in (
+            (BEFORE_KEY, self.before),
+            (EXTRAS_KEY, ",".join(self.extras)),
+            (SOURCES_KEY, " ".join(self.sources)),
+            (GROUPS_KEY, " ".join(self.groups)),
+        ):
             if value:
                 parts.append(f"{key} {value!r} ({self.origins.get(key, '?')})")
         if self.skipped:
@@ -138,19 +155,24 @@ def parse_command(value: Any) -> str:
     """A shell command (or a list of them, joined with ``&&``); raises ValueError."""
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{brief(value)} is not a command or a list of commands; expected a "
-                             f"non-empty string, {_EXAMPLE}")
+            raise ValueError(
+                f"{brief(value)} is not a command or a list of commands; expected a "
+                f"non-empty string, {_EXAMPLE}"
+            )
         value = " && ".join(parse_command(v) for v in value)
     if not isinstance(value, str):
         raise ValueError(f"{brief(value)} is not a command; expected a string, {_EXAMPLE}")
     if not value.strip():
-        raise ValueError(f"empty command; expected a shell command, {_EXAMPLE} (leave the key "
-                         "out for no test)")
+        raise ValueError(
+            f"empty command; expected a shell command, {_EXAMPLE} (leave the key out for no test)"
+        )
     unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(value)} - set(PLACEHOLDERS))
     if unknown:
         names = ", ".join("{" + n + "}" for n in unknown)
-        raise ValueError(f"unknown placeholder {names} in {brief(value)}; expected only "
-                         f"{{project}} (the project's root) and {{package}} (the package built)")
+        raise ValueError(
+            f"unknown placeholder {names} in {brief(value)}; expected only "
+            f"{{project}} (the project's root) and {{package}} (the package built)"
+        )
     return value.strip()
 
 
@@ -158,14 +180,17 @@ def parse_requires(value: Any) -> tuple[str, ...]:
     """Requirements: a space-separated string (as cibuildwheel's) or a list; raises ValueError."""
     if isinstance(value, str):
         if not value.strip():
-            raise ValueError("empty value; expected requirements such as 'pytest numpy>=1.26' "
-                             "(leave the key out for none)")
+            raise ValueError(
+                "empty value; expected requirements such as 'pytest numpy>=1.26' "
+                "(leave the key out for none)"
+            )
         items: Sequence[Any] = value.split()
     elif isinstance(value, (list, tuple)):
         items = value
     else:
-        raise ValueError(f"{brief(value)} is not a list of requirements; expected e.g. "
-                         "['pytest', 'numpy>=1.26']")
+        raise ValueError(
+            f"{brief(value)} is not a list of requirements; expected e.g. ['pytest', 'numpy>=1.26']"
+        )
     out = []
     for item in items:
         if not isinstance(item, str) or not item.strip():
@@ -173,8 +198,9 @@ def parse_requires(value: Any) -> tuple[str, ...]:
         try:
             Requirement(item)
         except InvalidRequirement as exc:
-            raise ValueError(f"{brief(item)} is not a requirement ({clip(exc)}); expected e.g. "
-                             "'pytest>=8'") from None
+            raise ValueError(
+                f"{brief(item)} is not a requirement ({clip(exc)}); expected e.g. 'pytest>=8'"
+            ) from None
         out.append(item.strip())
     return tuple(out)
 
@@ -193,8 +219,9 @@ def parse_extras(value: Any) -> tuple[str, ...]:
     """``"test,cuda"`` (cibuildwheel's comma-separated string) or a list; raises ValueError."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"{brief(value)} is not a list of extras; expected e.g. 'test' or "
-                         "['test', 'cuda']")
+        raise ValueError(
+            f"{brief(value)} is not a list of extras; expected e.g. 'test' or ['test', 'cuda']"
+        )
     out = []
     for item in items:
         if not isinstance(item, str) or not _EXTRA.fullmatch(item.strip()):
@@ -205,8 +232,11 @@ def parse_extras(value: Any) -> tuple[str, ...]:
 
 def _words(value: Any, what: str, example: str) -> tuple[str, ...]:
     items = value.split() if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(
-            isinstance(i, str) and i.strip() for i in items):
+    if (
+        not isinstance(items, (list, tuple))
+        or not items
+        or not all(isinstance(i, str) and i.strip() for i in items)
+    ):
         raise ValueError(f"{brief(value)} is not a list of {what}; expected e.g. {example}")
     return tuple(i.strip() for i in items)
 
@@ -217,8 +247,10 @@ def parse_sources(value: Any) -> tuple[str, ...]:
     paths = _words(value, "paths", "'tests pytest.ini' or ['tests']")
     for path in paths:
         if Path(path).is_absolute() or ".." in Path(path).parts:
-            raise ValueError(f"{brief(path)} is not inside the project; expected a path "
-                             "relative to its root, e.g. 'tests'")
+            raise ValueError(
+                f"{brief(path)} is not inside the project; expected a path "
+                "relative to its root, e.g. 'tests'"
+            )
     return paths
 
 
@@ -229,9 +261,13 @@ def parse_groups(value: Any) -> tuple[str, ...]:
 #: key -> (ProjectTest attribute, parser); inherit's append/prepend combines two values (layer).
 #: (Any: each parser returns its own attribute's type.)
 _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    REQUIRES_KEY: ("requires", parse_requires), COMMAND_KEY: ("command", parse_command),
-    BEFORE_KEY: ("before", parse_command), EXTRAS_KEY: ("extras", parse_extras),
-    SOURCES_KEY: ("sources", parse_sources), GROUPS_KEY: ("groups", parse_groups)}
+    REQUIRES_KEY: ("requires", parse_requires),
+    COMMAND_KEY: ("command", parse_command),
+    BEFORE_KEY: ("before", parse_command),
+    EXTRAS_KEY: ("extras", parse_extras),
+    SOURCES_KEY: ("sources", parse_sources),
+    GROUPS_KEY: ("groups", parse_groups),
+}
 #: The keys a build config file and the command line set (the others: pyproject.toml only).
 CONFIG_KEYS = (REQUIRES_KEY, COMMAND_KEY)
 
@@ -254,23 +290,33 @@ def _set(test: ProjectTest, key: str, value: Any, origin: str) -> ProjectTest:
     return replace(test, **{attr: value}, origins={**test.origins, key: origin})
 
 
-def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
-                   table: Any = None) -> ProjectTest:
+def from_pyproject(
+    project: Path, identifiers: Optional[Sequence[str]] = None, table: Any = None
+) -> ProjectTest:
     """The project's ``[tool.cibuildwheel]`` test keys, ``[tool.cibuildwheel.linux]``'s over
     them, then the overrides that select the cell named *identifiers* (none when it has no
     pyproject.toml); test-sources checked against the project, test-groups resolved."""
     table = table if table is not None else read_table(project)
     out = NO_TEST
     for lay in table.layers(identifiers):
-        out = layer(lay.data, origin=lay.origin, file=table.file, key_prefix=lay.key_prefix,
-                    base=out, inherit=lay.inherit)
+        out = layer(
+            lay.data,
+            origin=lay.origin,
+            file=table.file,
+            key_prefix=lay.key_prefix,
+            base=out,
+            inherit=lay.inherit,
+        )
     for path in out.sources:
         found = project / path
         if not found.exists() or not is_inside(project, found):
-            raise ConfigError(f"{path!r} (set in {out.origins.get(SOURCES_KEY)}) is not in "
-                              f"the project {project}; expected a path relative to its root "
-                              "that the tests need (it is copied into their working folder)",
-                              file=table.file, key=SOURCES_KEY)
+            raise ConfigError(
+                f"{path!r} (set in {out.origins.get(SOURCES_KEY)}) is not in "
+                f"the project {project}; expected a path relative to its root "
+                "that the tests need (it is copied into their working folder)",
+                file=table.file,
+                key=SOURCES_KEY,
+            )
     if out.groups:
         from builder.config.depgroups import resolve_groups  # noqa: PLC0415
 
@@ -278,8 +324,11 @@ def from_pyproject(project: Path, identifiers: Optional[Sequence[str]] = None,
         try:
             out = replace(out, group_requires=resolve_groups(doc, out.groups))
         except ValueError as exc:
-            raise ConfigError(f"{exc} (test-groups set in {out.origins.get(GROUPS_KEY)})",
-                              file=table.file, key=GROUPS_KEY) from None
+            raise ConfigError(
+                f"{exc} (test-groups set in {out.origins.get(GROUPS_KEY)})",
+                file=table.file,
+                key=GROUPS_KEY,
+            ) from None
     return out
 
 
@@ -291,10 +340,16 @@ def is_inside(root: Path, path: Path) -> bool:
     return True
 
 
-def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
-          key_prefix: str = "", lines: Optional[Mapping[str, Optional[int]]] = None,
-          base: Optional[ProjectTest] = None,
-          inherit: Optional[Mapping[str, str]] = None) -> ProjectTest:
+def layer(
+    data: Mapping[str, Any],
+    *,
+    origin: str,
+    file: Optional[str] = None,
+    key_prefix: str = "",
+    lines: Optional[Mapping[str, Optional[int]]] = None,
+    base: Optional[ProjectTest] = None,
+    inherit: Optional[Mapping[str, str]] = None,
+) -> ProjectTest:
     """*base* (default: nothing) with the test keys *data* sets replaced (absent or null: not
     set here); *inherit*: key -> append | prepend, as cibuildwheel's overrides (commands
     joined with ``&&``, lists concatenated). ConfigError (exit 2) naming the file, line and
@@ -306,8 +361,9 @@ def layer(data: Mapping[str, Any], *, origin: str, file: Optional[str] = None,
         try:
             parsed = parse(data[key])
         except ValueError as exc:
-            raise ConfigError(str(exc), file=file, line=(lines or {}).get(key),
-                              key=key_prefix + key) from None
+            raise ConfigError(
+                str(exc), file=file, line=(lines or {}).get(key), key=key_prefix + key
+            ) from None
         source = origin
         rule = (inherit or {}).get(key)
         if rule is not None and origin_of(out, key):
@@ -331,29 +387,37 @@ def combine(*layers: ProjectTest) -> ProjectTest:
     return out
 
 
-def upper_test(config_layer: ProjectTest, requires: Optional[str],
-               command: Optional[str]) -> ProjectTest:
+def upper_test(
+    config_layer: ProjectTest, requires: Optional[str], command: Optional[str]
+) -> ProjectTest:
     """The layers above the project's: the config file's, then the command line's."""
     cli = ProjectTest()
     if requires is not None:
         try:
-            cli = ProjectTest(parse_requires(requires), requires_origin="command line "
-                                                                     "--test-requires")
+            cli = ProjectTest(
+                parse_requires(requires), requires_origin="command line --test-requires"
+            )
         except ValueError as exc:
             raise ConfigError(str(exc), key="--test-requires") from None
     if command is not None:
         try:
-            cli = replace(cli, command=parse_command(command),
-                          command_origin="command line --test-command")
+            cli = replace(
+                cli, command=parse_command(command), command_origin="command line --test-command"
+            )
         except ValueError as exc:
             raise ConfigError(str(exc), key="--test-command") from None
     return combine(config_layer, cli)
 
 
-def resolve_project_test(project: Path, config_layer: ProjectTest, requires: Optional[str],
-                         command: Optional[str],
-                         identifiers: Optional[Sequence[str]] = None) -> ProjectTest:
+def resolve_project_test(
+    project: Path,
+    config_layer: ProjectTest,
+    requires: Optional[str],
+    command: Optional[str],
+    identifiers: Optional[Sequence[str]] = None,
+) -> ProjectTest:
     """The three layers for *project* (see the module docstring); *identifiers*: the cell
     whose overrides apply (none: the global test)."""
-    return combine(from_pyproject(project, identifiers),
-                   upper_test(config_layer, requires, command))
+    return combine(
+        from_pyproject(project, identifiers), upper_test(config_layer, requires, command)
+    )

@@ -86,31 +86,43 @@ def load_pyproject(path: Path, shown: str) -> Optional[dict[str, Any]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read it ({exc.strerror or exc}); {_EXPECTED}",
-                          file=shown) from None
+        raise ConfigError(
+            f"cannot read it ({exc.strerror or exc}); {_EXPECTED}", file=shown
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); {_EXPECTED}",
-                          file=shown, line=raw.count(b"\n", 0, exc.start) + 1) from None
+        raise ConfigError(
+            f"byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); {_EXPECTED}",
+            file=shown,
+            line=raw.count(b"\n", 0, exc.start) + 1,
+        ) from None
     deep = _too_deep(text)
     if deep is not None:
-        raise ConfigError(f"arrays and inline tables nested more than {MAX_NESTING} levels "
-                          f"deep; {_EXPECTED} of a project's few levels", file=shown, line=deep)
+        raise ConfigError(
+            f"arrays and inline tables nested more than {MAX_NESTING} levels "
+            f"deep; {_EXPECTED} of a project's few levels",
+            file=shown,
+            line=deep,
+        )
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = _TOML_LINE.search(str(exc))
         # "(at line 3, column 17)", or "(at end of document)": the last line
         line: Optional[int] = int(found.group(1)) if found else len(text.splitlines()) or 1
-        raise ConfigError(f"invalid TOML: {clip(exc, 300)}; {_EXPECTED}", file=shown,
-                          line=line) from None
+        raise ConfigError(
+            f"invalid TOML: {clip(exc, 300)}; {_EXPECTED}", file=shown, line=line
+        ) from None
     except ValueError:  # tomllib reads integers with int(): at most 4300 digits
         long = _LONG_INT.search(text)
         line = text.count("\n", 0, long.start()) + 1 if long else None
-        raise ConfigError("an integer of more than 4300 digits, more than Python reads; "
-                          "expected a number of at most 4300 digits (or a quoted string)",
-                          file=shown, line=line) from None
+        raise ConfigError(
+            "an integer of more than 4300 digits, more than Python reads; "
+            "expected a number of at most 4300 digits (or a quoted string)",
+            file=shown,
+            line=line,
+        ) from None
     except RecursionError:  # pragma: no cover - _too_deep() refuses such nesting first
         raise ConfigError(f"nested too deeply; {_EXPECTED}", file=shown) from None
 
@@ -125,8 +137,9 @@ def table(data: Mapping[str, Any], dotted: str, shown: str) -> dict[str, Any]:
         node = node.get(part, {})
         if not isinstance(node, dict):
             key = ".".join(walked)
-            raise ConfigError(f"is {_kind(node)} ({brief(node)}); expected a table [{key}]",
-                              file=shown, key=key)
+            raise ConfigError(
+                f"is {_kind(node)} ({brief(node)}); expected a table [{key}]", file=shown, key=key
+            )
     return node
 
 
@@ -135,10 +148,18 @@ def string_list(data: Mapping[str, Any], dotted: str, shown: str) -> list[str]:
     head, _, last = dotted.rpartition(".")
     value = (table(data, head, shown) if head else data).get(last, [])
     if not isinstance(value, list):
-        raise ConfigError(f"is {_kind(value)} ({brief(value)}); expected an array of "
-                          'requirement strings such as ["torch>=2.8"]', file=shown, key=dotted)
+        raise ConfigError(
+            f"is {_kind(value)} ({brief(value)}); expected an array of "
+            'requirement strings such as ["torch>=2.8"]',
+            file=shown,
+            key=dotted,
+        )
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            raise ConfigError(f"is {_kind(item)} ({brief(item)}); expected a requirement "
-                              'string such as "torch>=2.8"', file=shown, key=f"{dotted}[{i}]")
+            raise ConfigError(
+                f"is {_kind(item)} ({brief(item)}); expected a requirement "
+                'string such as "torch>=2.8"',
+                file=shown,
+                key=f"{dotted}[{i}]",
+            )
     return value

@@ -17,8 +17,12 @@ _STR_OR_LIST: dict[str, Any] = {
     ]
 }
 
-_RULE_KEYS = {"arch": _STR_OR_LIST, "python": _STR_OR_LIST, "torch": _STR_OR_LIST,
-              "cuda": _STR_OR_LIST}
+_RULE_KEYS = {
+    "arch": _STR_OR_LIST,
+    "python": _STR_OR_LIST,
+    "torch": _STR_OR_LIST,
+    "cuda": _STR_OR_LIST,
+}
 
 _NULLABLE_STRING: dict[str, Any] = {"type": ["string", "null"]}
 
@@ -90,8 +94,12 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "jobs": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": JOBS_MAX},
-                                  {"type": "null"}]},
+                "jobs": {
+                    "anyOf": [
+                        {"type": "integer", "minimum": 1, "maximum": JOBS_MAX},
+                        {"type": "null"},
+                    ]
+                },
                 "extra_cflags": {"type": "array", "items": {"type": "string"}},
                 "auditwheel_exclude": {"type": "array", "items": {"type": "string"}},
                 "backend": {"enum": list(backend_kinds.CHOICES)},
@@ -136,24 +144,58 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         # cibuildwheel's keys and spelling (builder.config.projecttest checks the values).
-        "test-requires": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                    {"type": "array", "items": {"type": "string"}}]},
-        "test-command": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                   {"type": "array", "items": {"type": "string"}}]},
+        "test-requires": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
+        "test-command": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
         # cibuildwheel's build options (builder.config.buildoptions checks the values).
-        "environment": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                  {"type": "object", "additionalProperties": {
-                                      "type": ["string", "number"]}}]},
-        "environment-pass": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                       {"type": "array", "items": {"type": "string"}}]},
-        "before-all": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                 {"type": "array", "items": {"type": "string"}}]},
-        "before-build": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                   {"type": "array", "items": {"type": "string"}}]},
+        "environment": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+            ]
+        },
+        "environment-pass": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
+        "before-all": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
+        "before-build": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
         "config-settings": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "object"}]},
         "build-frontend": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "object"}]},
-        "repair-wheel-command": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                           {"type": "array", "items": {"type": "string"}}]},
+        "repair-wheel-command": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
         "publish": {
             "type": "object",
             "additionalProperties": False,

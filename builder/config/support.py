@@ -84,8 +84,9 @@ class SupportTable:
     #: torch -> the setuptools specifier its torch.utils.cpp_extension works with ("<70").
     setuptools: Mapping[str, str] = field(default_factory=dict)
 
-    def _per_machine(self, table: Mapping[str, Mapping[str, object]], torch: str,
-                     machine: str) -> tuple[object, str]:
+    def _per_machine(
+        self, table: Mapping[str, Mapping[str, object]], torch: str, machine: str
+    ) -> tuple[object, str]:
         """The value for (*torch*, *machine*) and the table key it came from."""
         for key in (torch, "default"):
             entry = table.get(key)
@@ -100,8 +101,11 @@ class SupportTable:
         """The glibc torch's own wheel for *machine* needs (the ceiling for ours)."""
         value, key = self._per_machine(self.torch_glibc, torch, machine)
         if value is None:
-            return LineFact(DEFAULT_TORCH_GLIBC, f"the builder's default {DEFAULT_TORCH_GLIBC} "
-                                                 f"(no torch_glibc entry in {self.file})")
+            return LineFact(
+                DEFAULT_TORCH_GLIBC,
+                f"the builder's default {DEFAULT_TORCH_GLIBC} "
+                f"(no torch_glibc entry in {self.file})",
+            )
         return LineFact(value, f"torch_glibc.{key} in {self.file}")
 
     def abi(self, torch: str, machine: str) -> LineFact:
@@ -110,8 +114,10 @@ class SupportTable:
         with (a mismatch links, then fails to import with undefined std::string symbols)."""
         value, key = self._per_machine(self.cxx11_abi, torch, machine)
         if value is None:
-            return LineFact(DEFAULT_CXX11_ABI, "the builder's default, the C++11 ABI (no "
-                                               f"torch_cxx11_abi entry in {self.file})")
+            return LineFact(
+                DEFAULT_CXX11_ABI,
+                f"the builder's default, the C++11 ABI (no torch_cxx11_abi entry in {self.file})",
+            )
         return LineFact(value, f"torch_cxx11_abi.{key} in {self.file}")
 
     def setuptools_requirement(self, torch: str) -> LineFact:
@@ -119,8 +125,11 @@ class SupportTable:
         2.1, whose cpp_extension imports ``pkg_resources.packaging``), and where it is said."""
         spec = self.setuptools.get(torch)
         if spec is None:
-            return LineFact("setuptools", f"no bound: torch {torch}'s cpp_extension needs none "
-                                          f"(no torch_setuptools entry in {self.file})")
+            return LineFact(
+                "setuptools",
+                f"no bound: torch {torch}'s cpp_extension needs none "
+                f"(no torch_setuptools entry in {self.file})",
+            )
         return LineFact(f"setuptools{spec}", f"torch_setuptools.{torch} in {self.file}")
 
     def why_unsupported(self, axis: str, value: str) -> Optional[str]:
@@ -151,10 +160,16 @@ class SupportTable:
             return NpuPin(None, f"no torch-npu release requires torch {torch} (per {self.file})")
         cp = values.cp_tag(python)
         if python not in entry.wheels.get(machine, ()):
-            return NpuPin(None, f"torch-npu {entry.release} (for torch {torch}) publishes no {cp} "
-                                f"wheel for {machine} (per {self.file})")
-        return NpuPin(entry.release, f"the newest final torch-npu release for torch {torch}, "
-                                     f"with a {cp} wheel for {machine} (per {self.file})")
+            return NpuPin(
+                None,
+                f"torch-npu {entry.release} (for torch {torch}) publishes no {cp} "
+                f"wheel for {machine} (per {self.file})",
+            )
+        return NpuPin(
+            entry.release,
+            f"the newest final torch-npu release for torch {torch}, "
+            f"with a {cp} wheel for {machine} (per {self.file})",
+        )
 
     def build_requirements(self, torch: str) -> tuple[str, ...]:
         """What a build against *torch* installs beside it: setuptools (with the bound of
@@ -201,8 +216,12 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
     data = doc.data
     if not isinstance(data, dict) or "torch" not in data or not set(data) <= _TOP_KEYS:
         optional = ", ".join(f"'{k}'" for k in sorted(_TOP_KEYS - {"torch"}))
-        raise _fail(doc.file, doc.line(()), (), "expected a mapping with the key 'torch' "
-                    f"(and optionally {optional})")
+        raise _fail(
+            doc.file,
+            doc.line(()),
+            (),
+            f"expected a mapping with the key 'torch' (and optionally {optional})",
+        )
     table = data["torch"]
     if not isinstance(table, dict) or not table:
         raise _fail(
@@ -240,47 +259,80 @@ def load_support(path: Path, display: str | None = None) -> SupportTable:
                     f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}",
                 )
             wheels[torch][machine] = _pythons(doc, mp, pythons)
-    return SupportTable(file=doc.file, wheels=wheels, cuda_builds=_cuda_builds(doc, wheels),
-                        torch_glibc=_torch_glibc(doc, wheels), torch_npu=_torch_npu(doc, wheels),
-                        unsupported=_unsupported(doc),
-                        cross_host_torch=_cross_host_torch(doc, wheels),
-                        cuda=load_cuda(doc, wheels),
-                        cxx11_abi=_cxx11_abi(doc, wheels),
-                        setuptools=_torch_setuptools(doc, wheels))
+    return SupportTable(
+        file=doc.file,
+        wheels=wheels,
+        cuda_builds=_cuda_builds(doc, wheels),
+        torch_glibc=_torch_glibc(doc, wheels),
+        torch_npu=_torch_npu(doc, wheels),
+        unsupported=_unsupported(doc),
+        cross_host_torch=_cross_host_torch(doc, wheels),
+        cuda=load_cuda(doc, wheels),
+        cxx11_abi=_cxx11_abi(doc, wheels),
+        setuptools=_torch_setuptools(doc, wheels),
+    )
 
 
-_TOP_KEYS = {"torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",
-             "cross_host_torch", "cuda", "torch_cxx11_abi", "torch_setuptools"}
+_TOP_KEYS = {
+    "torch",
+    "cuda_builds",
+    "torch_glibc",
+    "torch_npu",
+    "unsupported",
+    "cross_host_torch",
+    "cuda",
+    "torch_cxx11_abi",
+    "torch_setuptools",
+}
 
 
-def _per_machine_table(doc: YamlDocument, name: str, wheels: Mapping[str, object],
-                       check: Callable[[object], bool], expected: str
-                       ) -> dict[str, dict[str, object]]:
+def _per_machine_table(
+    doc: YamlDocument,
+    name: str,
+    wheels: Mapping[str, object],
+    check: Callable[[object], bool],
+    expected: str,
+) -> dict[str, dict[str, object]]:
     """A mapping of torch release (or "default") -> value, or -> {machine: value}: one value
     for both machines ("*" inside), or one per machine where torch's two wheels differ."""
     raw = doc.data.get(name) or {}
     p: tuple = (name,)
     if not isinstance(raw, dict):
-        raise _fail(doc.file, doc.line(p), p,
-                    f'expected a mapping of torch (or "default") -> {expected}, or -> '
-                    f"{{machine: {expected}}}")
+        raise _fail(
+            doc.file,
+            doc.line(p),
+            p,
+            f'expected a mapping of torch (or "default") -> {expected}, or -> '
+            f"{{machine: {expected}}}",
+        )
     out: dict[str, dict[str, object]] = {}
     for key, entry in raw.items():
         kp = p + (str(key),)
         if not isinstance(key, str) or (key != "default" and key not in wheels):
-            raise _fail(doc.file, doc.line(kp), kp,
-                        f"torch {brief(key)} is not in this table's 'torch' mapping; expected "
-                        f'"default" or one of {", ".join(wheels)}')
+            raise _fail(
+                doc.file,
+                doc.line(kp),
+                kp,
+                f"torch {brief(key)} is not in this table's 'torch' mapping; expected "
+                f'"default" or one of {", ".join(wheels)}',
+            )
         per = entry if isinstance(entry, dict) else {"*": entry}
         if not per:
-            raise _fail(doc.file, doc.line(kp), kp,
-                        f"expected {expected} or a mapping of machine -> {expected}")
+            raise _fail(
+                doc.file,
+                doc.line(kp),
+                kp,
+                f"expected {expected} or a mapping of machine -> {expected}",
+            )
         for machine, value in per.items():
             mp = kp if machine == "*" else kp + (str(machine),)
             if machine != "*" and machine not in MACHINES:
-                raise _fail(doc.file, doc.line(mp), mp,
-                            f"unknown machine {brief(machine)}; expected one of "
-                            f"{', '.join(MACHINES)}")
+                raise _fail(
+                    doc.file,
+                    doc.line(mp),
+                    mp,
+                    f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}",
+                )
             if not check(value):
                 raise _fail(doc.file, doc.line(mp), mp, f"expected {expected}, got {brief(value)}")
         out[key] = dict(per)
@@ -288,8 +340,13 @@ def _per_machine_table(doc: YamlDocument, name: str, wheels: Mapping[str, object
 
 
 def _cxx11_abi(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, dict[str, bool]]:
-    table = _per_machine_table(doc, "torch_cxx11_abi", wheels, lambda v: isinstance(v, bool),
-                               "true (the C++11 string ABI) or false (the pre-C++11 one)")
+    table = _per_machine_table(
+        doc,
+        "torch_cxx11_abi",
+        wheels,
+        lambda v: isinstance(v, bool),
+        "true (the C++11 string ABI) or false (the pre-C++11 one)",
+    )
     return {k: {m: bool(v) for m, v in per.items()} for k, per in table.items()}
 
 
@@ -297,23 +354,34 @@ def _torch_setuptools(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[s
     raw = doc.data.get("torch_setuptools") or {}
     p: tuple = ("torch_setuptools",)
     if not isinstance(raw, dict):
-        raise _fail(doc.file, doc.line(p), p, 'expected a mapping of torch -> a quoted '
-                    'setuptools specifier like "<70"')
+        raise _fail(
+            doc.file,
+            doc.line(p),
+            p,
+            'expected a mapping of torch -> a quoted setuptools specifier like "<70"',
+        )
     out: dict[str, str] = {}
     for torch, spec in raw.items():
         tp = p + (str(torch),)
         if not isinstance(torch, str) or torch not in wheels:
-            raise _fail(doc.file, doc.line(tp), tp,
-                        f"torch {brief(torch)} is not in this table's 'torch' mapping; "
-                        f"expected one of {', '.join(wheels)}")
+            raise _fail(
+                doc.file,
+                doc.line(tp),
+                tp,
+                f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                f"expected one of {', '.join(wheels)}",
+            )
         try:
             ok = isinstance(spec, str) and bool(spec.strip()) and bool(SpecifierSet(spec))
         except InvalidSpecifier:
             ok = False
         if not ok:
-            raise _fail(doc.file, doc.line(tp), tp,
-                        f'expected a quoted setuptools version specifier like "<70", '
-                        f"got {brief(spec)}")
+            raise _fail(
+                doc.file,
+                doc.line(tp),
+                tp,
+                f'expected a quoted setuptools version specifier like "<70", got {brief(spec)}',
+            )
         out[torch] = str(spec).strip()
     return out
 
@@ -324,9 +392,13 @@ def _cross_host_torch(doc: YamlDocument, wheels: Mapping[str, Mapping[str, objec
         return DEFAULT_CROSS_HOST_TORCH
     raw = doc.data["cross_host_torch"]
     if not isinstance(raw, str) or raw not in wheels or "x86_64" not in wheels[raw]:
-        raise _fail(doc.file, doc.line(p), p,
-                    "expected a quoted torch release of this table's 'torch' mapping with "
-                    f"x86_64 wheels (the cross builds' host torch), got {brief(raw)}")
+        raise _fail(
+            doc.file,
+            doc.line(p),
+            p,
+            "expected a quoted torch release of this table's 'torch' mapping with "
+            f"x86_64 wheels (the cross builds' host torch), got {brief(raw)}",
+        )
     return raw
 
 
@@ -344,9 +416,13 @@ def _unsupported(doc: YamlDocument) -> dict[str, dict[str, str]]:
             vp = ap + (str(version),)
             shape = re.fullmatch(r"[0-9]+\.[0-9]+", version) if isinstance(version, str) else None
             if shape is None or not isinstance(reason, str) or not reason.strip():
-                raise _fail(doc.file, doc.line(vp), vp,
-                            f'expected a quoted major.minor like "3.8" or "2.1" and a reason, '
-                            f"got {brief(version)}: {brief(reason)}")
+                raise _fail(
+                    doc.file,
+                    doc.line(vp),
+                    vp,
+                    f'expected a quoted major.minor like "3.8" or "2.1" and a reason, '
+                    f"got {brief(version)}: {brief(reason)}",
+                )
         out[axis] = {str(k): str(v).strip() for k, v in table.items()}
     return out
 
@@ -380,25 +456,36 @@ def _cuda_builds(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, t
     for machine, torches in raw.items():
         mp = p + (str(machine),)
         if machine not in MACHINES:
-            raise _fail(doc.file, doc.line(mp), mp,
-                        f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}")
+            raise _fail(
+                doc.file,
+                doc.line(mp),
+                mp,
+                f"unknown machine {brief(machine)}; expected one of {', '.join(MACHINES)}",
+            )
         if not isinstance(torches, list) or not all(isinstance(t, str) for t in torches):
             raise _fail(doc.file, doc.line(mp), mp, "expected a list of quoted torch versions")
         for i, torch in enumerate(torches):
             if torch not in wheels:
                 ip = mp + (i,)
-                raise _fail(doc.file, doc.line(ip), ip,
-                            f"torch {brief(torch)} is not in this table's 'torch' mapping; "
-                            f"expected one of {', '.join(wheels)}")
+                raise _fail(
+                    doc.file,
+                    doc.line(ip),
+                    ip,
+                    f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                    f"expected one of {', '.join(wheels)}",
+                )
         out[machine] = tuple(torches)
     return out
 
 
 def _torch_glibc(doc: YamlDocument, wheels: Mapping[str, object]) -> dict[str, dict[str, str]]:
     table = _per_machine_table(
-        doc, "torch_glibc", wheels,
+        doc,
+        "torch_glibc",
+        wheels,
         lambda v: isinstance(v, str) and re.fullmatch(r"2\.\d{1,3}", v) is not None,
-        'a quoted glibc version like "2.28"')
+        'a quoted glibc version like "2.28"',
+    )
     return {k: {m: str(v) for m, v in per.items()} for k, per in table.items()}
 
 
@@ -411,50 +498,80 @@ def _npu_release(doc: YamlDocument, path: tuple, torch: str, raw: object) -> str
     try:
         version = Version(raw)
     except InvalidVersion:
-        raise _fail(doc.file, doc.line(path), path,
-                    f"{brief(raw)} is not a PEP 440 version; expected {expected}") from None
+        raise _fail(
+            doc.file,
+            doc.line(path),
+            path,
+            f"{brief(raw)} is not a PEP 440 version; expected {expected}",
+        ) from None
     if version.is_prerelease or version.local is not None or version.epoch:
-        raise _fail(doc.file, doc.line(path), path,
-                    f"{brief(raw)} is a pre-release or carries an epoch/local label; expected "
-                    f"{expected}: the pin is the newest final release")
+        raise _fail(
+            doc.file,
+            doc.line(path),
+            path,
+            f"{brief(raw)} is a pre-release or carries an epoch/local label; expected "
+            f"{expected}: the pin is the newest final release",
+        )
     if version.base_version != torch:
-        raise _fail(doc.file, doc.line(path), path,
-                    f"torch-npu {raw} is for torch {version.base_version}, not {torch}; "
-                    f"expected {expected}")
+        raise _fail(
+            doc.file,
+            doc.line(path),
+            path,
+            f"torch-npu {raw} is for torch {version.base_version}, not {torch}; "
+            f"expected {expected}",
+        )
     return raw
 
 
-def _torch_npu(doc: YamlDocument,
-               wheels: Mapping[str, object]) -> Optional[dict[str, Optional[NpuRelease]]]:
+def _torch_npu(
+    doc: YamlDocument, wheels: Mapping[str, object]
+) -> Optional[dict[str, Optional[NpuRelease]]]:
     if "torch_npu" not in doc.data:
         return None
     raw = doc.data["torch_npu"]
     p: tuple = ("torch_npu",)
     if not isinstance(raw, dict):
-        raise _fail(doc.file, doc.line(p), p,
-                    "expected a mapping of torch -> {release: ..., <machine>: [python, ...]} "
-                    "or null")
+        raise _fail(
+            doc.file,
+            doc.line(p),
+            p,
+            "expected a mapping of torch -> {release: ..., <machine>: [python, ...]} or null",
+        )
     out: dict[str, Optional[NpuRelease]] = {}
     for torch, entry in raw.items():
         tp = p + (str(torch),)
         if not isinstance(torch, str) or torch not in wheels:
-            raise _fail(doc.file, doc.line(tp), tp,
-                        f"torch {brief(torch)} is not in this table's 'torch' mapping; "
-                        f"expected one of {', '.join(wheels)}")
+            raise _fail(
+                doc.file,
+                doc.line(tp),
+                tp,
+                f"torch {brief(torch)} is not in this table's 'torch' mapping; "
+                f"expected one of {', '.join(wheels)}",
+            )
         if entry is None:
             out[torch] = None  # checked: no torch-npu release requires this torch
             continue
         keys = ("release", *MACHINES)
         if not isinstance(entry, dict) or "release" not in entry or not set(entry) <= set(keys):
-            raise _fail(doc.file, doc.line(tp), tp,
-                        f"expected null or a mapping with 'release' and machines from "
-                        f"{', '.join(MACHINES)}, got {brief(entry)}")
+            raise _fail(
+                doc.file,
+                doc.line(tp),
+                tp,
+                f"expected null or a mapping with 'release' and machines from "
+                f"{', '.join(MACHINES)}, got {brief(entry)}",
+            )
         release = _npu_release(doc, tp + ("release",), torch, entry["release"])
-        out[torch] = NpuRelease(release=release, wheels={
-            m: _pythons(doc, tp + (m,), pys) for m, pys in entry.items() if m != "release"})
+        out[torch] = NpuRelease(
+            release=release,
+            wheels={m: _pythons(doc, tp + (m,), pys) for m, pys in entry.items() if m != "release"},
+        )
     missing = [t for t in wheels if t not in out]
     if missing:
-        raise _fail(doc.file, doc.line(p), p,
-                    f"no entry for torch {', '.join(missing)}; expected each torch of the "
-                    "'torch' mapping with its torch-npu release, or null when none requires it")
+        raise _fail(
+            doc.file,
+            doc.line(p),
+            p,
+            f"no entry for torch {', '.join(missing)}; expected each torch of the "
+            "'torch' mapping with its torch-npu release, or null when none requires it",
+        )
     return out

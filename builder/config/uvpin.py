@@ -46,14 +46,20 @@ def parse_pin(text: str, shown: str) -> UvPin:
     lines = [line.split("#", 1)[0].strip() for line in logical.splitlines()]
     lines = [line for line in lines if line]
     if len(lines) != 1:
-        raise ConfigError(f"expected exactly one requirement line, found {len(lines)}; "
-                          "expected 'uv==X --hash=sha256:...'", file=shown)
+        raise ConfigError(
+            f"expected exactly one requirement line, found {len(lines)}; "
+            "expected 'uv==X --hash=sha256:...'",
+            file=shown,
+        )
     words = lines[0].split()
     found = _REQ.match(words[0])
     hashes = [_HASH.match(w) for w in words[1:]]
     if found is None or not hashes or not all(hashes):
-        raise ConfigError(f"{lines[0][:80]!r} is not a pin; expected 'uv==X' followed by "
-                          "one --hash=sha256:<64 hex> per machine's wheel", file=shown)
+        raise ConfigError(
+            f"{lines[0][:80]!r} is not a pin; expected 'uv==X' followed by "
+            "one --hash=sha256:<64 hex> per machine's wheel",
+            file=shown,
+        )
     return UvPin(found.group(1), tuple(h.group(1) for h in hashes if h))
 
 
@@ -62,8 +68,11 @@ def _load(path: Path) -> UvPin:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the uv pin: {exc.strerror or exc}; expected the "
-                          "repository's configs/uv.txt", file=str(path)) from None
+        raise ConfigError(
+            f"cannot read the uv pin: {exc.strerror or exc}; expected the "
+            "repository's configs/uv.txt",
+            file=str(path),
+        ) from None
     return parse_pin(text, str(path))
 
 

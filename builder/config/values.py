@@ -44,8 +44,9 @@ NO_PROXY = re.compile(r"[A-Za-z0-9.*,:/_\[\] -]*")
 def python_version(value: str) -> str:
     """``"3.11"``; rejects ``"3.9.x"``, ``"3.11.4"``, ``"cp311"``."""
     if not PYTHON_VERSION.fullmatch(value):
-        raise ValueError(f'{brief(value)} is not a Python version; expected major.minor like '
-                         '"3.11"')
+        raise ValueError(
+            f'{brief(value)} is not a Python version; expected major.minor like "3.11"'
+        )
     return value
 
 
@@ -67,8 +68,8 @@ def torch_version(value: str) -> str:
         if re.fullmatch(r"[0-9]{1,6}\.[0-9]{1,6}", value):
             hint = f' (write "{value}.0")'
         raise ValueError(
-            f'{brief(value)} is not a torch release; expected major.minor.patch like "2.13.0"'
-            f'{hint}')
+            f'{brief(value)} is not a torch release; expected major.minor.patch like "2.13.0"{hint}'
+        )
     return value
 
 
@@ -80,8 +81,10 @@ def cuda_version(value: str) -> str:
         return f"{m.group(1)}.{m.group(2)}"
     if value == "cpu" or CUDA_VERSION.fullmatch(value):
         return value
-    raise ValueError(f'{brief(value)} is not a CUDA axis value; expected "cpu" or a CUDA version '
-                     'like "13.0" (or cu130)')
+    raise ValueError(
+        f'{brief(value)} is not a CUDA axis value; expected "cpu" or a CUDA version '
+        'like "13.0" (or cu130)'
+    )
 
 
 def cuda_key(value: str) -> tuple[int, int]:
@@ -114,11 +117,13 @@ def image_pin(value: str) -> str:
 
 def plat(value: str, machine: str) -> str:
     if not PLAT.fullmatch(value):
-        raise ValueError(f"{brief(value)} is not a platform tag; expected e.g. "
-                         f"manylinux_2_28_{machine}")
+        raise ValueError(
+            f"{brief(value)} is not a platform tag; expected e.g. manylinux_2_28_{machine}"
+        )
     if not value.endswith("_" + machine):
-        raise ValueError(f"{brief(value)} does not match the arch; expected a tag ending in "
-                         f"_{machine}")
+        raise ValueError(
+            f"{brief(value)} does not match the arch; expected a tag ending in _{machine}"
+        )
     return value
 
 
@@ -131,15 +136,18 @@ def python_path(value: str) -> str:
         )
     leftover = value.replace("{cp}", "").replace("{version}", "")
     if "{" in leftover or "}" in leftover:
-        raise ValueError(f"{brief(value)}: the only placeholders allowed are {{cp}} and "
-                         "{version}; expected e.g. /opt/python/{cp}-{cp}/bin/python")
+        raise ValueError(
+            f"{brief(value)}: the only placeholders allowed are {{cp}} and "
+            "{version}; expected e.g. /opt/python/{cp}-{cp}/bin/python"
+        )
     return value
 
 
 def lib_pattern(value: str) -> str:
     if not LIB_PATTERN.fullmatch(value):
-        raise ValueError(f"{brief(value)} is not a library name or wildcard; expected e.g. "
-                         "libtorch*.so")
+        raise ValueError(
+            f"{brief(value)} is not a library name or wildcard; expected e.g. libtorch*.so"
+        )
     return value
 
 
@@ -165,13 +173,11 @@ def index_url(value: str) -> str:
         parts = urlsplit(value)
         hostname = parts.hostname
     except ValueError as exc:  # "Invalid IPv6 URL": an unclosed '['
-        raise ValueError(f"{brief(value)} is not a URL ({exc}); expected e.g. "
-                         "https://host/simple") from None
-    if parts.scheme not in ("http", "https", "file") or (
-        parts.scheme != "file" and not hostname
-    ):
-        raise ValueError(f"{brief(value)} is not an http(s) URL; expected e.g. "
-                         "https://host/simple")
+        raise ValueError(
+            f"{brief(value)} is not a URL ({exc}); expected e.g. https://host/simple"
+        ) from None
+    if parts.scheme not in ("http", "https", "file") or (parts.scheme != "file" and not hostname):
+        raise ValueError(f"{brief(value)} is not an http(s) URL; expected e.g. https://host/simple")
     if parts.password is not None or parts.username is not None:
         raise ValueError(
             "index URL contains credentials, which would be written into the image; "
@@ -193,9 +199,11 @@ def proxy_url(value: str) -> str:
         parts = urlsplit(value)
     except ValueError:
         # urllib's message repeats the netloc, which may hold a password: not said here.
-        raise ValueError("proxy URL is malformed (an unclosed '[' of an IPv6 address, or a host "
-                         "whose characters change under Unicode normalization); expected "
-                         "scheme://host:port") from None
+        raise ValueError(
+            "proxy URL is malformed (an unclosed '[' of an IPv6 address, or a host "
+            "whose characters change under Unicode normalization); expected "
+            "scheme://host:port"
+        ) from None
     if parts.scheme not in ("http", "https", "socks4", "socks4a", "socks5", "socks5h"):
         raise ValueError(
             "proxy URL has no supported scheme; expected http://, https://, socks5:// or socks5h://"
@@ -204,13 +212,17 @@ def proxy_url(value: str) -> str:
     if "/" in rest.rpartition("@")[0]:
         # user:pa/ss@host -- a '/' ends the authority, so the host would be "user" and the
         # rest a path: pip and curl would send the password elsewhere (or in the clear).
-        raise ValueError("proxy URL has a '/' in its user or password; expected it "
-                         "percent-encoded (%2F for '/', %40 for '@', %3A for ':')")
+        raise ValueError(
+            "proxy URL has a '/' in its user or password; expected it "
+            "percent-encoded (%2F for '/', %40 for '@', %3A for ':')"
+        )
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ValueError("proxy URL has an invalid port; expected scheme://host:port (a "
-                         "password holding '/', '@' or ':' must be percent-encoded)") from None
+        raise ValueError(
+            "proxy URL has an invalid port; expected scheme://host:port (a "
+            "password holding '/', '@' or ':' must be percent-encoded)"
+        ) from None
     if not parts.hostname:
         raise ValueError("proxy URL has no host; expected scheme://host:port")
     return value
@@ -219,8 +231,10 @@ def proxy_url(value: str) -> str:
 def file_path(value: str) -> str:
     """A file or folder named in a config file: any text but a NUL byte, which no path holds."""
     if "\x00" in value:
-        raise ValueError(f"{brief(value)} holds a NUL character, which no path can; expected the "
-                         "path of a file or folder")
+        raise ValueError(
+            f"{brief(value)} holds a NUL character, which no path can; expected the "
+            "path of a file or folder"
+        )
     return value
 
 

@@ -29,8 +29,10 @@ MAX_NESTING = 64
 #: How many values a file may hold with its aliases expanded (configs/support.yaml, which uses
 #: aliases for its Python lists, holds about 2000).
 MAX_NODES = 100_000
-_EXPECTED_SIZE = ("expected a configuration of ordinary size (aliases of small values, as "
-                  "configs/support.yaml has)")
+_EXPECTED_SIZE = (
+    "expected a configuration of ordinary size (aliases of small values, as "
+    "configs/support.yaml has)"
+)
 
 
 def brief(value: object, limit: int = 100) -> str:
@@ -41,14 +43,14 @@ def brief(value: object, limit: int = 100) -> str:
         text = "an integer of thousands of digits"
     if len(text) <= limit:
         return text
-    return f"{text[:limit - 25]}... ({len(text)} characters)"
+    return f"{text[: limit - 25]}... ({len(text)} characters)"
 
 
 def clip(text: object, limit: int = 200) -> str:
     """``str(text)`` (an exception's message, which may quote the whole input) for a message,
     shortened to about *limit* characters."""
     said = str(text)
-    return said if len(said) <= limit else f"{said[:limit - 25]}... ({len(said)} characters)"
+    return said if len(said) <= limit else f"{said[: limit - 25]}... ({len(said)} characters)"
 
 
 def path_problem(path: Path, missing: str = "not found") -> str | None:
@@ -79,8 +81,12 @@ class _Loader(yaml.SafeLoader):
                 # (PyYAML's stubs leave peek_event unannotated)
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_NESTING} levels deep; expected a "
-                    "configuration's few levels of mappings and lists", mark)
+                    None,
+                    None,
+                    f"nested more than {MAX_NESTING} levels deep; expected a "
+                    "configuration's few levels of mappings and lists",
+                    mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -92,18 +98,23 @@ class _Loader(yaml.SafeLoader):
             # ValueError: int() past 4300 digits, a date like 2020-13-45, !!float on text;
             # AttributeError, KeyError: an explicit !!timestamp or !!bool on a value not one
             if node.tag == "tag:yaml.org,2002:int" and isinstance(exc, ValueError):
-                problem = (f"an integer of {len(node.value)} characters, more than Python reads; "
-                           "expected at most 4300 digits (quote it to make it a string)")
+                problem = (
+                    f"an integer of {len(node.value)} characters, more than Python reads; "
+                    "expected at most 4300 digits (quote it to make it a string)"
+                )
             elif node.tag == "tag:yaml.org,2002:timestamp":
                 why = f" ({exc})" if isinstance(exc, ValueError) else ""
-                problem = (f"{brief(node.value)} is not a date{why}; expected YYYY-MM-DD "
-                           "(quote it to make it a string)")
+                problem = (
+                    f"{brief(node.value)} is not a date{why}; expected YYYY-MM-DD "
+                    "(quote it to make it a string)"
+                )
             else:
                 tag = node.tag.replace("tag:yaml.org,2002:", "!!")
-                problem = (f"cannot read {brief(node.value)} as {tag}; expected a value of "
-                           "that type (or no tag)")
-            raise yaml.constructor.ConstructorError(None, None, problem,
-                                                    node.start_mark) from None
+                problem = (
+                    f"cannot read {brief(node.value)} as {tag}; expected a value of "
+                    "that type (or no tag)"
+                )
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
 def _labelled_children(node: yaml.Node) -> list[tuple[Union[str, int, None], yaml.Node]]:
@@ -135,20 +146,32 @@ def _check_expansion(root: yaml.Node, file: str) -> None:
             size[nid] = 1 + sum(size[id(k)] for _, k in kids)
             depth[nid] = 1 + max((depth[id(k)] for _, k in kids), default=0)
             if size[nid] > MAX_NODES:
-                raise ConfigError(f"aliases expand this value to more than {MAX_NODES} values "
-                                  f"(an alias bomb); {_EXPECTED_SIZE}", file=file, line=line,
-                                  key=format_path(path) or None)
+                raise ConfigError(
+                    f"aliases expand this value to more than {MAX_NODES} values "
+                    f"(an alias bomb); {_EXPECTED_SIZE}",
+                    file=file,
+                    line=line,
+                    key=format_path(path) or None,
+                )
             if depth[nid] > MAX_NESTING:
-                raise ConfigError(f"aliases nest this value more than {MAX_NESTING} levels "
-                                  f"deep; {_EXPECTED_SIZE}", file=file, line=line,
-                                  key=format_path(path) or None)
+                raise ConfigError(
+                    f"aliases nest this value more than {MAX_NESTING} levels "
+                    f"deep; {_EXPECTED_SIZE}",
+                    file=file,
+                    line=line,
+                    key=format_path(path) or None,
+                )
             continue
         if nid in size:
             continue  # an alias of a value already measured
         if nid in open_nodes:
-            raise ConfigError("an alias refers to a value that contains it (the value would "
-                              "contain itself); expected an alias of a finished value",
-                              file=file, line=line, key=format_path(path) or None)
+            raise ConfigError(
+                "an alias refers to a value that contains it (the value would "
+                "contain itself); expected an alias of a finished value",
+                file=file,
+                line=line,
+                key=format_path(path) or None,
+            )
         open_nodes.add(nid)
         stack.append((node, path, True))
         for key, kid in reversed(kids):  # visited in document order: the first path is named
@@ -243,9 +266,13 @@ def parse_yaml(text: str, file: str) -> YamlDocument:
         raise ConfigError(f"invalid YAML: {clip(problem, 300)}", file=file, line=line) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
-        raise ConfigError(f"invalid YAML: character {chr(exc.character)!r} is not allowed; "
-                          "expected printable text (write it as an escape in a double-quoted "
-                          "string)", file=file, line=line) from None
+        raise ConfigError(
+            f"invalid YAML: character {chr(exc.character)!r} is not allowed; "
+            "expected printable text (write it as an escape in a double-quoted "
+            "string)",
+            file=file,
+            line=line,
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {clip(exc, 300)}", file=file) from None
     finally:
@@ -264,12 +291,15 @@ def load_yaml(path: Path, display: str | None = None) -> YamlDocument:
     except IsADirectoryError:
         raise ConfigError("is a folder; expected a YAML file", file=name) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read ({exc.strerror or exc}); expected a readable UTF-8 YAML "
-                          "file", file=name) from None
+        raise ConfigError(
+            f"cannot read ({exc.strerror or exc}); expected a readable UTF-8 YAML file", file=name
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); expected a "
-                          "UTF-8 YAML file", file=name, line=raw.count(b"\n", 0, exc.start) + 1
-                          ) from None
+        raise ConfigError(
+            f"byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); expected a UTF-8 YAML file",
+            file=name,
+            line=raw.count(b"\n", 0, exc.start) + 1,
+        ) from None
     return parse_yaml(text, name)

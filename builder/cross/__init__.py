@@ -32,10 +32,23 @@ from builder.cross.toolchain import (
 )
 
 __all__ = [
-    "CROSS_EXCLUDES", "CrossBuildResult", "CrossRepair",
-    "CrossToolchain", "CrossToolchainMissing", "QemuRun", "TargetPython", "TargetTorch",
-    "cross_build_env", "cross_build_wheel",
-    "ensure_target_python", "ensure_target_torch", "find_qemu", "find_toolchain",
-    "repair_cross_wheel", "run_target_python", "run_wheel_under_qemu", "show_wheel",
+    "CROSS_EXCLUDES",
+    "CrossBuildResult",
+    "CrossRepair",
+    "CrossToolchain",
+    "CrossToolchainMissing",
+    "QemuRun",
+    "TargetPython",
+    "TargetTorch",
+    "cross_build_env",
+    "cross_build_wheel",
+    "ensure_target_python",
+    "ensure_target_torch",
+    "find_qemu",
+    "find_toolchain",
+    "repair_cross_wheel",
+    "run_target_python",
+    "run_wheel_under_qemu",
+    "show_wheel",
     "verify_wheel",
 ]

@@ -43,16 +43,27 @@ def host_codename(os_release: Path = Path("/etc/os-release")) -> tuple[str, str]
 
 def host_sources() -> list[SourceEntry]:
     """Every ``deb`` entry of the host's apt sources (where ``apt-config`` says they are)."""
-    run = subprocess.run(["apt-config", "shell", "LIST", "Dir::Etc::sourcelist/f",
-                          "PARTS", "Dir::Etc::sourceparts/d"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            "apt-config",
+            "shell",
+            "LIST",
+            "Dir::Etc::sourcelist/f",
+            "PARTS",
+            "Dir::Etc::sourceparts/d",
+        ],
+        capture_output=True,
+        text=True,
+    )
     paths = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
     sourcelist = Path(paths.get("LIST", "'/etc/apt/sources.list'").strip("'"))
     parts = Path(paths.get("PARTS", "'/etc/apt/sources.list.d/'").strip("'"))
     return read_sources(sourcelist, parts)
 
 
-def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
-                   arch: str, kind: str = "deb") -> str:
+def derive_sources(
+    entries: list[SourceEntry], host_suite: str, suite: str, arch: str, kind: str = "deb"
+) -> str:
     """A deb822 sources text for ``suite`` built from the host's ``host_suite`` entries.
 
     ``bookworm`` -> ``suite``, ``bookworm-updates`` -> ``suite-updates`` and so on; entries of
@@ -62,13 +73,19 @@ def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
     """
     stanzas = []
     for entry in entries:
-        suites = [suite + s[len(host_suite):] for s in entry.suites
-                  if s == host_suite or s.startswith(host_suite + "-")]
+        suites = [
+            suite + s[len(host_suite) :]
+            for s in entry.suites
+            if s == host_suite or s.startswith(host_suite + "-")
+        ]
         if not suites:
             continue
-        lines = [f"Types: {kind}", "URIs: " + " ".join(entry.uris),
-                 "Suites: " + " ".join(suites),
-                 "Components: " + " ".join(entry.components or ("main",))]
+        lines = [
+            f"Types: {kind}",
+            "URIs: " + " ".join(entry.uris),
+            "Suites: " + " ".join(suites),
+            "Components: " + " ".join(entry.components or ("main",)),
+        ]
         if kind == "deb":
             lines.append(f"Architectures: {arch}")
         if entry.signed_by:
@@ -77,7 +94,8 @@ def derive_sources(entries: list[SourceEntry], host_suite: str, suite: str,
     if not stanzas:
         raise StepFailed(
             f"target Python: cannot reach Debian {suite}: the host's apt sources have no entry "
-            f"for its own suite {host_suite!r} to derive a {suite} source from")
+            f"for its own suite {host_suite!r} to derive a {suite} source from"
+        )
     return "\n".join(stanzas)
 
 
@@ -91,15 +109,25 @@ class SuiteApt:
 
 def _apt_options(root: Path) -> tuple[str, ...]:
     etc, state, cache = root / "etc", root / "state", root / "cache"
-    return ("-o", f"Dir::Etc::sourcelist={etc / 'sources.list'}",
-            "-o", f"Dir::Etc::sourceparts={etc / 'sources.list.d'}",
-            "-o", f"Dir::Etc::preferences={etc / 'preferences'}",
-            "-o", f"Dir::Etc::preferencesparts={etc / 'preferences.d'}",
-            "-o", f"Dir::State={state}",
-            "-o", f"Dir::State::status={state / 'status'}",
-            "-o", f"Dir::Cache={cache}",
-            # arm64 indices even where the host never ran `dpkg --add-architecture arm64`.
-            "-o", "APT::Architectures::=arm64")
+    return (
+        "-o",
+        f"Dir::Etc::sourcelist={etc / 'sources.list'}",
+        "-o",
+        f"Dir::Etc::sourceparts={etc / 'sources.list.d'}",
+        "-o",
+        f"Dir::Etc::preferences={etc / 'preferences'}",
+        "-o",
+        f"Dir::Etc::preferencesparts={etc / 'preferences.d'}",
+        "-o",
+        f"Dir::State={state}",
+        "-o",
+        f"Dir::State::status={state / 'status'}",
+        "-o",
+        f"Dir::Cache={cache}",
+        # arm64 indices even where the host never ran `dpkg --add-architecture arm64`.
+        "-o",
+        "APT::Architectures::=arm64",
+    )
 
 
 def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> SuiteApt:
@@ -113,8 +141,9 @@ def suite_apt(suite: str, arch: str = "arm64", cache: Path | None = None) -> Sui
     root = cache_root(cache) / "apt" / f"{suite}-{arch}"
     hold_entry(root)  # apt reads and refreshes it in place: never pruned meanwhile
     sources = derive_sources(host_sources(), codename, suite, arch)
-    return SuiteApt(suite, _private_apt(root, sources, "*_Packages*",
-                                         f"target Python: Debian {suite} ({arch})"))
+    return SuiteApt(
+        suite, _private_apt(root, sources, "*_Packages*", f"target Python: Debian {suite} ({arch})")
+    )
 
 
 def source_apt(suite: str | None = None, cache: Path | None = None) -> SuiteApt:
@@ -134,15 +163,20 @@ def _require_debian(distro: str, codename: str, what: str) -> None:
     if distro != "debian" or not codename:
         raise StepFailed(
             f"{what} are derived from the host's Debian apt sources, but this host is "
-            f"{distro or 'unknown'} {codename or '(no VERSION_CODENAME in /etc/os-release)'}")
+            f"{distro or 'unknown'} {codename or '(no VERSION_CODENAME in /etc/os-release)'}"
+        )
 
 
 def _private_apt(root: Path, sources: str, lists_glob: str, what: str) -> tuple[str, ...]:
     """The ``-o`` options of the private apt configuration in *root* listing *sources*; its
     index is refreshed when missing, changed or older than :data:`INDEX_MAX_AGE_S` (a failed
     refresh keeps an older index)."""
-    for folder in ("etc/sources.list.d", "etc/preferences.d", "state/lists/partial",
-                   "cache/archives/partial"):
+    for folder in (
+        "etc/sources.list.d",
+        "etc/preferences.d",
+        "state/lists/partial",
+        "cache/archives/partial",
+    ):
         (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "etc" / "sources.list").touch()
     (root / "state" / "status").touch()  # no packages "installed": the host's dpkg stays out
@@ -153,8 +187,12 @@ def _private_apt(root: Path, sources: str, lists_glob: str, what: str) -> tuple[
     options = _apt_options(root)
     lists = [p for p in (root / "state" / "lists").glob(lists_glob)]
     stamp = root / "state" / "updated"
-    stale = (not lists or changed or not stamp.exists()
-             or time.time() - stamp.stat().st_mtime > INDEX_MAX_AGE_S)
+    stale = (
+        not lists
+        or changed
+        or not stamp.exists()
+        or time.time() - stamp.stat().st_mtime > INDEX_MAX_AGE_S
+    )
     if stale:
         # apt drops to _apt for downloads; let it write its partial folder.
         if shutil.which("apt-get") is None:
@@ -162,13 +200,14 @@ def _private_apt(root: Path, sources: str, lists_glob: str, what: str) -> tuple[
         if os.geteuid() == 0:
             (root / "state" / "lists" / "partial").chmod(0o777)
             (root / "cache" / "archives" / "partial").chmod(0o777)
-        run = subprocess.run(["apt-get", *options, "-q", "update"], capture_output=True,
-                             text=True)
+        run = subprocess.run(["apt-get", *options, "-q", "update"], capture_output=True, text=True)
         failed = run.returncode != 0 or "\nE: " in "\n" + run.stderr
         lists = [p for p in (root / "state" / "lists").glob(lists_glob)]
         if failed and not lists:
-            raise StepFailed(f"{what}: `apt-get update` failed and no earlier index is "
-                             f"cached:\n{run.stderr[-1500:]}")
+            raise StepFailed(
+                f"{what}: `apt-get update` failed and no earlier index is "
+                f"cached:\n{run.stderr[-1500:]}"
+            )
         if not failed:
             stamp.touch()
     return options

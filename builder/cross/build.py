@@ -92,15 +92,23 @@ class CrossBuildResult:
     ccache: CcacheStats | None = None  # compiler-cache counts, when ccache was used
 
 
-def _run_logged(argv: list[str], cwd: Path, env: dict[str, str], fh: TextIO,
-                redact: Callable[[str], str] | None) -> subprocess.CompletedProcess:
+def _run_logged(
+    argv: list[str], cwd: Path, env: dict[str, str], fh: TextIO, redact: Callable[[str], str] | None
+) -> subprocess.CompletedProcess:
     """*argv*'s merged output into the open log *fh*, each line through *redact* when given
     (the build's processes see the environment-pass values; a build that prints them must not
     put them in the log)."""
     if redact is None:
         return subprocess.run(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+    with subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -127,8 +135,13 @@ def check_host_python(host_python: str, env: dict[str, str]) -> None:
     """Refuse, in one line, a host interpreter that cannot run a torch extension's build: the
     project's setup.py imports ``torch.utils.cpp_extension`` there (pip would otherwise bury a
     ``No module named 'torch'`` 30 lines deep in metadata-generation-failed)."""
-    probe = subprocess.run([host_python, "-c", "import torch.utils.cpp_extension"],
-                           capture_output=True, text=True, env=env, check=False)
+    probe = subprocess.run(
+        [host_python, "-c", "import torch.utils.cpp_extension"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if probe.returncode != 0:
         lines = (probe.stderr or probe.stdout).strip().splitlines()
         raise StepFailed(
@@ -136,7 +149,8 @@ def check_host_python(host_python: str, env: dict[str, str]) -> None:
             f"({lines[-1] if lines else f'exit {probe.returncode}'}); the cross backend needs a "
             "host torch to run the project's build: build through `python -m builder build` "
             "(which makes a cached host torch environment), or pass an interpreter that has "
-            "torch")
+            "torch"
+        )
 
 
 def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
@@ -145,19 +159,30 @@ def check_wheel_tags(wheel: Path, python: TargetPython, log: Path) -> None:
     tag = python.python_tag
     expected = f"-{tag}-{tag}-linux_{python.arch}.whl"
     abi3 = re.search(r"-(cp\d+)-abi3-linux_(\w+)\.whl$", wheel.name)
-    if abi3 is not None and abi3.group(2) == python.arch and tag_serves(
-            Tag(abi3.group(1), "abi3", f"linux_{python.arch}"), tag):
+    if (
+        abi3 is not None
+        and abi3.group(2) == python.arch
+        and tag_serves(Tag(abi3.group(1), "abi3", f"linux_{python.arch}"), tag)
+    ):
         return
     if not wheel.name.endswith(expected):
         raise StepFailed(
             f"cross build: wheel {wheel.name} is not tagged {expected[1:-4]} for the target "
             f"Python {python.version}. The host interpreter named it; its setuptools must take "
-            f"the tags from the target's sysconfig (a recent one does); log: {log}")
+            f"the tags from the target's sysconfig (a recent one does); log: {log}"
+        )
 
 
-def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossToolchain,
-                    scratch: Path, base_env: dict[str, str] | None = None, *,
-                    cxx11_abi: bool | None = None, cxx_floor: bool = False) -> dict[str, str]:
+def cross_build_env(
+    python: TargetPython,
+    torch: TargetTorch,
+    toolchain: CrossToolchain,
+    scratch: Path,
+    base_env: dict[str, str] | None = None,
+    *,
+    cxx11_abi: bool | None = None,
+    cxx_floor: bool = False,
+) -> dict[str, str]:
     """The environment that turns the host build of a torch extension into a cross build.
     *cxx11_abi*: the target torch's string ABI (the cell's record; None: read from the target
     torch); the hook compiles with it, not with the host torch's. *cxx_floor*: force-include the
@@ -187,46 +212,57 @@ def cross_build_env(python: TargetPython, torch: TargetTorch, toolchain: CrossTo
         target.symlink_to(gomp)
         ldflags.append(f"-L{link_dir}")
     cxx = str(toolchain.cxx)
-    env.update({
-        "PYTHONPATH": os.pathsep.join(
-            [str(HOOK_DIR), str(python.sysconfig_dir)]
-            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-        ),
-        "AMPFORGE_CROSS_TORCH_DIR": str(torch.torch_dir),
-        # The target torch's string ABI (0/1) for the hook's -D_GLIBCXX_USE_CXX11_ABI.
-        "AMPFORGE_CROSS_CXX11_ABI": "" if cxx11_abi is None else str(int(cxx11_abi)),
-        "_PYTHON_SYSCONFIGDATA_NAME": python.sysconfig_name,
-        "_PYTHON_HOST_PLATFORM": python.host_platform,
-        "CC": str(toolchain.cc),
-        "CXX": cxx,
-        "LDSHARED": f"{cxx} -shared",
-        "LDCXXSHARED": f"{cxx} -shared",
-        "CPPFLAGS": " ".join(cppflags),
-        "LDFLAGS": " ".join(ldflags),
-        # For projects that read them (documented contract; the hook already covers
-        # torch.utils.cpp_extension users).
-        "AMP_TORCH_INCLUDE": os.pathsep.join(str(p) for p in torch.include_dirs),
-        "AMP_TORCH_LIBDIR": str(torch.lib_dir),
-        "AMP_CROSS_ARCH": python.arch,
-        # torch.__version__ of the torch the module is compiled against; the host torch that runs
-        # setup.py is another one (amp._ext refuses a module whose recorded version differs).
-        "AMP_TORCH_VERSION": torch.full_version,
-        # The compile of a tiny project must not spread over every core of a shared machine.
-        "MAX_JOBS": env.get("MAX_JOBS", "2"),
-    })
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(
+                [str(HOOK_DIR), str(python.sysconfig_dir)]
+                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+            ),
+            "AMPFORGE_CROSS_TORCH_DIR": str(torch.torch_dir),
+            # The target torch's string ABI (0/1) for the hook's -D_GLIBCXX_USE_CXX11_ABI.
+            "AMPFORGE_CROSS_CXX11_ABI": "" if cxx11_abi is None else str(int(cxx11_abi)),
+            "_PYTHON_SYSCONFIGDATA_NAME": python.sysconfig_name,
+            "_PYTHON_HOST_PLATFORM": python.host_platform,
+            "CC": str(toolchain.cc),
+            "CXX": cxx,
+            "LDSHARED": f"{cxx} -shared",
+            "LDCXXSHARED": f"{cxx} -shared",
+            "CPPFLAGS": " ".join(cppflags),
+            "LDFLAGS": " ".join(ldflags),
+            # For projects that read them (documented contract; the hook already covers
+            # torch.utils.cpp_extension users).
+            "AMP_TORCH_INCLUDE": os.pathsep.join(str(p) for p in torch.include_dirs),
+            "AMP_TORCH_LIBDIR": str(torch.lib_dir),
+            "AMP_CROSS_ARCH": python.arch,
+            # torch.__version__ of the torch the module is compiled against; the host torch that
+            # runs setup.py is another one (amp._ext refuses a module whose recorded version
+            # differs).
+            "AMP_TORCH_VERSION": torch.full_version,
+            # The compile of a tiny project must not spread over every core of a shared machine.
+            "MAX_JOBS": env.get("MAX_JOBS", "2"),
+        }
+    )
     env.pop("PYTHONHOME", None)
     return env
 
 
-def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch: TargetTorch,
-                      toolchain: CrossToolchain, *, host_python: str, isolate: bool = True,
-                      log_path: Path | None = None,
-                      extra_env: dict[str, str] | None = None,
-                      ccache: bool | None = None,
-                      options: CibwOptions = NO_OPTIONS,
-                      cxx11_abi: bool | None = None,
-                      cxx_floor: bool = False,
-                      redact: Callable[[str], str] | None = None) -> CrossBuildResult:
+def cross_build_wheel(
+    project: Path,
+    out_dir: Path,
+    python: TargetPython,
+    torch: TargetTorch,
+    toolchain: CrossToolchain,
+    *,
+    host_python: str,
+    isolate: bool = True,
+    log_path: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    ccache: bool | None = None,
+    options: CibwOptions = NO_OPTIONS,
+    cxx11_abi: bool | None = None,
+    cxx_floor: bool = False,
+    redact: Callable[[str], str] | None = None,
+) -> CrossBuildResult:
     """Build ``project`` into one ``linux_<arch>`` wheel in ``out_dir``.
 
     *host_python* runs the project's build: an interpreter of this host with *some* torch
@@ -244,8 +280,9 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
     """
     project = Path(project).resolve()
     if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
-        raise StepFailed(f"cross build: {project} is not a Python project "
-                         "(expected pyproject.toml or setup.py)")
+        raise StepFailed(
+            f"cross build: {project} is not a Python project (expected pyproject.toml or setup.py)"
+        )
     host = host_python
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ampforge-cross-") as scratch_name:
@@ -257,8 +294,9 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             # outside it, no FIFOs or devices, no .git.
             src = scratch / "src"
             copied = copy_project_tree(project, src).lines()
-        env = cross_build_env(python, torch, toolchain, scratch, cxx11_abi=cxx11_abi,
-                              cxx_floor=cxx_floor)
+        env = cross_build_env(
+            python, torch, toolchain, scratch, cxx11_abi=cxx11_abi, cxx_floor=cxx_floor
+        )
         env.update(extra_env or {})
         check_host_python(host, env)
         try:
@@ -268,8 +306,10 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
         stats_log = scratch / "ccache-stats.log"
         use_ccache = ccache is not False and shutil.which("ccache") is not None
         if ccache and not use_ccache:
-            raise StepFailed("--ccache: ccache is not installed on this host "
-                             "(apt-get install ccache), or build without --ccache")
+            raise StepFailed(
+                "--ccache: ccache is not installed on this host "
+                "(apt-get install ccache), or build without --ccache"
+            )
         if ccache is False:  # torch's cpp_extension would put ccache in front by itself
             env.update(CCACHE_DISABLE="1", TORCH_NO_COMPILER_WRAPPER="1")
         if use_ccache:
@@ -277,20 +317,34 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             # only: LDSHARED stays the bare toolchain. The cache is shared with the host
             # backend's.
             try:
-                env.update(ccache_masquerade(
-                    env, scratch / "ccache-bin", ccache=shutil.which("ccache") or "ccache",
-                    basedir=str(scratch), statslog=str(stats_log)))
+                env.update(
+                    ccache_masquerade(
+                        env,
+                        scratch / "ccache-bin",
+                        ccache=shutil.which("ccache") or "ccache",
+                        basedir=str(scratch),
+                        statslog=str(stats_log),
+                    )
+                )
             except CcacheSetupError as exc:
                 raise StepFailed(f"cross build: ccache: {exc}") from None
             env["CCACHE_DIR"] = str(cache_root() / "ccache")
         wheel_dir = scratch / "wheels"
         log = log_path or out_dir / f"cross-build-{python.python_tag}-{python.arch}.log"
         if options.uses_uv:  # the pinned uv is installed by the in-cell step only
-            raise StepFailed(f"cross build: build-frontend {options.frontend_spec!r} is not "
-                             "supported by the cross backend; expected pip or build (or "
-                             "--backend host/docker for build[uv] and uv)")
-        cmd = frontend_argv(host, options.build_frontend, str(src), str(wheel_dir),
-                            list(options.config_settings), options.build_frontend_args)
+            raise StepFailed(
+                f"cross build: build-frontend {options.frontend_spec!r} is not "
+                "supported by the cross backend; expected pip or build (or "
+                "--backend host/docker for build[uv] and uv)"
+            )
+        cmd = frontend_argv(
+            host,
+            options.build_frontend,
+            str(src),
+            str(wheel_dir),
+            list(options.config_settings),
+            options.build_frontend_args,
+        )
         if options.build_frontend == "pip":
             cmd[3:3] = ["--no-cache-dir", "-v"]
         start = time.monotonic()
@@ -298,8 +352,10 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
             fh.writelines(f"ampforge: {line}\n" for line in copied)
             # (the before-commands' and the build's, as _run_logged returns them)
             proc: subprocess.CompletedProcess = subprocess.CompletedProcess(cmd, 0)
-            for what, command in (("before-all", options.before_all),
-                                  ("before-build", options.before_build)):
+            for what, command in (
+                ("before-all", options.before_all),
+                ("before-build", options.before_build),
+            ):
                 if command and proc.returncode == 0:
                     line = expand(command, project=str(src), package=str(src))
                     fh.write((redact or str)(f"$ {what}: {line}") + "\n")
@@ -311,19 +367,24 @@ def cross_build_wheel(project: Path, out_dir: Path, python: TargetPython, torch:
                 proc = _run_logged(cmd, src, env, fh, redact)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
-            raise StepFailed(f"cross build of {project} for {python.arch} failed "
-                             f"(exit {proc.returncode}):\n{_failure_excerpt(log)}\n"
-                             f"full log: {log}")
+            raise StepFailed(
+                f"cross build of {project} for {python.arch} failed "
+                f"(exit {proc.returncode}):\n{_failure_excerpt(log)}\n"
+                f"full log: {log}"
+            )
         wheels = sorted(wheel_dir.glob("*.whl"))
         if len(wheels) != 1:
-            raise StepFailed(f"cross build of {project}: expected one wheel, got "
-                             f"{[w.name for w in wheels]}; log: {log}")
+            raise StepFailed(
+                f"cross build of {project}: expected one wheel, got "
+                f"{[w.name for w in wheels]}; log: {log}"
+            )
         built = wheels[0]
         check_wheel_tags(built, python, log)
         final = out_dir / built.name
         shutil.move(str(built), final)
         stats = None
         if use_ccache:
-            stats = ccache_stats(stats_log.read_text(errors="replace")
-                                 if stats_log.exists() else "")
+            stats = ccache_stats(
+                stats_log.read_text(errors="replace") if stats_log.exists() else ""
+            )
     return CrossBuildResult(wheel=final, seconds=seconds, log=log, ccache=stats)

@@ -47,15 +47,20 @@ def _auditwheel_env() -> dict[str, str]:
 
 def show_wheel(wheel: Path) -> dict:
     """``auditwheel show --json`` of ``wheel`` as a dict."""
-    run = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)],
-                         capture_output=True, text=True, env=_auditwheel_env())
+    run = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)],
+        capture_output=True,
+        text=True,
+        env=_auditwheel_env(),
+    )
     if run.returncode != 0:
         raise StepFailed(f"auditwheel show {wheel.name} failed:\n{run.stderr[-2000:]}")
     return json.loads(run.stdout)
 
 
-def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
-                       excludes: Sequence[str] = CROSS_EXCLUDES) -> CrossRepair:
+def repair_cross_wheel(
+    wheel: Path, out_dir: Path, ldpaths: Sequence[Path], excludes: Sequence[str] = CROSS_EXCLUDES
+) -> CrossRepair:
     """Repair ``wheel`` into ``out_dir``; refuse grafts and non-manylinux results.
 
     The repaired wheel is written to a private folder first and moved into ``out_dir`` only once
@@ -65,12 +70,23 @@ def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
     arch = next(iter(tags)).platform.split("_", 1)[1]
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ampforge-repair-", dir=out_dir) as tmp:
-        cmd = [sys.executable, "-m", "auditwheel", "repair", "--plat", "auto",
-               "--ldpaths", os.pathsep.join(str(p) for p in ldpaths), "-w", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "auditwheel",
+            "repair",
+            "--plat",
+            "auto",
+            "--ldpaths",
+            os.pathsep.join(str(p) for p in ldpaths),
+            "-w",
+            tmp,
+        ]
         for pattern in excludes:
             cmd += ["--exclude", pattern]
-        run = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True,
-                             env=_auditwheel_env())
+        run = subprocess.run(
+            [*cmd, str(wheel)], capture_output=True, text=True, env=_auditwheel_env()
+        )
         made = sorted(Path(tmp).glob("*.whl"))
         if run.returncode != 0 or len(made) != 1:
             tail = "\n".join((run.stdout + run.stderr).splitlines()[-15:])
@@ -79,24 +95,33 @@ def repair_cross_wheel(wheel: Path, out_dir: Path, ldpaths: Sequence[Path],
         _, _, _, new_tags = parse_wheel_filename(repaired.name)
         plats = sorted(t.platform for t in new_tags)
         # A manylinux_2_17 wheel carries the legacy name of that policy too (manylinux2014_*).
-        if not all(p.startswith(("manylinux_", "manylinux2014_")) and p.endswith("_" + arch)
-                   for p in plats):
-            raise StepFailed(f"auditwheel repair of {wheel.name} gave {repaired.name}, "
-                             f"expected a manylinux_*_{arch} tag")
+        if not all(
+            p.startswith(("manylinux_", "manylinux2014_")) and p.endswith("_" + arch) for p in plats
+        ):
+            raise StepFailed(
+                f"auditwheel repair of {wheel.name} gave {repaired.name}, "
+                f"expected a manylinux_*_{arch} tag"
+            )
         grafted = [n for n in _names_in(repaired) if ".libs/" in n]
         if grafted:
-            raise StepFailed(f"auditwheel repair of {wheel.name} grafted {grafted}: a library "
-                             "the target should provide is not excluded, or a dependency leaked")
+            raise StepFailed(
+                f"auditwheel repair of {wheel.name} grafted {grafted}: a library "
+                "the target should provide is not excluded, or a dependency leaked"
+            )
         info = show_wheel(repaired)
         externals = tuple(sorted(info.get("external_libs") or {}))
-        unexpected = [lib for lib in externals
-                      if not any(fnmatch.fnmatch(lib, p) for p in excludes)]
+        unexpected = [
+            lib for lib in externals if not any(fnmatch.fnmatch(lib, p) for p in excludes)
+        ]
         if unexpected:
-            raise StepFailed(f"{repaired.name} needs {unexpected}, which neither manylinux nor "
-                             "torch provides")
+            raise StepFailed(
+                f"{repaired.name} needs {unexpected}, which neither manylinux nor torch provides"
+            )
         if info["sym_tag"] not in plats:
-            raise StepFailed(f"{repaired.name}: auditwheel show says its symbols need "
-                             f"{info['sym_tag']}, not the file's {plats}")
+            raise StepFailed(
+                f"{repaired.name}: auditwheel show says its symbols need "
+                f"{info['sym_tag']}, not the file's {plats}"
+            )
         final = out_dir / repaired.name
         os.replace(repaired, final)
     return CrossRepair(wheel=final, tag=oldest_tag(plats), external_libs=externals)

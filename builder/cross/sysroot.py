@@ -48,29 +48,86 @@ DEBIAN_PYTHONS = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 # packages a compiled extension never needs and arch-all data (tzdata, media-types).
 # "{v}" is the Python version.
 _PYTHON_PACKAGES = (
-    "python{v}-minimal", "libpython{v}-minimal", "libpython{v}-stdlib", "python{v}",
-    "libpython{v}", "libpython{v}-dev",
+    "python{v}-minimal",
+    "libpython{v}-minimal",
+    "libpython{v}-stdlib",
+    "python{v}",
+    "libpython{v}",
+    "libpython{v}-dev",
 )
-_KERBEROS = ("libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libkrb5support0", "libkeyutils1",
-             "libcom-err2")
+_KERBEROS = (
+    "libgssapi-krb5-2",
+    "libkrb5-3",
+    "libk5crypto3",
+    "libkrb5support0",
+    "libkeyutils1",
+    "libcom-err2",
+)
 SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {
     "bullseye": (
-        "libc6", "libgcc-s1", "gcc-10-base", "libstdc++6", "zlib1g", "libexpat1", "libffi7",
-        "libssl1.1", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libncursesw6", "libtinfo6",
-        "libreadline8", "libuuid1", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3", "libmpdec3",
+        "libc6",
+        "libgcc-s1",
+        "gcc-10-base",
+        "libstdc++6",
+        "zlib1g",
+        "libexpat1",
+        "libffi7",
+        "libssl1.1",
+        "libbz2-1.0",
+        "liblzma5",
+        "libsqlite3-0",
+        "libncursesw6",
+        "libtinfo6",
+        "libreadline8",
+        "libuuid1",
+        "libdb5.3",
+        "libcrypt1",
+        "libnsl2",
+        "libtirpc3",
+        "libmpdec3",
         *_KERBEROS,
     ),
     "bookworm": (
-        "libc6", "libgcc-s1", "gcc-12-base", "libstdc++6", "zlib1g", "libexpat1", "libffi8",
-        "libssl3", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libncursesw6", "libtinfo6",
-        "libreadline8", "libuuid1", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3",
+        "libc6",
+        "libgcc-s1",
+        "gcc-12-base",
+        "libstdc++6",
+        "zlib1g",
+        "libexpat1",
+        "libffi8",
+        "libssl3",
+        "libbz2-1.0",
+        "liblzma5",
+        "libsqlite3-0",
+        "libncursesw6",
+        "libtinfo6",
+        "libreadline8",
+        "libuuid1",
+        "libdb5.3",
+        "libcrypt1",
+        "libnsl2",
+        "libtirpc3",
         *_KERBEROS,
     ),
     # trixie renamed libraries for 64-bit time_t (t64) and dropped crypt/nis from 3.13.
     "trixie": (
-        "libc6", "libgcc-s1", "gcc-14-base", "libstdc++6", "zlib1g", "libexpat1", "libffi8",
-        "libssl3t64", "libbz2-1.0", "liblzma5", "libzstd1", "libsqlite3-0", "libncursesw6",
-        "libtinfo6", "libreadline8t64", "libuuid1", "libdb5.3t64",
+        "libc6",
+        "libgcc-s1",
+        "gcc-14-base",
+        "libstdc++6",
+        "zlib1g",
+        "libexpat1",
+        "libffi8",
+        "libssl3t64",
+        "libbz2-1.0",
+        "liblzma5",
+        "libzstd1",
+        "libsqlite3-0",
+        "libncursesw6",
+        "libtinfo6",
+        "libreadline8t64",
+        "libuuid1",
+        "libdb5.3t64",
     ),
 }
 
@@ -84,8 +141,9 @@ def suite_for(version: str) -> str:
     """
     if version in DEBIAN_PYTHONS:
         return DEBIAN_PYTHONS[version]
-    known = ", ".join(f"{v} ({s})" for v, s in sorted(DEBIAN_PYTHONS.items(),
-                                                       key=lambda kv: _version_key(kv[0])))
+    known = ", ".join(
+        f"{v} ({s})" for v, s in sorted(DEBIAN_PYTHONS.items(), key=lambda kv: _version_key(kv[0]))
+    )
     raise StepFailed(
         f"target Python {version}: no Debian release ships an arm64 Python {version} (Debian "
         f"arm64 CPythons: {known}), so there is no target interpreter to verify a cross-built "
@@ -148,7 +206,8 @@ def _apt_index(packages: list[str], apt: SuiteApt | None = None) -> dict[str, tu
     or ``apt``'s private one)."""
     options = list(apt.options) if apt else []
     out = subprocess.run(
-        ["apt-cache", *options, "show", "--no-all-versions", *packages], capture_output=True,
+        ["apt-cache", *options, "show", "--no-all-versions", *packages],
+        capture_output=True,
         text=True,
     )
     found: dict[str, tuple[str, str]] = {}
@@ -164,7 +223,8 @@ def _apt_index(packages: list[str], apt: SuiteApt | None = None) -> dict[str, tu
     if missing and apt is not None and apt.options:
         raise StepFailed(
             f"target Python: Debian {apt.suite}'s apt index has no candidate for "
-            + ", ".join(missing) + f" (index: {apt.options[apt.options.index('-o') + 1]}...; "
+            + ", ".join(missing)
+            + f" (index: {apt.options[apt.options.index('-o') + 1]}...; "
             "a suite's package names change between releases: see SUITE_LIBRARIES in "
             "builder/cross/sysroot.py)"
         )
@@ -177,8 +237,9 @@ def _apt_index(packages: list[str], apt: SuiteApt | None = None) -> dict[str, tu
     return found
 
 
-def _write_target_sysconfig(debian_vars_file: Path, dest: Path, include_dir: Path,
-                            sysroot: Path, name: str) -> str:
+def _write_target_sysconfig(
+    debian_vars_file: Path, dest: Path, include_dir: Path, sysroot: Path, name: str
+) -> str:
     """Write the build-time sysconfig the host interpreter will read while cross-compiling.
 
     Starts from the target's own ``_sysconfigdata`` (so EXT_SUFFIX/SOABI/MULTIARCH are the
@@ -194,8 +255,16 @@ def _write_target_sysconfig(debian_vars_file: Path, dest: Path, include_dir: Pat
         value = str(build_vars.get(key, ""))
         if value.startswith("/"):
             build_vars[key] = str(sysroot) + value
-    for key in ("CFLAGS", "LDSHARED", "LDCXXSHARED", "BLDSHARED", "LDFLAGS", "OPT",
-                "CONFIGURE_CFLAGS", "PY_CFLAGS"):
+    for key in (
+        "CFLAGS",
+        "LDSHARED",
+        "LDCXXSHARED",
+        "BLDSHARED",
+        "LDFLAGS",
+        "OPT",
+        "CONFIGURE_CFLAGS",
+        "PY_CFLAGS",
+    ):
         if isinstance(build_vars.get(key), str):
             build_vars[key] = " ".join(t for t in str(build_vars[key]).split() if t != "-g")
     # distutils links extensions with libpython when cross-compiling unless this is 0; a
@@ -255,17 +324,31 @@ def precompile(folder: Path, version: str, shown_as: Path) -> None:
     python = native_interpreter(version)
     if python is None:
         return
-    subprocess.run([python, "-m", "compileall", "-q", "-j", "2", "-s", str(folder),
-                    "-p", str(shown_as), str(folder)], capture_output=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "2",
+            "-s",
+            str(folder),
+            "-p",
+            str(shown_as),
+            str(folder),
+        ],
+        capture_output=True,
+    )
 
 
 def _versions(package: str, apt: SuiteApt | None) -> list[str]:
     """Every version of ``package`` (``name:arch``) the apt index knows, newest first."""
     options = list(apt.options) if apt else []
-    out = subprocess.run(["apt-cache", *options, "show", package], capture_output=True,
-                         text=True).stdout
-    versions = [line.split(": ", 1)[1] for line in out.splitlines()
-                if line.startswith("Version: ")]
+    out = subprocess.run(
+        ["apt-cache", *options, "show", package], capture_output=True, text=True
+    ).stdout
+    versions = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("Version: ")]
     ordered: list[str] = []
     for version in versions:
         if version not in ordered:
@@ -307,28 +390,44 @@ def unpack_debs(packages: list[str], root: Path, apt: SuiteApt | None = None) ->
         # apt drops privileges to _apt for downloads; a folder it cannot write only costs a
         # warning, so make it writable rather than silence apt.
         debs.chmod(0o777)
-        run = subprocess.run(["apt-get", *options, "download", "-q", *packages], cwd=debs,
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            ["apt-get", *options, "download", "-q", *packages],
+            cwd=debs,
+            capture_output=True,
+            text=True,
+        )
         errors = run.stderr
         older = {p: _versions(p, apt)[1:] for p in packages if p not in _downloaded(debs)}
         # One apt-get per round, each still-missing package at its next older version.
         for attempt in range(max((len(v) for v in older.values()), default=0)):
-            wanted = [f"{p}={v[attempt]}" for p, v in older.items()
-                      if p not in _downloaded(debs) and attempt < len(v)]
+            wanted = [
+                f"{p}={v[attempt]}"
+                for p, v in older.items()
+                if p not in _downloaded(debs) and attempt < len(v)
+            ]
             if not wanted:
                 break
-            retry = subprocess.run(["apt-get", *options, "download", "-q", *wanted], cwd=debs,
-                                   capture_output=True, text=True)
+            retry = subprocess.run(
+                ["apt-get", *options, "download", "-q", *wanted],
+                cwd=debs,
+                capture_output=True,
+                text=True,
+            )
             errors += retry.stderr
         still = [p for p in packages if p not in _downloaded(debs)]
         if still:
-            raise StepFailed("`apt-get download` of the target's .debs failed for "
-                             + ", ".join(still) + ":\n" + errors[-2000:])
+            raise StepFailed(
+                "`apt-get download` of the target's .debs failed for "
+                + ", ".join(still)
+                + ":\n"
+                + errors[-2000:]
+            )
         used = []
         for package, deb in sorted(_downloaded(debs).items()):
             subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
-            version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"],
-                                     capture_output=True, text=True).stdout.strip()
+            version = subprocess.run(
+                ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True
+            ).stdout.strip()
             used.append(f"{package}={version}")
     # Merged-/usr suites (trixie) ship the loader as /usr/lib/ld-linux-*.so.1 and leave the
     # /lib -> usr/lib link to base-files; QEMU's -L and the loader's own paths need it.
@@ -338,14 +437,17 @@ def unpack_debs(packages: list[str], root: Path, apt: SuiteApt | None = None) ->
     return used
 
 
-def ensure_debian_root(packages: list[str], name: str, cache: Path | None = None,
-                       apt: SuiteApt | None = None) -> Path:
+def ensure_debian_root(
+    packages: list[str], name: str, cache: Path | None = None, apt: SuiteApt | None = None
+) -> Path:
     """A cached folder with ``packages`` (``name:arch``) unpacked, keyed by their .deb hashes
     (from the host's apt, or ``apt``'s suite)."""
     index = _apt_index(packages, apt)
     key = content_key(sorted(f"{p}={index[p][1]}" for p in packages))
-    return ensure_entry(cache_root(cache) / "sysroots" / f"{name}-{key}",
-                        lambda tmp: unpack_debs(packages, tmp, apt))
+    return ensure_entry(
+        cache_root(cache) / "sysroots" / f"{name}-{key}",
+        lambda tmp: unpack_debs(packages, tmp, apt),
+    )
 
 
 def _debian_sysconfigdata(stdlib: Path, triplet: str) -> Path:
@@ -354,12 +456,15 @@ def _debian_sysconfigdata(stdlib: Path, triplet: str) -> Path:
     for name in (f"_sysconfigdata__{triplet}.py", f"_sysconfigdata__linux_{triplet}.py"):
         if (stdlib / name).is_file():
             return (stdlib / name).resolve()
-    raise StepFailed(f"target Python: no _sysconfigdata__{triplet}.py in {stdlib} (found "
-                     f"{sorted(p.name for p in stdlib.glob('_sysconfigdata*'))})")
+    raise StepFailed(
+        f"target Python: no _sysconfigdata__{triplet}.py in {stdlib} (found "
+        f"{sorted(p.name for p in stdlib.glob('_sysconfigdata*'))})"
+    )
 
 
-def ensure_target_python(version: str, arch: str = "aarch64",
-                         cache: Path | None = None) -> TargetPython:
+def ensure_target_python(
+    version: str, arch: str = "aarch64", cache: Path | None = None
+) -> TargetPython:
     """Return a cached target CPython ``version`` for ``arch``, unpacking it on first use.
 
     Raises :class:`StepFailed` with what to do when this host cannot provide that Python.
@@ -385,12 +490,16 @@ def ensure_target_python(version: str, arch: str = "aarch64",
         include = tmp / "include" / f"python{version}"
         shutil.copytree(root / "usr" / "include" / f"python{version}", include, symlinks=True)
         (include / "pyconfig.h").unlink()
-        shutil.copy2(root / "usr" / "include" / triplet / f"python{version}" / "pyconfig.h",
-                     include / "pyconfig.h")
+        shutil.copy2(
+            root / "usr" / "include" / triplet / f"python{version}" / "pyconfig.h",
+            include / "pyconfig.h",
+        )
         debian_vars = _debian_sysconfigdata(root / "usr" / "lib" / f"python{version}", triplet)
         suffix = _write_target_sysconfig(
-            debian_vars, tmp / "sysconfig", tmp.parent / entry_path.name / "include" /
-            f"python{version}", tmp.parent / entry_path.name / "root",
+            debian_vars,
+            tmp / "sysconfig",
+            tmp.parent / entry_path.name / "include" / f"python{version}",
+            tmp.parent / entry_path.name / "root",
             SYSCONFIG_NAME.format(arch=arch),
         )
         (tmp / "ext_suffix").write_text(suffix + "\n")

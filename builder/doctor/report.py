@@ -33,8 +33,11 @@ def exit_code(checks: Sequence[Check]) -> int:
 
 def summary(checks: Sequence[Check]) -> str:
     counts = {level: sum(c.status == level for c in checks) for level in LEVELS}
-    verdict = "the selected builds should run here" if not counts[FAIL] else (
-        "fix the FAIL lines before building")
+    verdict = (
+        "the selected builds should run here"
+        if not counts[FAIL]
+        else ("fix the FAIL lines before building")
+    )
     return f"{counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL: {verdict}"
 
 
@@ -52,5 +55,11 @@ def table(checks: Sequence[Check]) -> list[str]:
 
 def document(checks: Sequence[Check]) -> str:
     """``{"ok": bool, "exit_code": 0|1, "checks": [{"name", "status", "detail", "fix"}]}``."""
-    return json.dumps({"ok": exit_code(checks) == 0, "exit_code": exit_code(checks),
-                       "checks": [asdict(c) for c in checks]}, indent=2)
+    return json.dumps(
+        {
+            "ok": exit_code(checks) == 0,
+            "exit_code": exit_code(checks),
+            "checks": [asdict(c) for c in checks],
+        },
+        indent=2,
+    )

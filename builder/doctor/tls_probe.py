@@ -55,9 +55,11 @@ print(json.dumps({"kind": kind, "url": url, "error": error}))
 """
 
 #: The image's Python: a manylinux-shaped image's first CPython, else python3.
-_FIND_PYTHON = ('for p in /opt/python/cp3*/bin/python3 /usr/local/bin/python3 '
-                '/usr/bin/python3; do if [ -x "$p" ]; then exec "$p" -c "$0" "$@"; fi; done; '
-                'echo \'{"kind": "no-python", "url": null, "error": "no python3 in the image"}\'')
+_FIND_PYTHON = (
+    "for p in /opt/python/cp3*/bin/python3 /usr/local/bin/python3 "
+    '/usr/bin/python3; do if [ -x "$p" ]; then exec "$p" -c "$0" "$@"; fi; done; '
+    'echo \'{"kind": "no-python", "url": null, "error": "no python3 in the image"}\''
+)
 
 CA_DIR = "/tmp/ampforge-doctor"
 
@@ -69,15 +71,24 @@ class ProbeResult:
     error: str
 
 
-def probe_index(engine: DockerEngine, image: str, index_url: Optional[str],
-                ca_bundle: Optional[Path], env: Mapping[str, str],
-                network: Optional[str] = None, timeout: float = TIMEOUT_S) -> ProbeResult:
+def probe_index(
+    engine: DockerEngine,
+    image: str,
+    index_url: Optional[str],
+    ca_bundle: Optional[Path],
+    env: Mapping[str, str],
+    network: Optional[str] = None,
+    timeout: float = TIMEOUT_S,
+) -> ProbeResult:
     """Open *index_url* (None: pip's default) from a container of *image*; the container is
     removed afterwards (:meth:`DockerEngine.container`)."""
     with engine.container(image, env=dict(env), network_name=network) as session:
         cafile = session.copy_in(ca_bundle, CA_DIR) if ca_bundle is not None else ""
-        result = session.run(["sh", "-c", _FIND_PYTHON, PROBE, index_url or "", cafile,
-                              str(timeout)], check=False, step="TLS probe")
+        result = session.run(
+            ["sh", "-c", _FIND_PYTHON, PROBE, index_url or "", cafile, str(timeout)],
+            check=False,
+            step="TLS probe",
+        )
     for line in reversed(result.tail):
         if line.startswith("{"):
             try:
@@ -85,5 +96,6 @@ def probe_index(engine: DockerEngine, image: str, index_url: Optional[str],
             except ValueError:
                 break
             return ProbeResult(str(doc.get("kind")), doc.get("url"), str(doc.get("error", "")))
-    return ProbeResult("failed", index_url, " | ".join(result.tail[-3:]) or
-                       f"exit code {result.exit_code}")
+    return ProbeResult(
+        "failed", index_url, " | ".join(result.tail[-3:]) or f"exit code {result.exit_code}"
+    )

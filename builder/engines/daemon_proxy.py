@@ -44,9 +44,13 @@ def daemon_proxy(info: dict[str, Any], podman: bool = False) -> DaemonProxy:
     """From ``engine.api.info()`` (the Docker API's ``/info``: ``HttpProxy``, ``HttpsProxy``,
     ``NoProxy``; ``SecurityOptions`` says ``name=rootless`` for a rootless daemon)."""
     rootless = any("rootless" in str(o) for o in info.get("SecurityOptions") or ())
-    return DaemonProxy(http_proxy=info.get("HttpProxy") or None,
-                       https_proxy=info.get("HttpsProxy") or None,
-                       no_proxy=info.get("NoProxy") or None, rootless=rootless, podman=podman)
+    return DaemonProxy(
+        http_proxy=info.get("HttpProxy") or None,
+        https_proxy=info.get("HttpsProxy") or None,
+        no_proxy=info.get("NoProxy") or None,
+        rootless=rootless,
+        podman=podman,
+    )
 
 
 def _user_value(user: ProxySettings, key: str) -> Optional[str]:
@@ -101,22 +105,30 @@ def diagnose(info: dict[str, Any], user: ProxySettings, podman: bool = False) ->
 def fix_text(user: ProxySettings, daemon: DaemonProxy) -> str:
     """The lines that give the engine the user's proxies (passwords masked: put yours where
     ``***`` stands)."""
-    values = [(name, redact_url_credentials(v)) for key, name in _NAMES
-              if (v := _user_value(user, key))]
+    values = [
+        (name, redact_url_credentials(v)) for key, name in _NAMES if (v := _user_value(user, key))
+    ]
     if not values:
-        return ("the engine has a proxy and this shell has none: if the engine needs it, "
-                "export the same HTTP_PROXY/HTTPS_PROXY here (or --http-proxy/--https-proxy)")
+        return (
+            "the engine has a proxy and this shell has none: if the engine needs it, "
+            "export the same HTTP_PROXY/HTTPS_PROXY here (or --http-proxy/--https-proxy)"
+        )
     if daemon.podman:
         env = ", ".join(f'"{n}={v}"' for n, v in values)
-        return (f"Podman's service pulls with its own environment: add to {PODMAN_CONF} "
-                "(rootless: ~/.config/containers/containers.conf)\n"
-                f"  [engine]\n  env = [{env}]\n"
-                "then restart the service (`podman system service`, or "
-                "`systemctl restart podman.socket`)")
-    path, ctl = (ROOTLESS_DROP_IN, "systemctl --user") if daemon.rootless else (
-        DROP_IN, "sudo systemctl")
+        return (
+            f"Podman's service pulls with its own environment: add to {PODMAN_CONF} "
+            "(rootless: ~/.config/containers/containers.conf)\n"
+            f"  [engine]\n  env = [{env}]\n"
+            "then restart the service (`podman system service`, or "
+            "`systemctl restart podman.socket`)"
+        )
+    path, ctl = (
+        (ROOTLESS_DROP_IN, "systemctl --user") if daemon.rootless else (DROP_IN, "sudo systemctl")
+    )
     env_lines = "\n".join(f'  Environment="{n}={v}"' for n, v in values)
-    return (f"the Docker daemon does not see this shell's proxy; give it the same in {path}:\n"
-            f"  [Service]\n{env_lines}\n"
-            f"then: {ctl} daemon-reload && {ctl} restart docker   (put your password where "
-            "*** stands)")
+    return (
+        f"the Docker daemon does not see this shell's proxy; give it the same in {path}:\n"
+        f"  [Service]\n{env_lines}\n"
+        f"then: {ctl} daemon-reload && {ctl} restart docker   (put your password where "
+        "*** stands)"
+    )

@@ -57,10 +57,11 @@ from builder.redact import Redactor
 class PullError(StepFailed):
     """The engine could not pull an image; the message is the engine's (redacted)."""
 
+
 _START_HINT = (
     "Start an engine and try again:\n"
     "  - Docker: `.ci/dockerd-up` (or `dockerd &`, or `systemctl start docker`);\n"
-    "  - Podman: container-engine = \"podman\" in the project's [tool.cibuildwheel], or\n"
+    '  - Podman: container-engine = "podman" in the project\'s [tool.cibuildwheel], or\n'
     "    `podman system service --time=0 unix:///run/podman/podman.sock &` then\n"
     "    `export DOCKER_HOST=unix:///run/podman/podman.sock`;\n"
     "  - or build without containers: --backend host (make wheel BACKEND=host)."
@@ -178,8 +179,11 @@ class DockerEngine:
             # Podman 4.3's compat import drops the ``tag`` query parameter (the image came out
             # as <repository>:latest) and reads ``LABEL a=1 b=2`` as one label ``a`` whose
             # value is "1 b=2": the tag goes into the repository, one LABEL per pair.
-            self.api.import_image(src=str(tarball), repository=f"{repository}:{tag}",
-                                  changes=_one_label_each(changes) or None)
+            self.api.import_image(
+                src=str(tarball),
+                repository=f"{repository}:{tag}",
+                changes=_one_label_each(changes) or None,
+            )
         else:
             self.api.import_image(
                 src=str(tarball), repository=repository, tag=tag, changes=list(changes) or None
@@ -202,8 +206,9 @@ class DockerEngine:
                 pass
         found = self.image_id(ref)
         if found is None:
-            raise StepFailed(f"loading {ref} from {other.base_url} into {self.base_url} did "
-                             "not produce it")
+            raise StepFailed(
+                f"loading {ref} from {other.base_url} into {self.base_url} did not produce it"
+            )
         return found
 
     def build_image(
@@ -315,8 +320,11 @@ class DockerEngine:
         """
         # The owner (pid, machine, boot): a killed builder's container is found and removed
         # by the next one (builder.engines.owner).
-        all_labels = {CONTAINER_LABEL: "1", f"{CONTAINER_LABEL}.session": uuid.uuid4().hex,
-                      **owner_labels()}
+        all_labels = {
+            CONTAINER_LABEL: "1",
+            f"{CONTAINER_LABEL}.session": uuid.uuid4().hex,
+            **owner_labels(),
+        }
         all_labels.update(labels or {})
         mounts = {h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()}
         mounts.update({v: {"bind": c, "mode": "rw"} for v, c in (volumes or {}).items()})
@@ -365,28 +373,37 @@ class DockerEngine:
                 return cid
             except docker.errors.APIError as exc:
                 self._remove(cid)
-                if not (self.is_podman and _is_start_race(exc)) \
-                        or attempt == _PODMAN_START_ATTEMPTS:
+                if (
+                    not (self.is_podman and _is_start_race(exc))
+                    or attempt == _PODMAN_START_ATTEMPTS
+                ):
                     raise
-                log.note(f"podman: the container did not start ({_first_line(exc)}); "
-                         f"podman's start race, starting a new one "
-                         f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})")
+                log.note(
+                    f"podman: the container did not start ({_first_line(exc)}); "
+                    f"podman's start race, starting a new one "
+                    f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})"
+                )
                 time.sleep(0.5 * attempt)
             except BaseException:
                 self._remove(cid)
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def commit(self, session: DockerSession, tag: str,
-               labels: Mapping[str, str] | None = None) -> str:
+    def commit(
+        self, session: DockerSession, tag: str, labels: Mapping[str, str] | None = None
+    ) -> str:
         """The container's filesystem as image *tag* (on the container's image config, plus
         *labels*); returns its id. Whatever the container was started with (its command, its
         environment) is not carried over: only the image's own config is."""
         image = self.api.inspect_container(session.id)["Image"]
         config = dict(self.api.inspect_image(image).get("Config") or {})
-        conf = {"Env": list(config.get("Env") or []), "Cmd": config.get("Cmd"),
-                "Entrypoint": config.get("Entrypoint"), "WorkingDir": config.get("WorkingDir"),
-                "Labels": {**(config.get("Labels") or {}), **(labels or {})}}
+        conf = {
+            "Env": list(config.get("Env") or []),
+            "Cmd": config.get("Cmd"),
+            "Entrypoint": config.get("Entrypoint"),
+            "WorkingDir": config.get("WorkingDir"),
+            "Labels": {**(config.get("Labels") or {}), **(labels or {})},
+        }
         repo, _, name = tag.rpartition(":")
         made = self.api.commit(session.id, repository=repo, tag=name, conf=conf)
         return str(made["Id"])

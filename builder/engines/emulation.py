@@ -59,7 +59,7 @@ class _Entry:
     mask: bytes
 
     def matches(self, header: bytes) -> bool:
-        window = header[self.offset:self.offset + len(self.magic)]
+        window = header[self.offset : self.offset + len(self.magic)]
         if len(window) < len(self.magic):
             return False
         mask = self.mask or b"\xff" * len(self.magic)
@@ -83,28 +83,37 @@ def _read_entry(path: Path) -> Optional[_Entry]:
     if "magic" not in fields:
         return None
     try:
-        return _Entry(path.name, enabled, fields.get("interpreter", ""),
-                      fields.get("flags", ""), int(fields.get("offset", "0")),
-                      bytes.fromhex(fields["magic"]), bytes.fromhex(fields.get("mask", "")))
+        return _Entry(
+            path.name,
+            enabled,
+            fields.get("interpreter", ""),
+            fields.get("flags", ""),
+            int(fields.get("offset", "0")),
+            bytes.fromhex(fields["magic"]),
+            bytes.fromhex(fields.get("mask", "")),
+        )
     except ValueError:
         return None
 
 
 def how_to_enable(machine: str = "aarch64") -> str:
-    return (f"to enable it: `sudo {PROVISION_SCRIPT}` (installs qemu-user-static and "
-            "binfmt-support and registers the interpreters), or by hand as root: `mount -t "
-            "binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc` and register "
-            f"qemu-{machine} with the F flag (`update-binfmts --enable qemu-{machine}` after "
-            "installing qemu-user-static, or a container such as tonistiigi/binfmt where "
-            "images can be pulled)")
+    return (
+        f"to enable it: `sudo {PROVISION_SCRIPT}` (installs qemu-user-static and "
+        "binfmt-support and registers the interpreters), or by hand as root: `mount -t "
+        "binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc` and register "
+        f"qemu-{machine} with the F flag (`update-binfmts --enable qemu-{machine}` after "
+        "installing qemu-user-static, or a container such as tonistiigi/binfmt where "
+        "images can be pulled)"
+    )
 
 
 def binfmt_root() -> Path:
     return Path(os.environ.get(BINFMT_ROOT_ENV) or BINFMT_ROOT)
 
 
-def detect_emulation(machine: str = "aarch64", root: Optional[Path] = None,
-                     host: Optional[str] = None) -> Emulation:
+def detect_emulation(
+    machine: str = "aarch64", root: Optional[Path] = None, host: Optional[str] = None
+) -> Emulation:
     """Whether *machine* binaries run here, natively or under a binfmt_misc interpreter that
     also works inside containers (flag ``F``). *root*: default :func:`binfmt_root`."""
     root = root or binfmt_root()
@@ -113,44 +122,70 @@ def detect_emulation(machine: str = "aarch64", root: Optional[Path] = None,
         return Emulation(machine, True, f"native: this host is {host}")
     header = _ELF_HEADERS.get(machine)
     if header is None:
-        return Emulation(machine, False, f"no known ELF header for machine {machine!r}; "
-                                         f"expected one of {sorted(_ELF_HEADERS)}")
+        return Emulation(
+            machine,
+            False,
+            f"no known ELF header for machine {machine!r}; expected one of {sorted(_ELF_HEADERS)}",
+        )
     status = root / "status"
     if not status.is_file():
         return Emulation(machine, False, f"binfmt_misc is not mounted at {root}")
     if status.read_text(errors="replace").strip() != "enabled":
         return Emulation(machine, False, f"binfmt_misc at {root} is disabled ({status})")
-    entries = [e for e in (_read_entry(p) for p in sorted(root.iterdir())
-                           if p.name not in ("status", "register")) if e is not None]
+    entries = [
+        e
+        for e in (
+            _read_entry(p) for p in sorted(root.iterdir()) if p.name not in ("status", "register")
+        )
+        if e is not None
+    ]
     matching = [e for e in entries if e.matches(header)]
     if not matching:
-        return Emulation(machine, False, f"no binfmt_misc entry in {root} runs {machine} "
-                                         "binaries (qemu-" + machine + " is not registered)")
+        return Emulation(
+            machine,
+            False,
+            f"no binfmt_misc entry in {root} runs {machine} "
+            "binaries (qemu-" + machine + " is not registered)",
+        )
     usable = [e for e in matching if e.enabled]
     if not usable:
-        return Emulation(machine, False, f"the binfmt_misc entry {matching[0].name} for "
-                                         f"{machine} is disabled")
+        return Emulation(
+            machine, False, f"the binfmt_misc entry {matching[0].name} for {machine} is disabled"
+        )
     fixed = [e for e in usable if "F" in e.flags]
     if not fixed:
         e = usable[0]
-        return Emulation(machine, False,
-                         f"the binfmt_misc entry {e.name} runs {machine} binaries with "
-                         f"{e.interpreter}, but without the F flag (flags {e.flags or 'none'!r})"
-                         ": inside a container that path does not exist", e.name,
-                         e.interpreter, e.flags)
+        return Emulation(
+            machine,
+            False,
+            f"the binfmt_misc entry {e.name} runs {machine} binaries with "
+            f"{e.interpreter}, but without the F flag (flags {e.flags or 'none'!r})"
+            ": inside a container that path does not exist",
+            e.name,
+            e.interpreter,
+            e.flags,
+        )
     e = fixed[0]
-    return Emulation(machine, True, f"binfmt_misc entry {e.name} (flags {e.flags}) runs "
-                                    f"{machine} binaries with {e.interpreter}",
-                     e.name, e.interpreter, e.flags)
+    return Emulation(
+        machine,
+        True,
+        f"binfmt_misc entry {e.name} (flags {e.flags}) runs "
+        f"{machine} binaries with {e.interpreter}",
+        e.name,
+        e.interpreter,
+        e.flags,
+    )
 
 
-def require_emulation(machine: str = "aarch64", root: Optional[Path] = None,
-                      host: Optional[str] = None) -> Emulation:
+def require_emulation(
+    machine: str = "aarch64", root: Optional[Path] = None, host: Optional[str] = None
+) -> Emulation:
     """:func:`detect_emulation`, raising :class:`EmulationUnavailable` (with how to enable it)
     when the answer is no."""
     found = detect_emulation(machine, root, host)
     if not found.available:
         raise EmulationUnavailable(
             f"{machine} emulation is unavailable on this {host or platform.machine()} host: "
-            f"{found.reason}; {how_to_enable(machine)}")
+            f"{found.reason}; {how_to_enable(machine)}"
+        )
     return found

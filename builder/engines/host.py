@@ -71,8 +71,9 @@ def run_host(
             raise
     finally:
         log.close()
-    result = RunResult(argv=tuple(str(a) for a in argv), exit_code=code, tail=tail,
-                       log_path=log.log_file)
+    result = RunResult(
+        argv=tuple(str(a) for a in argv), exit_code=code, tail=tail, log_path=log.log_file
+    )
     if check:
         check_result(result, step, "the host", log.redactor)
     return result
@@ -82,8 +83,12 @@ def _runs_as(exe: Path, version: str) -> bool:
     """Whether *exe* starts and is Python *version* (a pyenv shim for a version that is not
     selected exists on PATH but fails)."""
     try:
-        out = subprocess.run([str(exe), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [str(exe), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and out.stdout.strip() == version
@@ -98,6 +103,7 @@ def find_python(version: str) -> Path:
         candidates.append(Path(found))
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     if root.is_dir():
+
         def patch(p: Path) -> int:
             tail = p.name.split(".")[2:3]
             return int(tail[0]) if tail and tail[0].isdigit() else -1
@@ -141,8 +147,16 @@ class HostSession:
         merged.update(env or {})
         # The caller's PYTHONPATH/PYTHONHOME would reach the cell's interpreters: verification
         # would import the package from the caller's checkout instead of the installed wheel.
-        return run_host(argv, self.log, env=merged, cwd=cwd or self.workdir, check=check,
-                        step=step, tail_lines=tail_lines, unset=CALLER_ONLY)
+        return run_host(
+            argv,
+            self.log,
+            env=merged,
+            cwd=cwd or self.workdir,
+            check=check,
+            step=step,
+            tail_lines=tail_lines,
+            unset=CALLER_ONLY,
+        )
 
     def copy_in(self, src: Path, dest_dir: str) -> str:
         if not src.exists():
@@ -151,8 +165,9 @@ class HostSession:
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / src.name
         if src.is_dir():
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True,
-                            copy_function=copy_sparse)
+            shutil.copytree(
+                src, target, symlinks=True, dirs_exist_ok=True, copy_function=copy_sparse
+            )
         else:
             shutil.copy2(src, target)
         return str(target)

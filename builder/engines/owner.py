@@ -55,8 +55,12 @@ def process_start(pid: int) -> Optional[str]:
 def owner_labels() -> dict[str, str]:
     """The labels naming this process as a container's owner."""
     pid = os.getpid()
-    return {PID_LABEL: str(pid), PID_START_LABEL: process_start(pid) or "",
-            HOST_LABEL: machine_id(), BOOT_LABEL: boot_id()}
+    return {
+        PID_LABEL: str(pid),
+        PID_START_LABEL: process_start(pid) or "",
+        HOST_LABEL: machine_id(),
+        BOOT_LABEL: boot_id(),
+    }
 
 
 def owner_gone(labels: Mapping[str, str]) -> Optional[str]:

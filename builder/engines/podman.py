@@ -53,8 +53,9 @@ def _answers(path: Path) -> bool:
     return True
 
 
-def podman_url(*, file: str = "", key: str = "container-engine",
-               env: Optional[dict[str, str]] = None) -> tuple[str, str]:
+def podman_url(
+    *, file: str = "", key: str = "container-engine", env: Optional[dict[str, str]] = None
+) -> tuple[str, str]:
     """(the Docker-API URL to build with, how it was found) for podman.
 
     ConfigError (exit 2) naming *key* when podman is not installed; EngineUnavailable with the
@@ -64,9 +65,13 @@ def podman_url(*, file: str = "", key: str = "container-engine",
         return env["DOCKER_HOST"], "DOCKER_HOST"
     binary = shutil.which("podman", path=env.get("PATH"))
     if binary is None:
-        raise ConfigError("is 'podman', but podman is not installed here (no podman on PATH): "
-                          "install it (Debian: apt-get install podman) or set "
-                          "container-engine = 'docker'", file=file or None, key=key)
+        raise ConfigError(
+            "is 'podman', but podman is not installed here (no podman on PATH): "
+            "install it (Debian: apt-get install podman) or set "
+            "container-engine = 'docker'",
+            file=file or None,
+            key=key,
+        )
     path = socket_path()
     url = f"unix://{path}"
     if _answers(path):
@@ -77,17 +82,25 @@ def podman_url(*, file: str = "", key: str = "container-engine",
         with open(log, "ab") as out:
             # Its own session: the service outlives this build (and a Ctrl-C of it), as a
             # started dockerd does, and the next build finds it answering.
-            subprocess.Popen([binary, "system", "service", "--time=0", url],
-                             stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                             start_new_session=True)
+            subprocess.Popen(
+                [binary, "system", "service", "--time=0", url],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
     except OSError as exc:
-        raise EngineUnavailable(f"could not start podman's API service ({exc}); start it "
-                                f"and try again:\n  {service_command(path)}") from exc
+        raise EngineUnavailable(
+            f"could not start podman's API service ({exc}); start it "
+            f"and try again:\n  {service_command(path)}"
+        ) from exc
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if _answers(path):
             return url, f"podman's socket {path} (service started now: {service_command(path)})"
         time.sleep(0.2)
-    raise EngineUnavailable(f"podman's API service did not answer on {path} within "
-                            f"{START_TIMEOUT_S:.0f}s (its log: {log}); start it and try "
-                            f"again:\n  {service_command(path)}")
+    raise EngineUnavailable(
+        f"podman's API service did not answer on {path} within "
+        f"{START_TIMEOUT_S:.0f}s (its log: {log}); start it and try "
+        f"again:\n  {service_command(path)}"
+    )

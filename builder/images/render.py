@@ -38,6 +38,7 @@ def _jinja2() -> ModuleType:  # the jinja2 module
 
     return require("jinja2", "Jinja2", "rendering the cells' Dockerfiles")
 
+
 TEMPLATE_DIR = REPO_ROOT / "docker"
 CA_CONTEXT_NAME = "ampforge-ca.pem"
 DOCKERFILE_NAME = "Dockerfile"

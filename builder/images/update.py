@@ -37,6 +37,7 @@ from builder.errors import ConfigError
 if TYPE_CHECKING:
     from builder.engines.docker import DockerEngine
 
+
 @dataclass(frozen=True)
 class Site:
     """Where one arch's ``images.<ARCH>.base`` is written."""
@@ -75,14 +76,18 @@ def _base(doc: YamlDocument, arch: str) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def sites(config: Path, arches: Optional[Sequence[str]],
-          say: Callable[[str], None]) -> dict[str, list[Site]]:
+def sites(
+    config: Path, arches: Optional[Sequence[str]], say: Callable[[str], None]
+) -> dict[str, list[Site]]:
     """Per arch the config file names (or *arches* of them), the files to rewrite: the config
     file, and the built-in defaults too when they hold the same pin (checkout only)."""
     if INSTALLED and INSTALLED_DATA in config.resolve().parents:
-        raise ConfigError(f"{config} is the installed builder's own copy of the default config, "
-                          "which update-images does not rewrite; expected your config file: "
-                          "--config FILE (copy that one to start)", key="--config")
+        raise ConfigError(
+            f"{config} is the installed builder's own copy of the default config, "
+            "which update-images does not rewrite; expected your config file: "
+            "--config FILE (copy that one to start)",
+            key="--config",
+        )
     defaults, doc = load_config_file(config)
     named = (doc.data or {}).get("images") or {}
     found: dict[str, list[Site]] = {}
@@ -92,9 +97,11 @@ def sites(config: Path, arches: Optional[Sequence[str]],
         mine, builtin = _base(doc, arch), _base(defaults, arch)
         if mine is None:
             if arches is not None:
-                say(f"images.{arch}.base comes from the built-in defaults ({builtin}), which "
+                say(
+                    f"images.{arch}.base comes from the built-in defaults ({builtin}), which "
                     f"update-images does not rewrite on their own: name the image in "
-                    f"{doc.file} to pin your own")
+                    f"{doc.file} to pin your own"
+                )
             continue
         found[arch] = [Site(arch, config, doc, mine)]
         if builtin == mine and not INSTALLED and config.resolve() != DEFAULTS_FILE:
@@ -102,8 +109,14 @@ def sites(config: Path, arches: Optional[Sequence[str]],
     return found
 
 
-def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
-                  say: Callable[[str], None], *, native: bool = True) -> str:
+def newest_digest(
+    engine: DockerEngine,
+    ref: ImageRef,
+    proxy: ProxySettings,
+    say: Callable[[str], None],
+    *,
+    native: bool = True,
+) -> str:
     """The digest the registry serves for *ref*'s tag now. An image of this host's arch is
     pulled: it is then in the engine under its pin, and the next build needs no network. One of
     another arch (*native* false) is only asked for its manifest: it is as big, and this host
@@ -118,28 +131,37 @@ def newest_digest(engine: DockerEngine, ref: ImageRef, proxy: ProxySettings,
     pull_image(engine, ref.tagged, proxy, say)
     pulled = repo_digest(ref.repository, engine.repo_digests(ref.tagged))
     if pulled is None:
-        raise PullFailed(f"pulled {ref.tagged}, but the engine records no registry digest for "
-                         f"{ref.repository} (RepoDigests: "
-                         f"{', '.join(engine.repo_digests(ref.tagged)) or 'none'}); expected "
-                         "an image served by a registry")
+        raise PullFailed(
+            f"pulled {ref.tagged}, but the engine records no registry digest for "
+            f"{ref.repository} (RepoDigests: "
+            f"{', '.join(engine.repo_digests(ref.tagged)) or 'none'}); expected "
+            "an image served by a registry"
+        )
     return pulled
 
 
-def plan_changes(engine: DockerEngine, found: Mapping[str, Sequence[Site]],
-                 proxy: ProxySettings, say: Callable[[str], None]) -> list[Change]:
+def plan_changes(
+    engine: DockerEngine,
+    found: Mapping[str, Sequence[Site]],
+    proxy: ProxySettings,
+    say: Callable[[str], None],
+) -> list[Change]:
     """Every arch's new pin (pulls only; nothing is written)."""
     host_machine = platform.machine()
     changes = []
     for arch, here in found.items():
         old = here[0].old
         if old.startswith(LOCAL_PREFIX):
-            say(f"images.{arch}.base: {old} is built on this machine (base-image), not "
-                "pulled: left as it is")
+            say(
+                f"images.{arch}.base: {old} is built on this machine (base-image), not "
+                "pulled: left as it is"
+            )
             continue
         ref = parse_ref(old)
         tagged = ref if ref.tag else ImageRef(ref.repository, "latest", ref.digest)
-        digest = newest_digest(engine, tagged, proxy, say,
-                               native=ARCHES[arch].machine == host_machine)
+        digest = newest_digest(
+            engine, tagged, proxy, say, native=ARCHES[arch].machine == host_machine
+        )
         changes.append(Change(arch, old, str(tagged.with_digest(digest)), tuple(here)))
     return changes
 
@@ -155,10 +177,14 @@ def write_changes(changes: Sequence[Change]) -> list[Path]:
             try:
                 text = rewrite_scalar(text, site.line, change.old, change.new)
             except ValueError as exc:
-                raise ConfigError(f"cannot rewrite images.{change.arch}.base in place: {exc}; "
-                                  f"expected `base: {change.old}` on one line -- write "
-                                  f"{change.new} there by hand", file=site.doc.file,
-                                  line=site.line, key=f"images.{change.arch}.base") from None
+                raise ConfigError(
+                    f"cannot rewrite images.{change.arch}.base in place: {exc}; "
+                    f"expected `base: {change.old}` on one line -- write "
+                    f"{change.new} there by hand",
+                    file=site.doc.file,
+                    line=site.line,
+                    key=f"images.{change.arch}.base",
+                ) from None
             texts[site.path] = text
     for path, text in texts.items():
         # The same checks a load makes: a rewrite that broke the file is never written.

@@ -39,7 +39,6 @@ BUILD_PATH_ALIAS = "/ampforge"
 TORCH_SITE_ALIAS = "/ampforge-site-packages"
 
 
-
 def local_version(torch: str) -> str:
     """The wheel's local version label for a torch release: ``2.13.0`` -> ``torch2.13``."""
     parts = torch.split("+")[0].split(".")
@@ -52,7 +51,7 @@ def parse_result(result: RunResult) -> dict[str, Any]:
     """The JSON a step printed as its final ``AMPFORGE_RESULT`` line."""
     for line in reversed(result.tail):
         if line.startswith(RESULT_PREFIX):
-            return dict(json.loads(line[len(RESULT_PREFIX):]))
+            return dict(json.loads(line[len(RESULT_PREFIX) :]))
     raise StepFailed(f"step {' '.join(result.argv[:3])} printed no result line")
 
 
@@ -150,31 +149,62 @@ def build_in_session(
         vpy = python
         if make_venv:
             venv_dir = posixpath.join(work, "build-venv")
-            made = parse_result(session.run([python, steps, "venv", venv_dir],
-                                            step="create build venv"))
+            made = parse_result(
+                session.run([python, steps, "venv", venv_dir], step="create build venv")
+            )
             vpy = str(made["python"])
-        installed = install_torch(session, vpy, steps, torch=torch, wheelhouse=wheelhouse,
-                                  index_url=index_url, extra_requirements=extra_requirements)
+        installed = install_torch(
+            session,
+            vpy,
+            steps,
+            torch=torch,
+            wheelhouse=wheelhouse,
+            index_url=index_url,
+            extra_requirements=extra_requirements,
+        )
     if prepared is not None and (options.before_build or options.build_frontend != "pip"):
         # before-build's installs, pypa/build and uv go into a venv of this build layered on
         # the prepared (cached, shared) torch environment, never into that environment itself.
-        made = parse_result(session.run(
-            [python, steps, "venv", posixpath.join(work, "build-venv"),
-             "--layer", os.pathsep.join(installed.get("sites", ()))], step="create build venv"))
+        made = parse_result(
+            session.run(
+                [
+                    python,
+                    steps,
+                    "venv",
+                    posixpath.join(work, "build-venv"),
+                    "--layer",
+                    os.pathsep.join(installed.get("sites", ())),
+                ],
+                step="create build venv",
+            )
+        )
         vpy = str(made["python"])
     label = local_version(torch) if local_version_label is None else local_version_label
-    argv = [vpy, steps, "build-wheel", "--project", project_in,
-            "--out", posixpath.join(work, "raw"), "--local-version", label, "--shim", shim,
-            "--prefix-map", f"{work}={BUILD_PATH_ALIAS}"]
+    argv = [
+        vpy,
+        steps,
+        "build-wheel",
+        "--project",
+        project_in,
+        "--out",
+        posixpath.join(work, "raw"),
+        "--local-version",
+        label,
+        "--shim",
+        shim,
+        "--prefix-map",
+        f"{work}={BUILD_PATH_ALIAS}",
+    ]
     if installed.get("site"):  # a prepared torch environment (a build venv is under work/)
         argv += ["--prefix-map", f"{installed['site']}={TORCH_SITE_ALIAS}"]
     if cuda_arch_list:
         # A CUDA cell (builder.plan.cudacell): its prepared environment holds the toolkit.
         if not installed.get("cuda_home"):
-            raise StepFailed(f"a CUDA cell's torch environment {vpy} has no CUDA toolkit "
-                             "(nvidia/cu*/bin/nvcc): the backend did not install it")
-        argv += ["--cuda-home", str(installed["cuda_home"]),
-                 f"--cuda-arch-list={cuda_arch_list}"]
+            raise StepFailed(
+                f"a CUDA cell's torch environment {vpy} has no CUDA toolkit "
+                "(nvidia/cu*/bin/nvcc): the backend did not install it"
+            )
+        argv += ["--cuda-home", str(installed["cuda_home"]), f"--cuda-arch-list={cuda_arch_list}"]
     argv += ["--ccache", {None: "auto", True: "on", False: "off"}[ccache]]
     if cxx11_abi is False:
         # The pre-C++11 ABI (the Ascend lines' torches) is checked against the installed torch
@@ -198,10 +228,15 @@ def build_in_session(
                 stats = ccache_stats(got.read_text(errors="replace"))
             except StepFailed:  # nothing compiled (a pure-Python project): no log
                 stats = CcacheStats(hits=0, misses=0)
-    return CellBuild(wheel=str(built["wheel"]), venv_python=vpy, torch=str(installed["torch"]),
-                     shim=bool(built["shim"]), ccache=stats,
-                     torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "",
-                     project=project_in)
+    return CellBuild(
+        wheel=str(built["wheel"]),
+        venv_python=vpy,
+        torch=str(installed["torch"]),
+        shim=bool(built["shim"]),
+        ccache=stats,
+        torch_site=os.pathsep.join(installed.get("sites", ())) if prepared else "",
+        project=project_in,
+    )
 
 
 def build_option_args(options: CibwOptions, project: str) -> list[str]:
@@ -209,8 +244,10 @@ def build_option_args(options: CibwOptions, project: str) -> list[str]:
     naming *project*, the project's copy in the session); "=" forms, as values may start with
     "-"."""
     argv = environment_args(options)
-    for flag, command in (("--before-all", options.before_all),
-                          ("--before-build", options.before_build)):
+    for flag, command in (
+        ("--before-all", options.before_all),
+        ("--before-build", options.before_build),
+    ):
         if command:
             argv.append(f"{flag}={expand(command, project=project, package=project)}")
     argv += [f"--config-setting={k}={v}" for k, v in options.config_settings]
@@ -239,8 +276,14 @@ def copy_project_in(session: Session, project: Path) -> str:
 
 
 def install_torch(
-    session: Session, vpy: str, steps: str, *, torch: str, wheelhouse: Optional[str],
-    index_url: Optional[str], extra_requirements: Sequence[str] = ("setuptools", "wheel"),
+    session: Session,
+    vpy: str,
+    steps: str,
+    *,
+    torch: str,
+    wheelhouse: Optional[str],
+    index_url: Optional[str],
+    extra_requirements: Sequence[str] = ("setuptools", "wheel"),
     env: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     """``pip install torch==X`` and the build requirements into *vpy*'s environment."""
@@ -252,14 +295,25 @@ def install_torch(
     extras: list[str] = []
     for req in extra_requirements:
         extras += ["--extra", req]
-    return parse_result(session.run(
-        [vpy, steps, "install-torch", "--torch", torch, *sources, *extras], env=env,
-        step=f"install torch=={torch}"))
+    return parse_result(
+        session.run(
+            [vpy, steps, "install-torch", "--torch", torch, *sources, *extras],
+            env=env,
+            step=f"install torch=={torch}",
+        )
+    )
 
 
 def install_toolkit(
-    session: Session, vpy: str, steps: str, *, requirements: Sequence[str], hashed: bool,
-    wheelhouse: Optional[str], index_url: Optional[str], env: Optional[dict[str, str]] = None,
+    session: Session,
+    vpy: str,
+    steps: str,
+    *,
+    requirements: Sequence[str],
+    hashed: bool,
+    wheelhouse: Optional[str],
+    index_url: Optional[str],
+    env: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     """A CUDA cell's toolkit pins (the resolved record's, ``--hash`` options included) into
     *vpy*'s environment; returns ``cuda_home`` and the nvcc version line."""
@@ -301,8 +355,17 @@ def smoke_in_session(
     (the full output is in the cell's log)."""
     inside = session.copy_in(wheel, posixpath.join(session.workdir, "verify"))
     steps = session.copy_in(STEPS_SCRIPT, session.workdir)
-    argv = [python, steps, "smoke", "--wheel", inside, "--torch", torch,
-            "--venv", posixpath.join(session.workdir, "smoke-venv")]
+    argv = [
+        python,
+        steps,
+        "smoke",
+        "--wheel",
+        inside,
+        "--torch",
+        torch,
+        "--venv",
+        posixpath.join(session.workdir, "smoke-venv"),
+    ]
     if wheelhouse:
         argv += ["--wheelhouse", wheelhouse]
     elif index_url:
@@ -329,5 +392,6 @@ def smoke_in_session(
         for source in test.sources:
             argv += ["--test-source", source]
         step = "smoke test + test-command"
-    return list(parse_result(session.run(argv, env=dict(passed or {}) or None,
-                                         step=step))["modules"])
+    return list(
+        parse_result(session.run(argv, env=dict(passed or {}) or None, step=step))["modules"]
+    )

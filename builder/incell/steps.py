@@ -79,9 +79,22 @@ static const char __libc_single_threaded = 0;
 # manylinux_2_34 for that one symbol. Only functions whose first version is the machine's base
 # version belong here: a .symver naming a version the symbol never had fails the link.
 LIBM_FLOOR_FUNCTIONS: tuple[str, ...] = (
-    "exp", "exp2", "log", "log2", "pow",  # GLIBC_2.29
-    "expf", "exp2f", "logf", "log2f", "powf",  # GLIBC_2.27
-    "dlopen", "dlsym", "dlclose", "dlerror", "dladdr", "dlvsym",  # GLIBC_2.34
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "pow",  # GLIBC_2.29
+    "expf",
+    "exp2f",
+    "logf",
+    "log2f",
+    "powf",  # GLIBC_2.27
+    "dlopen",
+    "dlsym",
+    "dlclose",
+    "dlerror",
+    "dladdr",
+    "dlvsym",  # GLIBC_2.34
 )
 #: The first glibc symbol version of each machine: the versions the functions above had before.
 GLIBC_BASE_VERSION: dict[str, str] = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
@@ -93,12 +106,13 @@ def libm_floor_shim(machine: str) -> str:
     base = GLIBC_BASE_VERSION.get(machine)
     if base is None:
         return ""
-    directives = "\n".join(f'__asm__(".symver {f},{f}@{base}");'
-                           for f in LIBM_FLOOR_FUNCTIONS)
-    return (f"/* ampforge build shim (builder/incell/steps.py): libm and libdl functions at their "
-            f"{base} versions. */\n"
-            "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
-            f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n")
+    directives = "\n".join(f'__asm__(".symver {f},{f}@{base}");' for f in LIBM_FLOOR_FUNCTIONS)
+    return (
+        f"/* ampforge build shim (builder/incell/steps.py): libm and libdl functions at their "
+        f"{base} versions. */\n"
+        "#if defined(__GNUC__) && !defined(__ASSEMBLER__) && !defined(AMPFORGE_LIBM_FLOOR)\n"
+        f"#define AMPFORGE_LIBM_FLOOR\n{directives}\n#endif\n"
+    )
 
 
 # GCC >= 11's libstdc++ headers inline std::exception_ptr's copy and destructor as calls to
@@ -167,8 +181,15 @@ class CcacheSetupError(Exception):
     """The compiler the cache is to stand in front of cannot be found."""
 
 
-def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedir: str,
-                      statslog: str, cuda: bool = False) -> dict[str, str]:
+def ccache_masquerade(
+    env: dict[str, str],
+    bin_dir: Path,
+    *,
+    ccache: str,
+    basedir: str,
+    statslog: str,
+    cuda: bool = False,
+) -> dict[str, str]:
     """The variables that compile every C/C++ file of a build through *ccache*, whatever drives
     the compiler: the one mechanism of every backend (the in-cell step and the cross build).
 
@@ -196,8 +217,9 @@ def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedi
             words = words[1:]
         real = shutil.which(words[0], path=search) if words else None
         if real is None:
-            raise CcacheSetupError(f"{var}={env.get(var) or default!r}: no such compiler on "
-                                   f"PATH ({search})")
+            raise CcacheSetupError(
+                f"{var}={env.get(var) or default!r}: no such compiler on PATH ({search})"
+            )
         link = bin_dir / Path(words[0]).name
         if not link.is_symlink():
             link.symlink_to(ccache)
@@ -225,13 +247,18 @@ def ccache_masquerade(env: dict[str, str], bin_dir: Path, *, ccache: str, basedi
         if folder not in real_dirs:
             real_dirs.append(folder)
     out["PATH"] = os.pathsep.join([str(bin_dir), *real_dirs, search])
-    out.update(TORCH_NO_COMPILER_WRAPPER="1", CCACHE_BASEDIR=basedir, CCACHE_NOHASHDIR="1",
-               CCACHE_STATSLOG=statslog)
+    out.update(
+        TORCH_NO_COMPILER_WRAPPER="1",
+        CCACHE_BASEDIR=basedir,
+        CCACHE_NOHASHDIR="1",
+        CCACHE_STATSLOG=statslog,
+    )
     return out
 
 
-def add_compile_flags(env: dict[str, str], flags: list[str],
-                      base: Optional[dict[str, str]] = None) -> None:
+def add_compile_flags(
+    env: dict[str, str], flags: list[str], base: Optional[dict[str, str]] = None
+) -> None:
     """Append *flags* to ``CFLAGS`` and ``CXXFLAGS`` in *env* (starting from *base*'s, this
     process's environment by default): setuptools, torch's BuildExtension (ninja or not) and
     CMake all add them to every compile."""
@@ -250,18 +277,30 @@ def evaluate_environment(assignments: list[tuple[str, str]], env: dict[str, str]
     current = dict(env)
     out: dict[str, str] = {}
     for name, raw in assignments:
-        proc = subprocess.run(["sh", "-c", f'{name}={raw}\nprintf "%s" "${name}"'],
-                              env=current, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["sh", "-c", f'{name}={raw}\nprintf "%s" "${name}"'],
+            env=current,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            raise ValueError(f"environment: {name}={raw} failed in the build environment "
-                             f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+            raise ValueError(
+                f"environment: {name}={raw} failed in the build environment "
+                f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            )
         current[name] = out[name] = proc.stdout
     return out
 
 
-def frontend_argv(python: str, frontend: str, project: str, out: str,
-                  config_settings: list[tuple[str, str]], args: tuple[str, ...] = (),
-                  uv: str = "uv") -> list[str]:
+def frontend_argv(
+    python: str,
+    frontend: str,
+    project: str,
+    out: str,
+    config_settings: list[tuple[str, str]],
+    args: tuple[str, ...] = (),
+    uv: str = "uv",
+) -> list[str]:
     """The command that builds *project*'s wheel into *out* without build isolation: pip's
     ``pip wheel``, pypa/build's ``python -m build`` (``build`` and ``build[uv]``: uv installed
     the tools, the build itself is pypa/build's) or ``uv build`` (*uv*: its executable), with
@@ -269,21 +308,53 @@ def frontend_argv(python: str, frontend: str, project: str, out: str,
     pip reads config settings only on the PEP 517 path (``--use-pep517``: a ``setup.py``-only
     project would otherwise run ``setup.py bdist_wheel`` and drop them, pip 23 silently)."""
     if frontend in ("build", "build[uv]"):  # pypa/build spells it in the singular
-        return [python, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-                "--outdir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
-                project, *args]
+        return [
+            python,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            out,
+            *[f"--config-setting={k}={v}" for k, v in config_settings],
+            project,
+            *args,
+        ]
     if frontend == "uv":
         # --python: the build environment's interpreter runs the backend (uv finds no other);
         # --no-build-isolation: torch and the build requirements are the ones installed there.
-        return [uv, "build", "--wheel", "--no-build-isolation", "--python", python,
-                "--out-dir", out, *[f"--config-setting={k}={v}" for k, v in config_settings],
-                project, *args]
+        return [
+            uv,
+            "build",
+            "--wheel",
+            "--no-build-isolation",
+            "--python",
+            python,
+            "--out-dir",
+            out,
+            *[f"--config-setting={k}={v}" for k, v in config_settings],
+            project,
+            *args,
+        ]
     settings = [f"--config-settings={k}={v}" for k, v in config_settings]
-    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-            "--disable-pip-version-check", "--no-input",
-            *(["--use-pep517"] if settings else []), *settings, "-w", out,
-            # A bare name would be looked up on the index: always pass a path.
-            project, *args]
+    return [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--no-input",
+        *(["--use-pep517"] if settings else []),
+        *settings,
+        "-w",
+        out,
+        # A bare name would be looked up on the index: always pass a path.
+        project,
+        *args,
+    ]
 
 
 #: pip's settings (its environment variables; ``pip config`` keys are the same names without
@@ -312,8 +383,9 @@ def pip_configuration(python: str) -> dict[str, str]:
     ``PIP_INDEX_URL``; an ``install.`` key wins over a ``global.`` one, as for ``pip install``);
     {} when the environment has no pip."""
     try:
-        proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [python, "-m", "pip", "config", "list"], capture_output=True, text=True
+        )
     except OSError:
         return {}
     found: dict[str, tuple[int, str]] = {}
@@ -332,8 +404,9 @@ def pip_configuration(python: str) -> dict[str, str]:
     return {var: value for var, (_rank, value) in found.items()}
 
 
-def uv_environment(env: dict[str, str], configured: dict[str, str],
-                   offline: bool = False) -> tuple[dict[str, str], list[str]]:
+def uv_environment(
+    env: dict[str, str], configured: dict[str, str], offline: bool = False
+) -> tuple[dict[str, str], list[str]]:
     """uv's variables for pip's settings: *env*'s PIP_* variables (the builder's index, CA and
     network settings, and the caller's), else pip's configuration files' (*configured*). A UV_*
     variable already in *env* is kept. *offline* (a wheelhouse build): no index at all, and
@@ -352,8 +425,7 @@ def uv_environment(env: dict[str, str], configured: dict[str, str],
             continue
         value, where = env.get(pip_var), pip_var
         if not value and pip_var in configured:
-            value, where = configured[pip_var], "pip.conf " + pip_var[4:].lower().replace(
-                "_", "-")
+            value, where = configured[pip_var], "pip.conf " + pip_var[4:].lower().replace("_", "-")
         if not value:
             continue
         if uv_var in _UV_COMMA_LISTS:
@@ -382,9 +454,11 @@ def layer_sites(python: str, sites: list[str]) -> None:
     own, with a ``.pth`` file: pip and the build see what is installed there (torch) and
     install into this environment, never into the other."""
     purelib = subprocess.check_output(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    )
     Path(purelib.strip(), "ampforge-torch.pth").write_text(
-        "".join(folder + "\n" for folder in sites if folder))
+        "".join(folder + "\n" for folder in sites if folder)
+    )
 
 
 def _result(**fields: object) -> None:
@@ -419,8 +493,14 @@ def _run_build(argv: list[str], env: dict[str, str]) -> None:
     start = time.monotonic()
     errors: list[str] = []
     context = False  # gcc prints the offending source line right after its error line
-    with subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+    with subprocess.Popen(
+        argv,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -473,13 +553,20 @@ def cmd_venv(args: argparse.Namespace) -> None:
     # Layered on another environment: its pip and setuptools serve, none of the venv's own
     # would shadow them.
     try:
-        venv.create(args.dest, with_pip=not args.layer, clear=True,
-                    system_site_packages=args.system_site_packages)
+        venv.create(
+            args.dest,
+            with_pip=not args.layer,
+            clear=True,
+            system_site_packages=args.system_site_packages,
+        )
     except subprocess.CalledProcessError as exc:
         # venv runs ensurepip with its output captured: without it here, the log would show
         # only "returned non-zero exit status 1" (a full disk, for one, would go unsaid).
-        sys.stderr.write(exc.output.decode(errors="replace") if isinstance(exc.output, bytes)
-                         else str(exc.output or ""))
+        sys.stderr.write(
+            exc.output.decode(errors="replace")
+            if isinstance(exc.output, bytes)
+            else str(exc.output or "")
+        )
         raise
     exe = Path(args.dest) / "bin" / "python"
     if args.layer:
@@ -491,16 +578,39 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     reqs = ["torch==" + args.torch] + list(args.extra)
     # --no-compile: byte-compiling torch's thousands of modules costs more CPU than the
     # compile of a kernel file, for files that are compiled lazily on import anyway.
-    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
-          "--no-input", "--no-compile", *_pip_source_args(args), *reqs])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--no-compile",
+            *_pip_source_args(args),
+            *reqs,
+        ]
+    )
     # A bounded build requirement (the support table's setuptools<70 for torch 2.1) is brought
     # to the newest release inside its bound: "already satisfied" would keep the venv's own
     # (Python 3.8's ensurepip gives setuptools 56, which ignores pyproject.toml's [project]
     # table, so the wheel came out named UNKNOWN without the project's packages).
     bounded = [r for r in args.extra if re.search(r"[<>=!~]", r)]
     if bounded:
-        _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
-              "--no-input", "--no-compile", "--upgrade", *_pip_source_args(args), *bounded])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--no-compile",
+                "--upgrade",
+                *_pip_source_args(args),
+                *bounded,
+            ]
+        )
     _warm_bytecode()
     _result(torch=md.version("torch"))
 
@@ -530,10 +640,17 @@ def _warm_bytecode() -> None:
         return
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.monotonic()
-    code = subprocess.call([sys.executable, "-c", WARM_IMPORTS], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"+ bytecode of `{WARM_IMPORTS}` written: exit {code} after "
-          f"{time.monotonic() - start:.1f}s", flush=True)
+    code = subprocess.call(
+        [sys.executable, "-c", WARM_IMPORTS],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    print(
+        f"+ bytecode of `{WARM_IMPORTS}` written: exit {code} after "
+        f"{time.monotonic() - start:.1f}s",
+        flush=True,
+    )
 
 
 def cuda_home_in(sites: list[str]) -> str:
@@ -555,9 +672,22 @@ def cmd_install_toolkit(args: argparse.Namespace) -> None:
     hashed = ["--require-hashes"] if args.hashed else []
     # --no-deps: the pins are the whole toolkit (nvcc's own requirements are among them), and
     # --require-hashes needs every installed file's digest named anyway.
-    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "--no-compile", "--no-deps", *hashed, *_pip_source_args(args), "-r",
-          args.requirements])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--no-compile",
+            "--no-deps",
+            *hashed,
+            *_pip_source_args(args),
+            "-r",
+            args.requirements,
+        ]
+    )
     sites = _torch_folders(md.distribution("torch")) if _has("torch") else []
     sites += [sysconfig.get_paths()["platlib"], sysconfig.get_paths()["purelib"]]
     home = cuda_home_in(sites)
@@ -569,8 +699,13 @@ def cmd_install_toolkit(args: argparse.Namespace) -> None:
         if not link.exists():
             link.symlink_to(versioned.name)
         break
-    version = subprocess.run([str(Path(home, "bin", "nvcc")), "--version"], capture_output=True,
-                             text=True).stdout.strip().splitlines()
+    version = (
+        subprocess.run(
+            [str(Path(home, "bin", "nvcc")), "--version"], capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     _result(cuda_home=home, nvcc=version[-1] if version else "")
 
 
@@ -613,9 +748,21 @@ def cmd_download_size(args: argparse.Namespace) -> None:
     # An index without PEP 658 metadata: read each wheel's metadata with range requests rather
     # than downloading the wheel (the builder's own pip, --pip, knows the feature).
     lazy = ["--use-feature=fast-deps"] if args.pip else []
-    argv = [sys.executable, *pip, "install", *lazy, "--dry-run", "--ignore-installed",
-            "--quiet", "--disable-pip-version-check", "--no-input", "--report", str(report),
-            *_pip_source_args(args), *reqs]
+    argv = [
+        sys.executable,
+        *pip,
+        "install",
+        *lazy,
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--report",
+        str(report),
+        *_pip_source_args(args),
+        *reqs,
+    ]
     print("+ " + " ".join(argv), flush=True)
     code = subprocess.call(argv)
     if code != 0 or not report.is_file():
@@ -625,8 +772,13 @@ def cmd_download_size(args: argparse.Namespace) -> None:
     for entry in json.loads(report.read_text()).get("install", []):
         meta = entry.get("metadata", {})
         url = (entry.get("download_info") or {}).get("url", "")
-        items.append({"name": meta.get("name", "?"), "version": meta.get("version", "?"),
-                      "size": _remote_size(url)})
+        items.append(
+            {
+                "name": meta.get("name", "?"),
+                "version": meta.get("version", "?"),
+                "size": _remote_size(url),
+            }
+        )
     _result(sized=True, items=items)
 
 
@@ -680,8 +832,9 @@ def cmd_site(args: argparse.Namespace) -> None:
     folders = _torch_folders(dist)
     # A CUDA cell's environment has its toolkit too (install-toolkit): the build's CUDA_HOME.
     home = cuda_home_in([*folders, sysconfig.get_paths()["platlib"]])
-    _result(torch=dist.version, site=folders[0], sites=folders, platlibdir=_PLATLIBDIR,
-            cuda_home=home)
+    _result(
+        torch=dist.version, site=folders[0], sites=folders, platlibdir=_PLATLIBDIR, cuda_home=home
+    )
 
 
 def _glibc_has_single_threaded() -> bool:
@@ -702,10 +855,12 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # A CUDA cell: torch's cpp_extension takes the compiler from CUDA_HOME (the toolkit's
         # wheels in the cell's torch environment, never a system CUDA) and the targets from
         # TORCH_CUDA_ARCH_LIST; nvcc first on PATH for setup.py files that look for it there.
-        env.update(CUDA_HOME=args.cuda_home, CUDA_PATH=args.cuda_home,
-                   TORCH_CUDA_ARCH_LIST=args.cuda_arch_list,
-                   PATH=str(Path(args.cuda_home, "bin")) + os.pathsep
-                   + os.environ.get("PATH", ""))
+        env.update(
+            CUDA_HOME=args.cuda_home,
+            CUDA_PATH=args.cuda_home,
+            TORCH_CUDA_ARCH_LIST=args.cuda_arch_list,
+            PATH=str(Path(args.cuda_home, "bin")) + os.pathsep + os.environ.get("PATH", ""),
+        )
     # cibuildwheel's environment first: the builder's flags and compiler cache then apply on
     # top of what it sets (CFLAGS="$CFLAGS -O3", CC=clang).
     env.update(_cibw_environment(args.environment, env))
@@ -768,10 +923,16 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # backend's, still hits); this build's statistics go to a log the host side counts.
         work = Path(args.out).resolve().parent
         try:
-            env.update(ccache_masquerade(
-                {**os.environ, **env}, work / "ccache-bin", ccache=str(shutil.which("ccache")),
-                basedir=str(Path(args.project).resolve().parent),
-                statslog=str(work / "ccache-stats.log"), cuda=bool(args.cuda_home)))
+            env.update(
+                ccache_masquerade(
+                    {**os.environ, **env},
+                    work / "ccache-bin",
+                    ccache=str(shutil.which("ccache")),
+                    basedir=str(Path(args.project).resolve().parent),
+                    statslog=str(work / "ccache-stats.log"),
+                    cuda=bool(args.cuda_home),
+                )
+            )
         except CcacheSetupError as exc:
             _fail(f"ccache: {exc}")
     project = str(Path(args.project).resolve())
@@ -783,52 +944,86 @@ def cmd_build_wheel(args: argparse.Namespace) -> None:
         # Before before-build, as cibuildwheel's uv is there: `uv pip install` in it installs
         # into the build environment (UV_PYTHON), with pip's settings carried over.
         uv, uv_version = install_uv(args, env)
-        mapped, said = uv_environment({**os.environ, **env}, pip_configuration(sys.executable),
-                                      offline=bool(args.wheelhouse))
+        mapped, said = uv_environment(
+            {**os.environ, **env}, pip_configuration(sys.executable), offline=bool(args.wheelhouse)
+        )
         env.update(mapped, UV_PYTHON=sys.executable)
-        env["PATH"] = str(Path(uv).parent) + os.pathsep + env.get("PATH",
-                                                                  os.environ.get("PATH", ""))
-        print(f"+ uv: {uv_version} at {uv}; pip's settings for uv: "
-              f"{', '.join(said) or 'none set'}", flush=True)
+        env["PATH"] = (
+            str(Path(uv).parent) + os.pathsep + env.get("PATH", os.environ.get("PATH", ""))
+        )
+        print(
+            f"+ uv: {uv_version} at {uv}; pip's settings for uv: {', '.join(said) or 'none set'}",
+            flush=True,
+        )
     if args.before_build:
         # The build environment's python and pip first on PATH, as cibuildwheel's.
         path = bindir + os.pathsep + env.get("PATH", os.environ.get("PATH", ""))
         _shell("before-build", args.before_build, {**env, "PATH": path}, project)
     if args.frontend == "build":
         try:
-            subprocess.check_call([sys.executable, "-c", "import build"],
-                                  stderr=subprocess.DEVNULL)
+            subprocess.check_call([sys.executable, "-c", "import build"], stderr=subprocess.DEVNULL)
         except subprocess.CalledProcessError:
-            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
-                  "--no-input", *_pip_source_args(args), "build"], env=env)
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    *_pip_source_args(args),
+                    "build",
+                ],
+                env=env,
+            )
     elif args.frontend == "build[uv]":
         try:
-            subprocess.check_call([sys.executable, "-c", "import build"],
-                                  stderr=subprocess.DEVNULL)
+            subprocess.check_call([sys.executable, "-c", "import build"], stderr=subprocess.DEVNULL)
         except subprocess.CalledProcessError:
-            _run([uv, "pip", "install", "--python", sys.executable, *uv_source_args(args),
-                  "build"], env=env)
-    pip_version = subprocess.run([sys.executable, "-m", "pip", "--version"],
-                                 capture_output=True, text=True).stdout.split(" from ")[0]
+            _run(
+                [uv, "pip", "install", "--python", sys.executable, *uv_source_args(args), "build"],
+                env=env,
+            )
+    pip_version = subprocess.run(
+        [sys.executable, "-m", "pip", "--version"], capture_output=True, text=True
+    ).stdout.split(" from ")[0]
     tools = [pip_version or "no pip"] + ([uv_version] if uv else [])
     print(f"+ build frontend: {args.frontend} ({', '.join(tools)})", flush=True)
     if args.frontend_arg:
         print(f"+ build frontend args: {shlex.join(args.frontend_arg)}", flush=True)
     settings = [tuple(c.split("=", 1)) for c in args.config_setting]
-    _run_build(frontend_argv(sys.executable, args.frontend, project, str(out),
-                             settings, tuple(args.frontend_arg), uv or "uv"),
-               env=env)
+    _run_build(
+        frontend_argv(
+            sys.executable,
+            args.frontend,
+            project,
+            str(out),
+            settings,
+            tuple(args.frontend_arg),
+            uv or "uv",
+        ),
+        env=env,
+    )
     new = sorted(set(out.glob("*.whl")) - before)
     if len(new) != 1:
         _fail(f"expected exactly one new wheel in {out}, found {[p.name for p in new]}")
     wheel = new[0]
     version = wheel.name.split("-")[1]
     if args.local_version and not version.endswith("+" + args.local_version):
-        _fail(f"the wheel's version {version!r} does not carry the local version "
-              f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
-              "to its version")
-    _result(wheel=str(wheel), shim=use_shim, ccache=bool(use_ccache), libm_floor=bool(libm_shim),
-            frontend=args.frontend, pip=pip_version, uv=uv_version)
+        _fail(
+            f"the wheel's version {version!r} does not carry the local version "
+            f"+{args.local_version}: the project's build must append $AMP_LOCAL_VERSION "
+            "to its version"
+        )
+    _result(
+        wheel=str(wheel),
+        shim=use_shim,
+        ccache=bool(use_ccache),
+        libm_floor=bool(libm_shim),
+        frontend=args.frontend,
+        pip=pip_version,
+        uv=uv_version,
+    )
 
 
 def install_uv(args: argparse.Namespace, env: dict[str, str]) -> tuple[str, str]:
@@ -839,32 +1034,51 @@ def install_uv(args: argparse.Namespace, env: dict[str, str]) -> tuple[str, str]
         _fail(f"build frontend {args.frontend} needs --uv-requirement (the pinned uv)")
     req = Path(args.out).resolve().parent / "uv-requirements.txt"
     req.write_text(args.uv_requirement + "\n")
-    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "--no-compile", "--no-deps", "--require-hashes", *_pip_source_args(args),
-          "-r", str(req)], env=env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--no-compile",
+            "--no-deps",
+            "--require-hashes",
+            *_pip_source_args(args),
+            "-r",
+            str(req),
+        ],
+        env=env,
+    )
     scripts = [sysconfig.get_path("scripts"), str(Path(sys.executable).parent)]
     uv = next((str(Path(d, "uv")) for d in scripts if Path(d, "uv").is_file()), "")
     if not uv:
-        _fail(f"pip installed {args.uv_requirement.split()[0]} but no uv executable is in "
-              f"{' or '.join(scripts)}")
+        _fail(
+            f"pip installed {args.uv_requirement.split()[0]} but no uv executable is in "
+            f"{' or '.join(scripts)}"
+        )
     version = subprocess.run([uv, "--version"], capture_output=True, text=True)
     if version.returncode != 0:
-        _fail(f"{uv} --version failed (exit {version.returncode}): "
-              f"{version.stderr.strip()[-300:]}")
+        _fail(f"{uv} --version failed (exit {version.returncode}): {version.stderr.strip()[-300:]}")
     return uv, version.stdout.strip()
 
 
 def _check_cxx11_abi(expected: bool) -> None:
-    probe = subprocess.run([sys.executable, "-c", "import torch; "
-                            "print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         _fail(f"cannot read torch's string ABI: {probe.stderr.strip()[-400:]}")
     found = probe.stdout.strip() == "1"
     if found != expected:
-        _fail(f"the torch installed here was built with _GLIBCXX_USE_CXX11_ABI={int(found)}, "
-              f"the cell's record says {int(expected)} (torch_cxx11_abi of the support table): "
-              "correct the table")
+        _fail(
+            f"the torch installed here was built with _GLIBCXX_USE_CXX11_ABI={int(found)}, "
+            f"the cell's record says {int(expected)} (torch_cxx11_abi of the support table): "
+            "correct the table"
+        )
 
 
 def _has_pip(sites: list[str]) -> bool:
@@ -897,26 +1111,44 @@ def cmd_smoke(args: argparse.Namespace) -> None:
     if testing and args.before_test:
         # cibuildwheel's before-test: in the verification venv, before the wheel is installed
         # (it may install what the wheel's own install needs), from the project's copy.
-        _shell("before-test", args.before_test, _venv_env(args.venv, py, env),
-               args.project or args.venv)
+        _shell(
+            "before-test",
+            args.before_test,
+            _venv_env(args.venv, py, env),
+            args.project or args.venv,
+        )
     # cibuildwheel's test-extras: the wheel installed with those extras (only for a test).
-    target = str(wheel) + (f"[{','.join(args.test_extra)}]" if testing and args.test_extra
-                           else "")
-    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "--no-compile", *_pip_source_args(args), "torch==" + args.torch, target], env=env)
+    target = str(wheel) + (f"[{','.join(args.test_extra)}]" if testing and args.test_extra else "")
+    _run(
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--no-compile",
+            *_pip_source_args(args),
+            "torch==" + args.torch,
+            target,
+        ],
+        env=env,
+    )
     mods, libs = sorted(set(args.module)), sorted(set(args.library))
     # Importing from a neutral directory, so the installed wheel is used, never a source tree.
     # The other shared objects are loaded as their packages do (torch.ops.load_library), from
     # where the wheel installed them.
     code = "import torch\n" + "".join(f"import {m}\n" for m in mods)
     if libs:
-        code += ("import os, sysconfig\n"
-                 f"for lib in {libs!r}:\n"
-                 "    found = [os.path.join(sysconfig.get_paths()[k], lib)\n"
-                 "             for k in ('platlib', 'purelib')]\n"
-                 "    found = [f for f in found if os.path.exists(f)]\n"
-                 "    assert found, 'not installed: ' + lib\n"
-                 "    torch.ops.load_library(found[0])\n")
+        code += (
+            "import os, sysconfig\n"
+            f"for lib in {libs!r}:\n"
+            "    found = [os.path.join(sysconfig.get_paths()[k], lib)\n"
+            "             for k in ('platlib', 'purelib')]\n"
+            "    found = [f for f in found if os.path.exists(f)]\n"
+            "    assert found, 'not installed: ' + lib\n"
+            "    torch.ops.load_library(found[0])\n"
+        )
     code += f"print('smoke: imported', {mods!r}, 'loaded', {libs!r})\n"
     _run([py, "-c", code], env=env, cwd=args.venv)
     tested = None
@@ -931,8 +1163,20 @@ def _project_test(args: argparse.Namespace, py: str, environment: dict[str, str]
     bin first on PATH (the host side expanded the placeholders). Returns the command's
     seconds; a non-zero exit fails."""
     if args.test_requires:
-        _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-              "--no-compile", *_pip_source_args(args), *args.test_requires], env=environment)
+        _run(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--no-compile",
+                *_pip_source_args(args),
+                *args.test_requires,
+            ],
+            env=environment,
+        )
     cwd = Path(args.venv).resolve().parent / "test-cwd"
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
@@ -979,11 +1223,18 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     p = sub.add_parser("venv", help="create a venv with pip for this interpreter")
     p.add_argument("dest")
-    p.add_argument("--system-site-packages", action="store_true",
-                   help="the venv sees this interpreter's own packages (its torch)")
-    p.add_argument("--layer", default="", metavar="SITES",
-                   help="layer the venv (without a pip of its own) on these site-packages "
-                        "folders (os.pathsep-separated), after its own")
+    p.add_argument(
+        "--system-site-packages",
+        action="store_true",
+        help="the venv sees this interpreter's own packages (its torch)",
+    )
+    p.add_argument(
+        "--layer",
+        default="",
+        metavar="SITES",
+        help="layer the venv (without a pip of its own) on these site-packages "
+        "folders (os.pathsep-separated), after its own",
+    )
     p.set_defaults(func=cmd_venv)
 
     def sources(q: argparse.ArgumentParser) -> None:
@@ -992,8 +1243,12 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     p = sub.add_parser("install-torch", help="install torch==VERSION into this interpreter")
     p.add_argument("--torch", required=True)
-    p.add_argument("--extra", action="append", default=["setuptools", "wheel"],
-                   help="more build requirements (default: setuptools, wheel)")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=["setuptools", "wheel"],
+        help="more build requirements (default: setuptools, wheel)",
+    )
     sources(p)
     p.set_defaults(func=cmd_install_torch)
 
@@ -1012,8 +1267,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.set_defaults(func=cmd_download_size)
 
     p = sub.add_parser("site", help="this interpreter's torch version and the folder it is in")
-    p.add_argument("--optional", action="store_true",
-                   help="no torch is not an error (torch is then reported as '')")
+    p.add_argument(
+        "--optional",
+        action="store_true",
+        help="no torch is not an error (torch is then reported as '')",
+    )
     p.set_defaults(func=cmd_site)
 
     p = sub.add_parser("build-wheel", help="build the project's wheel, no build isolation")
@@ -1023,59 +1281,141 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--shim", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--cuda-home", default="", help="a CUDA cell: the toolkit's folder")
     p.add_argument("--cuda-arch-list", default="", help="a CUDA cell: TORCH_CUDA_ARCH_LIST")
-    p.add_argument("--ccache", choices=("auto", "on", "off"), default="off",
-                   help="compile through ccache (auto: when installed)")
-    p.add_argument("--no-libm-floor", dest="libm_floor", action="store_false",
-                   help="do not bind exp/log/pow & co. to their oldest glibc symbol versions")
-    p.add_argument("--cxx-floor", action="store_true",
-                   help="define libstdc++'s GCC 11+ members locally (manylinux2014 cells)")
-    p.add_argument("--cxx11-abi", choices=("auto", "0", "1"), default="auto",
-                   help="the cell torch's string ABI: checked against torch, then defined")
-    p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
-                   help="cibuildwheel's environment: evaluated by sh in order (repeatable)")
+    p.add_argument(
+        "--ccache",
+        choices=("auto", "on", "off"),
+        default="off",
+        help="compile through ccache (auto: when installed)",
+    )
+    p.add_argument(
+        "--no-libm-floor",
+        dest="libm_floor",
+        action="store_false",
+        help="do not bind exp/log/pow & co. to their oldest glibc symbol versions",
+    )
+    p.add_argument(
+        "--cxx-floor",
+        action="store_true",
+        help="define libstdc++'s GCC 11+ members locally (manylinux2014 cells)",
+    )
+    p.add_argument(
+        "--cxx11-abi",
+        choices=("auto", "0", "1"),
+        default="auto",
+        help="the cell torch's string ABI: checked against torch, then defined",
+    )
+    p.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="cibuildwheel's environment: evaluated by sh in order (repeatable)",
+    )
     p.add_argument("--before-all", default="", metavar="CMD")
     p.add_argument("--before-build", default="", metavar="CMD")
-    p.add_argument("--config-setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="a PEP 517 config setting for the build backend (repeatable)")
+    p.add_argument(
+        "--config-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a PEP 517 config setting for the build backend (repeatable)",
+    )
     p.add_argument("--frontend", choices=("pip", "build", "build[uv]", "uv"), default="pip")
-    p.add_argument("--frontend-arg", action="append", default=[], metavar="ARG",
-                   help="cibuildwheel's '; args:': added to the frontend's command (repeatable)")
-    p.add_argument("--uv-requirement", default="", metavar="LINE",
-                   help="the pinned uv for build[uv] and uv: 'uv==X --hash=sha256:...'")
+    p.add_argument(
+        "--frontend-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="cibuildwheel's '; args:': added to the frontend's command (repeatable)",
+    )
+    p.add_argument(
+        "--uv-requirement",
+        default="",
+        metavar="LINE",
+        help="the pinned uv for build[uv] and uv: 'uv==X --hash=sha256:...'",
+    )
     sources(p)
-    p.add_argument("--cflag", action="append", default=[], metavar="FLAG",
-                   help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)")
-    p.add_argument("--prefix-map", action="append", default=[], metavar="OLD=NEW",
-                   help="compile with -ffile-prefix-map=OLD=NEW (repeatable)")
+    p.add_argument(
+        "--cflag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a compiler flag added to CFLAGS and CXXFLAGS (repeatable)",
+    )
+    p.add_argument(
+        "--prefix-map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="compile with -ffile-prefix-map=OLD=NEW (repeatable)",
+    )
     p.set_defaults(func=cmd_build_wheel)
 
     p = sub.add_parser("smoke", help="install the wheel into a fresh venv and exercise it")
     p.add_argument("--wheel", required=True)
     p.add_argument("--torch", required=True)
     p.add_argument("--venv", required=True)
-    p.add_argument("--torch-site", help="the folders of a prepared torch install and its "
-                                        "requirements (os.pathsep-separated) to layer the venv "
-                                        "on (instead of installing torch again)")
-    p.add_argument("--test-command", default="",
-                   help="the project's test command (placeholders already expanded), run by "
-                        "sh -c in an empty folder with the venv first on PATH")
-    p.add_argument("--test-requires", action="append", default=[],
-                   help="a requirement installed before --test-command (repeatable)")
-    p.add_argument("--project", default="", help="the project's copy (test-sources, "
-                                                  "before-test's folder)")
-    p.add_argument("--before-test", default="", metavar="CMD",
-                   help="run in the venv before the wheel is installed (with --test-command)")
-    p.add_argument("--test-extra", action="append", default=[], metavar="EXTRA",
-                   help="install the wheel with this extra (repeatable; with --test-command)")
-    p.add_argument("--test-source", action="append", default=[], metavar="PATH",
-                   help="a project-relative path copied into the test's folder (repeatable)")
-    p.add_argument("--environment", action="append", default=[], metavar="NAME=VALUE",
-                   help="cibuildwheel's environment, as build-wheel's (repeatable)")
-    p.add_argument("--module", action="append", default=[],
-                   help="an extension module the wheel ships, imported (repeatable)")
-    p.add_argument("--library", action="append", default=[],
-                   help="another shared object the wheel installs (site-packages-relative "
-                        "path), loaded with torch.ops.load_library (repeatable)")
+    p.add_argument(
+        "--torch-site",
+        help="the folders of a prepared torch install and its "
+        "requirements (os.pathsep-separated) to layer the venv "
+        "on (instead of installing torch again)",
+    )
+    p.add_argument(
+        "--test-command",
+        default="",
+        help="the project's test command (placeholders already expanded), run by "
+        "sh -c in an empty folder with the venv first on PATH",
+    )
+    p.add_argument(
+        "--test-requires",
+        action="append",
+        default=[],
+        help="a requirement installed before --test-command (repeatable)",
+    )
+    p.add_argument(
+        "--project", default="", help="the project's copy (test-sources, before-test's folder)"
+    )
+    p.add_argument(
+        "--before-test",
+        default="",
+        metavar="CMD",
+        help="run in the venv before the wheel is installed (with --test-command)",
+    )
+    p.add_argument(
+        "--test-extra",
+        action="append",
+        default=[],
+        metavar="EXTRA",
+        help="install the wheel with this extra (repeatable; with --test-command)",
+    )
+    p.add_argument(
+        "--test-source",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a project-relative path copied into the test's folder (repeatable)",
+    )
+    p.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="cibuildwheel's environment, as build-wheel's (repeatable)",
+    )
+    p.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        help="an extension module the wheel ships, imported (repeatable)",
+    )
+    p.add_argument(
+        "--library",
+        action="append",
+        default=[],
+        help="another shared object the wheel installs (site-packages-relative "
+        "path), loaded with torch.ops.load_library (repeatable)",
+    )
     sources(p)
     p.set_defaults(func=cmd_smoke)
 

@@ -92,11 +92,14 @@ class Bundle:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "builder_version": self.builder_version, "created": self.created,
+            "format": FORMAT,
+            "builder_version": self.builder_version,
+            "created": self.created,
             "cells": [asdict(c) for c in self.cells],
             # "pin" only for a pinned image: an unpinned one's entry reads as it always did
-            "images": [{k: v for k, v in asdict(i).items() if k != "pin" or v}
-                       for i in self.images],
+            "images": [
+                {k: v for k, v in asdict(i).items() if k != "pin" or v} for i in self.images
+            ],
             "files": [asdict(f) for f in self.files],
             **({"builder": self.builder} if self.builder is not None else {}),
         }
@@ -118,31 +121,49 @@ def read_bundle(root: Path) -> Bundle:
     """The bundle at *root*; ConfigError (exit 2) naming what is wrong when it is not one."""
     path = bundle_json(root)
     if not root.is_dir():
-        raise ConfigError(f"offline bundle {root} is not a directory; expected a folder made by "
-                          "`python -m builder fetch --bundle DIR`", key="--bundle")
+        raise ConfigError(
+            f"offline bundle {root} is not a directory; expected a folder made by "
+            "`python -m builder fetch --bundle DIR`",
+            key="--bundle",
+        )
     if not path.is_file():
-        raise ConfigError(f"{path} not found: {root} is not a finished bundle (a fetch that was "
-                          "interrupted leaves none); run `python -m builder fetch --bundle "
-                          f"{root}` again on a connected machine", key="--bundle")
+        raise ConfigError(
+            f"{path} not found: {root} is not a finished bundle (a fetch that was "
+            "interrupted leaves none); run `python -m builder fetch --bundle "
+            f"{root}` again on a connected machine",
+            key="--bundle",
+        )
     try:
         doc = json.loads(path.read_text())
         if doc.get("format") != FORMAT:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
         return Bundle(
             root=root,
-            files=[BundleFile(f["path"], f["sha256"], int(f["size"]), tuple(f.get("cells", ())))
-                   for f in doc["files"]],
-            images=[BundleImage(i["ref"], i["image_id"], i["file"], i["arch"],
-                                tuple(i.get("cells", ())), str(i.get("pin", "")))
-                    for i in doc["images"]],
+            files=[
+                BundleFile(f["path"], f["sha256"], int(f["size"]), tuple(f.get("cells", ())))
+                for f in doc["files"]
+            ],
+            images=[
+                BundleImage(
+                    i["ref"],
+                    i["image_id"],
+                    i["file"],
+                    i["arch"],
+                    tuple(i.get("cells", ())),
+                    str(i.get("pin", "")),
+                )
+                for i in doc["images"]
+            ],
             cells=[BundleCell(**c) for c in doc["cells"]],
             builder_version=str(doc.get("builder_version", "")),
             created=str(doc.get("created", "")),
             builder=dict(doc["builder"]) if doc.get("builder") is not None else None,
         )
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path} is not a valid bundle description ({exc}); fetch the bundle "
-                          "again", key="--bundle") from exc
+        raise ConfigError(
+            f"{path} is not a valid bundle description ({exc}); fetch the bundle again",
+            key="--bundle",
+        ) from exc
 
 
 def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) -> None:
@@ -160,16 +181,22 @@ def verify_bundle(bundle: Bundle, say: Callable[[str], None] = lambda _m: None) 
         elif sha256_file(path) != f.sha256:
             bad.append(f"{path} does not match its sha256 in bundle.json (corrupted or altered)")
     listed = {f.path for f in bundle.files}
-    bad += [f"image {i.ref}: its file {i.file!r} is not a listed file of bundle.json"
-            for i in bundle.images if i.file not in listed]
+    bad += [
+        f"image {i.ref}: its file {i.file!r} is not a listed file of bundle.json"
+        for i in bundle.images
+        if i.file not in listed
+    ]
     for folder in (bundle.wheels, bundle.builder_wheels):
         for extra in sorted(folder.glob("*.whl")) if folder.is_dir() else ():
             if f"{folder.name}/{extra.name}" not in listed:
-                bad.append(f"{extra} is not listed in bundle.json (pip would install it "
-                           "unverified); remove it or fetch again")
+                bad.append(
+                    f"{extra} is not listed in bundle.json (pip would install it "
+                    "unverified); remove it or fetch again"
+                )
     if bad:
-        raise ConfigError("offline bundle failed verification:\n  " + "\n  ".join(bad),
-                          key="--bundle")
+        raise ConfigError(
+            "offline bundle failed verification:\n  " + "\n  ".join(bad), key="--bundle"
+        )
     say(f"verified {len(bundle.files)} files (sha256) in {bundle.root}")
 
 
@@ -199,8 +226,10 @@ def _outside_problem(root: Path, rel: str) -> Optional[str]:
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
     if st.st_nlink > 1:
-        return (f"{path} is a hard link ({st.st_nlink} names): copy the bundle with its files "
-                "(cp -r), not links")
+        return (
+            f"{path} is a hard link ({st.st_nlink} names): copy the bundle with its files "
+            "(cp -r), not links"
+        )
     return None
 
 
@@ -251,7 +280,7 @@ def saved_name(ref: str) -> str:
     if pin.digest is None:
         return ref
     name = pin.repository.rsplit("/", 1)[-1]
-    return f"{PINNED_PREFIX}{name}:{pin.tag or 'latest'}-{pin.digest[len('sha256:'):][:16]}"
+    return f"{PINNED_PREFIX}{name}:{pin.tag or 'latest'}-{pin.digest[len('sha256:') :][:16]}"
 
 
 def save_image(engine: Any, ref: str, dest: Path) -> str:
@@ -270,8 +299,9 @@ def save_image(engine: Any, ref: str, dest: Path) -> str:
     return name
 
 
-def load_images(engine: Any, bundle: Bundle, arches: Sequence[str],
-                say: Callable[[str], None]) -> list[str]:
+def load_images(
+    engine: Any, bundle: Bundle, arches: Sequence[str], say: Callable[[str], None]
+) -> list[str]:
     """``docker load`` the bundle's base images for *arches* that the engine lacks (or has
     under another id); returns the refs loaded. Nothing is ever pulled."""
     loaded = []
@@ -288,8 +318,10 @@ def load_images(engine: Any, bundle: Bundle, arches: Sequence[str],
                     raise StepFailed(f"docker load of {tar} failed: {event['error']}")
         got = engine.image_id(image.ref)
         if got != image.image_id:
-            raise StepFailed(f"docker load of {tar} gave {image.ref} id {got}, but bundle.json "
-                             f"records {image.image_id}; fetch the bundle again")
+            raise StepFailed(
+                f"docker load of {tar} gave {image.ref} id {got}, but bundle.json "
+                f"records {image.image_id}; fetch the bundle again"
+            )
         say(f"base image {image.ref} loaded from {tar}")
         loaded.append(image.ref)
     return loaded

@@ -68,8 +68,11 @@ class Target:
         for legacy, version in _LEGACY.items():
             if self.plat.startswith(legacy + "_"):
                 return version
-        raise ConfigError(f"cannot read a glibc version from platform tag {self.plat!r}; "
-                          "expected manylinux_2_NN_<arch>", key=f"cell {self.cell}")
+        raise ConfigError(
+            f"cannot read a glibc version from platform tag {self.plat!r}; "
+            "expected manylinux_2_NN_<arch>",
+            key=f"cell {self.cell}",
+        )
 
     def platforms(self) -> list[str]:
         """Every platform tag a wheel for this target may carry, best first (pip's order)."""
@@ -78,7 +81,8 @@ class Target:
         for legacy, (lmaj, lmin) in _LEGACY.items():
             # The old aliases exist for x86_64/i686; manylinux2014 also for the other arches.
             if (lmaj, lmin) <= (major, minor) and (
-                    legacy == "manylinux2014" or self.machine in ("x86_64", "i686")):
+                legacy == "manylinux2014" or self.machine in ("x86_64", "i686")
+            ):
                 out.append(f"{legacy}_{self.machine}")
         return out
 
@@ -148,8 +152,12 @@ def host_torches(records: Sequence[tuple[str, Optional[tuple[str, str]]]]) -> li
     return [HostTorch(py, torch, tuple(cells)) for (py, torch), cells in found.items()]
 
 
-def cell_requirements(torch: str, project: Optional[Path] = None,
-                      toolkit: Sequence[str] = (), frontend: Sequence[str] = ()) -> list[str]:
+def cell_requirements(
+    torch: str,
+    project: Optional[Path] = None,
+    toolkit: Sequence[str] = (),
+    frontend: Sequence[str] = (),
+) -> list[str]:
     """Everything a cell's build and smoke test pip-install: ``torch==X``, the build tools,
     and the project's static build-system requires and dependencies (the smoke test installs
     the wheel, so its dependencies too); a CUDA cell's *toolkit* pins (its resolved record's,
@@ -160,7 +168,8 @@ def cell_requirements(torch: str, project: Optional[Path] = None,
     for req in _project_requirements(project) if project else []:
         parsed = _requirement(req, "pyproject.toml")
         if not (parsed.specifier or parsed.marker or parsed.extras) and (
-                canonicalize_name(parsed.name) in names):
+            canonicalize_name(parsed.name) in names
+        ):
             continue  # a bare "torch" or "wheel" adds nothing
         if req not in reqs:
             reqs.append(req)
@@ -181,10 +190,16 @@ def _project_requirements(project: Path) -> list[str]:
             try:
                 Requirement(text).specifier.contains("1.0")  # its versions are read on use
             except (InvalidRequirement, ValueError) as exc:
-                why = (clip(exc) if isinstance(exc, InvalidRequirement)
-                       else "a version too long to read")
-                raise ConfigError(f"{brief(text)} is not a requirement ({why}); expected e.g. "
-                                  '"torch>=2.8"', file=shown, key=f"{key}[{i}]") from None
+                why = (
+                    clip(exc)
+                    if isinstance(exc, InvalidRequirement)
+                    else "a version too long to read"
+                )
+                raise ConfigError(
+                    f'{brief(text)} is not a requirement ({why}); expected e.g. "torch>=2.8"',
+                    file=shown,
+                    key=f"{key}[{i}]",
+                ) from None
             reqs.append(text)
     return reqs
 
@@ -201,8 +216,7 @@ def index_wheelhouse(folder: Path) -> list[WheelFile]:
     return out
 
 
-def resolve(wheels: Sequence[WheelFile], target: Target,
-            requirements: Iterable[str]) -> Resolution:
+def resolve(wheels: Sequence[WheelFile], target: Target, requirements: Iterable[str]) -> Resolution:
     """Choose, for *target*, a wheel for every requirement and (transitively) its
     ``Requires-Dist``; the newest compatible version wins, as with pip."""
     tags = target.tags()
@@ -222,20 +236,28 @@ def resolve(wheels: Sequence[WheelFile], target: Target,
         spec = specs.get(name, SpecifierSet()) & req.specifier
         specs[name] = spec
         have = result.chosen.get(name)
-        if have is not None and spec.contains(have.version, prereleases=True) and (
-                name, str(have.version), frozenset(req.extras)) in expanded:
+        if (
+            have is not None
+            and spec.contains(have.version, prereleases=True)
+            and (name, str(have.version), frozenset(req.extras)) in expanded
+        ):
             continue
-        candidates = [w for w in fitting if w.name == name
-                      and spec.contains(w.version, prereleases=True)]
+        candidates = [
+            w for w in fitting if w.name == name and spec.contains(w.version, prereleases=True)
+        ]
         if not candidates:
-            if any(canonicalize_name(Requirement(m.requirement).name) == name
-                   for m in result.missing):
+            if any(
+                canonicalize_name(Requirement(m.requirement).name) == name for m in result.missing
+            ):
                 continue  # named once, with the first (usually the tightest) spec
             near = tuple(w.path.name for w in wheels if w.name == name)
             result.missing.append(Missing(f"{req.name}{spec}", parent, near))
             continue
-        best = have if have is not None and have in candidates else max(
-            candidates, key=lambda w: w.version)
+        best = (
+            have
+            if have is not None and have in candidates
+            else max(candidates, key=lambda w: w.version)
+        )
         result.chosen[name] = best
         seen = (name, str(best.version), frozenset(req.extras))
         if seen in expanded:

@@ -43,13 +43,22 @@ def use_bundle(config: BuildConfig, say: Callable[[str], None]) -> tuple[Bundle,
     verify_bundle(bundle, lambda m: say(f"bundle: {m}"))
     if not config.offline.enabled:
         say("note: a bundle is for offline builds: building offline (--offline)")
-        config = replace(config, offline=replace(config.offline, enabled=True),
-                         origins={**config.origins, "offline": "implied by the bundle"})
+        config = replace(
+            config,
+            offline=replace(config.offline, enabled=True),
+            origins={**config.origins, "offline": "implied by the bundle"},
+        )
     return bundle, config
 
 
-def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backend: str,
-                      redactor: Redactor, say: Callable[[str], None]) -> Optional[str]:
+def bundle_base_image(
+    bundle: Bundle,
+    arch: str,
+    base_ref: Optional[str],
+    backend: str,
+    redactor: Redactor,
+    say: Callable[[str], None],
+) -> Optional[str]:
     """The base image ref for *arch*: ``--base-image`` if given, else the bundle's. The bundle's
     images for *arch* are loaded into the engine first (docker backends only)."""
     image = bundle.image_for(arch)
@@ -58,8 +67,10 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
         return base_ref
     if image is None:
         if base_ref is None:
-            say(f"note: bundle {bundle.root} holds no base image for {arch}; the engine must "
-                "have the config's")
+            say(
+                f"note: bundle {bundle.root} holds no base image for {arch}; the engine must "
+                "have the config's"
+            )
         return base_ref
     from builder.engines.docker import DockerEngine  # noqa: PLC0415
 
@@ -71,8 +82,7 @@ def bundle_base_image(bundle: Bundle, arch: str, base_ref: Optional[str], backen
         return base_ref  # auto will choose the host backend and say why
     load_images(engine, bundle, [arch], lambda m: say(f"bundle: {m}"))
     if base_ref is None:
-        pinned = (f", the pin {image.pin} (its image id checked after the load)"
-                  if image.pin else "")
+        pinned = f", the pin {image.pin} (its image id checked after the load)" if image.pin else ""
         say(f"base image: {image.ref} (from the bundle{pinned})")
         return image.ref
     return base_ref
@@ -87,33 +97,54 @@ def _host_plat(machine: str) -> str:
     return f"manylinux_{major}_{minor}_{machine}"
 
 
-def preflight(cells: Sequence[tuple[Cell, bool]], wheelhouse: Path, where: str,
-              project: Optional[Path], say: Callable[[str], None],
-              hosts: Sequence[HostTorch] = (),
-              toolkits: Optional[Mapping[str, Sequence[str]]] = None,
-              frontends: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+def preflight(
+    cells: Sequence[tuple[Cell, bool]],
+    wheelhouse: Path,
+    where: str,
+    project: Optional[Path],
+    say: Callable[[str], None],
+    hosts: Sequence[HostTorch] = (),
+    toolkits: Optional[Mapping[str, Sequence[str]]] = None,
+    frontends: Optional[Mapping[str, Sequence[str]]] = None,
+) -> None:
     """Each ``(cell, on_host)`` checked against *wheelhouse*, and each host torch environment
     (*hosts*: the cross cells'); ConfigError naming every gap. *toolkits*, *frontends*: a
     cell's CUDA toolkit pins and what its build frontend installs, by cell id."""
     wheels = index_wheelhouse(wheelhouse)
     machine = platform.machine()
-    checks = [(Target(cell.python, cell.machine,
-                      _host_plat(cell.machine) if on_host else cell.plat, cell.identifier),
-               cell_requirements(cell.torch, project,
-                                 (toolkits or {}).get(cell.identifier, ()),
-                                 (frontends or {}).get(cell.identifier, ())))
-              for cell, on_host in cells]
-    checks += [(host.target(machine, _host_plat(machine)), cell_requirements(host.torch))
-               for host in hosts]
+    checks = [
+        (
+            Target(
+                cell.python,
+                cell.machine,
+                _host_plat(cell.machine) if on_host else cell.plat,
+                cell.identifier,
+            ),
+            cell_requirements(
+                cell.torch,
+                project,
+                (toolkits or {}).get(cell.identifier, ()),
+                (frontends or {}).get(cell.identifier, ()),
+            ),
+        )
+        for cell, on_host in cells
+    ]
+    checks += [
+        (host.target(machine, _host_plat(machine)), cell_requirements(host.torch)) for host in hosts
+    ]
     gaps = []
     for target, requirements in checks:
         result = resolve(wheels, target, requirements)
         if result.ok:
-            say(f"preflight: {where} has all {len(result.chosen)} wheels for {target.cell} "
-                f"({target.describe()})")
+            say(
+                f"preflight: {where} has all {len(result.chosen)} wheels for {target.cell} "
+                f"({target.describe()})"
+            )
         else:
             gaps.append(describe_missing(result, where))
     if gaps:
-        raise ConfigError("\n".join(gaps) + "\n(nothing was built: fetch the missing wheels, "
-                          "e.g. `python -m builder fetch --bundle DIR` for these cells, on a "
-                          "connected machine)")
+        raise ConfigError(
+            "\n".join(gaps) + "\n(nothing was built: fetch the missing wheels, "
+            "e.g. `python -m builder fetch --bundle DIR` for these cells, on a "
+            "connected machine)"
+        )

@@ -48,8 +48,9 @@ def group_of(arch: str, torch: str, stable: bool, cuda: str = "cpu") -> str:
     return f"{arch}-torch{torch}" + (f"-cu{cuda.replace('.', '')}" if cuda != "cpu" else "")
 
 
-def assign(records: Sequence, stable: Optional[StableAbi],
-           builder_python: Optional[str] = None) -> list:
+def assign(
+    records: Sequence, stable: Optional[StableAbi], builder_python: Optional[str] = None
+) -> list:
     """*records* (ResolvedCell) with their build decided: ``wheel``, ``build_group``,
     ``built_by`` and ``build_reason`` (see the module docstring)."""
     py = builder_python or f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -61,15 +62,28 @@ def assign(records: Sequence, stable: Optional[StableAbi],
         if stable is not None and c.cuda == "cpu" and stable.serves(c.python, c.torch):
             groups.setdefault(group_of(c.arch, c.torch, True), []).append(r)
         else:
-            why = ("its own wheel, labelled +" + c.torch_local + ": " +
-                   (f"torch {c.torch} / Python {c.python} is below the stable ABI's torch "
+            why = (
+                "its own wheel, labelled +"
+                + c.torch_local
+                + ": "
+                + (
+                    f"torch {c.torch} / Python {c.python} is below the stable ABI's torch "
                     f">= {stable.torch}, Python >= {stable.python} ({stable.source})"
-                    if stable is not None and c.cuda == "cpu" else
-                    f"a CUDA {c.cuda} cell: its wheel carries device code for that CUDA"
-                    if c.cuda != "cpu" else "the project declares no stable ABI"))
-            out.append(replace(r, wheel=PER_TORCH,
-                               build_group=group_of(c.arch, c.torch, False, c.cuda),
-                               built_by=c.identifier, build_reason=why))
+                    if stable is not None and c.cuda == "cpu"
+                    else f"a CUDA {c.cuda} cell: its wheel carries device code for that CUDA"
+                    if c.cuda != "cpu"
+                    else "the project declares no stable ABI"
+                )
+            )
+            out.append(
+                replace(
+                    r,
+                    wheel=PER_TORCH,
+                    build_group=group_of(c.arch, c.torch, False, c.cuda),
+                    built_by=c.identifier,
+                    build_reason=why,
+                )
+            )
     for group, members in groups.items():
         assert stable is not None  # only cells it serves are grouped
         # Stable sorts, the least important key first.
@@ -79,14 +93,22 @@ def assign(records: Sequence, stable: Optional[StableAbi],
         head = sorted(ranked, key=lambda r: not r.buildable)[0]
         served = len(members)
         for r in members:
-            what = (f"builds the {group} wheel" if r is head else
-                    f"verifies the {group} wheel built by {head.identifier} (no compile)")
-            why = (f"{what}: one cp{stable.python.replace('.', '')}-abi3 wheel on torch's stable "
-                   f"ABI serves the {served} cell{'s' if served != 1 else ''} of {r.cell.arch} "
-                   f"with torch >= {stable.torch} and Python >= {stable.python} "
-                   f"({stable.source})")
-            out.append(replace(r, wheel=STABLE, build_group=group, built_by=head.identifier,
-                               build_reason=why))
+            what = (
+                f"builds the {group} wheel"
+                if r is head
+                else f"verifies the {group} wheel built by {head.identifier} (no compile)"
+            )
+            why = (
+                f"{what}: one cp{stable.python.replace('.', '')}-abi3 wheel on torch's stable "
+                f"ABI serves the {served} cell{'s' if served != 1 else ''} of {r.cell.arch} "
+                f"with torch >= {stable.torch} and Python >= {stable.python} "
+                f"({stable.source})"
+            )
+            out.append(
+                replace(
+                    r, wheel=STABLE, build_group=group, built_by=head.identifier, build_reason=why
+                )
+            )
     order = {r.identifier: i for i, r in enumerate(records)}
     return sorted(out, key=lambda r: order[r.identifier])
 
@@ -107,7 +129,10 @@ def detected(doc: dict[str, Any], project: str, manifest: Path) -> Optional[Stab
         if not re.match(r"^\d+\.\d+", floor):
             continue
         torch = ".".join(floor.split(".")[:2])
-        return StableAbi(torch=torch, python=f"{m.group(1)}.{m.group(2)}",
-                         source=f"detected by torch-abi-audit in {w.get('file')} "
-                                f"({manifest}); declare [tool.ampforge.stable-abi] to keep it")
+        return StableAbi(
+            torch=torch,
+            python=f"{m.group(1)}.{m.group(2)}",
+            source=f"detected by torch-abi-audit in {w.get('file')} "
+            f"({manifest}); declare [tool.ampforge.stable-abi] to keep it",
+        )
     return None

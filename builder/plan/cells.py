@@ -144,8 +144,7 @@ class Plan:
         return {c.identifier: c for c in self.cells}
 
 
-def _order(arch: str, python: str, torch: str, arches: tuple[str, ...],
-           cuda: str = CPU) -> tuple:
+def _order(arch: str, python: str, torch: str, arches: tuple[str, ...], cuda: str = CPU) -> tuple:
     a = arches.index(arch) if arch in arches else len(arches)
     return (a, values.python_key(python), values.torch_key(torch), values.cuda_key(cuda))
 
@@ -154,8 +153,12 @@ def why_no_cuda(config: BuildConfig, torch: str, machine: str, cuda: str) -> str
     """Why a (torch, machine) has no reachable CUDA *cuda* build (None: it has, or cpu)."""
     if cuda == CPU:
         return None
-    return config.support.cuda.torch_source(torch, machine, cuda, config.cuda.index_urls,
-                                            config.cuda.origin)[1] or None
+    return (
+        config.support.cuda.torch_source(
+            torch, machine, cuda, config.cuda.index_urls, config.cuda.origin
+        )[1]
+        or None
+    )
 
 
 def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
@@ -174,8 +177,9 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
             for torch in m.torches:
                 for cuda in m.cudas:
                     cid = cell_id(arch, python, torch, cuda)
-                    rule = next((r for r in m.exclude if r.matches(arch, python, torch, cuda)),
-                                None)
+                    rule = next(
+                        (r for r in m.exclude if r.matches(arch, python, torch, cuda)), None
+                    )
                     for r in m.exclude:
                         if r.matches(arch, python, torch, cuda):
                             matched_rules.add(r.index)
@@ -208,7 +212,10 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
             raise ConfigError(
                 f"includes {cell_id(arch, python, torch)}, which cannot install the project: "
                 f"{refused}; expected a cell inside the project's bounds",
-                file=r.file, line=r.line, key=r.key)
+                file=r.file,
+                line=r.line,
+                key=r.key,
+            )
         if not sup.supports(torch, python, machine):
             raise ConfigError(
                 f"includes {cell_id(arch, python, torch)}, which cannot be built: "
@@ -221,8 +228,11 @@ def expand(config: BuildConfig, bounds: ProjectBounds | None = None) -> Plan:
         if no_cuda is not None:
             raise ConfigError(
                 f"includes {cell_id(arch, python, torch, cuda)}, which cannot be built: "
-                f"{no_cuda}; expected a reachable CUDA build", file=r.file, line=r.line,
-                key=r.key)
+                f"{no_cuda}; expected a reachable CUDA build",
+                file=r.file,
+                line=r.line,
+                key=r.key,
+            )
         cid = cell_id(arch, python, torch, cuda)
         dropped.pop(cid, None)  # an explicit include wins over an exclude
         cells[cid] = Cell(arch, python, torch, config.images[arch], cuda)
@@ -255,8 +265,7 @@ def _describe_selection(sel: Selection) -> str:
 
 def oldest_supported(config: BuildConfig, bounds: ProjectBounds | None) -> str:
     """The oldest (Python, torch) the project supports, per the support table and its bounds."""
-    found = config.support.oldest(
-        lambda py, t: bounds is None or bounds.why_not(py, t) is None)
+    found = config.support.oldest(lambda py, t: bounds is None or bounds.why_not(py, t) is None)
     if found is None:
         return "none: no torch of the support table is inside the project's bounds"
     python, torch, machine = found
@@ -264,29 +273,40 @@ def oldest_supported(config: BuildConfig, bounds: ProjectBounds | None) -> str:
     return f"Python {python} with torch {torch} ({cell_id(arch, python, torch)})"
 
 
-def unsupported(axis: str, value: str, config: BuildConfig,
-                bounds: ProjectBounds | None) -> str | None:
+def unsupported(
+    axis: str, value: str, config: BuildConfig, bounds: ProjectBounds | None
+) -> str | None:
     """Why Python or torch *value* is not supported (the project's bound, the support table's
     recorded reason), with the oldest supported combination; None when nothing refuses it."""
     refused = None
     if bounds is not None:
         ok = bounds.python_ok(value) if axis == "python" else bounds.torch_ok(value)
         if not ok:
-            refused = (f"{bounds.name} requires-python {bounds.requires_python}" if axis ==
-                       "python" else f"{bounds.name} needs torch{bounds.torch}") + (
-                f" ({bounds.file})")
+            refused = (
+                f"{bounds.name} requires-python {bounds.requires_python}"
+                if axis == "python"
+                else f"{bounds.name} needs torch{bounds.torch}"
+            ) + (f" ({bounds.file})")
     recorded = config.support.why_unsupported(axis, value)
     if refused is None and recorded is None:
         return None
-    why = "; ".join(w for w in (refused, recorded and f"{recorded} (per {config.support.file})")
-                    if w)
+    why = "; ".join(
+        w for w in (refused, recorded and f"{recorded} (per {config.support.file})") if w
+    )
     name = "Python" if axis == "python" else "torch"
-    return (f"{name} {value} is not supported: {why}. The oldest supported combination is "
-            f"{oldest_supported(config, bounds)}")
+    return (
+        f"{name} {value} is not supported: {why}. The oldest supported combination is "
+        f"{oldest_supported(config, bounds)}"
+    )
 
 
-def select(plan: Plan, selection: Selection, newest: bool = True,
-           config: BuildConfig | None = None, bounds: ProjectBounds | None = None) -> Plan:
+def select(
+    plan: Plan,
+    selection: Selection,
+    newest: bool = True,
+    config: BuildConfig | None = None,
+    bounds: ProjectBounds | None = None,
+) -> Plan:
     """Narrow *plan* to *selection*; ConfigError (exit 2) when it selects nothing buildable.
 
     *newest*: a Python named without a torch keeps only the newest torch per (arch, Python);
@@ -305,12 +325,18 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
             {getattr(c, axis) for c in everything},
             key=values.python_key
             if axis == "python"
-            else (values.torch_key if axis == "torch" else
-                  (values.cuda_key if axis == "cuda" else str)),
+            else (
+                values.torch_key
+                if axis == "torch"
+                else (values.cuda_key if axis == "cuda" else str)
+            ),
         )
         for w in wanted:
-            why = (unsupported(axis, w, config, bounds) if config is not None and axis in
-                   ("python", "torch") else None)
+            why = (
+                unsupported(axis, w, config, bounds)
+                if config is not None and axis in ("python", "torch")
+                else None
+            )
             if why is not None and not any(getattr(c, axis) == w for c in plan.cells):
                 raise ConfigError(why, key=selection.origins.get(axis, axis))
             if w not in have:
@@ -342,8 +368,11 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
     if not cells:
         if dropped:
             reasons = "; ".join(f"{d.identifier}: {d.reason}" for d in dropped)
-            oldest = (f". The oldest supported combination is {oldest_supported(config, bounds)}"
-                      if config is not None else "")
+            oldest = (
+                f". The oldest supported combination is {oldest_supported(config, bounds)}"
+                if config is not None
+                else ""
+            )
             raise ConfigError(
                 f"the selection ({_describe_selection(selection)}) has no buildable cell: "
                 f"{reasons}{oldest}",
@@ -360,8 +389,9 @@ def select(plan: Plan, selection: Selection, newest: bool = True,
         newest_of: dict[tuple[str, str, str], Cell] = {}
         for c in cells:
             k = (c.arch, c.python, c.cuda)  # a cpu and a CUDA cell each keep their newest torch
-            if (k not in newest_of
-                    or values.torch_key(c.torch) > values.torch_key(newest_of[k].torch)):
+            if k not in newest_of or values.torch_key(c.torch) > values.torch_key(
+                newest_of[k].torch
+            ):
                 newest_of[k] = c
         for (arch, python, _cuda), c in newest_of.items():
             skipped = sorted(
@@ -398,16 +428,21 @@ def widen(config: BuildConfig, selection: Selection) -> tuple[BuildConfig, tuple
     each. A named value the table does not know stays out: `select` says why."""
     m, sup = config.matrix, config.support
     torches = [t for t in (selection.torch or ()) if t not in m.torches and sup.knows(t)]
-    known_pythons = {py for t in sup.wheels for machine in ARCHES.values()
-                     for py in sup.pythons(t, machine.machine)}
-    pythons = [py for py in (selection.python or ()) if py not in m.pythons
-               and py in known_pythons]
+    known_pythons = {
+        py
+        for t in sup.wheels
+        for machine in ARCHES.values()
+        for py in sup.pythons(t, machine.machine)
+    }
+    pythons = [py for py in (selection.python or ()) if py not in m.pythons and py in known_pythons]
     if not torches and not pythons:
         return config, ()
-    notes = tuple(f"{axis} {value} is not on {config.source_name}'s matrix axis: named "
-                  f"({selection.origins.get(axis, axis)}), taken from {sup.file}"
-                  for axis, added in (("torch", torches), ("python", pythons))
-                  for value in added)
+    notes = tuple(
+        f"{axis} {value} is not on {config.source_name}'s matrix axis: named "
+        f"({selection.origins.get(axis, axis)}), taken from {sup.file}"
+        for axis, added in (("torch", torches), ("python", pythons))
+        for value in added
+    )
     matrix = replace(m, torches=(*m.torches, *torches), pythons=(*m.pythons, *pythons))
     return replace(config, matrix=matrix), notes
 

@@ -25,12 +25,16 @@ FOREIGN_ORDER = tuple(k.name for k in KINDS if k.foreign)
 CUDA_BACKENDS = tuple(k.name for k in KINDS if k.cuda)
 
 
-def _availability(backends: Mapping[str, Backend], name: str, cell: Cell, host: Host,
-                  support: SupportTable) -> Availability:
+def _availability(
+    backends: Mapping[str, Backend], name: str, cell: Cell, host: Host, support: SupportTable
+) -> Availability:
     if cell.cuda != "cpu" and name not in CUDA_BACKENDS:
-        return Availability(False, f"the {name} backend does not install a CUDA toolkit yet "
-                                   f"(CUDA cells: {', '.join(CUDA_BACKENDS)}; "
-                                   "docs/cuda-wheels.md)")
+        return Availability(
+            False,
+            f"the {name} backend does not install a CUDA toolkit yet "
+            f"(CUDA cells: {', '.join(CUDA_BACKENDS)}; "
+            "docs/cuda-wheels.md)",
+        )
     return backends[name].availability(cell, host, support)
 
 
@@ -41,8 +45,14 @@ class Choice:
     reason: str
 
 
-def choose(cell: Cell, requested: str, origin: str, host: Host,
-           backends: Mapping[str, Backend], support: SupportTable) -> Choice:
+def choose(
+    cell: Cell,
+    requested: str,
+    origin: str,
+    host: Host,
+    backends: Mapping[str, Backend],
+    support: SupportTable,
+) -> Choice:
     if requested_kind(requested) is not None:
         got = _availability(backends, requested, cell, host, support)
         return Choice(requested, got.ok, f"{requested} asked for ({origin}): {got.reason}")
@@ -60,9 +70,11 @@ def choose(cell: Cell, requested: str, origin: str, host: Host,
     if after_pull is not None:
         name, reason = after_pull
         others = [w for w in why_not if not w.startswith(f"{name}: ")]
-        return Choice(name, True, f"auto: {reason}" + (f" (not {'; not '.join(others)})"
-                                                       if others else ""))
+        return Choice(
+            name, True, f"auto: {reason}" + (f" (not {'; not '.join(others)})" if others else "")
+        )
     # On a native runner the cell is built the usual way: docker, else host.
     native = CUDA_BACKENDS[0] if cell.cuda != "cpu" else NATIVE_ORDER[0]
-    return Choice(native, False, "auto: not buildable on this "
-                  f"{host.machine} host ({'; '.join(why_not)})")
+    return Choice(
+        native, False, f"auto: not buildable on this {host.machine} host ({'; '.join(why_not)})"
+    )

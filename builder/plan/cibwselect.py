@@ -29,8 +29,9 @@ def with_archs(selection: Selection, project: CibwProject) -> Selection:
     origin = selection.origins.get("arch")
     if selection.arch is not None and origin != _DEFAULT_ARCH:
         return selection
-    return replace(selection, arch=project.archs,
-                   origins={**selection.origins, "arch": project.archs_origin})
+    return replace(
+        selection, arch=project.archs, origins={**selection.origins, "arch": project.archs_origin}
+    )
 
 
 def narrow(plan: Plan, project: CibwProject) -> Plan:
@@ -50,13 +51,18 @@ def narrow(plan: Plan, project: CibwProject) -> Plan:
             continue
         dropped.append(DroppedCell(cell.arch, cell.python, cell.torch, why, cell.cuda))
     if not kept:
-        globs = project.build if project.build is not None and not any(
-            project.build.matches(identifiers_of(c)) for c in plan.cells) else project.skip
+        globs = (
+            project.build
+            if project.build is not None
+            and not any(project.build.matches(identifiers_of(c)) for c in plan.cells)
+            else project.skip
+        )
         assert globs is not None
         shown = ", ".join(c.identifier for c in plan.cells[:4])
         raise ConfigError(
             f"the project's {globs.describe()} leaves no cell of the {len(plan.cells)} "
             f"selected ({shown}{', ...' if len(plan.cells) > 4 else ''}); expected globs on "
             "cibuildwheel identifiers such as cp311-manylinux_x86_64 that keep at least one",
-            key=f"{globs.key} ({globs.origin})")
+            key=f"{globs.key} ({globs.origin})",
+        )
     return replace(plan, cells=tuple(kept), dropped=tuple(dropped) + plan.dropped)

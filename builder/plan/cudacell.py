@@ -26,10 +26,25 @@ from builder.redact import redact_url_credentials
 #: driver (libcuda, from the machine), the CUDA runtime and libraries (from torch's nvidia-*
 #: requirements), torch's CUDA libraries. Grafting them would ship a second CUDA next to torch's.
 CUDA_EXCLUDES: tuple[str, ...] = (
-    "libcuda.so*", "libcudart.so*", "libtorch_cuda*.so", "libc10_cuda.so",
-    "libcublas*.so*", "libcufft*.so*", "libcurand.so*", "libcusparse*.so*", "libcusolver*.so*",
-    "libcudnn*.so*", "libnccl.so*", "libnvrtc*.so*", "libnvJitLink.so*", "libnvToolsExt.so*",
-    "libnvtx*.so*", "libcupti.so*", "libcufile*.so*", "libnvshmem*.so*", "libcusparseLt.so*",
+    "libcuda.so*",
+    "libcudart.so*",
+    "libtorch_cuda*.so",
+    "libc10_cuda.so",
+    "libcublas*.so*",
+    "libcufft*.so*",
+    "libcurand.so*",
+    "libcusparse*.so*",
+    "libcusolver*.so*",
+    "libcudnn*.so*",
+    "libnccl.so*",
+    "libnvrtc*.so*",
+    "libnvJitLink.so*",
+    "libnvToolsExt.so*",
+    "libnvtx*.so*",
+    "libcupti.so*",
+    "libcufile*.so*",
+    "libnvshmem*.so*",
+    "libcusparseLt.so*",
 )
 ARCH_VARIABLE = "TORCH_CUDA_ARCH_LIST"
 
@@ -58,14 +73,22 @@ class CudaRecord:
         if not self.enabled:
             return {"version": CPU, "reason": self.reason}
         assert self.arch_list is not None
-        return {"version": self.cuda, "tag": self.tag, "reason": self.reason,
-                "torch_index_url": (redact_url_credentials(self.torch_index_url)
-                                    if self.torch_index_url else None),
-                "torch_source": self.torch_source,
-                "toolkit": list(self.toolkit), "toolkit_hashed": self.toolkit_hashed,
-                "arch_list": self.arch_list.text, "sass": list(self.arch_list.sass),
-                "ptx": list(self.arch_list.ptx), "arch_list_source": self.arch_list_source,
-                "auditwheel_exclude_added": list(self.excludes)}
+        return {
+            "version": self.cuda,
+            "tag": self.tag,
+            "reason": self.reason,
+            "torch_index_url": (
+                redact_url_credentials(self.torch_index_url) if self.torch_index_url else None
+            ),
+            "torch_source": self.torch_source,
+            "toolkit": list(self.toolkit),
+            "toolkit_hashed": self.toolkit_hashed,
+            "arch_list": self.arch_list.text,
+            "sass": list(self.arch_list.sass),
+            "ptx": list(self.arch_list.ptx),
+            "arch_list_source": self.arch_list_source,
+            "auditwheel_exclude_added": list(self.excludes),
+        }
 
 
 def resolve_cuda(cell: Any, config: BuildConfig, selection: Selection) -> CudaRecord:
@@ -81,14 +104,17 @@ def resolve_cuda(cell: Any, config: BuildConfig, selection: Selection) -> CudaRe
         return CudaRecord(cuda=CPU, reason=reason)
     table = config.support.cuda
     toolkit = table.toolkit(cell.cuda)
-    source, why_not = table.torch_source(cell.torch, cell.machine, cell.cuda,
-                                         config.cuda.index_urls, config.cuda.origin)
+    source, why_not = table.torch_source(
+        cell.torch, cell.machine, cell.cuda, config.cuda.index_urls, config.cuda.origin
+    )
     assert toolkit is not None and source is not None, why_not  # expand() dropped such cells
-    text, where = toolkit.default_arch_list, (f"the support table's default for CUDA "
-                                              f"{cell.cuda} ({table.file})")
+    text, where = (
+        toolkit.default_arch_list,
+        (f"the support table's default for CUDA {cell.cuda} ({table.file})"),
+    )
     if cell.cuda in config.cuda.arch_list:
         text = config.cuda.arch_list[cell.cuda]
-        where = f"cuda.arch_list.\"{cell.cuda}\" ({config.cuda.origin})"
+        where = f'cuda.arch_list."{cell.cuda}" ({config.cuda.origin})'
     for rule in config.matrix.include:
         if rule.cuda_arch_list and rule.matches(cell.arch, cell.python, cell.torch, cell.cuda):
             text, where = rule.cuda_arch_list, f"{rule.key}.cuda_arch_list ({rule.file})"
@@ -97,17 +123,26 @@ def resolve_cuda(cell: Any, config: BuildConfig, selection: Selection) -> CudaRe
             value = raw.strip().strip("'\"")
             env_origin = config.build_options.origins.get("environment", "environment")
             if re.search(r"[$`\\]", value):
-                raise ConfigError(f"{ARCH_VARIABLE}={raw} needs the shell to evaluate it; "
-                                  "expected a literal list (e.g. \"8.0;9.0+PTX\"): the "
-                                  "verification checks the wheel against it",
-                                  key=f"environment ({env_origin})")
+                raise ConfigError(
+                    f"{ARCH_VARIABLE}={raw} needs the shell to evaluate it; "
+                    'expected a literal list (e.g. "8.0;9.0+PTX"): the '
+                    "verification checks the wheel against it",
+                    key=f"environment ({env_origin})",
+                )
             text, where = value, f"environment {ARCH_VARIABLE} ({env_origin})"
     try:
         arch_list = parse_arch_list(text, toolkit)
     except ValueError as exc:
         raise ConfigError(f"{ARCH_VARIABLE} {text!r}: {exc}", key=where) from None
     hashed = toolkit.hashed(cell.machine)
-    return CudaRecord(cuda=cell.cuda, reason=reason, torch_index_url=source.index_url,
-                      torch_source=source.reason, toolkit=tuple(toolkit.requirements(
-                          cell.machine)), toolkit_hashed=hashed, arch_list=arch_list,
-                      arch_list_source=where, excludes=CUDA_EXCLUDES)
+    return CudaRecord(
+        cuda=cell.cuda,
+        reason=reason,
+        torch_index_url=source.index_url,
+        torch_source=source.reason,
+        toolkit=tuple(toolkit.requirements(cell.machine)),
+        toolkit_hashed=hashed,
+        arch_list=arch_list,
+        arch_list_source=where,
+        excludes=CUDA_EXCLUDES,
+    )

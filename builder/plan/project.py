@@ -44,8 +44,9 @@ class StableAbi:
 
     def serves(self, python: str, torch: str) -> bool:
         """Whether the stable wheel serves the cell (Python *python*, torch *torch*)."""
-        return (self._key(python) >= self._key(self.python)
-                and self._key(torch) >= self._key(self.torch))
+        return self._key(python) >= self._key(self.python) and self._key(torch) >= self._key(
+            self.torch
+        )
 
     @property
     def requirement(self) -> str:
@@ -79,11 +80,15 @@ class ProjectBounds:
     def why_not(self, python: str, torch: str) -> Optional[str]:
         """Why the project cannot be installed in the cell (None: it can)."""
         if not self.python_ok(python):
-            return (f"{self.name} requires-python {self.requires_python} ({self.file}): "
-                    f"Python {python} cannot install it")
+            return (
+                f"{self.name} requires-python {self.requires_python} ({self.file}): "
+                f"Python {python} cannot install it"
+            )
         if not self.torch_ok(torch):
-            return (f"{self.name} needs torch{self.torch} ({self.file}): torch {torch} is "
-                    "outside that bound")
+            return (
+                f"{self.name} needs torch{self.torch} ({self.file}): torch {torch} is "
+                "outside that bound"
+            )
         return None
 
 
@@ -103,21 +108,33 @@ def read_bounds(project: Path) -> Optional[ProjectBounds]:
             requires_python = SpecifierSet(str(table["requires-python"]))
             requires_python.contains("3.11.0")  # its versions are read on first use
         except (InvalidSpecifier, ValueError):  # ValueError: a version part of 5000 digits
-            raise ConfigError(f"{brief(table['requires-python'])} is not a version specifier; "
-                              'expected e.g. ">=3.9"', file=shown,
-                              key="project.requires-python") from None
+            raise ConfigError(
+                f"{brief(table['requires-python'])} is not a version specifier; "
+                'expected e.g. ">=3.9"',
+                file=shown,
+                key="project.requires-python",
+            ) from None
     torch = None
     for i, raw in enumerate(string_list(data, "project.dependencies", shown)):
         try:
             req = Requirement(str(raw))
             req.specifier.contains("2.13.0")  # its versions are read on first use
         except (InvalidRequirement, ValueError):
-            raise ConfigError(f"{brief(raw)} is not a requirement; expected e.g. \"torch>=2.8\"",
-                              file=shown, key=f"project.dependencies[{i}]") from None
+            raise ConfigError(
+                f'{brief(raw)} is not a requirement; expected e.g. "torch>=2.8"',
+                file=shown,
+                key=f"project.dependencies[{i}]",
+            ) from None
         if canonicalize_name(req.name) == "torch" and req.marker is None:
             torch = req.specifier if str(req.specifier) else None
-    return ProjectBounds(file=shown, name=name, requires_python=requires_python, torch=torch,
-                         stable_abi=_stable_abi(data, shown), npu_extra=_npu_extra(data, shown))
+    return ProjectBounds(
+        file=shown,
+        name=name,
+        requires_python=requires_python,
+        torch=torch,
+        stable_abi=_stable_abi(data, shown),
+        npu_extra=_npu_extra(data, shown),
+    )
 
 
 _MINOR = re.compile(r"\d{1,4}\.\d{1,4}")  # fullmatch: "2.10\n" is not a version
@@ -129,9 +146,12 @@ NPU_EXTRA_KEY = "tool.ampforge.npu-extra"
 def _npu_extra(data: dict, shown: str) -> bool:
     value = pyproject_table(data, "tool.ampforge", shown).get("npu-extra", False)
     if not isinstance(value, bool):
-        raise ConfigError(f"is {brief(value)}; expected true (write the npu extra pinning the "
-                          "paired torch-npu into the wheel's METADATA) or false",
-                          file=shown, key=NPU_EXTRA_KEY)
+        raise ConfigError(
+            f"is {brief(value)}; expected true (write the npu extra pinning the "
+            "paired torch-npu into the wheel's METADATA) or false",
+            file=shown,
+            key=NPU_EXTRA_KEY,
+        )
     return value
 
 
@@ -141,20 +161,27 @@ def _stable_abi(data: dict, shown: str) -> Optional[StableAbi]:
         return None
     key = "tool.ampforge.stable-abi"
     if not isinstance(table, dict):
-        raise ConfigError(f"is {type(table).__name__}; expected a table with torch and python",
-                          file=shown, key=key)
+        raise ConfigError(
+            f"is {type(table).__name__}; expected a table with torch and python",
+            file=shown,
+            key=key,
+        )
     found = {}
     for part in ("torch", "python"):
         value = table.get(part)
         if not isinstance(value, str) or not _MINOR.fullmatch(value):
-            raise ConfigError(f"is {brief(value)}; expected a quoted major.minor version such as "
-                              f'"{"2.10" if part == "torch" else "3.10"}"', file=shown,
-                              key=f"{key}.{part}")
+            raise ConfigError(
+                f"is {brief(value)}; expected a quoted major.minor version such as "
+                f'"{"2.10" if part == "torch" else "3.10"}"',
+                file=shown,
+                key=f"{key}.{part}",
+            )
         found[part] = value
     unknown = sorted(set(table) - {"torch", "python"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; expected torch and python",
-                          file=shown, key=key)
+        raise ConfigError(
+            f"unknown key(s) {', '.join(unknown)}; expected torch and python", file=shown, key=key
+        )
     # The project's own file, not its path: the record must not differ between a checkout and
     # a copy of it (build --project SNAPSHOT records what plan prints for the checkout).
     return StableAbi(torch=found["torch"], python=found["python"], source=f"pyproject.toml [{key}]")

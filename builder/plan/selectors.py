@@ -35,7 +35,7 @@ def expand_braces(pattern: str) -> list[str]:
     if group is None:
         return [pattern]
     open_at, close_at, alternatives = group
-    head, tail = pattern[:open_at], pattern[close_at + 1:]
+    head, tail = pattern[:open_at], pattern[close_at + 1 :]
     out: list[str] = []
     for alternative in alternatives:
         for expanded in expand_braces(head + alternative + tail):
@@ -58,7 +58,7 @@ def _first_group(pattern: str) -> tuple[int, int, list[str]] | None:
                 if depth == 0:
                     if len(cuts) > 1:
                         cuts.append(i)
-                        parts = [pattern[a + 1:b] for a, b in zip(cuts, cuts[1:])]
+                        parts = [pattern[a + 1 : b] for a, b in zip(cuts, cuts[1:])]
                         return open_at, i, parts
                     break
             elif pattern[i] == "," and depth == 1:

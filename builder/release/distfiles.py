@@ -34,14 +34,23 @@ def dist_wheels(dist: Path) -> DistWheels:
     """
     dist = Path(dist)
     if not dist.is_dir():
-        raise ConfigError(f"{dist}: no such directory; expected a folder of wheels such as "
-                          "dist/ (make wheel writes one)")
+        raise ConfigError(
+            f"{dist}: no such directory; expected a folder of wheels such as "
+            "dist/ (make wheel writes one)"
+        )
     # Hidden names are dist/'s own in-flight temporary files (manifest.publish_wheel).
-    wheels = tuple(sorted(p for p in dist.iterdir()
-                          if p.suffix == ".whl" and p.is_file() and not p.name.startswith(".")))
+    wheels = tuple(
+        sorted(
+            p
+            for p in dist.iterdir()
+            if p.suffix == ".whl" and p.is_file() and not p.name.startswith(".")
+        )
+    )
     if not wheels:
-        raise ConfigError(f"{dist}: no *.whl files in it; nothing to release "
-                          f"(build some with `make wheel OUT={dist}`)")
+        raise ConfigError(
+            f"{dist}: no *.whl files in it; nothing to release "
+            f"(build some with `make wheel OUT={dist}`)"
+        )
     # Wheels from elsewhere (CI runners' artifacts, a folder copied in): refused before
     # anything is written from them, naming the file and the entry.
     hostile = {w.name: release_problems(w) for w in wheels}
@@ -49,12 +58,19 @@ def dist_wheels(dist: Path) -> DistWheels:
     if hostile:
         raise StepFailed(
             f"{dist}: {len(hostile)} wheel(s) refused before anything was written:\n  "
-            + "\n  ".join(f"{name}: {line}" for name, why in sorted(hostile.items())
-                           for line in why[:5]))
+            + "\n  ".join(
+                f"{name}: {line}" for name, why in sorted(hostile.items()) for line in why[:5]
+            )
+        )
     sha = {w.name: sha256_file(w) for w in wheels}
     if not (dist / MANIFEST_NAME).exists():
-        return DistWheels(dist, wheels, sha, checked=False, notes=(
-            f"{dist / MANIFEST_NAME} not found: sha256 sums not cross-checked",))
+        return DistWheels(
+            dist,
+            wheels,
+            sha,
+            checked=False,
+            notes=(f"{dist / MANIFEST_NAME} not found: sha256 sums not cross-checked",),
+        )
     recorded: dict[str, str] = {}
     for entry in read_manifest(dist)["wheels"]:
         if isinstance(entry, dict) and isinstance(entry.get("file"), str):
@@ -70,7 +86,8 @@ def dist_wheels(dist: Path) -> DistWheels:
         raise StepFailed(
             f"{dist}: {len(problems)} wheel(s) do not match {dist / MANIFEST_NAME}; refusing to "
             "release them (rebuild them, or remove files that were not built here):\n  "
-            + "\n  ".join(problems))
+            + "\n  ".join(problems)
+        )
     missing = sorted(set(recorded) - set(sha))
     notes = tuple(f"{name}: listed in {MANIFEST_NAME} but not in {dist}" for name in missing)
     return DistWheels(dist, wheels, sha, checked=True, notes=notes)

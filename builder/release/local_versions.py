@@ -35,8 +35,9 @@ def known_repositories() -> Mapping[str, str]:
         # command must start without it.
         from twine.utils import DEFAULT_REPOSITORY, TEST_REPOSITORY  # noqa: PLC0415
     except ImportError as exc:
-        raise StepFailed(f"cannot import twine ({exc}); install the builder extra: "
-                         "pip install -e '.[builder]'") from exc
+        raise StepFailed(
+            f"cannot import twine ({exc}); install the builder extra: pip install -e '.[builder]'"
+        ) from exc
     return {"pypi": DEFAULT_REPOSITORY, "testpypi": TEST_REPOSITORY}
 
 
@@ -74,13 +75,17 @@ def policy(url: str, declared: bool | None) -> Policy:
         if declared:
             # PyPI refuses them whatever the command line says: uploading would fail at the
             # first labelled wheel, after the ones before it were published.
-            raise ConfigError(f"{url} is {name}'s upload URL, which refuses every local "
-                              "version (PEP 440); drop the option", key="--accepts-local-versions")
+            raise ConfigError(
+                f"{url} is {name}'s upload URL, which refuses every local "
+                "version (PEP 440); drop the option",
+                key="--accepts-local-versions",
+            )
         return Policy(False, f"{name} refuses local versions (PEP 440)")
     if declared is False:
         return Policy(False, "--no-accepts-local-versions")
-    return Policy(True, "a repository other than PyPI (--no-accepts-local-versions if it "
-                  "refuses them)")
+    return Policy(
+        True, "a repository other than PyPI (--no-accepts-local-versions if it refuses them)"
+    )
 
 
 def local_version(wheel: Path) -> str | None:
@@ -100,9 +105,11 @@ def labelled(wheels: Iterable[Path]) -> list[Path]:
 def refusal(refused: Iterable[Path], url: str, why: str) -> str:
     """The message for wheels a repository would refuse: each one, and where to take them."""
     names = "\n  ".join(f"{w.name} (local version +{local_version(w)})" for w in refused)
-    return (f"{url} takes no local versions: {why}; nothing was uploaded. Refused:\n  {names}\n"
-            "For PyPI publish the stable-ABI wheels (no +torch label; docs/stable-wheels.md), "
-            "e.g. with --skip-local-versions to leave the labelled ones out. The labelled wheels "
-            "go to a per-torch index (`python -m builder index DIST --per-torch`, "
-            "docs/publishing.md) or a private repository that accepts local versions "
-            "(pypiserver, devpi, Artifactory, Nexus).")
+    return (
+        f"{url} takes no local versions: {why}; nothing was uploaded. Refused:\n  {names}\n"
+        "For PyPI publish the stable-ABI wheels (no +torch label; docs/stable-wheels.md), "
+        "e.g. with --skip-local-versions to leave the labelled ones out. The labelled wheels "
+        "go to a per-torch index (`python -m builder index DIST --per-torch`, "
+        "docs/publishing.md) or a private repository that accepts local versions "
+        "(pypiserver, devpi, Artifactory, Nexus)."
+    )

@@ -60,8 +60,9 @@ def publish_wheel(wheel: Path, dist: Path, cells: Sequence[str] = ()) -> Path:
     return final
 
 
-def publish_recorded(wheel: Path, dist: Path, entry: ManifestEntry,
-                     cells: Sequence[str] = ()) -> Path:
+def publish_recorded(
+    wheel: Path, dist: Path, entry: ManifestEntry, cells: Sequence[str] = ()
+) -> Path:
     """:func:`publish_wheel` and :func:`record_wheel` as one step under one lock, all or
     nothing: the wheel enters *dist* and *entry* (made from the staged *wheel*: same name and
     bytes) enters the manifest, or *dist* stays byte-identical to before.
@@ -73,9 +74,11 @@ def publish_recorded(wheel: Path, dist: Path, entry: ManifestEntry,
     with _locked(dist):
         final = _check_replaceable(wheel, dist, cells)
         doc = _manifest_bytes(_with_entry(read_manifest(dist), entry))
-        require_space(dist, block_rounded(wheel.stat().st_size, dist)
-                      + block_rounded(len(doc), dist),
-                      what=f"the wheel {wheel.name} and {MANIFEST_NAME} in")
+        require_space(
+            dist,
+            block_rounded(wheel.stat().st_size, dist) + block_rounded(len(doc), dist),
+            what=f"the wheel {wheel.name} and {MANIFEST_NAME} in",
+        )
         kept = _keep_previous(final)
         try:
             _copy_in(wheel, final)
@@ -96,18 +99,23 @@ def _check_replaceable(wheel: Path, dist: Path, cells: Sequence[str]) -> Path:
     """*dist*'s path for *wheel*; StepFailed when *cells* may not replace what is there."""
     final = dist / wheel.name
     if cells and final.exists() and sha256_file(final) != sha256_file(wheel):
-        owners = [str(w.get("cell")) for w in read_manifest(dist)["wheels"]
-                  if w.get("file") == wheel.name]
+        owners = [
+            str(w.get("cell")) for w in read_manifest(dist)["wheels"] if w.get("file") == wheel.name
+        ]
         others = sorted(set(owners) - set(cells))
         if not owners or others:
-            whose = (f"the wheel of {', '.join(others)} (manifest.json)" if others else
-                     "a file manifest.json does not list")
+            whose = (
+                f"the wheel of {', '.join(others)} (manifest.json)"
+                if others
+                else "a file manifest.json does not list"
+            )
             raise StepFailed(
                 f"refusing to replace {final}: it is {whose}, with other bytes than the "
                 f"wheel built for {', '.join(cells)}; kept as it is. One file name serving "
                 "several cells (an abi3 or py3-none wheel): build those cells in one run "
                 "(e.g. --python 3.11,3.12) -- the wheel is built once and verified on each "
-                "Python -- or use another --out")
+                "Python -- or use another --out"
+            )
     return final
 
 
@@ -152,8 +160,7 @@ class ManifestEntry:
 
     @classmethod
     def for_wheel(cls, wheel: Path, **fields: Any) -> ManifestEntry:
-        return cls(file=wheel.name, sha256=sha256_file(wheel), size=wheel.stat().st_size,
-                   **fields)
+        return cls(file=wheel.name, sha256=sha256_file(wheel), size=wheel.stat().st_size, **fields)
 
 
 @contextlib.contextmanager
@@ -186,14 +193,18 @@ def building(dist: Path, cell: str, waiting: Callable[[str], None]) -> Iterator[
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "another builder"
-            waiting(f"waiting: {holder} is building {cell} into {dist}; this build goes on "
-                    "when that one ends")
+            waiting(
+                f"waiting: {holder} is building {cell} into {dist}; this build goes on "
+                "when that one ends"
+            )
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             with contextlib.suppress(OSError):  # the holder's name is a courtesy
                 fh.truncate(0)
-                fh.write(f"the builder with pid {os.getpid()} on {socket.gethostname()} "
-                         f"(since {utc_now()})\n")
+                fh.write(
+                    f"the builder with pid {os.getpid()} on {socket.gethostname()} "
+                    f"(since {utc_now()})\n"
+                )
                 fh.flush()
             yield
         finally:
@@ -209,11 +220,13 @@ def read_manifest(dist: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise StepFailed(f"{path} is not valid JSON ({exc}); refusing to overwrite it: move it "
-                         "aside and rebuild") from exc
+        raise StepFailed(
+            f"{path} is not valid JSON ({exc}); refusing to overwrite it: move it aside and rebuild"
+        ) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("wheels"), list):
-        raise StepFailed(f"{path}: expected an object with a 'wheels' list; refusing to "
-                         "overwrite it")
+        raise StepFailed(
+            f"{path}: expected an object with a 'wheels' list; refusing to overwrite it"
+        )
     return doc
 
 
@@ -235,9 +248,14 @@ def _with_entry(doc: dict[str, Any], entry: ManifestEntry) -> dict[str, Any]:
     # any entry for other bytes under its name (publish_wheel allowed that replacement). The
     # cell's entries for its other files stay, as the files do: a new version of the project
     # built into the same dist/ adds its wheel beside the older one, whose entry is kept.
-    kept = [w for w in doc["wheels"]
-            if not (w.get("file") == entry.file and (
-                w.get("cell") == entry.cell or w.get("sha256") != entry.sha256))]
+    kept = [
+        w
+        for w in doc["wheels"]
+        if not (
+            w.get("file") == entry.file
+            and (w.get("cell") == entry.cell or w.get("sha256") != entry.sha256)
+        )
+    ]
     kept.append(asdict(entry))
     kept.sort(key=lambda w: (str(w.get("cell")), str(w.get("file"))))
     return {**doc, "wheels": kept, "version": MANIFEST_VERSION, "updated_at": utc_now()}

@@ -73,30 +73,58 @@ def check_record(path: Path, entry: Mapping[str, Any]) -> list[str]:
     record (empty: nothing)."""
     resolved = (entry.get("extra") or {}).get("resolved")
     if not isinstance(resolved, Mapping):
-        return [_problem(path, entry, "no resolved record (extra.resolved): not written by "
-                                      "`build`, so nothing says which cell it serves")]
+        return [
+            _problem(
+                path,
+                entry,
+                "no resolved record (extra.resolved): not written by "
+                "`build`, so nothing says which cell it serves",
+            )
+        ]
     name = str(entry.get("file", ""))
     try:
         _, version, _, tags = parse_wheel_filename(name)
     except InvalidWheelFilename as exc:
         return [_problem(path, entry, f"not a wheel file name ({exc})")]
     problems = []
-    for key, have, want in (("id", entry.get("cell"), resolved.get("id")),
-                            ("python", entry.get("python"), resolved.get("python"))):
+    for key, have, want in (
+        ("id", entry.get("cell"), resolved.get("id")),
+        ("python", entry.get("python"), resolved.get("python")),
+    ):
         if have != want:
-            problems.append(_problem(path, entry, f"the entry says {have!r}, its resolved "
-                                                  f"record's {key} {want!r}"))
+            problems.append(
+                _problem(
+                    path, entry, f"the entry says {have!r}, its resolved record's {key} {want!r}"
+                )
+            )
     torch = str(entry.get("torch", ""))
     if torch.split("+")[0] != resolved.get("torch"):
-        problems.append(_problem(path, entry, f"built with torch {torch}, its resolved record "
-                                              f"names torch {resolved.get('torch')}"))
+        problems.append(
+            _problem(
+                path,
+                entry,
+                f"built with torch {torch}, its resolved record "
+                f"names torch {resolved.get('torch')}",
+            )
+        )
     cp, machine = str(resolved.get("cp")), str(resolved.get("machine"))
     if not any(tag_serves(t, cp) and t.platform.endswith("_" + machine) for t in tags):
-        problems.append(_problem(path, entry, f"the file's tags do not install on {cp} "
-                                              f"{machine}, the resolved record's cell"))
+        problems.append(
+            _problem(
+                path,
+                entry,
+                f"the file's tags do not install on {cp} {machine}, the resolved record's cell",
+            )
+        )
     if version.local != resolved.get("local_version"):
-        problems.append(_problem(path, entry, f"local version {version.local!r}, the resolved "
-                                              f"record's {resolved.get('local_version')!r}"))
+        problems.append(
+            _problem(
+                path,
+                entry,
+                f"local version {version.local!r}, the resolved "
+                f"record's {resolved.get('local_version')!r}",
+            )
+        )
     return problems
 
 
@@ -104,21 +132,31 @@ def read_source(path: Path) -> Source:
     """*path* as a merge input: ConfigError (exit 2) when it is no build output folder,
     StepFailed (exit 1) naming every wheel that does not match its manifest or record."""
     if path.is_dir() and not (path / MANIFEST_NAME).exists():
-        raise ConfigError(f"{path}: no {MANIFEST_NAME}; merge takes the dist/ folders `build` "
-                          "wrote (each runner's dist/, as uploaded)")
+        raise ConfigError(
+            f"{path}: no {MANIFEST_NAME}; merge takes the dist/ folders `build` "
+            "wrote (each runner's dist/, as uploaded)"
+        )
     found = dist_wheels(path)  # sha256 against the manifest; no wheel is a usage error
     doc = read_manifest(path)
     entries = tuple(w for w in doc["wheels"] if isinstance(w, dict))
     problems = [p for w in entries for p in check_record(path, w)]
     listed = {str(w.get("file")) for w in entries}
-    problems += [f"{path / MANIFEST_NAME}: lists {n}, which is not in {path}"
-                 for n in sorted(listed - set(found.sha256))]
+    problems += [
+        f"{path / MANIFEST_NAME}: lists {n}, which is not in {path}"
+        for n in sorted(listed - set(found.sha256))
+    ]
     if problems:
-        raise StepFailed(f"{path}: {len(problems)} problem(s); nothing merged:\n  "
-                         + "\n  ".join(problems))
-    return Source(path=path, name=path.resolve().name,
-                  wheels={w.name: w for w in found.wheels}, sha256=found.sha256,
-                  entries=entries, updated_at=str(doc.get("updated_at", "")))
+        raise StepFailed(
+            f"{path}: {len(problems)} problem(s); nothing merged:\n  " + "\n  ".join(problems)
+        )
+    return Source(
+        path=path,
+        name=path.resolve().name,
+        wheels={w.name: w for w in found.wheels},
+        sha256=found.sha256,
+        entries=entries,
+        updated_at=str(doc.get("updated_at", "")),
+    )
 
 
 def _comparable(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,8 +174,9 @@ def combine(sources: Sequence[Source]) -> tuple[dict[str, Path], list[dict[str, 
             if seen is None:
                 files[name] = (digest, s)
             elif seen[0] != digest:
-                conflicts.append(f"{name}: sha256 {seen[0]} in {seen[1].path}, {digest} in "
-                                 f"{s.path}")
+                conflicts.append(
+                    f"{name}: sha256 {seen[0]} in {seen[1].path}, {digest} in {s.path}"
+                )
     # One entry per (cell, file): a folder may hold several versions of a cell's wheel.
     by_cell: dict[tuple[str, str], tuple[dict[str, Any], Source, list[str]]] = {}
     for s in sources:
@@ -147,18 +186,25 @@ def combine(sources: Sequence[Source]) -> tuple[dict[str, Path], list[dict[str, 
             if seen_entry is None:
                 by_cell[cell] = (entry, s, [s.name])
             elif _comparable(seen_entry[0]) != _comparable(entry):
-                diff = sorted(k for k in {*_comparable(entry), *_comparable(seen_entry[0])}
-                              if seen_entry[0].get(k) != entry.get(k))
-                conflicts.append(f"cell {cell[0]}: the entries in {seen_entry[1].path} and "
-                                 f"{s.path} disagree ({', '.join(diff)}); two runners built "
-                                 "it -- keep one folder's build")
+                diff = sorted(
+                    k
+                    for k in {*_comparable(entry), *_comparable(seen_entry[0])}
+                    if seen_entry[0].get(k) != entry.get(k)
+                )
+                conflicts.append(
+                    f"cell {cell[0]}: the entries in {seen_entry[1].path} and "
+                    f"{s.path} disagree ({', '.join(diff)}); two runners built "
+                    "it -- keep one folder's build"
+                )
             elif BUILT_BY in entry and BUILT_BY not in seen_entry[0]:
                 by_cell[cell] = (entry, s, seen_entry[2])  # an earlier merge's: it stands
             elif s.name not in seen_entry[2]:
                 seen_entry[2].append(s.name)
     if conflicts:
-        raise StepFailed(f"{len(conflicts)} conflict(s) between the folders; nothing "
-                         "written:\n  " + "\n  ".join(conflicts))
+        raise StepFailed(
+            f"{len(conflicts)} conflict(s) between the folders; nothing "
+            "written:\n  " + "\n  ".join(conflicts)
+        )
     merged = []
     for cell in sorted(by_cell):
         entry, _, names = by_cell[cell]

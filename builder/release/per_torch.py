@@ -71,27 +71,34 @@ def split_by_torch(wheels: Iterable[Path]) -> dict[str, list[Path]]:
         else:
             others.append((wheel, torch_range(wheel)))
     if not pinned:
-        raise ConfigError("--per-torch: no wheel pins a torch series (Requires-Dist: "
-                          "torch==X.Y.*, as this builder's wheels do); write one index instead")
+        raise ConfigError(
+            "--per-torch: no wheel pins a torch series (Requires-Dist: "
+            "torch==X.Y.*, as this builder's wheels do); write one index instead"
+        )
 
     def admits(spec: SpecifierSet | None, series: str) -> bool:
-        version = ".".join(series[len("torch"):].split(".")[:2])  # torch2.14.cu130 -> 2.14
+        version = ".".join(series[len("torch") :].split(".")[:2])  # torch2.14.cu130 -> 2.14
         return spec is None or spec.contains(version + ".0", prereleases=True)
 
-    return {s: sorted([*pinned[s], *(w for w, spec in others if admits(spec, s))])
-            for s in sorted(pinned, key=_series_key)}
+    return {
+        s: sorted([*pinned[s], *(w for w, spec in others if admits(spec, s))])
+        for s in sorted(pinned, key=_series_key)
+    }
 
 
 def _series_key(series: str) -> tuple[int, ...]:
-    parts = series[len("torch"):].split(".")
+    parts = series[len("torch") :].split(".")
     cuda = int(parts[2][2:]) if len(parts) > 2 else -1  # cpu first, then each CUDA
     return (int(parts[0]), int(parts[1]), cuda)
 
 
-def write_per_torch_indexes(wheels: Iterable[Path] | Path, out: Path, *, link: bool = False,
-                            metadata: bool = False) -> Mapping[str, IndexResult]:
+def write_per_torch_indexes(
+    wheels: Iterable[Path] | Path, out: Path, *, link: bool = False, metadata: bool = False
+) -> Mapping[str, IndexResult]:
     """``out/<series>/simple/`` for each torch series among *wheels*; each written (and
     swapped in) as :func:`write_simple_index` does."""
     groups = split_by_torch(collect_wheels(wheels))
-    return {series: write_simple_index(group, Path(out) / series, link=link, metadata=metadata)
-            for series, group in groups.items()}
+    return {
+        series: write_simple_index(group, Path(out) / series, link=link, metadata=metadata)
+        for series, group in groups.items()
+    }

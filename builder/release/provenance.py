@@ -23,8 +23,7 @@ def built_on(env: Mapping[str, str]) -> dict[str, str]:
     found = {"host": socket.gethostname(), "machine": platform.machine()}
     for service, marker, runner, job in _SERVICES:
         if env.get(marker) == "true":
-            found.update(ci=service, runner=env.get(runner) or found["host"],
-                         job=env.get(job, ""))
+            found.update(ci=service, runner=env.get(runner) or found["host"], job=env.get(job, ""))
             break
     return found
 

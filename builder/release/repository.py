@@ -46,11 +46,14 @@ def _get(url: str, auth: tuple[str, str] | None, timeout: float) -> str | None:
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
-        raise StepFailed(f"cannot read {url} to see what the repository already has: HTTP "
-                         f"{exc.code} {exc.reason}") from exc
+        raise StepFailed(
+            f"cannot read {url} to see what the repository already has: HTTP "
+            f"{exc.code} {exc.reason}"
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise StepFailed(f"cannot read {url} to see what the repository already has: "
-                         f"{exc}") from exc
+        raise StepFailed(
+            f"cannot read {url} to see what the repository already has: {exc}"
+        ) from exc
 
 
 def existing_files(
@@ -76,6 +79,6 @@ def existing_files(
             name = unquote(PurePosixPath(parts.path).name)
             digest = None
             if parts.fragment.startswith("sha256="):
-                digest = parts.fragment[len("sha256="):].lower()
+                digest = parts.fragment[len("sha256=") :].lower()
             found[name] = digest
     return found

@@ -38,7 +38,13 @@ T = TypeVar("T")
 #: Input-key parts that do not depend on the cell's Python: equal ones mean the wheel in
 #: ``dist/`` was built from the same project, builder and settings (builder.pipeline).
 PYTHON_INDEPENDENT_INPUTS: tuple[str, ...] = (
-    "builder", "builder_sources", "project", "excludes", "index_url", "offline", "wheelhouse",
+    "builder",
+    "builder_sources",
+    "project",
+    "excludes",
+    "index_url",
+    "offline",
+    "wheelhouse",
     "source_date_epoch",
 )
 
@@ -71,8 +77,7 @@ def python_agnostic(wheel_name: str) -> bool:
 def serves(wheel_name: str, cell: Cell) -> bool:
     """Whether the wheel named *wheel_name* installs for *cell* (its Python and machine)."""
     tags = parse_wheel_filename(wheel_name)[3]
-    return any(tag_serves(t, cell.cp) and t.platform.endswith("_" + cell.machine)
-               for t in tags)
+    return any(tag_serves(t, cell.cp) and t.platform.endswith("_" + cell.machine) for t in tags)
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,9 @@ class SharedWheels:
     resolved records; a cell not in it is in its (arch, torch) group, built by whichever of
     its cells comes first."""
 
-    def __init__(self, cells: Sequence[Cell] = (),
-                 groups: Optional[Mapping[str, tuple[str, str]]] = None) -> None:
+    def __init__(
+        self, cells: Sequence[Cell] = (), groups: Optional[Mapping[str, tuple[str, str]]] = None
+    ) -> None:
         self._lock = threading.Lock()
         self._groups = dict(groups or {})
         self._by_group: dict[str, SharedWheel] = {}
@@ -132,8 +138,9 @@ class SharedWheels:
             with self._lock:
                 self._by_group.setdefault(self.group_name(cell), SharedWheel(wheel, built_by))
 
-    def for_cell(self, cell: Cell, out: Path, inputs: Mapping[str, str],
-                 from_dist: bool = True) -> Optional[SharedWheel]:
+    def for_cell(
+        self, cell: Cell, out: Path, inputs: Mapping[str, str], from_dist: bool = True
+    ) -> Optional[SharedWheel]:
         """The wheel *cell* should verify instead of building its own: one this run built for
         its build group, else (*from_dist*) one in *out* whose manifest entry has the same
         build group and the same Python-independent inputs (*inputs*: part -> digest, as
@@ -146,8 +153,9 @@ class SharedWheels:
         return _from_manifest(cell, group, out, inputs) if from_dist else None
 
 
-def _from_manifest(cell: Cell, group: str, out: Path,
-                   inputs: Mapping[str, str]) -> Optional[SharedWheel]:
+def _from_manifest(
+    cell: Cell, group: str, out: Path, inputs: Mapping[str, str]
+) -> Optional[SharedWheel]:
     if not (out / "manifest.json").exists():
         return None
     for w in read_manifest(out)["wheels"]:
@@ -155,16 +163,26 @@ def _from_manifest(cell: Cell, group: str, out: Path,
         resolved = extra.get("resolved") or {}
         name = str(w.get("file", ""))
         recorded = resolved.get("build_group") or group_of(
-            str(resolved.get("arch")), str(resolved.get("torch")), stable=False,
-            cuda=str((resolved.get("cuda") or {}).get("version") or "cpu"))
-        if (recorded != group or not name.endswith(".whl") or not python_agnostic(name)
-                or not serves(name, cell)):
+            str(resolved.get("arch")),
+            str(resolved.get("torch")),
+            stable=False,
+            cuda=str((resolved.get("cuda") or {}).get("version") or "cpu"),
+        )
+        if (
+            recorded != group
+            or not name.endswith(".whl")
+            or not python_agnostic(name)
+            or not serves(name, cell)
+        ):
             continue
         recorded = extra.get("inputs") or {}
         # A stable-ABI group spans torches: where each cell's torch came from (its wheelhouse)
         # is not an input of the shared wheel.
-        parts = [k for k in PYTHON_INDEPENDENT_INPUTS
-                 if not (k == "wheelhouse" and group.endswith("-" + STABLE))]
+        parts = [
+            k
+            for k in PYTHON_INDEPENDENT_INPUTS
+            if not (k == "wheelhouse" and group.endswith("-" + STABLE))
+        ]
         if any(recorded.get(k) != inputs.get(k) for k in parts):
             continue
         path = out / name

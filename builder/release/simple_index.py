@@ -88,8 +88,10 @@ def read_wheel(path: Path) -> WheelInfo:
     try:
         dist, version, _build, _tags = parse_wheel_filename(name)
     except InvalidWheelFilename as exc:
-        raise StepFailed(f"{path}: not a wheel file name ({exc}); expected "
-                         "<name>-<version>-<python>-<abi>-<platform>.whl") from exc
+        raise StepFailed(
+            f"{path}: not a wheel file name ({exc}); expected "
+            "<name>-<version>-<python>-<abi>-<platform>.whl"
+        ) from exc
     metadata = read_metadata(path, error=StepFailed)
     msg = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
     meta_name, meta_version = msg.get("Name"), msg.get("Version")
@@ -100,8 +102,9 @@ def read_wheel(path: Path) -> WheelInfo:
     except InvalidVersion:
         same_version = False
     if canonicalize_name(meta_name) != dist or not same_version:
-        raise StepFailed(f"{path}: file name says {dist} {version} but METADATA says "
-                         f"{meta_name} {meta_version}")
+        raise StepFailed(
+            f"{path}: file name says {dist} {version} but METADATA says {meta_name} {meta_version}"
+        )
     requires_python = msg.get("Requires-Python")
     return WheelInfo(
         path=path,
@@ -119,10 +122,14 @@ def collect_wheels(source: Iterable[Path] | Path) -> list[Path]:
     if isinstance(source, (str, Path)):
         folder = Path(source)
         if not folder.is_dir():
-            raise ConfigError(f"{folder}: no such directory; expected a folder of wheels "
-                              "(such as dist/)")
-        paths = sorted(p for p in folder.iterdir() if p.suffix == ".whl" and p.is_file()
-                       and not p.name.startswith("."))  # hidden: dist/'s in-flight temp files
+            raise ConfigError(
+                f"{folder}: no such directory; expected a folder of wheels (such as dist/)"
+            )
+        paths = sorted(
+            p
+            for p in folder.iterdir()
+            if p.suffix == ".whl" and p.is_file() and not p.name.startswith(".")
+        )  # hidden: dist/'s in-flight temp files
         if not paths:
             raise ConfigError(f"{folder}: no *.whl files in it; nothing to index")
         return paths
@@ -201,8 +208,10 @@ def _group(wheels: Iterable[WheelInfo]) -> dict[str, tuple[WheelInfo, ...]]:
     for w in wheels:
         seen = by_name.get(w.filename)
         if seen is not None and seen.sha256 != w.sha256:
-            raise StepFailed(f"two different files are named {w.filename}: {seen.path} and "
-                             f"{w.path}; an index can hold only one")
+            raise StepFailed(
+                f"two different files are named {w.filename}: {seen.path} and "
+                f"{w.path}; an index can hold only one"
+            )
         by_name[w.filename] = w
     projects: dict[str, list[WheelInfo]] = {}
     for w in by_name.values():
@@ -242,10 +251,12 @@ def write_simple_index(
     tmp = Path(tempfile.mkdtemp(prefix=f".{SIMPLE_DIR}.tmp-", dir=out))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a web server must read the index
-        (tmp / "index.html").write_bytes(_page(
-            "Simple index",
-            (f'<a href="{p}/">{html.escape(p)}</a>' for p in projects),
-        ))
+        (tmp / "index.html").write_bytes(
+            _page(
+                "Simple index",
+                (f'<a href="{p}/">{html.escape(p)}</a>' for p in projects),
+            )
+        )
         for project, files in projects.items():
             folder = tmp / project
             folder.mkdir()
@@ -253,8 +264,9 @@ def write_simple_index(
                 _place(w.path, folder / w.filename, link)
                 if metadata:
                     (folder / f"{w.filename}.metadata").write_bytes(w.metadata)
-            (folder / "index.html").write_bytes(_page(
-                f"Links for {project}", (_file_anchor(w, metadata) for w in files)))
+            (folder / "index.html").write_bytes(
+                _page(f"Links for {project}", (_file_anchor(w, metadata) for w in files))
+            )
         _swap_in(tmp, out / SIMPLE_DIR)
     except BaseException:
         with contextlib.suppress(OSError):

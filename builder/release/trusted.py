@@ -39,8 +39,11 @@ def _reason(body: bytes) -> str:
     "description"}]}``; the raw text (cut short) when it is not that."""
     try:
         doc = json.loads(body)
-        errors = "; ".join(f"{e.get('code')}: {e.get('description')}"
-                           for e in doc.get("errors", []) if isinstance(e, dict))
+        errors = "; ".join(
+            f"{e.get('code')}: {e.get('description')}"
+            for e in doc.get("errors", [])
+            if isinstance(e, dict)
+        )
         return f"{doc.get('message', '')} {errors}".strip() or body[:300].decode(errors="replace")
     except (ValueError, AttributeError):
         return body[:300].decode(errors="replace")
@@ -49,16 +52,22 @@ def _reason(body: bytes) -> str:
 def mint_token(upload_url: str, id_token: str, *, timeout: float = 30.0) -> str:
     """The API token PyPI mints for *id_token*; StepFailed (exit 1) with PyPI's reason."""
     url = mint_url(upload_url)
-    request = urllib.request.Request(url, data=json.dumps({"token": id_token}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"token": id_token}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
-        raise StepFailed(f"trusted publishing: {url} refused the CI's OIDC token (HTTP "
-                         f"{exc.code}): {_reason(exc.read())}; check the trusted publisher "
-                         "configured on the index (namespace, project, pipeline file, "
-                         "environment) against this job") from exc
+        raise StepFailed(
+            f"trusted publishing: {url} refused the CI's OIDC token (HTTP "
+            f"{exc.code}): {_reason(exc.read())}; check the trusted publisher "
+            "configured on the index (namespace, project, pipeline file, "
+            "environment) against this job"
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
         raise StepFailed(f"trusted publishing: cannot reach {url}: {exc}") from exc
     try:
@@ -66,6 +75,5 @@ def mint_token(upload_url: str, id_token: str, *, timeout: float = 30.0) -> str:
     except (ValueError, KeyError, TypeError):
         token = None
     if not isinstance(token, str) or not token:
-        raise StepFailed(f"trusted publishing: {url} answered without a token "
-                         f"({_reason(body)})")
+        raise StepFailed(f"trusted publishing: {url} answered without a token ({_reason(body)})")
     return token

@@ -24,8 +24,10 @@ def check_device_code(wheel: Path, record: CudaRecord) -> dict[str, Any]:
     """The per-file device code of *wheel* (for the manifest); StepFailed when it is not what
     *record* (a CUDA cell's) asked for."""
     assert record.arch_list is not None
-    want = DeviceCode(sass=tuple(sorted(int(a) for a in record.arch_list.sass)),
-                      ptx=tuple(sorted(int(a) for a in record.arch_list.ptx)))
+    want = DeviceCode(
+        sass=tuple(sorted(int(a) for a in record.arch_list.sass)),
+        ptx=tuple(sorted(int(a) for a in record.arch_list.ptx)),
+    )
     compiled = compiled_files(wheel)
     wanted_paths = {m.replace(".", "/") for m in compiled.modules} | set(compiled.libraries)
     found: dict[str, str] = {}
@@ -42,27 +44,38 @@ def check_device_code(wheel: Path, record: CudaRecord) -> dict[str, Any]:
             try:
                 code = device_code(zf.read(member))
             except FatbinError as exc:
-                raise StepFailed(f"{wheel.name}: {path}: its {'.nv_fatbin'} section is not a "
-                                 f"fat binary this reader knows: {exc}") from None
+                raise StepFailed(
+                    f"{wheel.name}: {path}: its {'.nv_fatbin'} section is not a "
+                    f"fat binary this reader knows: {exc}"
+                ) from None
             if code is None:
                 continue  # host code only (a CPU op library beside the CUDA one)
             found[path] = code.describe()
-            missing = ([f"sm_{a}" for a in want.sass if a not in code.sass]
-                       + [f"compute_{a} (PTX)" for a in want.ptx if a not in code.ptx])
-            extra = ([f"sm_{a}" for a in code.sass if a not in want.sass]
-                     + [f"compute_{a} (PTX)" for a in code.ptx if a not in want.ptx])
+            missing = [f"sm_{a}" for a in want.sass if a not in code.sass] + [
+                f"compute_{a} (PTX)" for a in want.ptx if a not in code.ptx
+            ]
+            extra = [f"sm_{a}" for a in code.sass if a not in want.sass] + [
+                f"compute_{a} (PTX)" for a in code.ptx if a not in want.ptx
+            ]
             if missing or extra:
-                problems.append(f"{path} holds {code.describe()}"
-                                + (f"; missing {', '.join(missing)}" if missing else "")
-                                + (f"; not asked for {', '.join(extra)}" if extra else ""))
-    asked = (f"TORCH_CUDA_ARCH_LIST={record.arch_list.text} ({record.arch_list_source}): "
-             f"{want.describe()}")
+                problems.append(
+                    f"{path} holds {code.describe()}"
+                    + (f"; missing {', '.join(missing)}" if missing else "")
+                    + (f"; not asked for {', '.join(extra)}" if extra else "")
+                )
+    asked = (
+        f"TORCH_CUDA_ARCH_LIST={record.arch_list.text} ({record.arch_list_source}): "
+        f"{want.describe()}"
+    )
     if not found:
-        raise StepFailed(f"{wheel.name}: no compiled file carries CUDA device code (no "
-                         f"{'.nv_fatbin'} section), but the cell is a CUDA {record.cuda} cell "
-                         f"asking for {asked}: the project built without CUDA (its setup.py "
-                         "found no nvcc, or a switch such as FORCE_ONLY_CPU was on)")
+        raise StepFailed(
+            f"{wheel.name}: no compiled file carries CUDA device code (no "
+            f"{'.nv_fatbin'} section), but the cell is a CUDA {record.cuda} cell "
+            f"asking for {asked}: the project built without CUDA (its setup.py "
+            "found no nvcc, or a switch such as FORCE_ONLY_CPU was on)"
+        )
     if problems:
-        raise StepFailed(f"{wheel.name}: device code differs from the arch list {asked}: "
-                         + "; ".join(problems))
+        raise StepFailed(
+            f"{wheel.name}: device code differs from the arch list {asked}: " + "; ".join(problems)
+        )
     return {"version": record.cuda, "arch_list": record.arch_list.text, "device_code": found}

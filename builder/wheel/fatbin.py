@@ -59,15 +59,16 @@ def parse_containers(data: bytes) -> list[FatbinEntry]:
                 raise FatbinError(f"{len(data) - offset} stray bytes at offset {offset}")
             break
         magic, _version, header, size = _CONTAINER.unpack_from(data, offset)
-        if magic == 0 and not data[offset:offset + 8].strip(b"\0"):
+        if magic == 0 and not data[offset : offset + 8].strip(b"\0"):
             offset += 8  # alignment padding between containers
             continue
         if magic != MAGIC:
             raise FatbinError(f"no fat binary magic at offset {offset} (found {magic:#x})")
         start, end = offset + header, offset + header + size
         if end > len(data):
-            raise FatbinError(f"the container at {offset} claims {size} bytes; "
-                              f"{len(data) - start} are there")
+            raise FatbinError(
+                f"the container at {offset} claims {size} bytes; {len(data) - start} are there"
+            )
         entries += _entries(data, start, end)
         offset = (end + 7) & ~7
     return entries
@@ -79,7 +80,8 @@ def _entries(data: bytes, start: int, end: int) -> Iterable[FatbinEntry]:
         if end - offset < _ENTRY.size:
             raise FatbinError(f"a truncated entry header at offset {offset}")
         kind, _version, header, size, _compressed, _options, _minor, _major, arch = (
-            _ENTRY.unpack_from(data, offset))
+            _ENTRY.unpack_from(data, offset)
+        )
         if header < _ENTRY.size or offset + header + size > end:
             raise FatbinError(f"an entry at offset {offset} does not fit its container")
         name = {KIND_PTX: "ptx", KIND_ELF: "sass"}.get(kind, f"kind{kind}")
@@ -103,8 +105,10 @@ class DeviceCode:
     @classmethod
     def of(cls, entries: Iterable[FatbinEntry]) -> DeviceCode:
         entries = list(entries)
-        return cls(sass=tuple(sorted({e.arch for e in entries if e.kind == "sass"})),
-                   ptx=tuple(sorted({e.arch for e in entries if e.kind == "ptx"})))
+        return cls(
+            sass=tuple(sorted({e.arch for e in entries if e.kind == "sass"})),
+            ptx=tuple(sorted({e.arch for e in entries if e.kind == "ptx"})),
+        )
 
     def describe(self) -> str:
         parts = [f"sm_{a}" for a in self.sass] + [f"compute_{a} (PTX)" for a in self.ptx]

@@ -30,8 +30,9 @@ def wheel_problem(path: Path) -> Optional[str]:
         with zipfile.ZipFile(path) as zf:
             unsafe = member_problems(zf)
             if unsafe:  # builder.wheel.untrusted: '..', absolute names, symlinks, zip bombs
-                return "; ".join(unsafe[:3]) + (f"; and {len(unsafe) - 3} more"
-                                                 if len(unsafe) > 3 else "")
+                return "; ".join(unsafe[:3]) + (
+                    f"; and {len(unsafe) - 3} more" if len(unsafe) > 3 else ""
+                )
             members = zf.infolist()
             with path.open("rb") as fh:
                 for m in members:

@@ -79,9 +79,15 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def add_local_version(wheel: Path, label: Optional[str], out_dir: Path, *,
-                      torch_npu: Optional[str] = None, pin: Optional[str] = None,
-                      npu_spec: Optional[str] = None) -> Path:
+def add_local_version(
+    wheel: Path,
+    label: Optional[str],
+    out_dir: Path,
+    *,
+    torch_npu: Optional[str] = None,
+    pin: Optional[str] = None,
+    npu_spec: Optional[str] = None,
+) -> Path:
     """Write a copy of *wheel* whose version carries ``+label`` into *out_dir*; return it.
 
     A ``torchX.Y`` label also pins the torch requirement (:func:`pin_torch_requirement`);
@@ -109,15 +115,17 @@ def add_local_version(wheel: Path, label: Optional[str], out_dir: Path, *,
                 meta = src.read(old_info + "METADATA").decode("utf-8")
             except KeyError:
                 raise StepFailed(
-                    f"{wheel.name}: no {old_info}METADATA; not a valid wheel") from None
+                    f"{wheel.name}: no {old_info}METADATA; not a valid wheel"
+                ) from None
         if requirements(meta) == meta:
             return wheel
     new_info = f"{dist}-{new_version}.dist-info/"
     # PEP 427 keeps '+' in file names ('1.0+torch2.13'); only '-' would need escaping.
     target = out_dir / f"{dist}-{new_version}-{py}-{abi}-{'.'.join(plats)}.whl"
     if target.resolve() == wheel.resolve():
-        raise StepFailed(f"{wheel.name}: the metadata rewrite must write into another folder "
-                         f"than {out_dir}")
+        raise StepFailed(
+            f"{wheel.name}: the metadata rewrite must write into another folder than {out_dir}"
+        )
     records: list[str] = []
     with zipfile.ZipFile(wheel) as src:
         names = src.namelist()
@@ -130,11 +138,12 @@ def add_local_version(wheel: Path, label: Optional[str], out_dir: Path, *,
                     continue
                 data = src.read(info)
                 if name.startswith(old_info):
-                    name = new_info + name[len(old_info):]
+                    name = new_info + name[len(old_info) :]
                     if name == new_info + "METADATA":
                         text = data.decode("utf-8")
-                        text, n = re.subn(r"(?m)^Version: .*$", f"Version: {new_version}", text,
-                                          count=1)
+                        text, n = re.subn(
+                            r"(?m)^Version: .*$", f"Version: {new_version}", text, count=1
+                        )
                         if n != 1:
                             raise StepFailed(f"{wheel.name}: METADATA has no Version line")
                         data = requirements(text).encode("utf-8")

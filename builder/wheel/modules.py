@@ -40,7 +40,7 @@ def installed_path(member: str) -> str | None:
         return None
     if top.endswith(".data"):
         found = _DATA_LIB.match(member)
-        return member[found.end():] if found else None
+        return member[found.end() :] if found else None
     return member
 
 

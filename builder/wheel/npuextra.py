@@ -40,8 +40,9 @@ def add_npu_extra(metadata: str, release: str, spec: Optional[str] = None) -> st
     missing = [w for w in wanted if w not in lines]
     if missing:
         # After the last dependency field, else after the last header line (never into the body).
-        deps = [i for i, ln in enumerate(lines) if ln.startswith(("Requires-Dist:",
-                                                                  "Provides-Extra:"))]
+        deps = [
+            i for i, ln in enumerate(lines) if ln.startswith(("Requires-Dist:", "Provides-Extra:"))
+        ]
         filled = [i for i, ln in enumerate(lines) if ln.strip()]
         at = (deps or filled or [-1])[-1] + 1
         lines[at:at] = missing

@@ -77,6 +77,7 @@ def oldest_tag(tags: Sequence[str]) -> str:
     """The most compatible of a wheel's platform tags (auditwheel lists every tag the wheel
     meets, e.g. ``manylinux_2_24_x86_64.manylinux_2_28_x86_64`` after ``--plat
     manylinux_2_28_x86_64``): the one that says where it installs."""
+
     def glibc(tag: str) -> tuple[int, int]:
         m = _MANYLINUX.match(tag)
         if m is not None:
@@ -99,13 +100,18 @@ def audit_wheel(
 ) -> WheelAudit:
     """Run ``auditwheel show --json`` on *wheel* (a path inside the session)."""
     # The JSON is pretty-printed over many lines (and preceded by log lines): keep them all.
-    result = session.run([*auditwheel, "show", "--json", wheel], env=env, check=False,
-                         step="auditwheel show", tail_lines=1_000_000)
+    result = session.run(
+        [*auditwheel, "show", "--json", wheel],
+        env=env,
+        check=False,
+        step="auditwheel show",
+        tail_lines=1_000_000,
+    )
     doc = None
     starts = [i for i, line in enumerate(result.tail) if line.startswith("{")]
     if starts:
         try:
-            doc = json.loads("\n".join(result.tail[starts[0]:]))
+            doc = json.loads("\n".join(result.tail[starts[0] :]))
         except ValueError:
             doc = None
     if result.exit_code != 0 or doc is None or "overall_tag" not in doc:
@@ -149,11 +155,15 @@ def repair_wheel(
     dist, version, py, abi, _plats = split_wheel_name(name)
 
     audit = audit_wheel(session, wheel, auditwheel=auditwheel, env=env)
-    grafts = {lib: where for lib, where in audit.external_libs.items()
-              if not is_excluded(lib, excludes) and not is_excluded(lib, allow_graft)}
+    grafts = {
+        lib: where
+        for lib, where in audit.external_libs.items()
+        if not is_excluded(lib, excludes) and not is_excluded(lib, allow_graft)
+    }
     if grafts:
-        listed = ", ".join(f"{lib} ({where or 'not found'})"
-                           for lib, where in sorted(grafts.items()))
+        listed = ", ".join(
+            f"{lib} ({where or 'not found'})" for lib, where in sorted(grafts.items())
+        )
         raise StepFailed(
             f"refusing to repair {name}: auditwheel would graft {listed}. Only "
             f"{', '.join(excludes)} may stay external; link that library statically, exclude it "
@@ -170,8 +180,9 @@ def repair_wheel(
     if result.exit_code != 0:
         shown = "\n".join("    " + t for t in result.tail[-12:])
         log = f"\n  full log: {result.log_path}" if result.log_path else ""
-        raise StepFailed(f"auditwheel repair of {name} failed (exit {result.exit_code}):\n"
-                         f"{shown}{log}")
+        raise StepFailed(
+            f"auditwheel repair of {name} failed (exit {result.exit_code}):\n{shown}{log}"
+        )
 
     staging = Path(tempfile.mkdtemp(prefix=".repair-", dir=out_dir))
     try:
@@ -179,8 +190,10 @@ def repair_wheel(
         prefix = f"{dist}-{version}-{py}-{abi}-"
         produced = sorted(p for p in fetched.glob("*.whl") if p.name.startswith(prefix))
         if len(produced) != 1:
-            raise StepFailed(f"auditwheel repair of {name} produced {[p.name for p in produced]}, "
-                             "expected exactly one wheel")
+            raise StepFailed(
+                f"auditwheel repair of {name} produced {[p.name for p in produced]}, "
+                "expected exactly one wheel"
+            )
         repaired = produced[0]
         tags = split_wheel_name(repaired.name)[4]
         if not all(t.startswith("manylinux") for t in tags):

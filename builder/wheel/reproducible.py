@@ -69,13 +69,19 @@ def parse_epoch(text: str, source: str) -> int:
     """*text* as whole seconds since 1970; ConfigError (exit 2) naming *source* otherwise."""
     value = text.strip()
     if not _DIGITS.match(value):
-        raise ConfigError(f"{source}={text!r} is not a valid source date epoch; expected a whole "
-                          "number of seconds since 1970-01-01 UTC, e.g. the output of "
-                          "`git log -1 --format=%ct`", key=source)
+        raise ConfigError(
+            f"{source}={text!r} is not a valid source date epoch; expected a whole "
+            "number of seconds since 1970-01-01 UTC, e.g. the output of "
+            "`git log -1 --format=%ct`",
+            key=source,
+        )
     number = int(value)
     if number > ZIP_EPOCH_MAX:
-        raise ConfigError(f"{source}={text!r} is after 2107-12-31, the last date a zip archive "
-                          "can hold; expected seconds since 1970-01-01 UTC", key=source)
+        raise ConfigError(
+            f"{source}={text!r} is after 2107-12-31, the last date a zip archive "
+            "can hold; expected seconds since 1970-01-01 UTC",
+            key=source,
+        )
     return number
 
 
@@ -86,8 +92,13 @@ def git_commit_time(project: Path) -> Optional[int]:
     if git is None:
         return None
     try:
-        out = subprocess.run([git, "-C", str(project), "log", "-1", "--format=%ct"],
-                             capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(
+            [git, "-C", str(project), "log", "-1", "--format=%ct"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     value = out.stdout.strip()
@@ -119,7 +130,10 @@ def newest_mtime(project: Path, ignore: Callable[[Path], bool]) -> Optional[int]
 
 
 def resolve_source_date_epoch(
-    project: Path, *, flag: Optional[str], env: Mapping[str, str],
+    project: Path,
+    *,
+    flag: Optional[str],
+    env: Mapping[str, str],
     ignore: Optional[Callable[[Path], bool]] = None,
 ) -> SourceDateEpoch:
     """The build's ``SOURCE_DATE_EPOCH``: the flag, else the environment, else the project's
@@ -127,18 +141,23 @@ def resolve_source_date_epoch(
     if flag is not None:
         return SourceDateEpoch(parse_epoch(flag, "--source-date-epoch"), "--source-date-epoch")
     if env.get(ENV_VAR, "").strip():
-        return SourceDateEpoch(parse_epoch(env[ENV_VAR], f"environment {ENV_VAR}"),
-                               f"environment {ENV_VAR}")
+        return SourceDateEpoch(
+            parse_epoch(env[ENV_VAR], f"environment {ENV_VAR}"), f"environment {ENV_VAR}"
+        )
     committed = git_commit_time(project)
     if committed is not None:
         return SourceDateEpoch(committed, "the project's last git commit")
     newest = newest_mtime(project, ignore or project_ignored)
     if newest is not None:
-        return SourceDateEpoch(newest, "not a git checkout (or git cannot read it): "
-                                       "the newest file in the project")
-    raise ConfigError(f"cannot choose a source date epoch for {project}: it is not a git "
-                      "checkout and holds no files; pass --source-date-epoch N or set "
-                      f"{ENV_VAR}", key="--source-date-epoch")
+        return SourceDateEpoch(
+            newest, "not a git checkout (or git cannot read it): the newest file in the project"
+        )
+    raise ConfigError(
+        f"cannot choose a source date epoch for {project}: it is not a git "
+        "checkout and holds no files; pass --source-date-epoch N or set "
+        f"{ENV_VAR}",
+        key="--source-date-epoch",
+    )
 
 
 # ------------------------------------------------------------------------- the archive
@@ -157,6 +176,7 @@ def _is_dist_info(name: str) -> bool:
 
 def member_order(names: list[str]) -> list[str]:
     """Package files sorted, then ``*.dist-info/*`` sorted with ``RECORD`` last."""
+
     def key(name: str) -> tuple[int, int, str]:
         info = _is_dist_info(name)
         return (int(info), int(info and name.endswith("/RECORD")), name)
@@ -177,8 +197,10 @@ def _record_text(record: bytes, order: list[str], wheel: str) -> bytes:
     if set(by_path) != set(order):
         extra = sorted(set(by_path) - set(order))[:5]
         missing = sorted(set(order) - set(by_path))[:5]
-        raise StepFailed(f"{wheel}: RECORD does not match the archive (listed but absent: "
-                         f"{extra}; present but not listed: {missing}); not a valid wheel")
+        raise StepFailed(
+            f"{wheel}: RECORD does not match the archive (listed but absent: "
+            f"{extra}; present but not listed: {missing}); not a valid wheel"
+        )
     return ("\n".join(by_path[n] for n in order) + "\n").encode("utf-8")
 
 
@@ -205,8 +227,12 @@ def normalize_wheel(wheel: Path, epoch: int) -> bool:
                     member.create_system = 3  # Unix: the permission bits below are read
                     member.external_attr = _mode(infos[name].external_attr) << 16
                     member.compress_type = zipfile.ZIP_DEFLATED
-                    dst.writestr(member, data, compress_type=zipfile.ZIP_DEFLATED,
-                                 compresslevel=COMPRESS_LEVEL)
+                    dst.writestr(
+                        member,
+                        data,
+                        compress_type=zipfile.ZIP_DEFLATED,
+                        compresslevel=COMPRESS_LEVEL,
+                    )
             changed = Path(tmp).read_bytes() != wheel.read_bytes()
             if changed:
                 os.chmod(tmp, os.stat(wheel).st_mode & 0o777)

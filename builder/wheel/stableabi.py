@@ -46,8 +46,10 @@ def _run(args: list[str], what: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise StepFailed(f"{what} could not run ({exc}); it is a builder dependency "
-                         "(pip install torch-abi-audit abi3audit)") from None
+        raise StepFailed(
+            f"{what} could not run ({exc}); it is a builder dependency "
+            "(pip install torch-abi-audit abi3audit)"
+        ) from None
 
 
 def stable_report(wheel: Path) -> StableReport:
@@ -59,13 +61,14 @@ def stable_report(wheel: Path) -> StableReport:
                 zf.extract(n, tmp)
         if not names:
             return StableReport(False, None, (), ("no extension modules",))
-        proc = _run([sys.executable, "-m", "torch_abi_audit.cli", "--json", tmp],
-                    "torch-abi-audit")
+        proc = _run([sys.executable, "-m", "torch_abi_audit.cli", "--json", tmp], "torch-abi-audit")
         try:
             doc = json.loads(proc.stdout)
         except json.JSONDecodeError:
-            raise StepFailed(f"{wheel.name}: torch-abi-audit gave no JSON (exit {proc.returncode}):"
-                             f" {(proc.stderr or proc.stdout).strip()[-400:]}") from None
+            raise StepFailed(
+                f"{wheel.name}: torch-abi-audit gave no JSON (exit {proc.returncode}):"
+                f" {(proc.stderr or proc.stdout).strip()[-400:]}"
+            ) from None
     problems: list[str] = []
     floors: list[str] = []
     modules: list[str] = []
@@ -80,8 +83,10 @@ def stable_report(wheel: Path) -> StableReport:
             continue
         if not torch.get("stable"):
             bad = torch.get("unstable_symbols") or []
-            problems.append(f"{name}: uses {len(bad)} symbol(s) outside torch's stable ABI "
-                            f"(e.g. {', '.join(map(str, bad[:3]))})")
+            problems.append(
+                f"{name}: uses {len(bad)} symbol(s) outside torch's stable ABI "
+                f"(e.g. {', '.join(map(str, bad[:3]))})"
+            )
         elif torch.get("min_torch_version"):
             floors.append(str(torch["min_torch_version"]))
         if not cpython.get("compliant"):
@@ -95,17 +100,23 @@ def check_stable_wheel(wheel: Path, min_torch: str) -> StableReport:
     """Both audits on a wheel that must serve every torch >= *min_torch* ("2.10"); StepFailed
     naming the wheel and each problem otherwise."""
     if "-abi3-" not in wheel.name:
-        raise StepFailed(f"{wheel.name}: a stable-ABI wheel must be tagged cpXY-abi3 (the "
-                         "project's build did not use py_limited_api)")
+        raise StepFailed(
+            f"{wheel.name}: a stable-ABI wheel must be tagged cpXY-abi3 (the "
+            "project's build did not use py_limited_api)"
+        )
     report = stable_report(wheel)
     problems = list(report.problems)
     if report.min_torch is not None and _key(report.min_torch) > _key(min_torch):
-        problems.append(f"torch-abi-audit says it needs torch >= {report.min_torch}, newer than "
-                        f"the declared {min_torch}")
+        problems.append(
+            f"torch-abi-audit says it needs torch >= {report.min_torch}, newer than "
+            f"the declared {min_torch}"
+        )
     proc = _run([sys.executable, "-m", "abi3audit", "--strict", str(wheel)], "abi3audit")
     if proc.returncode != 0:
         problems.append("abi3audit --strict: " + (proc.stdout + proc.stderr).strip()[-600:])
     if problems:
-        raise StepFailed(f"{wheel.name} is not a stable-ABI wheel for torch >= {min_torch}: "
-                         + "; ".join(problems))
+        raise StepFailed(
+            f"{wheel.name} is not a stable-ABI wheel for torch >= {min_torch}: "
+            + "; ".join(problems)
+        )
     return report

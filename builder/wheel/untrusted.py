@@ -65,8 +65,10 @@ def member_problems(zf: zipfile.ZipFile) -> list[str]:
             problems.append(f"entry {name!r}: listed twice")
         seen.add(name)
         if info.file_size > MIN_BOMB and info.file_size > BOMB_RATIO * max(info.compress_size, 1):
-            problems.append(f"entry {name!r}: unpacks to {info.file_size} bytes from "
-                            f"{info.compress_size} (a zip bomb)")
+            problems.append(
+                f"entry {name!r}: unpacks to {info.file_size} bytes from "
+                f"{info.compress_size} (a zip bomb)"
+            )
     return problems
 
 
@@ -101,39 +103,51 @@ def release_problems(path: Path) -> list[str]:
                 return problems  # nothing below reads such members
             declared = sum(i.file_size for i in zf.infolist())
             if declared > RELEASE_UNPACKED_LIMIT:
-                return [f"it declares {declared} bytes unpacked (more than "
-                        f"{RELEASE_UNPACKED_LIMIT}: not a wheel this builder makes)"]
+                return [
+                    f"it declares {declared} bytes unpacked (more than "
+                    f"{RELEASE_UNPACKED_LIMIT}: not a wheel this builder makes)"
+                ]
             return _metadata_problems(zf, name, str(version)) + _record_problems(zf)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         return [f"not a readable zip ({exc})"]
 
 
 def _dist_info(zf: zipfile.ZipFile) -> list[str]:
-    return sorted({n.split("/", 1)[0] for n in zf.namelist()
-                   if n.split("/", 1)[0].endswith(".dist-info")})
+    return sorted(
+        {n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")}
+    )
 
 
 def _metadata_problems(zf: zipfile.ZipFile, name: str, version: str) -> list[str]:
     folders = _dist_info(zf)
     if len(folders) != 1:
-        return [f"it holds {len(folders)} .dist-info folders ({', '.join(folders) or 'none'}); "
-                "expected one"]
+        return [
+            f"it holds {len(folders)} .dist-info folders ({', '.join(folders) or 'none'}); "
+            "expected one"
+        ]
     folder = folders[0]
     stem = folder[: -len(".dist-info")]
     dist_name, _, dist_version = stem.rpartition("-")
     problems = []
     if (canonicalize_name(dist_name), canonicalize_version(dist_version)) != (
-            canonicalize_name(name), canonicalize_version(version)):
-        problems.append(f"its {folder}/ names another project or version than its file name "
-                        f"({name} {version})")
+        canonicalize_name(name),
+        canonicalize_version(version),
+    ):
+        problems.append(
+            f"its {folder}/ names another project or version than its file name ({name} {version})"
+        )
     try:
         meta = HeaderParser().parsestr(zf.read(f"{folder}/METADATA").decode("utf-8", "replace"))
     except KeyError:
         return [*problems, f"{folder}/METADATA is missing"]
-    if (canonicalize_name(meta.get("Name", "")), canonicalize_version(meta.get("Version", ""))
-            ) != (canonicalize_name(name), canonicalize_version(version)):
-        problems.append(f"{folder}/METADATA says {meta.get('Name')!r} {meta.get('Version')!r}, "
-                        f"its file name {name} {version}")
+    if (canonicalize_name(meta.get("Name", "")), canonicalize_version(meta.get("Version", ""))) != (
+        canonicalize_name(name),
+        canonicalize_version(version),
+    ):
+        problems.append(
+            f"{folder}/METADATA says {meta.get('Name')!r} {meta.get('Version')!r}, "
+            f"its file name {name} {version}"
+        )
     return problems
 
 
@@ -165,8 +179,10 @@ def _record_problems(zf: zipfile.ZipFile) -> list[str]:
         if got is None:
             problems.append(f"entry {member!r} holds more data than its header declares")
         elif digest and (got[0] != digest or (size and str(got[1]) != size)):
-            problems.append(f"entry {member!r}: {record_name} records {digest} ({size} bytes), "
-                            f"the file is {got[0]} ({got[1]} bytes)")
+            problems.append(
+                f"entry {member!r}: {record_name} records {digest} ({size} bytes), "
+                f"the file is {got[0]} ({got[1]} bytes)"
+            )
     for member in sorted(set(listed) - set(infos)):
         problems.append(f"{record_name} lists {member!r}, which the wheel does not hold")
     return problems

@@ -32,14 +32,21 @@ from builder.wheel.repair import (
 )
 
 #: Shared libraries that must never be inside our wheels (the user's torch provides them).
-FORBIDDEN_LIBRARIES: tuple[str, ...] = ("libtorch*.so*", "libc10*.so*", "libgomp*.so*",
-                                        "libshm*.so*", "libtorch_*",
-                                        # the CUDA driver and runtime: the machine's and torch's
-                                        "libcuda.so*", "libcudart*.so*")
+FORBIDDEN_LIBRARIES: tuple[str, ...] = (
+    "libtorch*.so*",
+    "libc10*.so*",
+    "libgomp*.so*",
+    "libshm*.so*",
+    "libtorch_*",
+    # the CUDA driver and runtime: the machine's and torch's
+    "libcuda.so*",
+    "libcudart*.so*",
+)
 
 
-def check_name_against_audit(wheel_name: str, audit: WheelAudit,
-                             excludes: Sequence[str] = DEFAULT_EXCLUDES) -> None:
+def check_name_against_audit(
+    wheel_name: str, audit: WheelAudit, excludes: Sequence[str] = DEFAULT_EXCLUDES
+) -> None:
     """The name's platform tags must include the tag auditwheel derives from the symbols."""
     tags = split_wheel_name(wheel_name)[4]
     if not all(t.startswith("manylinux") for t in tags):
@@ -50,18 +57,23 @@ def check_name_against_audit(wheel_name: str, audit: WheelAudit,
             f"name claims {'.'.join(tags)}"
         )
     if audit.unsupported_isa:
-        raise StepFailed(f"{wheel_name}: uses an instruction-set extension auditwheel rejects "
-                         "(built with -march=native?)")
+        raise StepFailed(
+            f"{wheel_name}: uses an instruction-set extension auditwheel rejects "
+            "(built with -march=native?)"
+        )
     extra = sorted(lib for lib in audit.external_libs if not is_excluded(lib, excludes))
     if extra:
-        raise StepFailed(f"{wheel_name}: needs external libraries outside the manylinux policy "
-                         f"and the torch exclusions: {extra}")
+        raise StepFailed(
+            f"{wheel_name}: needs external libraries outside the manylinux policy "
+            f"and the torch exclusions: {extra}"
+        )
 
 
 def check_no_bundled_torch(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
-        bad = sorted(n for n in zf.namelist()
-                     if is_excluded(posixpath.basename(n), FORBIDDEN_LIBRARIES))
+        bad = sorted(
+            n for n in zf.namelist() if is_excluded(posixpath.basename(n), FORBIDDEN_LIBRARIES)
+        )
     if bad:
         raise StepFailed(f"{wheel.name} contains torch/OpenMP libraries it must not ship: {bad}")
 
@@ -96,6 +108,12 @@ def verify_wheel(
     check_name_against_audit(wheel.name, audit, excludes)
     modules: list[str] = []
     if smoke:
-        modules = smoke_in_session(session, python=python, wheel=wheel, torch=torch,
-                                   wheelhouse=wheelhouse, index_url=index_url)
+        modules = smoke_in_session(
+            session,
+            python=python,
+            wheel=wheel,
+            torch=torch,
+            wheelhouse=wheelhouse,
+            index_url=index_url,
+        )
     return Verification(wheel=wheel, tag=audit.sym_tag, modules=tuple(modules))

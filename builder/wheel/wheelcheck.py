@@ -78,10 +78,13 @@ class VersionNeed:
 
 def _elf_needs(member: str, data: bytes) -> list[VersionNeed]:
     elffile = require("elftools.elf.elffile", "pyelftools", "reading a wheel's symbol versions")
-    gnuversions = require("elftools.elf.gnuversions", "pyelftools",
-                          "reading a wheel's symbol versions")
+    gnuversions = require(
+        "elftools.elf.gnuversions", "pyelftools", "reading a wheel's symbol versions"
+    )
     GNUVerNeedSection, GNUVerSymSection = (  # the library's class names
-        gnuversions.GNUVerNeedSection, gnuversions.GNUVerSymSection)
+        gnuversions.GNUVerNeedSection,
+        gnuversions.GNUVerSymSection,
+    )
     elf = elffile.ELFFile(io.BytesIO(data))
     verneed = next((s for s in elf.iter_sections() if isinstance(s, GNUVerNeedSection)), None)
     if verneed is None:
@@ -105,9 +108,15 @@ def _elf_needs(member: str, data: bytes) -> list[VersionNeed]:
         m = _VERSION.match(name)
         if m is None:  # GCC_, GOMP_, OMP_, ...: libgcc's and OpenMP's, not the tag's business
             continue
-        out.append(VersionNeed(member=member, library=library, family=m.group(1),
-                               version=tuple(int(x) for x in m.group(2).split(".")),
-                               symbols=tuple(sorted(symbols[index]))))
+        out.append(
+            VersionNeed(
+                member=member,
+                library=library,
+                family=m.group(1),
+                version=tuple(int(x) for x in m.group(2).split(".")),
+                symbols=tuple(sorted(symbols[index])),
+            )
+        )
     return out
 
 
@@ -169,8 +178,11 @@ def floor_tag(needs: Iterable[VersionNeed], machine: str) -> str:
 
 def pushers(needs: Sequence[VersionNeed], ceiling: Version) -> list[VersionNeed]:
     """The needs a tag of glibc *ceiling* does not allow, newest first."""
-    return sorted((n for n in needs if needs_glibc(n) > ceiling),
-                  key=lambda n: (needs_glibc(n), n.family, n.version), reverse=True)
+    return sorted(
+        (n for n in needs if needs_glibc(n) > ceiling),
+        key=lambda n: (needs_glibc(n), n.family, n.version),
+        reverse=True,
+    )
 
 
 def check_needs_within(wheel: Path, ceiling_tag: str, why: str) -> list[VersionNeed]:
@@ -188,7 +200,8 @@ def check_needs_within(wheel: Path, ceiling_tag: str, why: str) -> list[VersionN
             f"best), newer than {ceiling_tag}: {why}. The symbol versions that push it up:\n"
             f"{listed}\n  Build against an older glibc/libstdc++ (an older base image, or "
             "C++17 instead of C++20 for libstdc++'s newer string members) or bind those "
-            "symbols to older versions (.symver), so it installs wherever its torch does.")
+            "symbols to older versions (.symver), so it installs wherever its torch does."
+        )
     return needs
 
 
@@ -217,12 +230,16 @@ def check_tag_covers_own_code(wheel: Path, ceiling_tag: str | None = None) -> st
         if over:
             floor = glibc_floor(needs, machine)
             listed = "\n".join("    " + n.describe() for n in over)
-            raise StepFailed(f"{wheel.name}: claims {tag}, but its own code needs glibc "
-                             f"{_dotted(floor)} or newer:\n{listed}")
+            raise StepFailed(
+                f"{wheel.name}: claims {tag}, but its own code needs glibc "
+                f"{_dotted(floor)} or newer:\n{listed}"
+            )
         if ceiling_tag is not None and glibc > tag_glibc(ceiling_tag)[0]:
-            raise StepFailed(f"{wheel.name}: tagged {tag}, above {ceiling_tag} (the tag of the "
-                             "torch it pairs with): it would refuse to install where its torch "
-                             "installs")
+            raise StepFailed(
+                f"{wheel.name}: tagged {tag}, above {ceiling_tag} (the tag of the "
+                "torch it pairs with): it would refuse to install where its torch "
+                "installs"
+            )
     return floor_tag(needs, machine)
 
 

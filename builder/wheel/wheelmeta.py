@@ -22,11 +22,17 @@ def marker_environment(machine: str, python: str) -> dict[str, str]:
     """PEP 508 marker values of CPython *python* (``"3.11"``) on Linux *machine*."""
     full = python + ".0"
     return {
-        "python_version": python, "python_full_version": full,
-        "implementation_name": "cpython", "implementation_version": full,
-        "platform_python_implementation": "CPython", "os_name": "posix",
-        "sys_platform": "linux", "platform_system": "Linux",
-        "platform_machine": machine, "platform_release": "", "platform_version": "",
+        "python_version": python,
+        "python_full_version": full,
+        "implementation_name": "cpython",
+        "implementation_version": full,
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": machine,
+        "platform_release": "",
+        "platform_version": "",
         "extra": "",
     }
 
@@ -36,11 +42,14 @@ def read_metadata(wheel: Path, error: type[BuilderError] = ConfigError) -> bytes
     it is not a readable zip or does not hold exactly one."""
     try:
         with zipfile.ZipFile(wheel) as zf:
-            metas = [n for n in zf.namelist()
-                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            metas = [
+                n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+            ]
             if len(metas) != 1:
-                raise error(f"{wheel}: expected exactly one <name>-<version>.dist-info/"
-                            f"METADATA in the wheel, found {len(metas)}")
+                raise error(
+                    f"{wheel}: expected exactly one <name>-<version>.dist-info/"
+                    f"METADATA in the wheel, found {len(metas)}"
+                )
             return zf.read(metas[0])
     except (zipfile.BadZipFile, OSError) as exc:
         raise error(f"{wheel}: cannot read it as a wheel (zip archive): {exc}") from exc
@@ -49,8 +58,9 @@ def read_metadata(wheel: Path, error: type[BuilderError] = ConfigError) -> bytes
 def requires_dist(wheel: Path) -> list[str]:
     """The ``Requires-Dist`` lines of a wheel's METADATA (read from the zip, not installed)."""
     text = read_metadata(wheel).decode("utf-8", errors="replace")
-    return list(email.parser.Parser().parsestr(text, headersonly=True).get_all(
-        "Requires-Dist") or [])
+    return list(
+        email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or []
+    )
 
 
 def target_requirements(wheel: Path, machine: str, python: str) -> list[str]:

@@ -7,6 +7,7 @@ data: wrapped in DistributedDataParallel (amp without combining), and unwrapped 
 amp.initialize(..., combine_grad=True, combine_ddp=True, ddp_replica_count=3). Writes both
 runs' final parameters and loss scales.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ def train(level: str, rank: int, combine: bool) -> dict:
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer = amp.initialize(
-        model, optimizer, opt_level=level, verbosity=0, dynamic_init_scale=2.0**8,
-        combine_grad=combine or None, combine_ddp=combine or None, ddp_replica_count=3)
+        model,
+        optimizer,
+        opt_level=level,
+        verbosity=0,
+        dynamic_init_scale=2.0**8,
+        combine_grad=combine or None,
+        combine_ddp=combine or None,
+        ddp_replica_count=3,
+    )
     net = model if combine else DistributedDataParallel(model)
     g = torch.Generator().manual_seed(100 + rank)
     scales = []
@@ -40,17 +48,23 @@ def train(level: str, rank: int, combine: bool) -> dict:
             s.backward()
         optimizer.step()
         scales.append(amp.state_dict()["loss_scaler0"]["loss_scale"])
-    return {"params": [p.detach().double().flatten().tolist() for p in model.parameters()],
-            "scales": scales}
+    return {
+        "params": [p.detach().double().flatten().tolist() for p in model.parameters()],
+        "scales": scales,
+    }
 
 
 def main() -> None:
     rank, world, rendezvous, levels, out = sys.argv[1:6]
     # The group is gone, its threads joined, before this rank exits (_gloo_group.py, #40).
     with gloo_group(int(rank), int(world), rendezvous):
-        results = {level: {"ddp": train(level, int(rank), False),
-                           "combine_ddp": train(level, int(rank), True)}
-                   for level in levels.split(",")}
+        results = {
+            level: {
+                "ddp": train(level, int(rank), False),
+                "combine_ddp": train(level, int(rank), True),
+            }
+            for level in levels.split(",")
+        }
         Path(out).write_text(json.dumps(results))
 
 

@@ -11,6 +11,7 @@ gradient element after DDP's all-reduce (so only amp's own overflow agreement ca
 other ranks). Writes per-step loss scales, whether each step changed the parameters, and a
 final parameter checksum, per level.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def train(level: str, rank: int, world: int, steps: int, inject: tuple[int, ...]
     torch.manual_seed(rank)
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0,
-                                      dynamic_init_scale=2.0**8)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=level, verbosity=0, dynamic_init_scale=2.0**8
+    )
     ddp = DistributedDataParallel(model)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     scales, changed = [], []
@@ -62,8 +64,9 @@ def main() -> None:
     inject = tuple(int(s) for s in sys.argv[7].split(",")) if len(sys.argv) > 7 else INJECT_STEPS
     # The group is gone, its threads joined, before this rank exits (_gloo_group.py, #40).
     with gloo_group(int(rank), int(world), rendezvous):
-        results = {level: train(level, int(rank), int(world), steps, inject)
-                   for level in levels.split(",")}
+        results = {
+            level: train(level, int(rank), int(world), steps, inject) for level in levels.split(",")
+        }
         Path(out).write_text(json.dumps(results))
 
 

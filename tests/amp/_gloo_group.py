@@ -17,6 +17,7 @@ after the barrier, ``destroy_process_group()`` then drops the last reference and
 destructor joins its threads right there. ``gloo_group`` checks that it did: a new holder
 of the group fails the rank at once, not one exit in ten.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -36,8 +37,7 @@ def gloo_group(rank: int, world: int, rendezvous: str) -> Iterator[None]:
     """The default gloo group for the body; on success a barrier (no rank closes its
     connections while a peer is still in its last collective), then the group destroyed
     and checked to be gone. The ranks meet through a file (``file://`` rendezvous)."""
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     group = weakref.ref(dist.group.WORLD)
     try:
         yield
@@ -48,4 +48,5 @@ def gloo_group(rank: int, world: int, rendezvous: str) -> Iterator[None]:
     if group() is not None:
         raise GroupOutlivedDestroy(
             "the default process group is still referenced after destroy_process_group(); "
-            "its gloo threads would be torn down during interpreter shutdown (issue #40)")
+            "its gloo threads would be torn down during interpreter shutdown (issue #40)"
+        )

@@ -7,6 +7,7 @@ Writes {level: {"losses": [...], "scales": [...], "saved_amp": {...}, "device": 
 OUT.json. DEVICE (default cpu) is torch's default device for the run: "npu" installs the npu
 test device (tests/npu/npu_device.py) first, as tests/conftest.py does for half_device tests.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def run(mode: str, level: str, steps: int, save_at: int, ckpt: Path) -> dict:
     # A fresh run builds from another seed: everything must come from the checkpoint.
     model, optimizer = build(seed=0 if mode == "full" else 123)
     # A high initial scale and a short window make the scaler skip and grow during the run.
-    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0,
-                                      dynamic_init_scale=2.0**24, scale_window=4)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=level, verbosity=0, dynamic_init_scale=2.0**24, scale_window=4
+    )
     start = 0
     if mode == "resume":
         checkpoint = torch.load(ckpt, weights_only=False)
@@ -49,8 +51,14 @@ def run(mode: str, level: str, steps: int, save_at: int, ckpt: Path) -> dict:
     result: dict = {"losses": [], "scales": []}
     for step in range(start, steps):
         if mode == "full" and step == save_at:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "amp": amp.state_dict()}, ckpt)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "amp": amp.state_dict(),
+                },
+                ckpt,
+            )
             result["saved_amp"] = amp.state_dict()
         x, y = batch(step)
         optimizer.zero_grad()

@@ -1,5 +1,6 @@
 """Helpers for the amp tests: the apex quick-start model and data, and running a helper script
 in a fresh Python process."""
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,15 @@ def needs_cpu_float16(why_not_on_npu: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not cpu_has_float16(),
         reason=f"torch {torch.__version__}'s CPU has no float16 matmul/autocast, which this test "
-               f"trains in; not on the npu test device either: {why_not_on_npu}")
+        f"trains in; not on the npu test device either: {why_not_on_npu}",
+    )
 
 
 #: Why the tests that train under DistributedDataParallel over gloo stay on the CPU.
-GLOO_TAKES_NO_NPU = ("DistributedDataParallel all-reduces over gloo, which takes no npu tensors "
-                     "(the npu test device has no collective backend)")
+GLOO_TAKES_NO_NPU = (
+    "DistributedDataParallel all-reduces over gloo, which takes no npu tensors "
+    "(the npu test device has no collective backend)"
+)
 
 
 def default_device() -> torch.device:
@@ -63,14 +67,19 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / script), *args],
-        capture_output=True, text=True, env=env, timeout=timeout, cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=str(REPO_ROOT),
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 
-def run_ranks(tmp_path: Path, world: int, worker: Path,
-              args_for_rank: Callable[[int], list[str]]) -> list[dict]:
+def run_ranks(
+    tmp_path: Path, world: int, worker: Path, args_for_rank: Callable[[int], list[str]]
+) -> list[dict]:
     """Start *world* processes of ``worker RANK WORLD RENDEZVOUS ARGS...`` (gloo, CPU), wait
     for all of them, return each rank's results: the JSON file named by its second ARG.
 
@@ -80,11 +89,19 @@ def run_ranks(tmp_path: Path, world: int, worker: Path,
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     rendezvous = tmp_path / "rendezvous"
-    argvs = [[sys.executable, str(worker), str(rank), str(world), str(rendezvous),
-              *args_for_rank(rank)] for rank in range(world)]
+    argvs = [
+        [sys.executable, str(worker), str(rank), str(world), str(rendezvous), *args_for_rank(rank)]
+        for rank in range(world)
+    ]
     procs = [
-        subprocess.Popen(argv, env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for argv in argvs
     ]
     outputs = []
@@ -99,5 +116,6 @@ def run_ranks(tmp_path: Path, world: int, worker: Path,
     for argv, proc, output in zip(argvs, procs, outputs):
         assert proc.returncode == 0, (
             f"rank exited {proc.returncode}; rerun with OMP_NUM_THREADS=1 "
-            f"PYTHONPATH={REPO_ROOT} {' '.join(argv)}\n{output}")
+            f"PYTHONPATH={REPO_ROOT} {' '.join(argv)}\n{output}"
+        )
     return [json.loads(Path(argv[6]).read_text()) for argv in argvs]

@@ -1,4 +1,5 @@
 """amp keeps process-wide state (like apex): reset it around every test."""
+
 from __future__ import annotations
 
 import pytest

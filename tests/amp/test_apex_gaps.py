@@ -2,6 +2,7 @@
 ``LARC.zero_grad(set_to_none)`` positionally, ``FusedAdam(master_weights=True, capturable=True)``,
 FusedSGD with several models, losses and optimizers, the O1 cast cache as autocast shows it;
 and the cast registry (``amp.register_*_function``, ``user_cast_preferred``)."""
+
 from __future__ import annotations
 
 import copy
@@ -66,8 +67,13 @@ def test_one_handle_serves_the_models_of_one_initialize():
     opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1)
     amp.initialize([a, b], opt, opt_level="O1", verbosity=0, **BF16)
     first = _amp_state.handle
-    amp.initialize(MatMul(), torch.optim.SGD(MatMul().parameters(), lr=0.1), opt_level="O1",
-                   verbosity=0, **BF16)
+    amp.initialize(
+        MatMul(),
+        torch.optim.SGD(MatMul().parameters(), lr=0.1),
+        opt_level="O1",
+        verbosity=0,
+        **BF16,
+    )
     assert _amp_state.handle is not first and first.is_active()
     first._deactivate()
     a(torch.ones(1, 8)), b(torch.ones(1, 8))
@@ -105,12 +111,15 @@ def test_o1_cast_cache_never_serves_a_stale_weight(dtype):
 
 
 # ------------------------------------------------------------------ LARC, FusedAdam, FusedSGD
-@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
-                                                for level in ("O1", "O2"))])
+@pytest.mark.parametrize(
+    "opt_level",
+    ["O0", *(pytest.param(level, marks=pytest.mark.half_device) for level in ("O1", "O2"))],
+)
 def test_larc_zero_grad_takes_set_to_none_positionally(opt_level):
     model = torch.nn.Linear(3, 1)
-    model, opt = amp.initialize(model, LARC(torch.optim.SGD(model.parameters(), lr=0.1)),
-                                opt_level=opt_level, verbosity=0)
+    model, opt = amp.initialize(
+        model, LARC(torch.optim.SGD(model.parameters(), lr=0.1)), opt_level=opt_level, verbosity=0
+    )
     model(torch.ones(2, 3)).sum().backward()
     opt.zero_grad(False)
     assert model.weight.grad is not None and not model.weight.grad.any()
@@ -118,14 +127,16 @@ def test_larc_zero_grad_takes_set_to_none_positionally(opt_level):
     assert model.weight.grad is None
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, marks=pytest.mark.half_device),
-                                   torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(torch.float16, marks=pytest.mark.half_device), torch.bfloat16]
+)
 def test_fused_adam_master_weights_steps_fp32_masters_of_half_params(dtype):
     torch.manual_seed(0)
     half = torch.nn.Linear(8, 4).to(dtype)
     ref = copy.deepcopy(half).float()  # the fp32 run from the very same starting values
-    opt = FusedAdam(half.parameters(), lr=1e-2, weight_decay=0.01, master_weights=True,
-                    capturable=True)
+    opt = FusedAdam(
+        half.parameters(), lr=1e-2, weight_decay=0.01, master_weights=True, capturable=True
+    )
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
     for _ in range(5):
         half.zero_grad()
@@ -180,8 +191,14 @@ def _train(models, make_opts, opt_level, steps=4):
     """apex's test_multiple_models_optimizers_losses shape: loss 0 over the first two
     models, loss 1 over the last, each with its own loss_id; optimizers as given."""
     opts = make_opts(models)
-    models, opts = amp.initialize(models, opts, opt_level=opt_level, num_losses=2,
-                                  verbosity=0, **(BF16 if opt_level == "O1" else {}))
+    models, opts = amp.initialize(
+        models,
+        opts,
+        opt_level=opt_level,
+        num_losses=2,
+        verbosity=0,
+        **(BF16 if opt_level == "O1" else {}),
+    )
     torch.manual_seed(2)
     for _ in range(steps):
         x = torch.randn(8, 4)
@@ -201,15 +218,18 @@ def _train(models, make_opts, opt_level, steps=4):
 
 @pytest.mark.parametrize("n_models", [2, 3])
 @pytest.mark.parametrize("n_opts", [1, 2])
-@pytest.mark.parametrize("opt_level",
-                         ["O0", "O1", pytest.param("O2", marks=pytest.mark.half_device)])
+@pytest.mark.parametrize(
+    "opt_level", ["O0", "O1", pytest.param("O2", marks=pytest.mark.half_device)]
+)
 def test_fused_sgd_with_several_models_losses_and_optimizers(n_models, n_opts, opt_level):
     def split(models, cls):
         params = [list(m.parameters()) for m in models]
         if n_opts == 1:
             return [cls([p for ps in params for p in ps], lr=0.5, momentum=0.125)]
-        return [cls([p for ps in params[:-1] for p in ps], lr=0.5, momentum=0.125),
-                cls(params[-1], lr=0.25, momentum=0.125)]
+        return [
+            cls([p for ps in params[:-1] for p in ps], lr=0.5, momentum=0.125),
+            cls(params[-1], lr=0.25, momentum=0.125),
+        ]
 
     want = _train(_models(n_models), lambda ms: split(ms, torch.optim.SGD), opt_level)
     got = _train(_models(n_models), lambda ms: split(ms, FusedSGD), opt_level)
@@ -292,8 +312,9 @@ def test_promote_registration_casts_to_the_widest_type():
 @pytest.mark.half_device
 def test_registrations_are_consumed_by_the_o1_initialize():
     amp.register_half_function(torch.nn.functional, "gelu")
-    amp.initialize(MatMul(), torch.optim.SGD(MatMul().parameters(), lr=0.1), opt_level="O2",
-                   verbosity=0)  # not O1: the registry waits, as apex's
+    amp.initialize(
+        MatMul(), torch.optim.SGD(MatMul().parameters(), lr=0.1), opt_level="O2", verbosity=0
+    )  # not O1: the registry waits, as apex's
     assert not _amp_state.handle.is_active()
     _o1(Registered())
     assert len(_amp_state.handle._wrapped) == 1
@@ -309,9 +330,11 @@ def test_loss_scaler_takes_ascends_names_and_keeps_the_others_as_aliases():
     assert ascend.loss_scale() == 32.0
     ascend.update(True)
     assert ascend.loss_scale() == 8.0
-    for kw in ({"scale_growth_factor": 4.0, "scale_backoff_factor": 0.25},
-               {"growth_factor": 4.0, "backoff_factor": 0.25},
-               {"scale_factor": 4.0, "backoff_factor": 0.25}):
+    for kw in (
+        {"scale_growth_factor": 4.0, "scale_backoff_factor": 0.25},
+        {"growth_factor": 4.0, "backoff_factor": 0.25},
+        {"scale_factor": 4.0, "backoff_factor": 0.25},
+    ):
         s = amp.LossScaler("dynamic", dynamic_init_scale=8.0, scale_window=1, **kw)
         s.update(False)
         assert s.loss_scale() == 32.0, kw

@@ -3,6 +3,7 @@
 In the development venv ``make setup`` writes the same ``ampforge-apex.pth`` the wheel carries
 (pointing at this checkout); tests/builder/test_apex_name.py installs the built wheel into a
 fresh venv, next to another distribution that owns ``apex/``."""
+
 from __future__ import annotations
 
 import importlib

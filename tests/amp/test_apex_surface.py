@@ -1,6 +1,7 @@
 """What apex code touches besides the training loop: fp32 checkpoints from ``model.state_dict()``
 at every opt level, the keyword spellings apex accepts, and ``amp._amp_state`` as apex's state
 object."""
+
 from __future__ import annotations
 
 import copy
@@ -14,17 +15,23 @@ import amp
 
 # half_device (tests/conftest.py): the cases that compute in float16.
 _HALF = pytest.mark.half_device
-LEVELS = [("O0", {}), pytest.param(("O1", {}), marks=_HALF),
-          pytest.param(("O2", {}), marks=_HALF), pytest.param(("O3", {}), marks=_HALF),
-          ("O2", {"cast_model_type": torch.bfloat16}), ("O3", {"half_dtype": torch.bfloat16}),
-          pytest.param(("O2", {"keep_batchnorm_fp32": False}), marks=_HALF)]
+LEVELS = [
+    ("O0", {}),
+    pytest.param(("O1", {}), marks=_HALF),
+    pytest.param(("O2", {}), marks=_HALF),
+    pytest.param(("O3", {}), marks=_HALF),
+    ("O2", {"cast_model_type": torch.bfloat16}),
+    ("O3", {"half_dtype": torch.bfloat16}),
+    pytest.param(("O2", {"keep_batchnorm_fp32": False}), marks=_HALF),
+]
 LEVEL_IDS = ["O0", "O1", "O2", "O3", "O2-bf16", "O3-bf16", "O2-half-bn"]
 
 
 def _bn_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                               torch.nn.Linear(8, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(10, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
 
 
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
@@ -59,8 +66,9 @@ def test_state_dict_is_fp32_at_every_opt_level(level):
 @pytest.mark.half_device
 def test_state_dict_hook_leaves_a_parent_model_alone():
     inner = _bn_model()
-    model, _ = amp.initialize(inner, torch.optim.SGD(inner.parameters(), lr=0.1),
-                              opt_level="O3", verbosity=0)
+    model, _ = amp.initialize(
+        inner, torch.optim.SGD(inner.parameters(), lr=0.1), opt_level="O3", verbosity=0
+    )
     outer = torch.nn.ModuleDict({"amp": model, "other": torch.nn.Linear(2, 2).half()})
     sd = outer.state_dict()
     assert sd["amp.0.weight"].dtype == torch.float32
@@ -72,8 +80,7 @@ def test_state_dict_hook_leaves_a_parent_model_alone():
 def test_cast_model_type_false_means_do_not_cast(opt_level):
     model = _bn_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, opt = amp.initialize(model, opt, opt_level=opt_level, cast_model_type=False,
-                                verbosity=0)
+    model, opt = amp.initialize(model, opt, opt_level=opt_level, cast_model_type=False, verbosity=0)
     assert amp._amp_state.opt_properties.cast_model_type is False
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(p.dtype == torch.float32 for p in amp.master_params(opt))
@@ -88,8 +95,9 @@ def test_cast_model_type_false_means_do_not_cast(opt_level):
 @pytest.mark.half_device
 def test_apex_spellings():
     model, opt = quickstart_model()
-    amp.initialize(model, opt, opt_level="O2", keep_batchnorm_fp32="False", loss_scale="128.0",
-                   verbosity=0)
+    amp.initialize(
+        model, opt, opt_level="O2", keep_batchnorm_fp32="False", loss_scale="128.0", verbosity=0
+    )
     props = amp._amp_state.opt_properties
     assert props.keep_batchnorm_fp32 is False and props.loss_scale == 128.0
     model, opt = quickstart_model()
@@ -114,8 +122,15 @@ def test_amp_state_is_apexs_state_object():
     assert _amp_state is same and callable(maybe_log)
     assert _amp_state._amp_state is _amp_state  # code written against the module form
     model, opt = quickstart_model()
-    model, opt = amp.initialize(model, opt, opt_level="O2", num_losses=2, verbosity=0,
-                                min_loss_scale=4.0, dynamic_init_scale=256.0)
+    model, opt = amp.initialize(
+        model,
+        opt,
+        opt_level="O2",
+        num_losses=2,
+        verbosity=0,
+        min_loss_scale=4.0,
+        dynamic_init_scale=256.0,
+    )
     assert _amp_state.opt_properties.opt_level == "O2"
     assert [s.loss_scale() for s in _amp_state.loss_scalers] == [256.0, 256.0]
     assert _amp_state.min_loss_scale == 4.0 and _amp_state.max_loss_scale == 2.0**24

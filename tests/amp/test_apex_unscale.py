@@ -4,6 +4,7 @@ gradients (O1) or the fp32 master gradients (O2) hold the unscaled values, so cl
 run against the same optimizer seen by amp as a plain optimizer (the generic path: torch's
 GradScaler unscale, separate master gradients, plain step) and, where torch has one, against the
 torch.optim equivalent, step by step."""
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,9 @@ def _setup(make_opt, opt_level, **kw):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = make_opt(list(model.parameters()))
-    return amp.initialize(model, opt, opt_level=opt_level, verbosity=0,
-                          dynamic_init_scale=SCALE, **kw)
+    return amp.initialize(
+        model, opt, opt_level=opt_level, verbosity=0, dynamic_init_scale=SCALE, **kw
+    )
 
 
 def _backward(model, opt, x, y, inject=False):
@@ -222,4 +224,4 @@ def test_a_cached_norm_is_reused_only_where_in_place_foreach_ops_bump_versions(m
     monkeypatch.setattr(compat, "_foreach_version_answers", {"cpu": False})
     assert tensor_lists.grads_signature([g]) is None
     opt._amp_note_grad_norm(123.0, tensor_lists.grads_of(params))  # untrusted: measured anew
-    assert opt._global_norm(params, 1.0, grads_on_params=True) == pytest.approx(12 ** 0.5)
+    assert opt._global_norm(params, 1.0, grads_on_params=True) == pytest.approx(12**0.5)

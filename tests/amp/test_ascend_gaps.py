@@ -2,6 +2,7 @@
 ``combine_grad``; ``DistributedDataParallel`` built around an initialized model, whose
 ``zero_grad`` sets the combined gradients to None; the loss scaler's attributes GAN scripts
 set (``_scale_seq_len``, ``_has_overflow``, ``update_scale()``)."""
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,14 @@ from amp._amp_state import _amp_state
 
 def _model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU(), torch.nn.Linear(6, 6),
-                               torch.nn.ReLU(), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 6),
+        torch.nn.ReLU(),
+        torch.nn.Linear(6, 6),
+        torch.nn.ReLU(),
+        torch.nn.BatchNorm1d(6),
+        torch.nn.Linear(6, 1),
+    )
 
 
 # ------------------------------------------------------------------ combine_ddp
@@ -30,8 +37,14 @@ def test_combine_ddp_without_combine_grad_raises(combine_grad: Any) -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="Combine_grad should be True when combine_ddp"):
-        amp.initialize(model, optimizer, opt_level="O1", verbosity=0, combine_ddp=True,
-                       combine_grad=combine_grad)
+        amp.initialize(
+            model,
+            optimizer,
+            opt_level="O1",
+            verbosity=0,
+            combine_ddp=True,
+            combine_grad=combine_grad,
+        )
     assert not hasattr(optimizer, "_amp_stash")  # refused before anything was touched
     assert next(model.parameters()).dtype == torch.float32
 
@@ -45,16 +58,23 @@ def _npu_fused_sgd(ps: Any) -> Any:
     return amp.optimizers.NpuFusedSGD(ps, lr=0.05, momentum=0.9)
 
 
-def _train_ddp(level: str, make: Callable[[Any], Any], zero: str, steps: int = 5
-               ) -> tuple[torch.nn.Module, Any, list[float]]:
+def _train_ddp(
+    level: str, make: Callable[[Any], Any], zero: str, steps: int = 5
+) -> tuple[torch.nn.Module, Any, list[float]]:
     """amp.initialize, then DistributedDataParallel (ModelZoo's order); each step zeroes the
     gradients through ``zero`` ("ddp": torch's Module.zero_grad, set_to_none=True)."""
     _amp_state.opt_properties = None
     model = _model()
     optimizer = make(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=1,
-                                      combine_grad=True, check_combined_tensors=True,
-                                      dynamic_init_scale=2.0**10)
+    model, optimizer = amp.initialize(
+        model,
+        optimizer,
+        opt_level=level,
+        verbosity=1,
+        combine_grad=True,
+        check_combined_tensors=True,
+        dynamic_init_scale=2.0**10,
+    )
     ddp = DistributedDataParallel(model)
     g = torch.Generator().manual_seed(1)
     scales = []
@@ -69,12 +89,15 @@ def _train_ddp(level: str, make: Callable[[Any], Any], zero: str, steps: int = 5
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("level,make", [("O1", _sgd), ("O2", _sgd), ("O2", _npu_fused_sgd)],
-                         ids=["O1-SGD", "O2-SGD", "O2-NpuFusedSGD"])
+@pytest.mark.parametrize(
+    "level,make",
+    [("O1", _sgd), ("O2", _sgd), ("O2", _npu_fused_sgd)],
+    ids=["O1-SGD", "O2-SGD", "O2-NpuFusedSGD"],
+)
 @needs_cpu_float16(GLOO_TAKES_NO_NPU)
 def test_ddp_zero_grad_keeps_the_combined_buffers(
-        one_rank_gloo: None, level: str, make: Callable[[Any], Any],
-        caplog: pytest.LogCaptureFixture) -> None:
+    one_rank_gloo: None, level: str, make: Callable[[Any], Any], caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="amp"):
         model, optimizer, scales = _train_ddp(level, make, zero="ddp")
     # Combined once, after the first backward pass; never destroyed (Ascend's message).
@@ -82,13 +105,16 @@ def test_ddp_zero_grad_keeps_the_combined_buffers(
     assert "Combined grad has been destroyed" not in caplog.text
     flats = [f for f in optimizer.get_model_combined_grads() if f is not None]
     for p in model.parameters():
-        assert any(f.untyped_storage().data_ptr() == p.grad.untyped_storage().data_ptr()
-                   for f in flats)
+        assert any(
+            f.untyped_storage().data_ptr() == p.grad.untyped_storage().data_ptr() for f in flats
+        )
     # The same training as zeroing through the optimizer (amp's in-place, per buffer).
     ref_model, ref_opt, ref_scales = _train_ddp(level, make, zero="optimizer")
     assert scales == ref_scales
-    for got, want in zip(list(model.parameters()) + list(amp.master_params(optimizer)),
-                         list(ref_model.parameters()) + list(amp.master_params(ref_opt))):
+    for got, want in zip(
+        list(model.parameters()) + list(amp.master_params(optimizer)),
+        list(ref_model.parameters()) + list(amp.master_params(ref_opt)),
+    ):
         assert torch.equal(got, want)
 
 
@@ -96,8 +122,9 @@ def test_ddp_zero_grad_keeps_the_combined_buffers(
 def test_a_gradient_set_to_none_comes_back_zeroed_in_its_buffer() -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
-                                      combine_grad=True)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O2", verbosity=0, combine_grad=True
+    )
     x = torch.randn(8, 6)
     for _ in range(2):
         optimizer.zero_grad()
@@ -132,8 +159,9 @@ def test_scale_seq_len_is_the_scale_window() -> None:
 def test_has_overflow_is_the_last_verdict_and_update_scale_takes_it() -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0,
-                                      dynamic_init_scale=2.0**10)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O1", verbosity=0, dynamic_init_scale=2.0**10
+    )
     scaler = _amp_state.loss_scalers[0]
     x = torch.randn(8, 6)
     for inject in (False, True, False):
@@ -162,8 +190,9 @@ def test_has_overflow_is_the_last_verdict_and_update_scale_takes_it() -> None:
 def test_fused_clipping_with_a_nan_norm_leaves_the_gradients_alone(which: str) -> None:
     model = _model()
     optimizer = _sgd(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0,
-                                      combine_grad=True, dynamic_init_scale=2.0**4)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O1", verbosity=0, combine_grad=True, dynamic_init_scale=2.0**4
+    )
     with amp.scale_loss(model(torch.randn(8, 6)).sum(), optimizer) as scaled:
         scaled.backward()
     assert all(p.grad.isfinite().all() and p.grad.any() for p in model.parameters())
@@ -261,11 +290,17 @@ def test_o2_trains_a_model_with_fused_norms() -> None:
     from apex.normalization import FusedLayerNorm, FusedRMSNorm  # noqa: PLC0415
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), FusedLayerNorm(8), torch.nn.Linear(8, 8),
-                                FusedRMSNorm(8), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8),
+        FusedLayerNorm(8),
+        torch.nn.Linear(8, 8),
+        FusedRMSNorm(8),
+        torch.nn.Linear(8, 1),
+    )
     optimizer = _sgd(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
-                                      half_dtype=torch.bfloat16)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O2", verbosity=0, half_dtype=torch.bfloat16
+    )
     before = [p.detach().clone() for p in amp.master_params(optimizer)]
     with amp.scale_loss(model(torch.randn(4, 8)).sum(), optimizer) as scaled:
         scaled.backward()
@@ -295,8 +330,9 @@ class MyFastBatchNorm(FastBatchNorm2d):
 
 @pytest.mark.half_device
 def test_o2_keeps_torch_npus_fast_batch_norms_in_float32() -> None:
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), FastBatchNorm2d(4), MyFastBatchNorm(4),
-                                torch.nn.BatchNorm2d(4))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 1), FastBatchNorm2d(4), MyFastBatchNorm(4), torch.nn.BatchNorm2d(4)
+    )
     amp.initialize(model, opt_level="O2", verbosity=0)
     assert model[0].weight.dtype == torch.float16
     for bn in model[1:]:

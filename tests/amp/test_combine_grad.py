@@ -1,6 +1,7 @@
 """amp.initialize(..., combine_grad=True) (Apex for Ascend): gradients in one buffer per dtype,
 the same training as without combining, a constant number of operations per step, Ascend's
 getters, fused clipping, checks, rules and messages."""
+
 from __future__ import annotations
 
 import logging
@@ -25,14 +26,29 @@ def _model(n_linear: int = 4, bn: bool = True, seed: int = 0) -> torch.nn.Module
     return torch.nn.Sequential(*layers, torch.nn.Linear(6, 1))
 
 
-def _train(level: str, opt_factory: Any, combine: Optional[bool], steps: int = 5,
-           inject: tuple[int, ...] = (), losses: int = 1, accumulate: int = 1,
-           zero: str = "optimizer", **init: Any) -> tuple[torch.nn.Module, Any, list[float]]:
+def _train(
+    level: str,
+    opt_factory: Any,
+    combine: Optional[bool],
+    steps: int = 5,
+    inject: tuple[int, ...] = (),
+    losses: int = 1,
+    accumulate: int = 1,
+    zero: str = "optimizer",
+    **init: Any,
+) -> tuple[torch.nn.Module, Any, list[float]]:
     model = _model()
     optimizer = opt_factory(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0,
-                                      combine_grad=combine, num_losses=losses,
-                                      dynamic_init_scale=2.0**10, **init)
+    model, optimizer = amp.initialize(
+        model,
+        optimizer,
+        opt_level=level,
+        verbosity=0,
+        combine_grad=combine,
+        num_losses=losses,
+        dynamic_init_scale=2.0**10,
+        **init,
+    )
     g = torch.Generator().manual_seed(1)
     scales = []
     for step in range(steps):
@@ -43,8 +59,9 @@ def _train(level: str, opt_factory: Any, combine: Optional[bool], steps: int = 5
             for loss_id in range(losses):
                 loss = F.mse_loss(out, x[:, :1] * (loss_id + 1))
                 last = micro == accumulate - 1
-                with amp.scale_loss(loss, optimizer, loss_id=loss_id,
-                                    delay_unscale=not last) as scaled:
+                with amp.scale_loss(
+                    loss, optimizer, loss_id=loss_id, delay_unscale=not last
+                ) as scaled:
                     scaled.backward(retain_graph=loss_id < losses - 1)
                     if step in inject and last:
                         next(iter(model.parameters())).grad.view(-1)[0] = float("inf")
@@ -76,8 +93,10 @@ def test_combined_training_is_bit_equal_to_per_parameter(level: str, opt: Any) -
     # The model's gradients live in the combined buffer(s).
     flats = [g for g in grads if g is not None]
     for p in got.parameters():
-        assert any(f.data_ptr() <= p.grad.data_ptr() < f.data_ptr() + f.numel() * f.element_size()
-                   for f in flats)
+        assert any(
+            f.data_ptr() <= p.grad.data_ptr() < f.data_ptr() + f.numel() * f.element_size()
+            for f in flats
+        )
     expected_len = 2 if level == "O2" else 1  # Ascend: [half, fp32 own] with master weights
     assert len(grads) == expected_len
 
@@ -115,8 +134,9 @@ def _ops_of_unscale_and_zero(n_linear: int, level: str, combine: Optional[bool])
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(n_linear)])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0,
-                                      combine_grad=combine)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=level, verbosity=0, combine_grad=combine
+    )
     x = torch.randn(2, 3)
     for _ in range(2):  # the first backward pass combines
         optimizer.zero_grad()
@@ -200,11 +220,18 @@ def test_masks_cover_exactly_the_gradients() -> None:
 
 @pytest.mark.half_device
 def test_a_gradient_that_left_its_buffer_is_combined_again(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=1,
-                                      combine_grad=True, check_combined_tensors=True)
+    model, optimizer = amp.initialize(
+        model,
+        optimizer,
+        opt_level="O1",
+        verbosity=1,
+        combine_grad=True,
+        check_combined_tensors=True,
+    )
     x = torch.randn(8, 6)
     for step in range(4):
         optimizer.zero_grad()
@@ -218,8 +245,10 @@ def test_a_gradient_that_left_its_buffer_is_combined_again(
         optimizer.step()
     assert "Combined grad has been destroyed and will be recombined afterwards" in caplog.text
     flat = optimizer.get_model_combined_grads()[0]
-    assert all(flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.numel() * 4
-               for p in model.parameters())
+    assert all(
+        flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.numel() * 4
+        for p in model.parameters()
+    )
     ref = _model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
     amp._amp_state.opt_properties = None
@@ -254,6 +283,7 @@ def test_segments_step_like_torch(level: str) -> None:
         def make(params: Any) -> Any:
             params = list(params)
             return cls([{"params": params[:3]}, {"params": params[3:], "lr": 0.02}], lr=0.05)
+
         return make
 
     ref, _, _ = _train(level, groups(torch.optim.SGD), None)
@@ -272,8 +302,9 @@ def test_ascend_rules_and_messages() -> None:
     def init(opt: Any = None, **kw: Any) -> None:
         amp._amp_state.opt_properties = None
         model = torch.nn.Linear(2, 2)
-        amp.initialize(model, (opt or torch.optim.SGD)(model.parameters(), lr=0.1),
-                       verbosity=0, **kw)
+        amp.initialize(
+            model, (opt or torch.optim.SGD)(model.parameters(), lr=0.1), verbosity=0, **kw
+        )
 
     with pytest.raises(RuntimeError, match="master_weights should be True when combine_grad"):
         init(opt_level="O2", combine_grad=True, master_weights=False)
@@ -296,8 +327,9 @@ def test_per_optimizer_switch_after_initialize() -> None:
     """Ascend's scripts turn combining off for one optimizer: `optimizer.accelerate = False`."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0,
-                                      combine_grad=True)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O1", verbosity=0, combine_grad=True
+    )
     optimizer.accelerate = False
     x = torch.randn(8, 6)
     optimizer.zero_grad()
@@ -312,17 +344,20 @@ def test_delay_overflow_check_unscales_but_neither_skips_nor_rescales() -> None:
     """apex's keyword: the scale stays and the step runs, inf and all."""
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0,
-                                      combine_grad=True, dynamic_init_scale=8.0)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O1", verbosity=0, combine_grad=True, dynamic_init_scale=8.0
+    )
     for delayed in (False, True):
         optimizer.zero_grad()
-        with amp.scale_loss(model(torch.ones(2, 3)).sum(), optimizer,
-                            delay_overflow_check=delayed) as scaled:
+        with amp.scale_loss(
+            model(torch.ones(2, 3)).sum(), optimizer, delay_overflow_check=delayed
+        ) as scaled:
             scaled.backward()
         assert torch.equal(model.bias.grad, torch.tensor([2.0]))  # unscaled either way
         scale = amp._amp_state.loss_scalers[0].loss_scale()
-        with amp.scale_loss(model(torch.ones(2, 3)).sum(), optimizer,
-                            delay_overflow_check=delayed) as scaled:
+        with amp.scale_loss(
+            model(torch.ones(2, 3)).sum(), optimizer, delay_overflow_check=delayed
+        ) as scaled:
             scaled.backward()
             model.bias.grad.fill_(float("inf"))
         before = model.weight.detach().clone()

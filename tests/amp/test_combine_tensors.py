@@ -1,5 +1,6 @@
 """amp.combine_tensors (Ascend's apex.contrib.combine_tensors) on the CPU: Ascend's own test
 cases (data_ptr arithmetic, computation through the buffer with a mask), plus the edges."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ CPU, where its compiled kernels run (amp/_device.py). amp/_torch_compat.py is th
 torches without ``torch.accelerator`` it answers that question the way torch.accelerator does,
 which takes naming the device torch itself names there. A guard against regressions: such a
 name in amp/ would make amp silently wrong on Ascend's npu (see tests/npu for amp there)."""
+
 from __future__ import annotations
 
 import re
@@ -32,14 +33,22 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
 
 
 def test_amp_names_no_accelerator() -> None:
-    hits = [f"{p.relative_to(AMP.parent)}:{no}: {code.strip()}"
-            for p in sorted(AMP.rglob("*.py")) if p not in EXEMPT for no, code in _code_lines(p)
-            if FORBIDDEN.search(code)]
+    hits = [
+        f"{p.relative_to(AMP.parent)}:{no}: {code.strip()}"
+        for p in sorted(AMP.rglob("*.py"))
+        if p not in EXEMPT
+        for no, code in _code_lines(p)
+        if FORBIDDEN.search(code)
+    ]
     assert hits == []
 
 
 def test_the_guard_catches_what_it_is_for() -> None:
-    for bad in ('device = torch.device("cuda", torch.cuda.current_device())',
-                'if dist.get_backend() == "nccl":', "x = x.cuda()", "y.to('npu:0')"):
+    for bad in (
+        'device = torch.device("cuda", torch.cuda.current_device())',
+        'if dist.get_backend() == "nccl":',
+        "x = x.cuda()",
+        "y.to('npu:0')",
+    ):
         assert FORBIDDEN.search(bad), bad
     assert not FORBIDDEN.search('device.type == "cpu"')

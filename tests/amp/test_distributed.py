@@ -1,5 +1,6 @@
 """Under DDP (gloo, CPU processes) an overflow seen on one rank only makes every rank skip the
 same step and back off to the same scale."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +19,17 @@ WORKER = Path(__file__).parent / "_ddp_worker.py"
 
 
 def _run_ranks(tmp_path: Path, world: int, steps: int, inject: list[int]) -> list[dict]:
-    return run_ranks(tmp_path, world, WORKER, lambda rank: [
-        ",".join(LEVELS), str(tmp_path / f"rank{rank}.json"), str(steps),
-        ",".join(map(str, inject))])
+    return run_ranks(
+        tmp_path,
+        world,
+        WORKER,
+        lambda rank: [
+            ",".join(LEVELS),
+            str(tmp_path / f"rank{rank}.json"),
+            str(steps),
+            ",".join(map(str, inject)),
+        ],
+    )
 
 
 def _check(ranks: list[dict], steps: int, inject: list[int]) -> None:
@@ -58,8 +67,9 @@ def test_combine_ddp_averages_like_distributed_data_parallel(tmp_path: Path) -> 
     """Ascend's combine_ddp (bucketed all-reduce of the combined gradients, no DDP wrapper)
     against DistributedDataParallel itself: the same parameters, bit for bit, on both ranks."""
     worker = Path(__file__).parent / "_combine_ddp_worker.py"
-    ranks = run_ranks(tmp_path, 2, worker, lambda rank: [
-        ",".join(LEVELS), str(tmp_path / f"rank{rank}.json")])
+    ranks = run_ranks(
+        tmp_path, 2, worker, lambda rank: [",".join(LEVELS), str(tmp_path / f"rank{rank}.json")]
+    )
     for level in LEVELS:
         for rank in ranks:
             assert rank[level]["combine_ddp"] == rank[level]["ddp"], level

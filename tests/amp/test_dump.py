@@ -1,5 +1,6 @@
 """apex.dump's HookerAndDumper (amp/dump.py): one step's per-child inputs, outputs and
 gradients in Ascend's HDF5 layout, read back equal to what the model computed."""
+
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,14 @@ def _step(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     y = model.out(a)
     y.retain_grad()
     y.sum().backward()
-    seen.update(fc_out=h.detach(), act_out=a.detach(), out_out=y.detach(),
-                d_h=h.grad, d_a=a.grad, d_y=y.grad)
+    seen.update(
+        fc_out=h.detach(),
+        act_out=a.detach(),
+        out_out=y.detach(),
+        d_h=h.grad,
+        d_a=a.grad,
+        d_y=y.grad,
+    )
     return seen
 
 
@@ -56,8 +63,14 @@ def test_dump_holds_ascends_layout_and_the_models_values(tmp_path: Path):
     with h5py.File(dumper.file_path, "r") as f:
         groups = list(f)
         # Forward groups in call order, then backward groups in gradient order; one counter.
-        assert groups == ["0000_Linear", "0001_Tanh", "0002_Linear",
-                          "0003_Linear", "0004_Tanh", "0005_Linear"]
+        assert groups == [
+            "0000_Linear",
+            "0001_Tanh",
+            "0002_Linear",
+            "0003_Linear",
+            "0004_Tanh",
+            "0005_Linear",
+        ]
         assert sorted(f["0000_Linear"]) == ["feat_input0", "feat_output"]
         assert sorted(f["0003_Linear"]) == ["grad_input0", "grad_output0"]
         assert f["0000_Linear/feat_input0"].attrs["torch_dtype"] == "torch.float32"
@@ -129,6 +142,7 @@ def test_a_module_followed_by_an_inplace_relu_is_dumped(tmp_path: Path):
     def record(name: str) -> Any:
         def hook(module: torch.nn.Module, grad_input: tuple, grad_output: tuple) -> None:
             want[name] = (grad_input, grad_output)
+
         return hook
 
     ref = ResNetStem(inplace=False)
@@ -148,18 +162,29 @@ def test_a_module_followed_by_an_inplace_relu_is_dumped(tmp_path: Path):
     data = dumper.read_h5py_data()
     # Forward groups 0-3 (conv1, bn1, relu, fc), then backward in gradient order.
     assert sorted({k.split("/")[0] for k in data}) == [
-        "0000_Conv2d", "0001_BatchNorm2d", "0002_ReLU", "0003_Linear",
-        "0004_Linear", "0005_ReLU", "0006_BatchNorm2d", "0007_Conv2d"]
-    for group, name in (("0004_Linear", "fc"), ("0005_ReLU", "relu"),
-                        ("0006_BatchNorm2d", "bn1"), ("0007_Conv2d", "conv1")):
+        "0000_Conv2d",
+        "0001_BatchNorm2d",
+        "0002_ReLU",
+        "0003_Linear",
+        "0004_Linear",
+        "0005_ReLU",
+        "0006_BatchNorm2d",
+        "0007_Conv2d",
+    ]
+    for group, name in (
+        ("0004_Linear", "fc"),
+        ("0005_ReLU", "relu"),
+        ("0006_BatchNorm2d", "bn1"),
+        ("0007_Conv2d", "conv1"),
+    ):
         grad_input, grad_output = want[name]
-        torch.testing.assert_close(torch.from_numpy(data[f"{group}/grad_output0"]),
-                                   grad_output[0])
+        torch.testing.assert_close(torch.from_numpy(data[f"{group}/grad_output0"]), grad_output[0])
         if grad_input[0] is None:
             assert data[f"{group}/grad_input0"].shape == (0,)
         else:
-            torch.testing.assert_close(torch.from_numpy(data[f"{group}/grad_input0"]),
-                                       grad_input[0])
+            torch.testing.assert_close(
+                torch.from_numpy(data[f"{group}/grad_input0"]), grad_input[0]
+            )
     # The dump changes nothing in the step itself.
     for got, ref_param in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(got.grad, ref_param.grad)

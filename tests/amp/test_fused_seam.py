@@ -2,6 +2,7 @@
 here in plain torch (the real fused optimizers are tested in tests/optimizers). The deferred
 path (gradients kept scaled until the step) is opt-in: ``defer_unscale=True``; by default amp
 unscales when scale_loss exits, as apex does."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,7 +34,9 @@ class TinyFusedSGD(torch.optim.Optimizer):
         self.calls.append("check")
         return any(
             not bool(torch.isfinite(m.grad.float() * inv_scale).all())
-            for group in model_params for m in group if m.grad is not None
+            for group in model_params
+            for m in group
+            if m.grad is not None
         )
 
     @torch.no_grad()
@@ -53,8 +56,9 @@ def _setup(opt_class, opt_level, **kwargs):
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = opt_class(model.parameters(), lr=0.05)
     kwargs.setdefault("defer_unscale", True)
-    return amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0,
-                          dynamic_init_scale=2.0**10, **kwargs)
+    return amp.initialize(
+        model, optimizer, opt_level=opt_level, verbosity=0, dynamic_init_scale=2.0**10, **kwargs
+    )
 
 
 def _step(model, optimizer, x, y, loss_ids=(0,), inject=False):
@@ -121,8 +125,12 @@ def test_two_losses_before_one_step_fall_back_to_generic_path():
     fused_model, fused_opt = _setup(TinyFusedSGD, "O2", num_losses=2)
     ref_model, ref_opt = _setup(torch.optim.SGD, "O2", num_losses=2)
     for model, opt in ((fused_model, fused_opt), (ref_model, ref_opt)):
-        amp.load_state_dict({"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 0},
-                             "loss_scaler1": {"loss_scale": 16.0, "unskipped": 0}})
+        amp.load_state_dict(
+            {
+                "loss_scaler0": {"loss_scale": 1024.0, "unskipped": 0},
+                "loss_scaler1": {"loss_scale": 16.0, "unskipped": 0},
+            }
+        )
         _step(model, opt, x, y, loss_ids=(0, 1))
     # First loss checked by the fused path; the second forced the generic path for this step.
     assert fused_opt.calls == ["check", "step"]

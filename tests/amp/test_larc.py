@@ -1,5 +1,6 @@
 """amp.parallel.LARC: apex's trust-ratio wrapper, against the formula written out here, and
 through amp.initialize (an optimizer-like object) at every opt level."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,11 @@ def _reference_step(params, grads, lr, wd, trust, clip, eps):
 def test_larc_matches_formula(clip, wd):
     model = _model()
     lr, trust = 0.1, 0.02
-    opt = LARC(torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd),
-               trust_coefficient=trust, clip=clip)
+    opt = LARC(
+        torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd),
+        trust_coefficient=trust,
+        clip=clip,
+    )
     ref = [p.detach().double().clone() for p in model.parameters()]
     x, y = make_data()
     for _ in range(5):
@@ -65,8 +69,10 @@ def test_larc_clip_is_a_cap_scale_is_a_factor():
     torch.testing.assert_close(results[False], torch.full((4,), 1 - 0.1 * 0.5 * local))
 
 
-@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
-                                                for level in ("O1", "O2", "O3"))])
+@pytest.mark.parametrize(
+    "opt_level",
+    ["O0", *(pytest.param(level, marks=pytest.mark.half_device) for level in ("O1", "O2", "O3"))],
+)
 def test_larc_through_amp_initialize(opt_level):
     model = _model()
     opt = LARC(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -93,12 +99,15 @@ def test_larc_through_amp_initialize(opt_level):
 @pytest.mark.half_device
 def test_larc_around_fused_sgd_matches_larc_around_torch_sgd(opt_level):
     results = []
-    for make in (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
-                 lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3)):
+    for make in (
+        lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    ):
         model = _model()
         opt = LARC(make(model.parameters()))
-        model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0,
-                                    dynamic_init_scale=2.0**10)
+        model, opt = amp.initialize(
+            model, opt, opt_level=opt_level, verbosity=0, dynamic_init_scale=2.0**10
+        )
         x, y = make_data()
         for _ in range(5):
             opt.zero_grad()

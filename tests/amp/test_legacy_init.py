@@ -1,6 +1,7 @@
 """NVIDIA apex's old O1 API on torch.autocast: ``amp.init()`` returns a handle that casts for the
 calling thread until ``handle._deactivate()``; ``amp.disable_casts()`` turns casting off for a
 block (amp/casting/legacy.py)."""
+
 from __future__ import annotations
 
 import threading
@@ -84,8 +85,13 @@ def test_disable_casts_inside_init_and_inside_an_o1_forward() -> None:
             return out
 
     model = Mixed()
-    model, _ = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                              opt_level="O1", half_dtype=torch.bfloat16, verbosity=0)
+    model, _ = amp.initialize(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        opt_level="O1",
+        half_dtype=torch.bfloat16,
+        verbosity=0,
+    )
     model(x)
     assert model.seen == [torch.bfloat16, torch.float32]
 
@@ -141,8 +147,9 @@ def test_casting_is_for_the_thread_that_called_init() -> None:
     device = _device()
     handle = amp.init(device_type=device)
     seen: list[torch.dtype] = []
-    worker = threading.Thread(target=lambda: seen.append(
-        _linear().to(device)(torch.randn(2, 8, device=device)).dtype))
+    worker = threading.Thread(
+        target=lambda: seen.append(_linear().to(device)(torch.randn(2, 8, device=device)).dtype)
+    )
     worker.start()
     worker.join()
     assert seen == [torch.float32]

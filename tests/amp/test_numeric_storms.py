@@ -2,6 +2,7 @@
 gradients, a non-finite loss at O0, and a checkpoint taken in the middle of a streak.
 
 Each test states the promise it proves (the ``promise`` marker; docs/promises.md lists them)."""
+
 from __future__ import annotations
 
 import copy
@@ -53,9 +54,11 @@ def _inf_in_last_layer(model) -> None:
 
 
 def _snapshot(model, optimizer):
-    return ([p.detach().clone() for p in model.parameters()],
-            [p.detach().clone() for p in amp.master_params(optimizer)],
-            copy.deepcopy(optimizer.state_dict()["state"]))
+    return (
+        [p.detach().clone() for p in model.parameters()],
+        [p.detach().clone() for p in amp.master_params(optimizer)],
+        copy.deepcopy(optimizer.state_dict()["state"]),
+    )
 
 
 def _assert_identical(a, b) -> None:
@@ -69,8 +72,10 @@ def _assert_identical(a, b) -> None:
 
 def _checkpoint(model, optimizer) -> bytes:
     buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "amp": amp.state_dict()}, buffer)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "amp": amp.state_dict()},
+        buffer,
+    )
     return buffer.getvalue()
 
 
@@ -92,12 +97,13 @@ def _clean_run(model, optimizer, x, y, steps: int):
 
 @pytest.mark.promise(
     promise="A long streak of overflowing steps backs the loss scale off to min_loss_scale and "
-            "no further; no parameter, master weight or optimizer state moves; afterwards training "
-            "continues exactly as a run started from that state without the streak",
+    "no further; no parameter, master weight or optimizer state moves; afterwards training "
+    "continues exactly as a run started from that state without the streak",
     fault="40 consecutive steps with an inf gradient (O1, O2, O2 with combine_grad; Adam)",
     result="the scale halves step by step to min_loss_scale=1 and stays there; parameters, "
-           "masters and Adam state bit-identical; the next 6 clean steps bit-equal to a "
-           "restored run's")
+    "masters and Adam state bit-identical; the next 6 clean steps bit-equal to a "
+    "restored run's",
+)
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.half_device
 def test_overflow_storm_stops_at_min_scale_and_moves_nothing(name):
@@ -129,10 +135,11 @@ def test_overflow_storm_stops_at_min_scale_and_moves_nothing(name):
 
 @pytest.mark.promise(
     promise="Without a min_loss_scale the scale never reaches 0, NaN or inf, however long the "
-            "streak: it stops at the smallest normal float32, whose reciprocal is still finite",
+    "streak: it stops at the smallest normal float32, whose reciprocal is still finite",
     fault="1,000 consecutive overflowing updates of a dynamic LossScaler with no minimum",
     result="the scale stays finite and positive, ends at float32's tiny (2^-126); one clean "
-           "window grows it again")
+    "window grows it again",
+)
 def test_endless_storm_never_drives_the_scale_to_zero():
     scaler = LossScaler("dynamic", init_scale=2.0**16, scale_window=1)
     seen = set()
@@ -151,19 +158,24 @@ def _grads_of(model):
 
 
 POISONS = {
-    "nan-and-neg-inf-in-two-tensors": lambda m: (m[0].weight.grad.view(-1)[3:4].fill_(float("nan")),
-                                                 m[2].bias.grad.fill_(float("-inf"))),
-    "inf-and-nan-in-one-tensor": lambda m: (m[2].weight.grad.view(-1)[0:1].fill_(float("inf")),
-                                            m[2].weight.grad.view(-1)[1:2].fill_(float("nan"))),
+    "nan-and-neg-inf-in-two-tensors": lambda m: (
+        m[0].weight.grad.view(-1)[3:4].fill_(float("nan")),
+        m[2].bias.grad.fill_(float("-inf")),
+    ),
+    "inf-and-nan-in-one-tensor": lambda m: (
+        m[2].weight.grad.view(-1)[0:1].fill_(float("inf")),
+        m[2].weight.grad.view(-1)[1:2].fill_(float("nan")),
+    ),
     "every-gradient-nan": lambda m: [g.fill_(float("nan")) for g in _grads_of(m)],
 }
 
 
 @pytest.mark.promise(
     promise="A step whose gradients mix NaN, +inf and -inf (in one tensor or several) is skipped "
-            "once: the scale backs off by one factor, nothing moves",
+    "once: the scale backs off by one factor, nothing moves",
     fault="NaN and -inf in two tensors, inf and NaN in one tensor, every gradient NaN",
-    result="one halving of the scale per bad step; parameters and optimizer state bit-identical")
+    result="one halving of the scale per bad step; parameters and optimizer state bit-identical",
+)
 @pytest.mark.parametrize("poison", list(POISONS))
 @pytest.mark.parametrize("name", ["O1", "O2-combine_grad"])
 @pytest.mark.half_device
@@ -179,11 +191,12 @@ def test_mixed_non_finite_gradients_skip_one_step_and_back_off_once(name, poison
 
 @pytest.mark.promise(
     promise="Denormal gradients are numbers, not overflows: the step is taken, the tiny values "
-            "are unscaled exactly as torch's GradScaler does, none is flushed to zero or skipped",
+    "are unscaled exactly as torch's GradScaler does, none is flushed to zero or skipped",
     fault="gradients overwritten with float32 and float16 subnormals (O1: fp32 grads; O2: fp16 "
-          "model grads into fp32 masters)",
+    "model grads into fp32 masters)",
     result="no skip, scale unchanged; the master gradients equal GradScaler's unscale bit for bit "
-           "and stay non-zero")
+    "and stay non-zero",
+)
 @pytest.mark.parametrize("name", ["O1", "O2"])
 @pytest.mark.half_device
 def test_denormal_gradients_are_unscaled_not_skipped(name):
@@ -212,7 +225,8 @@ def test_denormal_gradients_are_unscaled_not_skipped(name):
     expected = [g.float() for g in captured["grads"]]
     found = torch.zeros(1)
     torch._amp_foreach_non_finite_check_and_unscale_(
-        expected, found, torch.tensor(1.0 / scale, dtype=torch.float64).float())
+        expected, found, torch.tensor(1.0 / scale, dtype=torch.float64).float()
+    )
     assert found.item() == 0.0
     assert all(torch.equal(u, e) for u, e in zip(unscaled, expected))
     assert all(bool((u != 0).all()) for u in unscaled)
@@ -220,10 +234,11 @@ def test_denormal_gradients_are_unscaled_not_skipped(name):
 
 @pytest.mark.promise(
     promise="At O0 a non-finite loss is not caught (apex's behaviour: a static scale of 1 and no "
-            "overflow check), so an O0 run matches plain PyTorch step for step, NaN included",
+    "overflow check), so an O0 run matches plain PyTorch step for step, NaN included",
     fault="a NaN loss at O0 (Adam), next to the same step in plain torch",
     result="amp and plain torch both take the step: the same NaN parameters and Adam step "
-           "count; no overflow message; the scale stays 1.0")
+    "count; no overflow message; the scale stays 1.0",
+)
 def test_non_finite_loss_at_o0_behaves_as_apex_and_plain_torch(caplog):
     x, y = make_data()
     model, optimizer = _build({"opt_level": "O0"})
@@ -254,11 +269,12 @@ def test_non_finite_loss_at_o0_behaves_as_apex_and_plain_torch(caplog):
 
 @pytest.mark.promise(
     promise="A checkpoint taken in the middle of an overflow streak resumes bit-exactly: the "
-            "rest of the streak and the recovery are the same as in the uninterrupted run",
+    "rest of the streak and the recovery are the same as in the uninterrupted run",
     fault="model, optimizer and amp state saved after 5 of 12 overflowing steps, restored into "
-          "new objects built from another seed (O1, O2, O2 with combine_grad)",
+    "new objects built from another seed (O1, O2, O2 with combine_grad)",
     result="the same loss scales, losses, parameters, masters and Adam state as the "
-           "uninterrupted run, bit for bit")
+    "uninterrupted run, bit for bit",
+)
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.half_device
 def test_checkpoint_mid_streak_resumes_bit_exactly(name):
@@ -284,6 +300,13 @@ def test_checkpoint_mid_streak_resumes_bit_exactly(name):
     uninterrupted = rest_of_run(model, optimizer, 7)
     resumed = rest_of_run(*_restore(config, blob, **scaling), 7)
     assert uninterrupted[0] == resumed[0]
-    assert [s for _, s in uninterrupted[0]][:7] == [2.0**7, 2.0**6, 2.0**5, 2.0**4, 2.0**4,
-                                                    2.0**4, 2.0**4]
+    assert [s for _, s in uninterrupted[0]][:7] == [
+        2.0**7,
+        2.0**6,
+        2.0**5,
+        2.0**4,
+        2.0**4,
+        2.0**4,
+        2.0**4,
+    ]
     _assert_identical(uninterrupted[1], resumed[1])

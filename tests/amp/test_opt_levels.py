@@ -1,5 +1,6 @@
 """Training at every opt level, as a user writes it (the apex quick start), and what each level does
 to the model and the optimizer."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,10 @@ def _train(model, optimizer, steps=30, x=None, y=None):
     return losses
 
 
-@pytest.mark.parametrize("opt_level", ["O0", *(pytest.param(level, marks=pytest.mark.half_device)
-                                                for level in ("O1", "O2", "O3"))])
+@pytest.mark.parametrize(
+    "opt_level",
+    ["O0", *(pytest.param(level, marks=pytest.mark.half_device) for level in ("O1", "O2", "O3"))],
+)
 def test_quickstart_loop_loss_decreases(opt_level):
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
@@ -161,8 +164,13 @@ def test_bf16_through_cast_model_type_at_o2():
 def test_overrides_replace_level_defaults():
     model, optimizer = quickstart_model()
     model, optimizer = amp.initialize(
-        model, optimizer, opt_level="O2", master_weights=False, loss_scale=128.0,
-        keep_batchnorm_fp32="False", verbosity=0,
+        model,
+        optimizer,
+        opt_level="O2",
+        master_weights=False,
+        loss_scale=128.0,
+        keep_batchnorm_fp32="False",
+        verbosity=0,
     )
     props = amp._amp_state.opt_properties
     assert props.master_weights is False and props.keep_batchnorm_fp32 is False
@@ -202,8 +210,9 @@ def test_any_torch_optimizer_works_at_o2():
     ):
         torch.manual_seed(0)
         model = nn.Linear(10, 1)
-        model, optimizer = amp.initialize(model, make(model.parameters()), opt_level="O2",
-                                          verbosity=0)
+        model, optimizer = amp.initialize(
+            model, make(model.parameters()), opt_level="O2", verbosity=0
+        )
         losses = _train(model, optimizer, steps=25)
         assert losses[-1] < losses[0], (type(optimizer).__name__, losses)
 
@@ -230,8 +239,9 @@ def test_gradient_accumulation_with_delay_unscale_matches_big_batch():
     ref_opt.step()
 
     model, optimizer = quickstart_model()
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
-                                      dynamic_init_scale=256.0)  # no fp16 overflow here
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O2", verbosity=0, dynamic_init_scale=256.0
+    )  # no fp16 overflow here
     optimizer.zero_grad()
     chunks = list(zip(x.chunk(4), y.chunk(4)))
     for i, (xc, yc) in enumerate(chunks):
@@ -253,19 +263,24 @@ def test_two_losses_two_scalers_accumulate_with_their_own_scales():
     ref_grad = ref.weight.grad.clone()
 
     model, optimizer = quickstart_model()
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", num_losses=2,
-                                      verbosity=0)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", num_losses=2, verbosity=0)
     # Give the two scalers different scales so that mixing them up would show.
-    amp.load_state_dict({"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 0},
-                         "loss_scaler1": {"loss_scale": 8.0, "unskipped": 0}})
+    amp.load_state_dict(
+        {
+            "loss_scaler0": {"loss_scale": 1024.0, "unskipped": 0},
+            "loss_scaler1": {"loss_scale": 8.0, "unskipped": 0},
+        }
+    )
     optimizer.zero_grad()
     for loss_id, fn in enumerate((F.mse_loss, F.l1_loss)):
         with amp.scale_loss(fn(model(x), y), optimizer, loss_id=loss_id) as scaled:
             scaled.backward()
     master_w = next(amp.master_params(optimizer))
     torch.testing.assert_close(master_w.grad, ref_grad, atol=1e-2, rtol=1e-2)
-    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 1},
-                                "loss_scaler1": {"loss_scale": 8.0, "unskipped": 1}}
+    assert amp.state_dict() == {
+        "loss_scaler0": {"loss_scale": 1024.0, "unskipped": 1},
+        "loss_scaler1": {"loss_scale": 8.0, "unskipped": 1},
+    }
 
 
 @pytest.mark.half_device
@@ -274,8 +289,9 @@ def test_o2_model_zero_grad_is_enough_between_steps():
     results = []
     for use_model_zero_grad in (False, True):
         model, optimizer = quickstart_model()
-        model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
-                                          dynamic_init_scale=256.0)
+        model, optimizer = amp.initialize(
+            model, optimizer, opt_level="O2", verbosity=0, dynamic_init_scale=256.0
+        )
         for _ in range(4):
             (model if use_model_zero_grad else optimizer).zero_grad()
             with amp.scale_loss(F.mse_loss(model(x), y), optimizer) as scaled:

@@ -1,5 +1,6 @@
 """Every illegal combination and bad value of amp.initialize / scale_loss / load_state_dict raises
 a clear error, before any model or optimizer is touched."""
+
 from __future__ import annotations
 
 import pytest
@@ -62,8 +63,11 @@ def test_legal_neighbours_of_the_illegal_combinations():
         (dict(cast_model_type=torch.int8, opt_level="O2"), TypeError, "cast_model_type"),
         (dict(cast_model_outputs=torch.float64), TypeError, "cast_model_outputs"),
         (dict(half_dtype=torch.float32), TypeError, "half_dtype"),
-        (dict(opt_level="O2", cast_model_type=torch.float16, half_dtype=torch.bfloat16),
-         ValueError, "contradicts"),
+        (
+            dict(opt_level="O2", cast_model_type=torch.float16, half_dtype=torch.bfloat16),
+            ValueError,
+            "contradicts",
+        ),
         (dict(enabled="yes"), TypeError, "enabled"),
         (dict(num_losses=0), ValueError, "num_losses"),
         (dict(num_losses=1.5), ValueError, "num_losses"),
@@ -96,7 +100,8 @@ def test_wrong_model_and_optimizer_types():
     with pytest.raises(ValueError, match="models must not be an empty list"):
         amp.initialize([], optimizer)
     ddp_like = torch.nn.parallel.DistributedDataParallel.__new__(
-        torch.nn.parallel.DistributedDataParallel)
+        torch.nn.parallel.DistributedDataParallel
+    )
     torch.nn.Module.__init__(ddp_like)
     with pytest.raises(RuntimeError, match=r"AFTER amp\.initialize"):
         amp.initialize(ddp_like, optimizer)
@@ -105,8 +110,14 @@ def test_wrong_model_and_optimizer_types():
 @pytest.mark.half_device
 def test_string_forms_accepted_as_apex_does():
     model, optimizer = quickstart_model()
-    amp.initialize(model, optimizer, opt_level="O2", keep_batchnorm_fp32="True",
-                   loss_scale="128.0", verbosity=0)
+    amp.initialize(
+        model,
+        optimizer,
+        opt_level="O2",
+        keep_batchnorm_fp32="True",
+        loss_scale="128.0",
+        verbosity=0,
+    )
     props = amp._amp_state.opt_properties
     assert props.keep_batchnorm_fp32 is True and props.loss_scale == 128.0
     model, optimizer = quickstart_model()

@@ -1,5 +1,6 @@
 """Checkpoint model + optimizer + amp mid-run, resume in a fresh process: the resumed run continues
 exactly like the uninterrupted one (same losses, same loss scales) on CPU."""
+
 from __future__ import annotations
 
 import json

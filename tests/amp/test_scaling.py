@@ -1,5 +1,6 @@
 """Dynamic loss scaling: side by side with torch.amp.GradScaler, clamping, skipped steps that leave
 parameters and optimizer state bit-identical, and amp's state round trip in one process."""
+
 from __future__ import annotations
 
 import copy
@@ -28,14 +29,26 @@ def _side_by_side(pattern, init_scale, growth, backoff, window, min_scale=None, 
     x, y = make_data()
     amp_model, amp_opt = quickstart_model()
     amp_model, amp_opt = amp.initialize(
-        amp_model, amp_opt, opt_level="O1", patch_torch_functions=False, verbosity=0,
-        dynamic_init_scale=init_scale, scale_growth_factor=growth, scale_backoff_factor=backoff,
-        scale_window=window, min_loss_scale=min_scale,
+        amp_model,
+        amp_opt,
+        opt_level="O1",
+        patch_torch_functions=False,
+        verbosity=0,
+        dynamic_init_scale=init_scale,
+        scale_growth_factor=growth,
+        scale_backoff_factor=backoff,
+        scale_window=window,
+        min_loss_scale=min_scale,
         max_loss_scale=float("inf") if max_scale is None else max_scale,  # GradScaler: no cap
     )
     ref_model, ref_opt = quickstart_model()
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth,
-                                  backoff_factor=backoff, growth_interval=window)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=init_scale,
+        growth_factor=growth,
+        backoff_factor=backoff,
+        growth_interval=window,
+    )
     amp_scales, ref_scales = [], []
     for overflow in pattern:
         amp_opt.zero_grad()
@@ -66,7 +79,8 @@ def _side_by_side(pattern, init_scale, growth, backoff, window, min_scale=None, 
 def test_scale_sequence_and_trajectory_equal_gradscaler(init_scale, growth, backoff, window, seed):
     pattern = _overflow_pattern(40, seed)
     amp_scales, ref_scales, (amp_model, ref_model) = _side_by_side(
-        pattern, init_scale, growth, backoff, window)
+        pattern, init_scale, growth, backoff, window
+    )
     assert amp_scales == ref_scales
     assert len(set(amp_scales)) > 3  # the pattern exercised growth and backoff
     # Same unscale kernel, same skipped steps: the parameters agree bit for bit.
@@ -77,15 +91,16 @@ def test_scale_sequence_and_trajectory_equal_gradscaler(init_scale, growth, back
 def test_scale_is_clamped_to_min_and_max():
     pattern = [True] * 8 + [False] * 12 + [True, False] * 3
     amp_scales, ref_scales, _ = _side_by_side(
-        pattern, init_scale=16.0, growth=2.0, backoff=0.5, window=2, min_scale=2.0,
-        max_scale=64.0)
+        pattern, init_scale=16.0, growth=2.0, backoff=0.5, window=2, min_scale=2.0, max_scale=64.0
+    )
     assert amp_scales == ref_scales
     assert min(amp_scales) == 2.0 and max(amp_scales) == 64.0
 
 
 def test_scaler_never_grows_to_inf_and_static_scale_never_moves():
-    s = LossScaler("dynamic", init_scale=3e38, growth_factor=2.0, scale_window=1,
-                   max_loss_scale=float("inf"))
+    s = LossScaler(
+        "dynamic", init_scale=3e38, growth_factor=2.0, scale_window=1, max_loss_scale=float("inf")
+    )
     assert s.update(found_inf=False) is False and s.loss_scale() == pytest.approx(3e38)
     static = LossScaler(128.0)
     assert static.update(found_inf=True) is False and static.loss_scale() == 128.0
@@ -124,8 +139,9 @@ def test_overflow_step_is_skipped_bit_identically_and_logged_once(opt_level, bad
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=1,
-                                      dynamic_init_scale=2.0**8)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=opt_level, verbosity=1, dynamic_init_scale=2.0**8
+    )
     _train_steps(model, optimizer, x, y, 3)
     before = _snapshot(model, optimizer)
     scale = amp.state_dict()["loss_scaler0"]["loss_scale"]
@@ -187,8 +203,15 @@ def test_unscale_matches_gradscaler_and_fallback():
 @pytest.mark.half_device
 def test_amp_state_round_trip_in_process():
     model, optimizer = quickstart_model()
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", num_losses=2,
-                                      scale_window=3, dynamic_init_scale=256.0, verbosity=0)
+    model, optimizer = amp.initialize(
+        model,
+        optimizer,
+        opt_level="O1",
+        num_losses=2,
+        scale_window=3,
+        dynamic_init_scale=256.0,
+        verbosity=0,
+    )
     x, y = make_data()
     for overflow in (False, True, False, False):
         with amp.scale_loss(F.mse_loss(model(x), y), optimizer, loss_id=1) as scaled:
@@ -200,8 +223,7 @@ def test_amp_state_round_trip_in_process():
     saved = copy.deepcopy(amp.state_dict())
     assert saved["loss_scaler1"] == {"loss_scale": 128.0, "unskipped": 2}
     model2, optimizer2 = quickstart_model()
-    amp.initialize(model2, optimizer2, opt_level="O1", num_losses=2, scale_window=3,
-                   verbosity=0)
+    amp.initialize(model2, optimizer2, opt_level="O1", num_losses=2, scale_window=3, verbosity=0)
     assert amp.state_dict() != saved
     amp.load_state_dict(saved)
     assert amp.state_dict() == saved

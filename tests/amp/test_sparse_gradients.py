@@ -2,6 +2,7 @@
 message, amp/masters/unscale.py's SPARSE_GRADIENTS: the per-tensor unscale (any torch
 optimizer), amp's one-pass unscale (fused optimizers), the combined buffers (combine_grad,
 NpuFused*), the deferred check (defer_unscale=True) and a fused optimizer's own step without amp."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -17,16 +18,18 @@ MakeOpt = Callable[[Any], torch.optim.Optimizer]
 PATHS: dict[str, tuple[MakeOpt, dict[str, Any]]] = {
     "lists O1": (lambda ps: torch.optim.SGD(ps, lr=0.1), {"opt_level": "O1"}),
     "lists O2": (lambda ps: torch.optim.SGD(ps, lr=0.1), {"opt_level": "O2"}),
-    "combined": (lambda ps: torch.optim.SGD(ps, lr=0.1),
-                 {"opt_level": "O1", "combine_grad": True}),
-    "combined npu fused": (lambda ps: amp.optimizers.NpuFusedSGD(ps, lr=0.1),
-                           {"opt_level": "O1"}),
+    "combined": (lambda ps: torch.optim.SGD(ps, lr=0.1), {"opt_level": "O1", "combine_grad": True}),
+    "combined npu fused": (lambda ps: amp.optimizers.NpuFusedSGD(ps, lr=0.1), {"opt_level": "O1"}),
     "one pass O1": (lambda ps: amp.optimizers.FusedSGD(ps, lr=0.1), {"opt_level": "O1"}),
     "one pass O2": (lambda ps: amp.optimizers.FusedAdam(ps, lr=0.1), {"opt_level": "O2"}),
-    "deferred O1": (lambda ps: amp.optimizers.FusedSGD(ps, lr=0.1),
-                    {"opt_level": "O1", "defer_unscale": True}),
-    "deferred O2": (lambda ps: amp.optimizers.FusedAdam(ps, lr=0.1),
-                    {"opt_level": "O2", "defer_unscale": True}),
+    "deferred O1": (
+        lambda ps: amp.optimizers.FusedSGD(ps, lr=0.1),
+        {"opt_level": "O1", "defer_unscale": True},
+    ),
+    "deferred O2": (
+        lambda ps: amp.optimizers.FusedAdam(ps, lr=0.1),
+        {"opt_level": "O2", "defer_unscale": True},
+    ),
 }
 
 

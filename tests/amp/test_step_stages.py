@@ -1,6 +1,7 @@
 """What one optimizer's step does at each of its stages (amp/masters/stash.py ``Stage``), seen from
 the public API: which method the step runs, when a closure is refused and what that refusal leaves,
 and an overflow's skip, which holds until the next ``step()`` whatever comes between."""
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,12 @@ class SeamSGD(torch.optim.Optimizer):
 
     def _amp_grads_nonfinite(self, model_params, inv_scale):
         self.calls.append("check")
-        return any(not bool(torch.isfinite(m.grad).all())
-                   for group in model_params for m in group if m.grad is not None)
+        return any(
+            not bool(torch.isfinite(m.grad).all())
+            for group in model_params
+            for m in group
+            if m.grad is not None
+        )
 
     @torch.no_grad()
     def _amp_fused_step(self, model_params, inv_scale):
@@ -56,8 +61,9 @@ def _setup(defer: bool):
     torch.manual_seed(0)
     model = torch.nn.Linear(10, 1)
     opt = SeamSGD(model.parameters(), lr=0.05)
-    return amp.initialize(model, opt, opt_level="O1", verbosity=1, defer_unscale=defer,
-                          dynamic_init_scale=2.0**10)
+    return amp.initialize(
+        model, opt, opt_level="O1", verbosity=1, defer_unscale=defer, dynamic_init_scale=2.0**10
+    )
 
 
 def _backward(model, opt, inject: bool = False) -> None:
@@ -107,7 +113,8 @@ def test_the_skip_holds_until_the_next_step(defer: bool, caplog) -> None:
         opt.step()
     assert torch.equal(model.weight, before)
     assert [r.getMessage() for r in caplog.records if r.name == "amp"] == [
-        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 512.0"]
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 512.0"
+    ]
     assert "fused" not in opt.calls and "unscaled" not in opt.calls
     opt.step()  # the skipped step took the stage with it: the optimizer's own step now
     assert opt.calls[-1] == "step" and not torch.equal(model.weight, before)

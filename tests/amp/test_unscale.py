@@ -1,5 +1,6 @@
 """amp/masters/unscale.py: the unscale passes answer with one type, ``Unscaled``, whose flag stays
 on the device until someone asks the host (``nonfinite``)."""
+
 from __future__ import annotations
 
 import pytest

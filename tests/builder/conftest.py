@@ -22,8 +22,20 @@ def docker_amp_build(tmp_path_factory: pytest.TempPathFactory) -> AmpBuild:
     base = build_base_image(docker_engine())
     project = snapshot_of_this_repo(root / "ampforge")
     seeded = seed_dist(root / "dist")
-    args = ("--backend", "docker", "--base-image", base.tag, "--arch", "X86", "--python",
-            "3.11", "--wheelhouse", str(wheelhouse_cp311()), "--project", str(project))
+    args = (
+        "--backend",
+        "docker",
+        "--base-image",
+        base.tag,
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--project",
+        str(project),
+    )
     return AmpBuild(root, args, run_build(root, *args), seeded)
 
 
@@ -32,6 +44,14 @@ def host_amp_build(tmp_path_factory: pytest.TempPathFactory) -> AmpBuild:
     """This repository built by the host backend (the default project: the checkout)."""
     root = tmp_path_factory.mktemp("host-amp")
     seeded = seed_dist(root / "dist")
-    args = ("--backend", "host", "--arch", "X86", "--python", "3.11",
-            "--wheelhouse", str(wheelhouse_cp311()))
+    args = (
+        "--backend",
+        "host",
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     return AmpBuild(root, args, run_build(root, *args), seeded)

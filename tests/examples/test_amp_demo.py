@@ -26,9 +26,28 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     png = tmp_path_factory.mktemp("demo") / "out" / "amp_demo.png"
     # A narrow MLP on a wide batch: activations dominate its memory (as in real training),
     # and the run stays a few seconds on a 2-core CI machine.
-    r = subprocess.run([sys.executable, str(DEMO), "--steps", str(STEPS), "--device", "cpu",
-                        "--batch", "1024", "--width", "64", "--depth", "3", "--out", str(png)],
-                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(DEMO),
+            "--steps",
+            str(STEPS),
+            "--device",
+            "cpu",
+            "--batch",
+            "1024",
+            "--width",
+            "64",
+            "--depth",
+            "3",
+            "--out",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout, png
 
@@ -40,7 +59,7 @@ def _loss_tables(out: str) -> dict[str, list[list[float]]]:
         m = re.match(r"(\w+): .* -- loss per step$", line)
         if m:
             assert lines[i + 1].split()[0] == "step"
-            rows = [ln.split() for ln in lines[i + 2:i + 2 + STEPS]]
+            rows = [ln.split() for ln in lines[i + 2 : i + 2 + STEPS]]
             assert [int(r[0]) for r in rows] == list(range(1, STEPS + 1))
             tables[m.group(1)] = [[float(v) for v in r[1:]] for r in rows]
     return tables
@@ -55,10 +74,9 @@ def _run_table(out: str) -> dict[tuple[str, str], dict[str, str]]:
     lines = out.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("model ") and "peak" in ln)
     header = re.split(r"\s{2,}", lines[start].strip())
-    assert header == ["model", "run", "weights", "weights size", "peak", "step ms",
-                      "final loss"]
+    assert header == ["model", "run", "weights", "weights size", "peak", "step ms", "final loss"]
     rows = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             break
         cells = dict(zip(header, re.split(r"\s{2,}", line.strip())))
@@ -70,8 +88,8 @@ def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     chunks, i = [], 8
     while i < len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        chunks.append((data[i + 4:i + 8], data[i + 8:i + 8 + n]))
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        chunks.append((data[i + 4 : i + 8], data[i + 8 : i + 8 + n]))
         i += 12 + n
     assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
     return chunks
@@ -99,14 +117,14 @@ def test_run_table_numbers_are_what_mixed_precision_must_give(demo: tuple[str, P
     tables = _loss_tables(out)
     for (model, run), row in rows.items():
         assert float(row["step ms"]) > 0
-        assert float(row["final loss"]) == pytest.approx(tables[model][-1][RUNS.index(run)],
-                                                         abs=1e-5)
+        assert float(row["final loss"]) == pytest.approx(
+            tables[model][-1][RUNS.index(run)], abs=1e-5
+        )
         assert row["weights"] == ("bf16" if run == "O2 bf16" else "fp32")
     for model in ("quickstart", "mlp"):
         fp32 = _bytes(rows[(model, "fp32")]["weights size"])
         # O2: the model's weights are bf16 (the fp32 masters live in the optimizer).
-        assert _bytes(rows[(model, "O2 bf16")]["weights size"]) == pytest.approx(fp32 / 2,
-                                                                                rel=0.01)
+        assert _bytes(rows[(model, "O2 bf16")]["weights size"]) == pytest.approx(fp32 / 2, rel=0.01)
         assert _bytes(rows[(model, "O1 bf16")]["weights size"]) == fp32
     quickstart_weights = _bytes(rows[("quickstart", "fp32")]["weights size"])
     assert quickstart_weights == 11 * 4  # nn.Linear(10, 1): 10 weights + 1 bias, fp32
@@ -142,6 +160,11 @@ def test_png_is_a_picture_of_those_numbers(demo: tuple[str, Path]) -> None:
 
 
 def test_bad_arguments_exit_2() -> None:
-    r = subprocess.run([sys.executable, str(DEMO), "--steps", "0"], capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, str(DEMO), "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert r.returncode == 2 and "--steps 0: expected 1 or more" in r.stderr

@@ -1,6 +1,7 @@
 """apex's low-level API: ``amp.multi_tensor_applier(op, noop_flag, tensor_lists, *args)`` with
 the ``amp._C.multi_tensor_*`` ops in apex's argument order, checked against plain torch, and the
 overflow flag set (never cleared) as apex sets it."""
+
 from __future__ import annotations
 
 import pytest
@@ -61,8 +62,9 @@ def test_multi_tensor_l2norm(amp_C):
     torch.testing.assert_close(per.double(), ref, rtol=1e-6, atol=0)
     norm2, per2 = multi_tensor_applier(amp_C.multi_tensor_l2norm, flag, [xs], False)
     assert torch.equal(norm2, norm) and per2.numel() == 0 and flag.item() == 0
-    unscaled, _ = multi_tensor_applier(amp_C.multi_tensor_unscale_l2norm, flag, [xs],
-                                       torch.tensor([0.5]), False)
+    unscaled, _ = multi_tensor_applier(
+        amp_C.multi_tensor_unscale_l2norm, flag, [xs], torch.tensor([0.5]), False
+    )
     torch.testing.assert_close(unscaled, norm * 0.5)
     xs[3][9] = float("inf")
     multi_tensor_applier(amp_C.multi_tensor_l2norm, flag, [xs])
@@ -77,10 +79,22 @@ def _adam_state():
 def test_multi_tensor_adam_equals_amp_adam(amp_C, mode):
     g, p, m, v = _adam_state()
     g2, p2, m2, v2 = _adam_state()
-    multi_tensor_applier(amp_C.multi_tensor_adam, _flag(), [g, p, m, v], 1e-2, 0.9, 0.999, 1e-8,
-                         3, mode, 1, 0.01)
-    mt.adam(g2, p2, m2, v2, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, step=3,
-            adam_w_mode=mode == 1, weight_decay=0.01)
+    multi_tensor_applier(
+        amp_C.multi_tensor_adam, _flag(), [g, p, m, v], 1e-2, 0.9, 0.999, 1e-8, 3, mode, 1, 0.01
+    )
+    mt.adam(
+        g2,
+        p2,
+        m2,
+        v2,
+        lr=1e-2,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        step=3,
+        adam_w_mode=mode == 1,
+        weight_decay=0.01,
+    )
     assert all(torch.equal(a, b) for a, b in zip(p + m + v, p2 + m2 + v2))
 
 
@@ -89,12 +103,14 @@ def test_multi_tensor_sgd_skips_when_flag_set_and_writes_half_copy(amp_C):
     half = [x.half() for x in p]
     before = [x.clone() for x in p]
     flag = torch.ones(1, dtype=torch.int)
-    multi_tensor_applier(amp_C.multi_tensor_sgd, flag, [g, p, mom, half], 0.0, 0.9, 0.0, 0.1,
-                         False, True, False, 1.0)
+    multi_tensor_applier(
+        amp_C.multi_tensor_sgd, flag, [g, p, mom, half], 0.0, 0.9, 0.0, 0.1, False, True, False, 1.0
+    )
     assert all(torch.equal(a, b) for a, b in zip(p, before))  # apex's SGD: no step on overflow
     flag.zero_()
-    multi_tensor_applier(amp_C.multi_tensor_sgd, flag, [g, p, mom, half], 0.0, 0.9, 0.0, 0.1,
-                         False, True, False, 0.5)
+    multi_tensor_applier(
+        amp_C.multi_tensor_sgd, flag, [g, p, mom, half], 0.0, 0.9, 0.0, 0.1, False, True, False, 0.5
+    )
     for pi, bi, gi, hi in zip(p, before, g, half):
         torch.testing.assert_close(pi, bi - 0.1 * (gi.float() * 0.5), rtol=1e-6, atol=1e-7)
         assert torch.equal(hi, pi.half())
@@ -103,10 +119,36 @@ def test_multi_tensor_sgd_skips_when_flag_set_and_writes_half_copy(amp_C):
 def test_multi_tensor_lamb_clips_by_the_global_norm(amp_C):
     g, p, m, v = _adam_state()
     g2, p2, m2, v2 = _adam_state()
-    multi_tensor_applier(amp_C.multi_tensor_lamb, _flag(), [g, p, m, v], 1e-2, 0.9, 0.999, 1e-6,
-                         1, 1, 0.01, 1, 1, torch.tensor([8.0]), 2.0, False)
-    mt.lamb(g2, p2, m2, v2, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, step=1,
-            weight_decay=0.01, grad_scale=2.0 / 8.0)
+    multi_tensor_applier(
+        amp_C.multi_tensor_lamb,
+        _flag(),
+        [g, p, m, v],
+        1e-2,
+        0.9,
+        0.999,
+        1e-6,
+        1,
+        1,
+        0.01,
+        1,
+        1,
+        torch.tensor([8.0]),
+        2.0,
+        False,
+    )
+    mt.lamb(
+        g2,
+        p2,
+        m2,
+        v2,
+        lr=1e-2,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-6,
+        step=1,
+        weight_decay=0.01,
+        grad_scale=2.0 / 8.0,
+    )
     assert all(torch.equal(a, b) for a, b in zip(p + m + v, p2 + m2 + v2))
 
 
@@ -119,17 +161,43 @@ def test_multi_tensor_adagrad_and_novograd_equal_amp_ops(amp_C):
     g, p, m = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     g2, p2, m2 = _t(seed=1), _t(seed=2), [torch.zeros(n) for n in SIZES]
     norms, norms2 = torch.ones(len(SIZES)), torch.ones(len(SIZES))
-    multi_tensor_applier(amp_C.multi_tensor_novograd, _flag(), [g, p, m], norms, 1e-2, 0.9,
-                         0.98, 1e-8, 2, 1, 0.01, 1, 1, 2)
-    mt.novograd(g2, p2, m2, grad_norms=norms2, lr=1e-2, beta1=0.9, beta2=0.98, eps=1e-8,
-                 step=2, weight_decay=0.01, moment_mode=1)
+    multi_tensor_applier(
+        amp_C.multi_tensor_novograd,
+        _flag(),
+        [g, p, m],
+        norms,
+        1e-2,
+        0.9,
+        0.98,
+        1e-8,
+        2,
+        1,
+        0.01,
+        1,
+        1,
+        2,
+    )
+    mt.novograd(
+        g2,
+        p2,
+        m2,
+        grad_norms=norms2,
+        lr=1e-2,
+        beta1=0.9,
+        beta2=0.98,
+        eps=1e-8,
+        step=2,
+        weight_decay=0.01,
+        moment_mode=1,
+    )
     assert torch.equal(norms, norms2)
     assert all(torch.equal(a, b) for a, b in zip(p + m, p2 + m2))
 
 
 def test_apex_api_errors_name_the_problem(amp_C):
-    with pytest.raises(ValueError, match="multi_tensor_scale: tensor_lists has 1 lists; "
-                                         "expected 2"):
+    with pytest.raises(
+        ValueError, match="multi_tensor_scale: tensor_lists has 1 lists; expected 2"
+    ):
         multi_tensor_applier(amp_C.multi_tensor_scale, _flag(), [_t()], 1.0)
     with pytest.raises(TypeError, match="op must be callable"):
         multi_tensor_applier("multi_tensor_scale", _flag(), [_t(), _t()], 1.0)

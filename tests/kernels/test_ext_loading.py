@@ -1,5 +1,6 @@
 """amp._ext: the compiled module is used when it matches the imported torch; otherwise one
 clear warning and the fallback (apex's 'No module named amp_C' / undefined-symbol failure)."""
+
 from __future__ import annotations
 
 import os
@@ -37,10 +38,13 @@ def test_built_extension_matches_this_torch(fresh_ext):
 
 
 def test_version_mismatch_warns_once_and_falls_back(fresh_ext, tmp_path, monkeypatch):
-    name = _fake_module(tmp_path, monkeypatch, "fake_amp_c_old",
-                        "__torch_version__ = '1.13.1+cu117'\n")
-    with pytest.warns(_ext.AmpExtensionWarning,
-                      match=r"built against torch 1\.13\.1\+cu117, but torch .* is imported"):
+    name = _fake_module(
+        tmp_path, monkeypatch, "fake_amp_c_old", "__torch_version__ = '1.13.1+cu117'\n"
+    )
+    with pytest.warns(
+        _ext.AmpExtensionWarning,
+        match=r"built against torch 1\.13\.1\+cu117, but torch .* is imported",
+    ):
         assert fresh_ext.load(name) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # cached: no second warning
@@ -48,9 +52,14 @@ def test_version_mismatch_warns_once_and_falls_back(fresh_ext, tmp_path, monkeyp
 
 
 def test_import_error_warns_and_falls_back(fresh_ext, tmp_path, monkeypatch):
-    name = _fake_module(tmp_path, monkeypatch, "fake_amp_c_broken", """
+    name = _fake_module(
+        tmp_path,
+        monkeypatch,
+        "fake_amp_c_broken",
+        """
         raise ImportError("undefined symbol: _ZN3c1017RegisterOperatorsD1Ev")
-    """)
+    """,
+    )
     with pytest.warns(_ext.AmpExtensionWarning, match="undefined symbol"):
         assert fresh_ext.load(name) is None
 
@@ -70,7 +79,8 @@ def test_disable_env_forces_fallback_silently(fresh_ext, monkeypatch):
 def test_fallback_optimizer_runs_with_one_warning_in_a_fresh_process(tmp_path):
     # A whole user session where amp._C is unusable: one warning, correct training.
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys, types, warnings
         fake = types.ModuleType("amp._C"); fake.__torch_version__ = "0.0.0"
         sys.modules["amp._C"] = fake
@@ -88,11 +98,13 @@ def test_fallback_optimizer_runs_with_one_warning_in_a_fresh_process(tmp_path):
         assert "built against torch 0.0.0" in msgs[0]
         assert bool((p < 1).all())
         print("ok")
-    """))
+    """)
+    )
     env = dict(os.environ)
     env.pop("AMP_DISABLE_EXTENSION", None)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 

@@ -2,6 +2,7 @@
 works or is refused clearly), the builds agreeing with each other, the streamed half copy
 being the same bits as the ordinary one, results not depending on the thread count, and
 the benchmark's limit probe doing what it says."""
+
 from __future__ import annotations
 
 import subprocess
@@ -53,15 +54,22 @@ def test_unknown_isa_is_refused(mod) -> None:
 
 
 def _import_with(env_isa: str) -> str:
-    code = ("import warnings; warnings.simplefilter('always')\n"
-            "from amp import _ext; print(_ext.isa())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**_env(), "AMP_KERNEL_ISA": env_isa}, check=True)
+    code = (
+        "import warnings; warnings.simplefilter('always')\nfrom amp import _ext; print(_ext.isa())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**_env(), "AMP_KERNEL_ISA": env_isa},
+        check=True,
+    )
     return out.stdout.strip() + "\n" + out.stderr
 
 
 def _env() -> dict[str, str]:
     import os  # noqa: PLC0415
+
     return {k: v for k, v in os.environ.items() if k != "AMP_DISABLE_EXTENSION"}
 
 
@@ -81,28 +89,69 @@ def _data(gdtype: torch.dtype, seed: int = 0) -> dict[str, list[torch.Tensor]]:
     rnd = lambda s=1.0: [torch.randn(n, generator=gen) * s for n in SIZES]  # noqa: E731
     grads = [g.to(gdtype) for g in rnd(1e-2)]
     grads[2][5] = 3e-39  # a float32 subnormal (bf16 keeps it; some conversions flush it)
-    return dict(g=grads, p=rnd(), m=rnd(1e-2), v=[x.abs() for x in rnd(1e-4)],
-                h=[torch.empty(n, dtype=torch.bfloat16) for n in SIZES])
+    return dict(
+        g=grads,
+        p=rnd(),
+        m=rnd(1e-2),
+        v=[x.abs() for x in rnd(1e-4)],
+        h=[torch.empty(n, dtype=torch.bfloat16) for n in SIZES],
+    )
 
 
 def _run_all(d: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
     """Every kernel with a half copy, plus the reductions, on copies of `d`."""
     c = {k: [t.clone() for t in v] for k, v in d.items()}
     out: list[torch.Tensor] = []
-    mt.adam(c["g"], c["p"], c["m"], c["v"], c["h"], lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-            step=3, adam_w_mode=True, weight_decay=0.01, grad_scale=0.5)
+    mt.adam(
+        c["g"],
+        c["p"],
+        c["m"],
+        c["v"],
+        c["h"],
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        step=3,
+        adam_w_mode=True,
+        weight_decay=0.01,
+        grad_scale=0.5,
+    )
     out += c["p"] + c["m"] + c["v"] + c["h"]
-    mt.sgd(c["g"], c["p"], c["m"], c["h"], lr=0.1, momentum=0.9, weight_decay=1e-4,
-           grad_scale=0.5)
+    mt.sgd(c["g"], c["p"], c["m"], c["h"], lr=0.1, momentum=0.9, weight_decay=1e-4, grad_scale=0.5)
     out += c["p"] + c["m"] + c["h"]
-    mt.adagrad(c["g"], c["p"], c["v"], c["h"], lr=0.1, eps=1e-10, weight_decay=1e-4,
-                w_mode=False, grad_scale=0.5)
+    mt.adagrad(
+        c["g"],
+        c["p"],
+        c["v"],
+        c["h"],
+        lr=0.1,
+        eps=1e-10,
+        weight_decay=1e-4,
+        w_mode=False,
+        grad_scale=0.5,
+    )
     out += c["p"] + c["v"] + c["h"]
     norms = torch.zeros(len(SIZES))
-    mt.novograd(c["g"], c["p"], c["m"], c["h"], grad_norms=norms, lr=1e-2, beta1=0.95, beta2=0.98,
-                 eps=1e-8, step=2, bias_correction=True, weight_decay=1e-3,
-                 grad_averaging=True, moment_mode=0, norm_type=2, init_norms=True,
-                 grad_scale=0.5)
+    mt.novograd(
+        c["g"],
+        c["p"],
+        c["m"],
+        c["h"],
+        grad_norms=norms,
+        lr=1e-2,
+        beta1=0.95,
+        beta2=0.98,
+        eps=1e-8,
+        step=2,
+        bias_correction=True,
+        weight_decay=1e-3,
+        grad_averaging=True,
+        moment_mode=0,
+        norm_type=2,
+        init_norms=True,
+        grad_scale=0.5,
+    )
     out += c["p"] + c["m"] + c["h"] + [norms]
     total, per, _ = mt.l2norm(c["g"], 0.5, per_tensor=True)
     out += [torch.tensor([total], dtype=torch.float64), per]
@@ -115,8 +164,9 @@ def _run_all(d: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
 def _bitwise_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
     assert len(a) == len(b)
     for i, (x, y) in enumerate(zip(a, b)):
-        assert x.dtype == y.dtype and torch.equal(x.view(-1).view(torch.uint8),
-                                                  y.view(-1).view(torch.uint8)), i
+        assert x.dtype == y.dtype and torch.equal(
+            x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)
+        ), i
 
 
 def _on(mod, name: str, fn: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -134,8 +184,9 @@ def test_avx512_is_bitwise_avx2(mod, gdtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16])
-def test_streamed_half_copy_is_the_same_bits(mod, gdtype: torch.dtype,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streamed_half_copy_is_the_same_bits(
+    mod, gdtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     d = _data(gdtype, seed=1)
     for name in _ext.supported_isas():
         mod.set_isa(name)

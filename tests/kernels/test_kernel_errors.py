@@ -1,5 +1,6 @@
 """Bad input gives a clear Python exception naming the list and the problem, on every
 backend, and never a crash or a silent wrong result."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,19 @@ from amp.kernels import ops as mt
 def _adam(grads, params, m=None, v=None, models=None):
     m = m if m is not None else [torch.zeros_like(p) for p in params]
     v = v if v is not None else [torch.zeros_like(p) for p in params]
-    mt.adam(grads, params, m, v, models, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, step=1,
-            adam_w_mode=True)
+    mt.adam(
+        grads,
+        params,
+        m,
+        v,
+        models,
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        step=1,
+        adam_w_mode=True,
+    )
 
 
 def test_empty_lists(backend):
@@ -65,8 +77,18 @@ def test_half_model_copy_needs_fp32_master(backend):
 
 def test_bad_step_and_arg(backend):
     with pytest.raises(ValueError, match="step must be >= 1"):
-        mt.adam([torch.ones(1)], [torch.ones(1)], [torch.ones(1)], [torch.ones(1)], lr=1.0,
-                beta1=0.9, beta2=0.9, eps=1e-8, step=0, adam_w_mode=True)
+        mt.adam(
+            [torch.ones(1)],
+            [torch.ones(1)],
+            [torch.ones(1)],
+            [torch.ones(1)],
+            lr=1.0,
+            beta1=0.9,
+            beta2=0.9,
+            eps=1e-8,
+            step=0,
+            adam_w_mode=True,
+        )
     with pytest.raises(ValueError, match="arg_to_check"):
         mt.axpby([torch.ones(1)], [torch.ones(1)], [torch.ones(1)], 1.0, 1.0, 2)
     with pytest.raises(ValueError, match="momentum_buffers"):

@@ -1,5 +1,6 @@
 """Property tests: every multi-tensor kernel against a plain-torch reference, on every
 backend (AVX2 and generic compiled kernels, pure-torch fallback)."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,9 @@ from amp.kernels import ops as mt
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 # Sizes around the kernels' block (512) and chunk (32768) edges, plus empty tensors.
 SIZES = [0, 1, 3, 7, 17, 511, 512, 513, 1000, 32769, 70001]
-PROP = settings(max_examples=25, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROP = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 dtypes = st.sampled_from(FLOATS)
 size_lists = st.lists(st.sampled_from(SIZES), min_size=1, max_size=6)
@@ -23,9 +25,11 @@ nonfinite = st.sampled_from([None, math.inf, -math.inf, math.nan])
 
 
 def _tol(dtype: torch.dtype) -> dict:
-    return {torch.float32: dict(rtol=1e-5, atol=1e-6),
-            torch.float16: dict(rtol=2e-3, atol=1e-4),
-            torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3)}[dtype]
+    return {
+        torch.float32: dict(rtol=1e-5, atol=1e-6),
+        torch.float16: dict(rtol=2e-3, atol=1e-4),
+        torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
+    }[dtype]
 
 
 def _randn(sizes: list[int], dtype: torch.dtype, seed: int, scale: float = 1.0):
@@ -45,8 +49,14 @@ def _poison(ts: list[torch.Tensor], value, seed: int) -> bool:
 
 
 @PROP
-@given(sizes=size_lists, din=dtypes, dout=dtypes, s=st.floats(1e-3, 1e3), bad=nonfinite,
-       seed=st.integers(0, 2**16))
+@given(
+    sizes=size_lists,
+    din=dtypes,
+    dout=dtypes,
+    s=st.floats(1e-3, 1e3),
+    bad=nonfinite,
+    seed=st.integers(0, 2**16),
+)
 def test_scale_matches_torch(backend, sizes, din, dout, s, bad, seed):
     xs = _randn(sizes, din, seed)
     poisoned = _poison(xs, bad, seed)
@@ -54,19 +64,32 @@ def test_scale_matches_torch(backend, sizes, din, dout, s, bad, seed):
     found = mt.scale(xs, outs, s)
     s32 = torch.tensor(s, dtype=torch.float32)
     for x, o in zip(xs, outs):
-        assert torch.equal(o, (x.float() * s32).to(dout), ) or (
+        assert torch.equal(
+            o,
+            (x.float() * s32).to(dout),
+        ) or (
             # NaN != NaN: compare NaN positions separately
             torch.equal(o.isnan(), (x.float() * s32).isnan())
-            and torch.equal(torch.nan_to_num(o), torch.nan_to_num((x.float() * s32).to(dout))))
+            and torch.equal(torch.nan_to_num(o), torch.nan_to_num((x.float() * s32).to(dout)))
+        )
     expected = any(not bool(torch.isfinite(x.float() * s32).all()) for x in xs)
     assert found == expected
     assert poisoned <= found  # an injected inf/nan is always reported
 
 
 @PROP
-@given(sizes=size_lists, dx=dtypes, dy=dtypes, dout=dtypes, a=st.floats(-4, 4),
-       b=st.floats(-4, 4), check=st.sampled_from([-1, 0, 1]), bad=nonfinite,
-       poison_y=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    sizes=size_lists,
+    dx=dtypes,
+    dy=dtypes,
+    dout=dtypes,
+    a=st.floats(-4, 4),
+    b=st.floats(-4, 4),
+    check=st.sampled_from([-1, 0, 1]),
+    bad=nonfinite,
+    poison_y=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_axpby_matches_torch(backend, sizes, dx, dy, dout, a, b, check, bad, poison_y, seed):
     xs, ys = _randn(sizes, dx, seed), _randn(sizes, dy, seed + 1)
     poisoned = _poison(ys if poison_y else xs, bad, seed)
@@ -81,8 +104,14 @@ def test_axpby_matches_torch(backend, sizes, dx, dy, dout, a, b, check, bad, poi
 
 
 @PROP
-@given(sizes=size_lists, dtype=dtypes, s=st.floats(1e-3, 1e3), bad=nonfinite,
-       per_tensor=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    sizes=size_lists,
+    dtype=dtypes,
+    s=st.floats(1e-3, 1e3),
+    bad=nonfinite,
+    per_tensor=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_l2norm_matches_torch(backend, sizes, dtype, s, bad, per_tensor, seed):
     xs = _randn(sizes, dtype, seed)
     poisoned = _poison(xs, bad, seed)
@@ -120,12 +149,18 @@ def _adam_reference(g, p, m, v, *, lr, beta1, beta2, eps, step, adam_w_mode, wd,
 
 
 @PROP
-@given(sizes=size_lists, dg=dtypes, dp=dtypes, master=st.sampled_from([None, torch.float16,
-       torch.bfloat16]), adam_w_mode=st.booleans(), step=st.integers(1, 50),
-       wd=st.sampled_from([0.0, 0.01, 0.3]), gs=st.sampled_from([1.0, 2.0**-10, 0.37]),
-       seed=st.integers(0, 2**16))
-def test_adam_matches_reference(backend, sizes, dg, dp, master, adam_w_mode, step, wd, gs,
-                                seed):
+@given(
+    sizes=size_lists,
+    dg=dtypes,
+    dp=dtypes,
+    master=st.sampled_from([None, torch.float16, torch.bfloat16]),
+    adam_w_mode=st.booleans(),
+    step=st.integers(1, 50),
+    wd=st.sampled_from([0.0, 0.01, 0.3]),
+    gs=st.sampled_from([1.0, 2.0**-10, 0.37]),
+    seed=st.integers(0, 2**16),
+)
+def test_adam_matches_reference(backend, sizes, dg, dp, master, adam_w_mode, step, wd, gs, seed):
     if master is not None:
         dp = torch.float32  # fp32 master weights with a half model copy
     grads = _randn(sizes, dg, seed, scale=1.0 / gs)
@@ -134,11 +169,14 @@ def test_adam_matches_reference(backend, sizes, dg, dp, master, adam_w_mode, ste
     v = [t.abs() for t in _randn(sizes, dp, seed + 3, scale=0.01)]
     models = None if master is None else [torch.empty(n, dtype=master) for n in sizes]
     hp = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, step=step)
-    refs = [_adam_reference(g, p, a, b, adam_w_mode=adam_w_mode, wd=wd, gs=gs, **hp)
-            for g, p, a, b in zip(grads, params, m, v)]
+    refs = [
+        _adam_reference(g, p, a, b, adam_w_mode=adam_w_mode, wd=wd, gs=gs, **hp)
+        for g, p, a, b in zip(grads, params, m, v)
+    ]
     g_before = [g.clone() for g in grads]
-    mt.adam(grads, params, m, v, models, adam_w_mode=adam_w_mode, weight_decay=wd,
-            grad_scale=gs, **hp)
+    mt.adam(
+        grads, params, m, v, models, adam_w_mode=adam_w_mode, weight_decay=wd, grad_scale=gs, **hp
+    )
     for g, gb in zip(grads, g_before):
         assert torch.equal(g, gb)  # gradients are never written
     for i, (rp, rm, rv) in enumerate(refs):
@@ -162,12 +200,23 @@ def _sgd_reference(g, p, b, *, lr, momentum, dampening, wd, nesterov, wd_after, 
 
 
 @PROP
-@given(sizes=size_lists, dg=dtypes, dp=dtypes, master=st.sampled_from([None, torch.bfloat16]),
-       momentum=st.sampled_from([0.0, 0.9]), dampening=st.sampled_from([0.0, 0.1]),
-       nesterov=st.booleans(), wd=st.sampled_from([0.0, 1e-2]), wd_after=st.booleans(),
-       first=st.booleans(), gs=st.sampled_from([1.0, 0.25]), seed=st.integers(0, 2**16))
-def test_sgd_matches_reference(backend, sizes, dg, dp, master, momentum, dampening, nesterov, wd,
-                               wd_after, first, gs, seed):
+@given(
+    sizes=size_lists,
+    dg=dtypes,
+    dp=dtypes,
+    master=st.sampled_from([None, torch.bfloat16]),
+    momentum=st.sampled_from([0.0, 0.9]),
+    dampening=st.sampled_from([0.0, 0.1]),
+    nesterov=st.booleans(),
+    wd=st.sampled_from([0.0, 1e-2]),
+    wd_after=st.booleans(),
+    first=st.booleans(),
+    gs=st.sampled_from([1.0, 0.25]),
+    seed=st.integers(0, 2**16),
+)
+def test_sgd_matches_reference(
+    backend, sizes, dg, dp, master, momentum, dampening, nesterov, wd, wd_after, first, gs, seed
+):
     if master is not None:
         dp = torch.float32
     if nesterov:
@@ -177,11 +226,23 @@ def test_sgd_matches_reference(backend, sizes, dg, dp, master, momentum, dampeni
     bufs = _randn(sizes, dp, seed + 2) if momentum else None
     models = None if master is None else [torch.empty(n, dtype=master) for n in sizes]
     hp = dict(lr=0.05, momentum=momentum, dampening=dampening, nesterov=nesterov)
-    refs = [_sgd_reference(g, p, bufs[i] if bufs else None, wd=wd, wd_after=wd_after,
-                           first=first, gs=gs, **hp)
-            for i, (g, p) in enumerate(zip(grads, params))]
-    mt.sgd(grads, params, bufs, models, weight_decay=wd, wd_after_momentum=wd_after,
-           first_run=first, grad_scale=gs, **hp)
+    refs = [
+        _sgd_reference(
+            g, p, bufs[i] if bufs else None, wd=wd, wd_after=wd_after, first=first, gs=gs, **hp
+        )
+        for i, (g, p) in enumerate(zip(grads, params))
+    ]
+    mt.sgd(
+        grads,
+        params,
+        bufs,
+        models,
+        weight_decay=wd,
+        wd_after_momentum=wd_after,
+        first_run=first,
+        grad_scale=gs,
+        **hp,
+    )
     for i, (rp, rb) in enumerate(refs):
         torch.testing.assert_close(params[i].float(), rp, **_tol(dp))
         if momentum:
@@ -203,9 +264,16 @@ def _lamb_paper(g, p, m, v, *, lr, beta1, beta2, eps, step, wd, gs, nvlamb):
 
 
 @PROP
-@given(sizes=size_lists, dg=dtypes, master=st.sampled_from([None, torch.bfloat16]),
-       step=st.integers(1, 20), wd=st.sampled_from([0.0, 0.01]), nvlamb=st.booleans(),
-       gs=st.sampled_from([1.0, 0.5]), seed=st.integers(0, 2**16))
+@given(
+    sizes=size_lists,
+    dg=dtypes,
+    master=st.sampled_from([None, torch.bfloat16]),
+    step=st.integers(1, 20),
+    wd=st.sampled_from([0.0, 0.01]),
+    nvlamb=st.booleans(),
+    gs=st.sampled_from([1.0, 0.5]),
+    seed=st.integers(0, 2**16),
+)
 def test_lamb_matches_paper(backend, sizes, dg, master, step, wd, nvlamb, gs, seed):
     grads = _randn(sizes, dg, seed)
     params = _randn(sizes, torch.float32, seed + 1)
@@ -213,10 +281,11 @@ def test_lamb_matches_paper(backend, sizes, dg, master, step, wd, nvlamb, gs, se
     v = [t.abs() for t in _randn(sizes, torch.float32, seed + 3, scale=0.01)]
     models = None if master is None else [torch.empty(n, dtype=master) for n in sizes]
     hp = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, step=step)
-    refs = [_lamb_paper(g, p, a, b, wd=wd, gs=gs, nvlamb=nvlamb, **hp)
-            for g, p, a, b in zip(grads, params, m, v)]
-    mt.lamb(grads, params, m, v, models, weight_decay=wd, use_nvlamb=nvlamb, grad_scale=gs,
-            **hp)
+    refs = [
+        _lamb_paper(g, p, a, b, wd=wd, gs=gs, nvlamb=nvlamb, **hp)
+        for g, p, a, b in zip(grads, params, m, v)
+    ]
+    mt.lamb(grads, params, m, v, models, weight_decay=wd, use_nvlamb=nvlamb, grad_scale=gs, **hp)
     for i, (rp, rm, rv) in enumerate(refs):
         torch.testing.assert_close(params[i].double(), rp, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(m[i].double(), rm, rtol=1e-5, atol=1e-6)

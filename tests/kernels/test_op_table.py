@@ -18,8 +18,9 @@ SCHEMA = re.compile(r"^(?P<name>\w+)\((?P<args>[^)]*)\) -> .+$")
 
 
 def _value(kind: str, text: str) -> Any:
-    return {"int": int, "float": float, "bool": lambda t: {"True": True, "False": False}[t]}[
-        kind](text)
+    return {"int": int, "float": float, "bool": lambda t: {"True": True, "False": False}[t]}[kind](
+        text
+    )
 
 
 def schema_params(schema: str) -> tuple[str, list[tuple[str, Any]]]:
@@ -56,7 +57,7 @@ def function_params(fn: Any) -> list[tuple[str, Any]]:
         return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
     except ValueError:  # a builtin: pybind11's "name(a: T, b: T = 1) -> R"
         line = fn.__doc__.splitlines()[0]
-        inner = line[line.index("(") + 1:line.rindex(") ->")]
+        inner = line[line.index("(") + 1 : line.rindex(") ->")]
         out = []
         for item in _split_top_level(inner):
             name, _, rest = item.partition(":")
@@ -71,8 +72,21 @@ TABLE = dict(sorted(amp._C._schemas.items()))
 
 def test_the_table_holds_every_function_of_the_module_once() -> None:
     assert set(TABLE) == {
-        "isa", "set_isa", "supported_isas", "_parallel_threads_seen", "scale", "axpby",
-        "l2norm", "adam", "sgd", "lamb", "scale_l2norm", "adagrad", "novograd", "_limit_probe"}
+        "isa",
+        "set_isa",
+        "supported_isas",
+        "_parallel_threads_seen",
+        "scale",
+        "axpby",
+        "l2norm",
+        "adam",
+        "sgd",
+        "lamb",
+        "scale_l2norm",
+        "adagrad",
+        "novograd",
+        "_limit_probe",
+    }
     for name, schema in TABLE.items():
         assert schema_params(schema)[0] == name, schema
         assert callable(getattr(amp._C, name)) and getattr(amp._C, name).__doc__
@@ -90,17 +104,17 @@ def test_the_stable_ops_are_registered_with_the_tables_schemas() -> None:
     for name, schema in TABLE.items():
         registered = getattr(torch.ops.amp_C, name).default._schema
         assert [(a.name, a.default_value) for a in registered.arguments] == [
-            (n, None if d is inspect.Parameter.empty else d)
-            for n, d in schema_params(schema)[1]], name
+            (n, None if d is inspect.Parameter.empty else d) for n, d in schema_params(schema)[1]
+        ], name
 
 
 def test_defaults_and_keywords_reach_the_kernels() -> None:
     xs = [torch.full((4,), 2.0), torch.full((3,), 1.0)]
     norm, per, bad = amp._C.l2norm(xs)
-    assert (norm, per, bad) == (pytest.approx(19 ** 0.5), None, False)
+    assert (norm, per, bad) == (pytest.approx(19**0.5), None, False)
     norm, per, bad = amp._C.l2norm(tensors=xs, per_tensor=True, scale=2.0)
-    assert norm == pytest.approx(2 * 19 ** 0.5)
-    assert per.tolist() == pytest.approx([8.0, 2 * 3 ** 0.5]) and per.dtype == torch.float64
+    assert norm == pytest.approx(2 * 19**0.5)
+    assert per.tolist() == pytest.approx([8.0, 2 * 3**0.5]) and per.dtype == torch.float64
     out = [torch.empty(4), torch.empty(3)]
     xs[1][0] = float("inf")
     assert amp._C.axpby(xs, xs, out, 1.0, 1.0) is True  # arg_to_check=-1: both inputs checked

@@ -34,21 +34,42 @@ _spec.loader.exec_module(amp_setup)
 
 #: The pybind11 module's functions: the stable module must have exactly these, by name.
 FUNCTIONS = {
-    "isa", "set_isa", "supported_isas", "_parallel_threads_seen", "scale", "axpby", "l2norm",
-    "adam", "sgd", "lamb", "scale_l2norm", "adagrad", "novograd", "_limit_probe",
-    "multi_tensor_scale", "multi_tensor_axpby", "multi_tensor_l2norm",
-    "multi_tensor_unscale_l2norm", "multi_tensor_adam", "multi_tensor_sgd", "multi_tensor_lamb",
-    "multi_tensor_adagrad", "multi_tensor_novograd",
+    "isa",
+    "set_isa",
+    "supported_isas",
+    "_parallel_threads_seen",
+    "scale",
+    "axpby",
+    "l2norm",
+    "adam",
+    "sgd",
+    "lamb",
+    "scale_l2norm",
+    "adagrad",
+    "novograd",
+    "_limit_probe",
+    "multi_tensor_scale",
+    "multi_tensor_axpby",
+    "multi_tensor_l2norm",
+    "multi_tensor_unscale_l2norm",
+    "multi_tensor_adam",
+    "multi_tensor_sgd",
+    "multi_tensor_lamb",
+    "multi_tensor_adagrad",
+    "multi_tensor_novograd",
 }
 
 
-@pytest.mark.parametrize("torch_version, python, expected", [
-    ("2.8.0", (3, 9), "pybind11"),
-    ("2.9.1+cpu", (3, 13), "pybind11"),   # no stable lists / parallel_for before 2.10
-    ("2.10.0", (3, 9), "pybind11"),       # below the abi3 floor
-    ("2.10.0+cpu", (3, 10), "stable"),
-    ("2.13.0", (3, 14), "stable"),
-])
+@pytest.mark.parametrize(
+    "torch_version, python, expected",
+    [
+        ("2.8.0", (3, 9), "pybind11"),
+        ("2.9.1+cpu", (3, 13), "pybind11"),  # no stable lists / parallel_for before 2.10
+        ("2.10.0", (3, 9), "pybind11"),  # below the abi3 floor
+        ("2.10.0+cpu", (3, 10), "stable"),
+        ("2.13.0", (3, 14), "stable"),
+    ],
+)
 def test_setup_picks_the_binding_by_torch_and_python(torch_version, python, expected) -> None:
     assert amp_setup.binding_for(torch_version, python) == expected
 
@@ -79,14 +100,17 @@ def test_the_built_module_is_the_binding_setup_chose() -> None:
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_the_stable_module_passes_torch_abi_audit_and_abi3audit() -> None:
     if getattr(amp._C, "__torch_abi__", "") != "stable":
-        pytest.skip(f"this build of amp._C is the pybind11 one (torch {torch.__version__}): "
-                    "nothing stable to audit")
+        pytest.skip(
+            f"this build of amp._C is the pybind11 one (torch {torch.__version__}): "
+            "nothing stable to audit"
+        )
     so = amp._C.__file__
     doc = json.loads(_tool("torch_abi_audit.cli", "--json", so).stdout)
     (ext,) = doc["extensions"]
@@ -111,12 +135,14 @@ def test_a_stable_module_serves_every_torch_from_its_minimum_on() -> None:
     for version in ("2.10.0", "2.10.0+cpu", "2.11.0", "2.13.0+cu130", "3.0.0"):
         assert _ext.torch_mismatch(stable, version) == "", version
     assert _ext.torch_mismatch(stable, "2.9.1") == (
-        "is built on torch's stable ABI for torch >= 2.10, but torch 2.9.1 is imported")
+        "is built on torch's stable ABI for torch >= 2.10, but torch 2.9.1 is imported"
+    )
     # A pybind11 build (no __torch_abi__ in older builds either) needs its very torch.
     pinned = _module(__torch_version__="2.13.0+cpu")
     assert _ext.torch_mismatch(pinned, "2.13.0+cpu") == ""
     assert "was built against torch 2.13.0+cpu, but torch 2.10.0" in _ext.torch_mismatch(
-        pinned, "2.10.0")
+        pinned, "2.10.0"
+    )
 
 
 def test_errors_keep_their_python_type_through_the_dispatcher() -> None:

@@ -13,6 +13,7 @@ saturated rank's share, still finite). Writes, per run and step: the loss scale,
 the masters changed, whether this rank's own device flag was raised and whether its
 gradients were finite.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ def train(level: str, rank: int, world: int, combine: bool) -> dict:
     make = amp.optimizers.NpuFusedSGD if combine else torch.optim.SGD
     optimizer = make(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = amp.initialize(
-        model, optimizer, opt_level=level, verbosity=0, dynamic_init_scale=2.0**12,
-        combine_grad=combine or None, combine_ddp=combine or None)
+        model,
+        optimizer,
+        opt_level=level,
+        verbosity=0,
+        dynamic_init_scale=2.0**12,
+        combine_grad=combine or None,
+        combine_ddp=combine or None,
+    )
     assert _amp_state.loss_scalers[0].mode == "saturation"
     g = torch.Generator().manual_seed(100 + rank)
     out: dict[str, list] = {"scales": [], "changed": [], "own_flag": [], "grads_finite": []}
@@ -82,9 +89,13 @@ def main() -> None:
     # The group is gone, its threads joined, before this rank exits (tests/amp/_gloo_group.py:
     # a group outliving destroy_process_group aborted ranks at exit, #40).
     with gloo_group(int(rank), int(world), rendezvous):
-        results = {level: {"alone": train(level, int(rank), int(world), False),
-                           "combine_ddp": train(level, int(rank), int(world), True)}
-                   for level in levels.split(",")}
+        results = {
+            level: {
+                "alone": train(level, int(rank), int(world), False),
+                "combine_ddp": train(level, int(rank), int(world), True),
+            }
+            for level in levels.split(",")
+        }
         Path(out).write_text(json.dumps(results))
 
 

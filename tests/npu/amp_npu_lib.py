@@ -1,5 +1,6 @@
 """Helpers for the amp-on-npu tests: apex's quick-start loop (``nn.Linear(10, 1)``, SGD, MSE)
 run on a given device, recording what the comparison against the CPU needs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,9 +44,15 @@ class Run:
         return [p.detach().cpu() for p in amp.master_params(self.optimizer)]
 
 
-def quickstart(device: torch.device, opt_level: str, half: torch.dtype, steps: int = 5,
-               inject_inf_at: Optional[int] = None,
-               make_opt: Optional[Callable[[Any], Any]] = None, **init_kw: Any) -> Run:
+def quickstart(
+    device: torch.device,
+    opt_level: str,
+    half: torch.dtype,
+    steps: int = 5,
+    inject_inf_at: Optional[int] = None,
+    make_opt: Optional[Callable[[Any], Any]] = None,
+    **init_kw: Any,
+) -> Run:
     """apex's quick start on ``device``: the model is moved there before amp.initialize, the
     data at every step. ``inject_inf_at``: a step whose weight gradient gets an inf after
     backward (inside scale_loss, where a real overflow would appear)."""
@@ -61,9 +68,11 @@ def quickstart(device: torch.device, opt_level: str, half: torch.dtype, steps: i
 
     model.forward = forward  # type: ignore[method-assign]
     optimizer = (make_opt or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))(
-        model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, half_dtype=half,
-                                      verbosity=0, **init_kw)
+        model.parameters()
+    )
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=opt_level, half_dtype=half, verbosity=0, **init_kw
+    )
     run = Run(model, optimizer, inner_dtypes=inner_dtypes)
     x, y = data()
     for step in range(steps):
@@ -84,7 +93,13 @@ def snapshot(run: Run) -> dict[str, Any]:
     import io  # noqa: PLC0415
 
     buf = io.BytesIO()
-    torch.save({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                "amp": amp.state_dict()}, buf)
+    torch.save(
+        {
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "amp": amp.state_dict(),
+        },
+        buf,
+    )
     buf.seek(0)
     return torch.load(buf)

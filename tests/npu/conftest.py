@@ -12,6 +12,7 @@ tests that need the device fail.
 Installing renames PrivateUse1 to "npu" and adds `torch.npu` for the rest of the process:
 torch allows that once per process, so it is never undone.
 """
+
 from __future__ import annotations
 
 import sys
@@ -71,9 +72,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     installed = npu_device.installed()
     if installed is None:
         return
-    how = (
-        f"built in {installed.build_seconds:.1f}s"
-        if installed.built
-        else "loaded from the cache"
-    )
+    how = f"built in {installed.build_seconds:.1f}s" if installed.built else "loaded from the cache"
     terminalreporter.write_line(f"npu test device: {how} ({installed.path})")

@@ -11,6 +11,7 @@ the parent folder). A missing or unwritable cache only costs a build. Concurrent
 are safe: each builds in a private temporary folder and renames it into place; the loser
 of a race discards its folder (its own copy is already loaded: the same code).
 """
+
 from __future__ import annotations
 
 import contextlib

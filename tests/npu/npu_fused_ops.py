@@ -7,6 +7,7 @@ What counts as a launch: an ATen operation that touches a tensor on the counted 
 except views and metadata changes (no kernel: ``view``, ``narrow``, ``set_``, ``detach``,
 ...) and bare allocations (``empty*``). Reading a value to the host
 (``_local_scalar_dense``, i.e. ``.item()``) is counted apart, as a synchronisation."""
+
 from __future__ import annotations
 
 import collections
@@ -21,10 +22,17 @@ from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
 NO_KERNEL = {
-    aten.detach.default, aten.alias.default, aten.lift_fresh.default,
-    aten.set_.source_Storage_storage_offset, aten.set_.source_Storage, aten.set_.source_Tensor,
-    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-    aten._reshape_alias.default, aten.resize_.default,
+    aten.detach.default,
+    aten.alias.default,
+    aten.lift_fresh.default,
+    aten.set_.source_Storage_storage_offset,
+    aten.set_.source_Storage,
+    aten.set_.source_Tensor,
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten._reshape_alias.default,
+    aten.resize_.default,
 }
 SYNC = aten._local_scalar_dense.default
 
@@ -40,7 +48,8 @@ class OpCounter(TorchDispatchMode):
         self.syncs: collections.Counter[str] = collections.Counter()
         self.calls: collections.Counter[str] = collections.Counter()  # views etc. included
         self.names: dict[str, collections.Counter[str]] = collections.defaultdict(
-            collections.Counter)
+            collections.Counter
+        )
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -57,8 +66,7 @@ class OpCounter(TorchDispatchMode):
                     return True
         return False
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-                           ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if not self._on_device(args, kwargs, out):
             return out
@@ -80,7 +88,8 @@ class ManyParams(nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.ps = nn.ParameterList(
-            nn.Parameter(torch.randn(size, generator=g) * 0.1) for _ in range(count))
+            nn.Parameter(torch.randn(size, generator=g) * 0.1) for _ in range(count)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = torch.cat([p.reshape(-1) for p in self.ps])
@@ -90,8 +99,9 @@ class ManyParams(nn.Module):
 PHASES = ("unscale+check", "step", "zero_grad")
 
 
-def training_step(model: nn.Module, opt: Any, x: torch.Tensor,
-                  counter: OpCounter | None = None) -> None:
+def training_step(
+    model: nn.Module, opt: Any, x: torch.Tensor, counter: OpCounter | None = None
+) -> None:
     """One amp training step; with ``counter``, the optimizer-side phases are counted
     (forward, backward and the loss scaling itself are not: they are the same everywhere)."""
     import amp  # noqa: PLC0415
@@ -111,8 +121,14 @@ def training_step(model: nn.Module, opt: Any, x: torch.Tensor,
         opt.zero_grad()
 
 
-def count_step(make_opt: Callable[[Any], Any], count: int, size: int, device: Any,
-               warmup: int = 2, **init_kw: Any) -> OpCounter:
+def count_step(
+    make_opt: Callable[[Any], Any],
+    count: int,
+    size: int,
+    device: Any,
+    warmup: int = 2,
+    **init_kw: Any,
+) -> OpCounter:
     """The launches of one steady-state step (after ``warmup`` steps: the first ones
     combine buffers and create states)."""
     import amp  # noqa: PLC0415

@@ -9,6 +9,7 @@ RNG: the device has no generator of its own. Random ops on npu tensors run throu
 CPU fallback and draw from torch's CPU default generator, so the seed and RNG-state
 functions here act on that generator (seeding "the npu" therefore also seeds the CPU).
 """
+
 from __future__ import annotations
 
 import contextlib

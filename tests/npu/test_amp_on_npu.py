@@ -8,6 +8,7 @@ compared with assert_close at float32 resolution because the linear layer's BLAS
 block differently for operands the device's copies allocate elsewhere (the device tests'
 own rule for matmul). Save/resume compares one device with itself: bit for bit.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -36,8 +37,12 @@ def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         # Half tensors: one unit in the last place of the half type; fp32: a few of fp32's.
-        torch.testing.assert_close(g, w, rtol=1e-5 if g.dtype == torch.float32 else 1e-2,
-                                   atol=1e-6 if g.dtype == torch.float32 else 1e-3)
+        torch.testing.assert_close(
+            g,
+            w,
+            rtol=1e-5 if g.dtype == torch.float32 else 1e-2,
+            atol=1e-6 if g.dtype == torch.float32 else 1e-3,
+        )
 
 
 @pytest.mark.parametrize("half", HALF, ids=str)
@@ -61,15 +66,19 @@ def test_quickstart_matches_cpu(npu: torch.device, level: str, half: torch.dtype
 
 @pytest.mark.parametrize("half", HALF, ids=str)
 @pytest.mark.parametrize("level", ["O1", "O2"])
-def test_overflow_skips_step_and_backs_off(npu: torch.device, level: str,
-                                           half: torch.dtype) -> None:
+def test_overflow_skips_step_and_backs_off(
+    npu: torch.device, level: str, half: torch.dtype
+) -> None:
     init = dict(dynamic_init_scale=2.0**10, scale_window=2)
     runs = {}
     for device in (npu, CPU):
         reset_amp()
         clean = quickstart(device, level, half, steps=2, **init)
-        before = (clean.params(), clean.masters(),
-                  {k: v.clone() for k, v in _momentum(clean.optimizer).items()})
+        before = (
+            clean.params(),
+            clean.masters(),
+            {k: v.clone() for k, v in _momentum(clean.optimizer).items()},
+        )
         # Continue the same run with one more step whose gradient overflows.
         x, y = data()
         loss = F.mse_loss(clean.model(x.to(device)), y.to(device))
@@ -91,8 +100,11 @@ def test_overflow_skips_step_and_backs_off(npu: torch.device, level: str,
 
 
 def _momentum(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
-    return {i: st["momentum_buffer"].detach().cpu()
-            for i, st in enumerate(optimizer.state.values()) if "momentum_buffer" in st}
+    return {
+        i: st["momentum_buffer"].detach().cpu()
+        for i, st in enumerate(optimizer.state.values())
+        if "momentum_buffer" in st
+    }
 
 
 @pytest.mark.parametrize("half", HALF, ids=str)
@@ -108,8 +120,9 @@ def test_o2_master_weights_on_device(npu: torch.device, half: torch.dtype) -> No
     for m, p in zip(masters, models):
         assert torch.equal(p.detach().cpu(), m.detach().cpu().to(half))
     # The masters keep what the half copy cannot: they are not equal to it in fp32.
-    assert any(not torch.equal(m.detach().cpu(), p.detach().cpu().float())
-               for m, p in zip(masters, models))
+    assert any(
+        not torch.equal(m.detach().cpu(), p.detach().cpu().float()) for m, p in zip(masters, models)
+    )
     # The optimizer's state lives with the masters, on the device.
     state = [run.optimizer.state[m]["momentum_buffer"] for m in masters]
     assert all(s.device.type == "npu" and s.dtype == torch.float32 for s in state)
@@ -125,8 +138,7 @@ def test_save_resume_continues_exactly(npu: torch.device, level: str, half: torc
     saved = snapshot(first)
     if level == "O2":
         masters = [t for group in saved["optimizer"][MASTERS_KEY] for t in group]
-        assert masters and all(t.device.type == "npu" and t.dtype == torch.float32
-                               for t in masters)
+        assert masters and all(t.device.type == "npu" and t.dtype == torch.float32 for t in masters)
     bufs = [st["momentum_buffer"] for st in saved["optimizer"]["state"].values()]
     assert bufs and all(b.device.type == "npu" for b in bufs)
     assert saved["amp"]["loss_scaler0"] == {"loss_scale": first.scales[-1], "unskipped": 1}
@@ -135,8 +147,7 @@ def test_save_resume_continues_exactly(npu: torch.device, level: str, half: torc
     torch.manual_seed(123)  # a different init: everything must come from the checkpoint
     model = torch.nn.Linear(10, 1).to(npu)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0,
-                                **init)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0, **init)
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])
     amp.load_state_dict(saved["amp"])
@@ -160,8 +171,16 @@ def _two_losses(device: torch.device, half: torch.dtype, inf_on: int) -> tuple[l
     torch.manual_seed(0)
     model = torch.nn.Linear(10, 2).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=half, num_losses=2,
-                                verbosity=0, dynamic_init_scale=2.0**8, scale_window=2)
+    model, opt = amp.initialize(
+        model,
+        opt,
+        opt_level="O2",
+        half_dtype=half,
+        num_losses=2,
+        verbosity=0,
+        dynamic_init_scale=2.0**8,
+        scale_window=2,
+    )
     x, y = data()
     scales = []
     for step in range(3):

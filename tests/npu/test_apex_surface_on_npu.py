@@ -2,6 +2,7 @@
 ``from apex import amp`` and friends, O1 with a registered cast and ``user_cast_preferred``,
 ``_amp_state.handle``, ``FusedAdam(master_weights=True)`` on half parameters, and
 ``apex.dump`` of a step run on the device compared with the same step on the CPU."""
+
 from __future__ import annotations
 
 import copy
@@ -43,8 +44,14 @@ def test_o1_with_a_registered_float_mm_on_npu(npu, preferred, want):
     amp.register_float_function(torch, "mm")
     model = MatMul().to(npu)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, opt = amp.initialize(model, opt, opt_level="O1", half_dtype=torch.bfloat16,
-                                user_cast_preferred=preferred, verbosity=0)
+    model, opt = amp.initialize(
+        model,
+        opt,
+        opt_level="O1",
+        half_dtype=torch.bfloat16,
+        user_cast_preferred=preferred,
+        verbosity=0,
+    )
     with amp.scale_loss(model(torch.ones(2, 4, device=npu)), opt) as scaled:
         scaled.backward()
     opt.step()
@@ -92,8 +99,9 @@ def test_dump_of_a_step_on_npu_matches_the_cpu(npu, tmp_path: Path):
     cpu, dev = dumps
     assert list(cpu) == list(dev) and len(cpu) == 12  # 6 groups x 2 datasets
     for key in cpu:
-        torch.testing.assert_close(torch.from_numpy(dev[key]), torch.from_numpy(cpu[key]),
-                                   rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(
+            torch.from_numpy(dev[key]), torch.from_numpy(cpu[key]), rtol=1e-5, atol=1e-6, msg=key
+        )
 
 
 def test_old_o1_api_casts_with_the_accelerators_lists(npu: torch.device) -> None:

@@ -5,6 +5,7 @@ their pure-torch twins there (amp/kernels/apex_ops.py), with the same arguments 
 results on the device. Checked against the same call with CPU tensors on the compiled ops
 (close: the kernels fuse what torch rounds in separate ops; see test_fused_on_npu.py).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -40,8 +41,9 @@ def amp_C() -> Any:
     return mod
 
 
-def _lists(count: int, dtype: torch.dtype = torch.float32, positive: bool = False
-           ) -> list[list[torch.Tensor]]:
+def _lists(
+    count: int, dtype: torch.dtype = torch.float32, positive: bool = False
+) -> list[list[torch.Tensor]]:
     g = torch.Generator().manual_seed(count)
     out = []
     for _ in range(count):
@@ -57,12 +59,17 @@ CALLS: dict[str, Callable[[Any], tuple[str, int, tuple]]] = {
     "axpby": lambda dev: ("multi_tensor_axpby", 3, (2.0, -0.5, -1)),
     "adam": lambda dev: ("multi_tensor_adam", 4, (1e-2, 0.9, 0.999, 1e-8, 3, 1, 1, 0.01)),
     "sgd": lambda dev: ("multi_tensor_sgd", 3, (0.01, 0.9, 0.0, 0.05, True, False, False, 0.5)),
-    "lamb": lambda dev: ("multi_tensor_lamb", 4, (1e-2, 0.9, 0.999, 1e-6, 2, 1, 0.01, 1, 1,
-                                                  torch.tensor([3.0], device=dev), 1.0)),
+    "lamb": lambda dev: (
+        "multi_tensor_lamb",
+        4,
+        (1e-2, 0.9, 0.999, 1e-6, 2, 1, 0.01, 1, 1, torch.tensor([3.0], device=dev), 1.0),
+    ),
     "adagrad": lambda dev: ("multi_tensor_adagrad", 3, (0.05, 1e-10, 1, 0.01)),
-    "novograd": lambda dev: ("multi_tensor_novograd", 3, (
-        torch.tensor([0.5, 1.0, 2.0], device=dev), 1e-2, 0.95, 0.98, 1e-8, 2, 1, 0.01, 1, 1,
-        2)),
+    "novograd": lambda dev: (
+        "multi_tensor_novograd",
+        3,
+        (torch.tensor([0.5, 1.0, 2.0], device=dev), 1e-2, 0.95, 0.98, 1e-8, 2, 1, 0.01, 1, 1, 2),
+    ),
 }
 
 
@@ -91,17 +98,20 @@ def test_apex_op_on_npu_matches_cpu(npu: torch.device, amp_C: Any, call: str) ->
 def test_l2norm_on_npu_returns_device_tensors(npu: torch.device, amp_C: Any) -> None:
     (xs,) = _lists(1)
     flag = torch.zeros(1, dtype=torch.int, device=npu)
-    norm, per = multi_tensor_applier(amp_C.multi_tensor_l2norm, flag, [[x.to(npu) for x in xs]],
-                                     True)
-    ref_norm, ref_per = multi_tensor_applier(amp_C.multi_tensor_l2norm,
-                                             torch.zeros(1, dtype=torch.int), [xs], True)
+    norm, per = multi_tensor_applier(
+        amp_C.multi_tensor_l2norm, flag, [[x.to(npu) for x in xs]], True
+    )
+    ref_norm, ref_per = multi_tensor_applier(
+        amp_C.multi_tensor_l2norm, torch.zeros(1, dtype=torch.int), [xs], True
+    )
     assert norm.device.type == per.device.type == "npu"
     assert norm.dtype == per.dtype == torch.float32 and norm.shape == (1,)
     torch.testing.assert_close(norm.cpu(), ref_norm)
     torch.testing.assert_close(per.cpu(), ref_per)
     inv = torch.tensor([0.25], device=npu)
-    scaled, empty = multi_tensor_applier(amp_C.multi_tensor_unscale_l2norm, flag,
-                                         [[x.to(npu) for x in xs]], inv)
+    scaled, empty = multi_tensor_applier(
+        amp_C.multi_tensor_unscale_l2norm, flag, [[x.to(npu) for x in xs]], inv
+    )
     torch.testing.assert_close(scaled.cpu(), ref_norm * 0.25)
     assert empty.numel() == 0 and empty.device.type == "npu"
     assert flag.item() == 0
@@ -117,8 +127,9 @@ def test_noop_flag_rules_on_npu(npu: torch.device, amp_C: Any) -> None:
     assert flag.item() == 1  # ...and never cleared, as apex
     g, p, m = [[t.to(npu) for t in ts] for ts in _lists(3)]
     before = [t.cpu() for t in p]
-    multi_tensor_applier(amp_C.multi_tensor_sgd, flag, [g, p, m], 0.0, 0.9, 0.0, 0.1, False,
-                         True, False)
+    multi_tensor_applier(
+        amp_C.multi_tensor_sgd, flag, [g, p, m], 0.0, 0.9, 0.0, 0.1, False, True, False
+    )
     assert all(torch.equal(a.cpu(), b) for a, b in zip(p, before))  # SGD skips once flagged
 
 

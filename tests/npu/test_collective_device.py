@@ -2,6 +2,7 @@
 (amp/_device.py: collective_device): wherever the process group's backend takes the tensor.
 A real single-process gloo group on the CPU; backends that take only an accelerator (NCCL,
 torch_npu's HCCL) are given by their registered device types."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,9 @@ def test_gloo_reduces_an_npu_flag_on_the_cpu(npu: torch.device, one_rank_gloo: N
     assert any_rank_overflowed(torch.zeros(1, device=npu)) is False
 
 
-def test_accelerator_only_backend_gets_its_device(npu: torch.device,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accelerator_only_backend_gets_its_device(
+    npu: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # As torch_npu registers "hccl": a backend whose only device type is npu.
     monkeypatch.setitem(dist.Backend.backend_capability, "hccl", ["npu"])
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "hccl")

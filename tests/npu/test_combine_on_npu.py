@@ -2,6 +2,7 @@
 not run and every per-parameter operation is a device launch: the gradients move into one
 device buffer, training equals the uncombined run on the same device, and the launches per
 step for unscale + overflow check + zero_grad stay the same from 10 to 300 parameters."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -40,8 +41,9 @@ def _launches(npu: torch.device, n_params: int, combine: Optional[bool]) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(n_params // 2)]).to(npu)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0,
-                                      combine_grad=combine)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O2", verbosity=0, combine_grad=combine
+    )
     x = torch.randn(2, 2).to(npu)
     for _ in range(2):
         optimizer.zero_grad()

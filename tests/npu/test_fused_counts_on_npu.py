@@ -4,6 +4,7 @@ counts are deterministic (torch's dispatcher, tests/npu/npu_fused_ops.py), so th
 here, at 10 and 1,000 parameters, under amp O2 (unscale + check, step, zero_grad) and without
 amp (the step alone). The results match the CPU kernels' (a few float32 ulps: the kernels fuse
 what the device path rounds twice), and the optimizers keep apex's per-parameter state."""
+
 from __future__ import annotations
 
 import contextlib
@@ -52,12 +53,15 @@ OPTIMIZERS: dict[str, Make] = {
 # The variants whose extra work must not bring per-parameter calls back.
 VARIANTS: dict[str, Make] = {
     "FusedAdam-clip": lambda ps: FusedAdam(ps, lr=1e-3, max_grad_norm=0.5),
-    "FusedSGD-nesterov-clip": lambda ps: FusedSGD(ps, lr=0.01, momentum=0.9, nesterov=True,
-                                                  max_grad_norm=0.5),
-    "FusedNovoGrad-max-norm": lambda ps: FusedNovoGrad(ps, lr=1e-3, norm_type=0,
-                                                       reg_inside_moment=True),
-    "FusedAdagrad-w-mode": lambda ps: FusedAdagrad(ps, lr=1e-2, weight_decay=0.01,
-                                                   adagrad_w_mode=True),
+    "FusedSGD-nesterov-clip": lambda ps: FusedSGD(
+        ps, lr=0.01, momentum=0.9, nesterov=True, max_grad_norm=0.5
+    ),
+    "FusedNovoGrad-max-norm": lambda ps: FusedNovoGrad(
+        ps, lr=1e-3, norm_type=0, reg_inside_moment=True
+    ),
+    "FusedAdagrad-w-mode": lambda ps: FusedAdagrad(
+        ps, lr=1e-2, weight_decay=0.01, adagrad_w_mode=True
+    ),
 }
 ALL = {**OPTIMIZERS, **VARIANTS}
 
@@ -76,8 +80,9 @@ def _amp_counts(make: Make, n: int, npu: torch.device, **init_kw: Any) -> tuple[
     return sum(counter.launches[p] for p in PHASES), sum(counter.syncs.values())
 
 
-def _standalone_counts(make: Make, n: int, npu: torch.device,
-                       dtype: torch.dtype = torch.float32) -> tuple[int, int]:
+def _standalone_counts(
+    make: Make, n: int, npu: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[int, int]:
     """The launches and syncs of one steady-state ``step()`` (after two), without amp."""
     model = ManyParams(n, 16).to(device=npu, dtype=dtype)
     opt = make(model.parameters())
@@ -94,13 +99,14 @@ def _standalone_counts(make: Make, n: int, npu: torch.device,
 
 @pytest.mark.promise(
     promise="amp's fused optimizers (FusedAdam, FusedSGD, FusedLAMB, FusedAdagrad, "
-            "FusedNovoGrad, FusedMixedPrecisionLamb) step on a device in a fixed number of "
-            "device operations, whatever the number of parameters, and read the device at "
-            "most once per step (the loss scaler's overflow decision)",
+    "FusedNovoGrad, FusedMixedPrecisionLamb) step on a device in a fixed number of "
+    "device operations, whatever the number of parameters, and read the device at "
+    "most once per step (the loss scaler's overflow decision)",
     fault="amp O2 on the npu test device, 10 and 1,000 parameters; the operations of "
-          "unscale + overflow check, step and zero_grad counted at torch's dispatcher",
+    "unscale + overflow check, step and zero_grad counted at torch's dispatcher",
     result="the same count at 10 and 1,000 parameters, at most 32 operations and 1 host "
-           "read per step for each optimizer")
+    "read per step for each optimizer",
+)
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_amp_o2_step_ops_do_not_grow_with_parameters(npu: torch.device, name: str) -> None:
     small, large = _amp_counts(ALL[name], 10, npu), _amp_counts(ALL[name], 1000, npu)
@@ -112,16 +118,19 @@ def test_amp_o2_step_ops_do_not_grow_with_parameters(npu: torch.device, name: st
 # amp's other paths into these optimizers: a few more operations each (the deferred check
 # measures the still-scaled gradients, the combined unscale leaves LAMB's clip its own norm),
 # still a fixed number, and still one read.
-OTHER_PATHS = {"O1": {"opt_level": "O1"},
-               "O2-defer_unscale": {"opt_level": "O2", "defer_unscale": True},
-               "O2-combine_grad": {"opt_level": "O2", "combine_grad": True}}
+OTHER_PATHS = {
+    "O1": {"opt_level": "O1"},
+    "O2-defer_unscale": {"opt_level": "O2", "defer_unscale": True},
+    "O2-combine_grad": {"opt_level": "O2", "combine_grad": True},
+}
 MAX_OPS_OTHER_PATHS = 36
 
 
 @pytest.mark.parametrize("path", sorted(OTHER_PATHS))
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_other_amp_paths_do_not_grow_with_parameters(npu: torch.device, name: str, path: str
-                                                     ) -> None:
+def test_other_amp_paths_do_not_grow_with_parameters(
+    npu: torch.device, name: str, path: str
+) -> None:
     small = _amp_counts(OPTIMIZERS[name], 10, npu, **OTHER_PATHS[path])
     large = _amp_counts(OPTIMIZERS[name], 1000, npu, **OTHER_PATHS[path])
     assert small == large, (small, large)
@@ -130,16 +139,18 @@ def test_other_amp_paths_do_not_grow_with_parameters(npu: torch.device, name: st
 
 @pytest.mark.promise(
     promise="Without amp, a fused optimizer's step() on a device is a fixed number of device "
-            "operations and never reads a value back to the host (clipping included)",
+    "operations and never reads a value back to the host (clipping included)",
     fault="each fused optimizer stepped directly on the npu test device, 10 and 1,000 "
-          "parameters (fp32; FusedMixedPrecisionLamb also with a bf16 model and fp32 masters)",
-    result="the same count at 10 and 1,000 parameters, at most 32 operations, no host read")
+    "parameters (fp32; FusedMixedPrecisionLamb also with a bf16 model and fp32 masters)",
+    result="the same count at 10 and 1,000 parameters, at most 32 operations, no host read",
+)
 @pytest.mark.parametrize("name", sorted(ALL) + ["FusedMixedPrecisionLamb-bf16"])
-def test_standalone_step_ops_do_not_grow_with_parameters(npu: torch.device, name: str
-                                                         ) -> None:
+def test_standalone_step_ops_do_not_grow_with_parameters(npu: torch.device, name: str) -> None:
     if name == "FusedMixedPrecisionLamb-bf16":
+
         def make(ps: Any) -> torch.optim.Optimizer:
             return FusedMixedPrecisionLamb(ps, lr=1e-3, reduced_precision_dtype=torch.bfloat16)
+
         dtype = torch.bfloat16
     else:
         make, dtype = ALL[name], torch.float32
@@ -149,16 +160,18 @@ def test_standalone_step_ops_do_not_grow_with_parameters(npu: torch.device, name
     assert large[0] <= MAX_OPS and large[1] == 0, large
 
 
-def _train(device: torch.device, make: Make, level: str | None, steps: int = 4
-           ) -> tuple[list[torch.Tensor], dict]:
+def _train(
+    device: torch.device, make: Make, level: str | None, steps: int = 4
+) -> tuple[list[torch.Tensor], dict]:
     """Many small parameters (the count the device path is for), a few steps; the final
     parameters and the optimizer's state_dict."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(12)]).to(device)
     opt = make(model.parameters())
     if level is not None:
-        model, opt = amp.initialize(model, opt, opt_level=level, verbosity=0,
-                                    dynamic_init_scale=2.0**10)
+        model, opt = amp.initialize(
+            model, opt, opt_level=level, verbosity=0, dynamic_init_scale=2.0**10
+        )
     g = torch.Generator().manual_seed(0)
     x = torch.randn(16, 6, generator=g).to(device)
     y = torch.randn(16, 6, generator=g).to(device)
@@ -176,8 +189,7 @@ def _train(device: torch.device, make: Make, level: str | None, steps: int = 4
 
 @pytest.mark.parametrize("level", [None, "O2"], ids=["standalone", "O2"])
 @pytest.mark.parametrize("name", sorted(ALL))
-def test_device_path_matches_cpu_kernels(npu: torch.device, name: str, level: str | None
-                                         ) -> None:
+def test_device_path_matches_cpu_kernels(npu: torch.device, name: str, level: str | None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got, got_sd = _train(npu, ALL[name], level)
@@ -185,8 +197,7 @@ def test_device_path_matches_cpu_kernels(npu: torch.device, name: str, level: st
     want, want_sd = _train(CPU, ALL[name], level)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 if g.dtype == torch.float32
-                                   else 1e-3)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 if g.dtype == torch.float32 else 1e-3)
     # apex's per-parameter layout: the same parameters, keys, shapes and dtypes.
     assert got_sd["param_groups"] == want_sd["param_groups"]
     assert sorted(got_sd["state"]) == sorted(want_sd["state"])
@@ -214,7 +225,7 @@ def test_added_group_and_replaced_data_on_npu(npu: torch.device, name: str) -> N
                 opt.add_param_group({"params": [b]})
                 a.data = a.data.clone() * 0.5
             opt.zero_grad()
-            (a.square().sum() + (b ** 3).sum() if step >= 2 else a.square().sum()).backward()
+            (a.square().sum() + (b**3).sum() if step >= 2 else a.square().sum()).backward()
             opt.step()
         results.append([a.detach().cpu(), b.detach().cpu()])
     for g, w in zip(*results):
@@ -226,8 +237,7 @@ def test_an_overflow_is_found_on_the_device_and_skips_the_step(npu: torch.device
     an overflowing step and backs the scale off."""
     model = ManyParams(50, 8).to(npu)
     opt = FusedAdam(model.parameters(), lr=1e-2)
-    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0,
-                                dynamic_init_scale=2.0**10)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0, dynamic_init_scale=2.0**10)
     x = torch.ones(50 * 8).to(npu)
     before = [p.detach().cpu().clone() for p in model.parameters()]
     with amp.scale_loss(model(x), opt) as scaled:
@@ -252,7 +262,7 @@ def test_one_group_on_two_devices(npu: torch.device, name: str) -> None:
         opt = ALL[name]([a, b])
         for _ in range(3):
             opt.zero_grad()
-            (a.square().sum() * 3 + (b ** 3).sum().to(a.device)).backward()
+            (a.square().sum() * 3 + (b**3).sum().to(a.device)).backward()
             opt.step()
         assert a.device == devices[0] and b.device == devices[1]
         results.append([a.detach().cpu(), b.detach().cpu()])
@@ -260,8 +270,7 @@ def test_one_group_on_two_devices(npu: torch.device, name: str) -> None:
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_capturable_adam_with_grad_scaler_reads_the_scale_on_the_device(npu: torch.device
-                                                                         ) -> None:
+def test_capturable_adam_with_grad_scaler_reads_the_scale_on_the_device(npu: torch.device) -> None:
     """FusedAdam(capturable=True) under torch.amp.GradScaler: the fp32 gradients are unscaled
     by the scaler's scale on the device (its only read is found_inf's), with the CPU's
     results, an overflowing step skipped on both."""
@@ -299,7 +308,7 @@ def test_an_empty_parameter_on_npu(npu: torch.device, name: str) -> None:
         opt = ALL[name](ps)
         for _ in range(3):
             opt.zero_grad()
-            sum((p ** 3).sum() for p in ps).backward()
+            sum((p**3).sum() for p in ps).backward()
             opt.step()
         results.append([p.detach().cpu() for p in ps])
     for a, b in zip(*results):

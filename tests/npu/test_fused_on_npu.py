@@ -8,6 +8,7 @@ the compiled kernels compute the same float32 arithmetic but fuse it (one roundi
 torch's separate ops round twice, another summation order in norms), so they agree to a few
 float32 ulps: assert_close at rtol 1e-5.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -64,15 +65,18 @@ def cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _ext.reset()
 
 
-def _train(device: torch.device, name: str, opt_level: str | None, steps: int = 4
-           ) -> list[torch.Tensor]:
+def _train(
+    device: torch.device, name: str, opt_level: str | None, steps: int = 4
+) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(),
-                                torch.nn.Linear(8, 1)).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(
+        device
+    )
     opt = OPTIMIZERS[name](model.parameters())
     if opt_level is not None:
-        model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0,
-                                    dynamic_init_scale=2.0**10)
+        model, opt = amp.initialize(
+            model, opt, opt_level=opt_level, verbosity=0, dynamic_init_scale=2.0**10
+        )
     x, y = data()
     for _ in range(steps):
         loss = F.mse_loss(model(x.to(device)), y.to(device))
@@ -83,19 +87,23 @@ def _train(device: torch.device, name: str, opt_level: str | None, steps: int = 
             with amp.scale_loss(loss, opt) as scaled:
                 scaled.backward()
         opt.step()
-    state = [t.detach().cpu() for st in opt.state.values() for t in st.values()
-             if isinstance(t, torch.Tensor)]
+    state = [
+        t.detach().cpu()
+        for st in opt.state.values()
+        for t in st.values()
+        if isinstance(t, torch.Tensor)
+    ]
     assert state, "the optimizer kept no state"
     return [p.detach().cpu() for p in model.parameters()] + state
 
 
-def _on_npu_with_one_warning(npu: torch.device, name: str, level: str | None
-                             ) -> list[torch.Tensor]:
+def _on_npu_with_one_warning(npu: torch.device, name: str, level: str | None) -> list[torch.Tensor]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _train(npu, name, level)
     assert [w.category for w in caught] == [AmpDeviceFallbackWarning], [
-        str(w.message) for w in caught]
+        str(w.message) for w in caught
+    ]
     assert "take CPU tensors only" in str(caught[0].message)
     assert "npu" in str(caught[0].message)
     return got
@@ -107,8 +115,9 @@ LEVEL_IDS = ["standalone", "O1", "O2"]
 
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_fused_on_npu_equals_cpu_fallback(npu: torch.device, cpu_fallback: None, name: str,
-                                          level: str | None) -> None:
+def test_fused_on_npu_equals_cpu_fallback(
+    npu: torch.device, cpu_fallback: None, name: str, level: str | None
+) -> None:
     got = _on_npu_with_one_warning(npu, name, level)
     reset_amp()
     want = _train(CPU, name, level)
@@ -120,8 +129,7 @@ def test_fused_on_npu_equals_cpu_fallback(npu: torch.device, cpu_fallback: None,
 
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_fused_on_npu_close_to_cpu_kernels(npu: torch.device, name: str,
-                                           level: str | None) -> None:
+def test_fused_on_npu_close_to_cpu_kernels(npu: torch.device, name: str, level: str | None) -> None:
     assert _ext.load() is not None, "amp._C must be built for the test suite (make setup)"
     got = _on_npu_with_one_warning(npu, name, level)
     reset_amp()
@@ -129,8 +137,7 @@ def test_fused_on_npu_close_to_cpu_kernels(npu: torch.device, name: str,
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 if g.dtype == torch.float32
-                                   else 1e-3)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 if g.dtype == torch.float32 else 1e-3)
 
 
 def test_warning_once_per_device_type(npu: torch.device) -> None:
@@ -152,8 +159,9 @@ def test_mixed_precision_lamb_with_grad_scaler(npu: torch.device) -> None:
     for device in (npu, CPU):
         torch.manual_seed(0)
         model = torch.nn.Linear(10, 1).to(device=device, dtype=torch.bfloat16)
-        opt = FusedMixedPrecisionLamb(model.parameters(), lr=1e-2,
-                                      reduced_precision_dtype=torch.bfloat16)
+        opt = FusedMixedPrecisionLamb(
+            model.parameters(), lr=1e-2, reduced_precision_dtype=torch.bfloat16
+        )
         scaler = torch.amp.GradScaler(device.type, init_scale=2.0**8, growth_interval=1)
         x, y = data()
         scales = []
@@ -179,10 +187,26 @@ def test_kernels_refuse_npu_tensors(npu: torch.device) -> None:
     mod = _ext.load()
     assert mod is not None
     t = [torch.ones(4, device=npu)]
-    with pytest.raises(ValueError, match=r"inputs\[0\] is on npu:0; the compiled kernels take "
-                                         r"CPU tensors only"):
+    with pytest.raises(
+        ValueError,
+        match=r"inputs\[0\] is on npu:0; the compiled kernels take "
+        r"CPU tensors only",
+    ):
         mod.scale(t, [torch.empty(4, device=npu)], 2.0)
     with pytest.raises(ValueError, match="is on npu:0; the compiled kernels take CPU tensors"):
-        mod.adam(t, [torch.ones(4, device=npu)], [torch.zeros(4, device=npu)],
-                 [torch.zeros(4, device=npu)], None, 1e-3, 0.9, 0.999, 1e-8, 1, True, True,
-                 0.0, 1.0)
+        mod.adam(
+            t,
+            [torch.ones(4, device=npu)],
+            [torch.zeros(4, device=npu)],
+            [torch.zeros(4, device=npu)],
+            None,
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            1,
+            True,
+            True,
+            0.0,
+            1.0,
+        )

@@ -1,6 +1,7 @@
 """The test device's build cache (npu_device.build_and_load): keyed, atomic, safe when two
 sessions race, never required. The compiler is replaced by a stub that writes a file, so
 these tests check the cache logic itself; the real build is the session fixture's."""
+
 from __future__ import annotations
 
 import os

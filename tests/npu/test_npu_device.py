@@ -6,6 +6,7 @@ Exactness: copies, indexing and element-wise ops are compared bit for bit. Where
 reductions are involved the CPU kernel is the same, but its blocking may depend on the
 address alignment of the operands, so those use assert_close.
 """
+
 from __future__ import annotations
 
 import copy
@@ -82,8 +83,15 @@ def test_generated_methods(npu: torch.device) -> None:
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.uint8,
-     torch.bool],
+    [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    ],
 )
 def test_round_trip_is_exact(npu: torch.device, dtype: torch.dtype) -> None:
     src = (_randn(7, 5) * 100).to(dtype)
@@ -275,8 +283,9 @@ HALF_OPS: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ..
 }
 
 
-def _cpu_result(fn: Callable[..., torch.Tensor],
-                args: list[torch.Tensor]) -> Optional[torch.Tensor]:
+def _cpu_result(
+    fn: Callable[..., torch.Tensor], args: list[torch.Tensor]
+) -> Optional[torch.Tensor]:
     """``fn`` on the CPU, or None where the CPU has no kernel for the arguments' type."""
     try:
         return fn(*args)
@@ -289,7 +298,8 @@ def _cpu_result(fn: Callable[..., torch.Tensor],
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
 @pytest.mark.parametrize("name", sorted(HALF_OPS))
 def test_half_op_is_the_cpus_or_fp32_arithmetic_rounded_once(
-        npu: torch.device, dtype: torch.dtype, name: str) -> None:
+    npu: torch.device, dtype: torch.dtype, name: str
+) -> None:
     fn, shapes = HALF_OPS[name]
     args = [_randn(*shape, seed=i).to(dtype) for i, shape in enumerate(shapes)]
     native = _cpu_result(fn, args)
@@ -369,13 +379,23 @@ def test_linear_forward_backward_matches_cpu(npu: torch.device) -> None:
 _CPU_FUSED_ADAM = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adam_", "CPU")
 
 
-@pytest.mark.parametrize("optimizer", [
-    "sgd", "adam_foreach", "adam_for_loop",
-    pytest.param("adam_fused", marks=pytest.mark.skipif(
-        not _CPU_FUSED_ADAM, reason=f"torch {torch.__version__} has no CPU kernel for fused Adam "
-        "(aten::_fused_adam_, torch >= 2.4): no fused step for the device to run, nor a CPU one "
-        "to compare it with")),
-])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "sgd",
+        "adam_foreach",
+        "adam_for_loop",
+        pytest.param(
+            "adam_fused",
+            marks=pytest.mark.skipif(
+                not _CPU_FUSED_ADAM,
+                reason=f"torch {torch.__version__} has no CPU kernel for fused Adam "
+                "(aten::_fused_adam_, torch >= 2.4): no fused step for the device to run, nor a "
+                "CPU one to compare it with",
+            ),
+        ),
+    ],
+)
 def test_optimizer_steps_match_cpu(npu: torch.device, optimizer: str) -> None:
     dev_model, cpu_model = _linear_pair(seed=3)
     x, y = _randn(8, 5, seed=4), _randn(8, 3, seed=5)
@@ -490,9 +510,7 @@ FP32_CALLS: dict[str, Callable[[torch.device, torch.dtype], torch.Tensor]] = {
     "cross_entropy": lambda d, t: F.cross_entropy(
         _randn(3, 4).to(d, t), torch.tensor([0, 3, 1], device=d)
     ),
-    "nll_loss": lambda d, t: F.nll_loss(
-        _randn(3, 4).to(d, t), torch.tensor([0, 3, 1], device=d)
-    ),
+    "nll_loss": lambda d, t: F.nll_loss(_randn(3, 4).to(d, t), torch.tensor([0, 3, 1], device=d)),
     "bce_with_logits": lambda d, t: F.binary_cross_entropy_with_logits(
         _randn(3, 4).to(d, t), torch.rand(3, 4).to(d, t)
     ),
@@ -686,8 +704,9 @@ def test_unsupported_features_say_so(npu: torch.device) -> None:
     # Pinning for npu: the device says it has no pinned memory where torch asks the PrivateUse1
     # hooks for a pinned allocator; torch 2.1 asks no hooks and has no _pin_memory kernel for a
     # PrivateUse1 device, and says that.
-    with pytest.raises(NotImplementedError,
-                       match=r"no pinned host memory|Could not run 'aten::_pin_memory'"):
+    with pytest.raises(
+        NotImplementedError, match=r"no pinned host memory|Could not run 'aten::_pin_memory'"
+    ):
         torch.zeros(2).pin_memory("npu")
     # torch.accelerator's torches pin a CPU tensor for the current accelerator (npu here); torch
     # 2.1 pins it for CUDA whatever accelerator is installed (not the device's to answer).
@@ -696,8 +715,10 @@ def test_unsupported_features_say_so(npu: torch.device) -> None:
             torch.zeros(2).pin_memory()
     # Where the PrivateUse1 hooks make generators (getNewGenerator) the device says it itself;
     # torch <= 2.6 asks a generator registry instead, and says there is none.
-    with pytest.raises((NotImplementedError, RuntimeError),
-                       match=r"no generator of its own|register a generator to the PrivateUse1"):
+    with pytest.raises(
+        (NotImplementedError, RuntimeError),
+        match=r"no generator of its own|register a generator to the PrivateUse1",
+    ):
         torch.Generator("npu")
     assert not torch.zeros(2, device=npu).is_pinned()
 

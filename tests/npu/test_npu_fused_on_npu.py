@@ -3,6 +3,7 @@ combined buffers give the CPU's results bit for bit (the device runs the CPU's k
 torch.optim's own run on the device; under amp O2 everything combined lives on the device;
 and the device operations of a training step do not grow with the number of parameters
 (Ascend's reason for combining), counted at the dispatcher."""
+
 from __future__ import annotations
 
 import sys
@@ -51,13 +52,13 @@ def test_combined_update_on_npu_equals_cpu(npu: torch.device, case: tuple) -> No
     for a, b in zip(on_npu, on_cpu):
         assert a.device.type == "npu" and torch.equal(a.cpu(), b)
     for p in on_npu:  # the states were combined on the device
-        assert all(t.device.type == "npu" for t in opt.state[p].values()
-                   if isinstance(t, torch.Tensor))
+        assert all(
+            t.device.type == "npu" for t in opt.state[p].values() if isinstance(t, torch.Tensor)
+        )
 
 
 @pytest.mark.parametrize("case", TORCH_PAIRS, ids=case_id)
-def test_combined_update_on_npu_equals_torch_optim_there(npu: torch.device, case: tuple
-                                                         ) -> None:
+def test_combined_update_on_npu_equals_torch_optim_there(npu: torch.device, case: tuple) -> None:
     ours, theirs, kw = case
     series = grad_series(SHAPES, steps=3)
     mine, ref = leaves(SHAPES, npu), leaves(SHAPES, npu)
@@ -68,11 +69,11 @@ def test_combined_update_on_npu_equals_torch_optim_there(npu: torch.device, case
 
 def _train(npu: torch.device, make: Any, steps: int = 4) -> tuple[torch.nn.Module, Any]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.BatchNorm1d(8),
-                                torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(npu)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(10, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+    ).to(npu)
     opt = make(model.parameters())
-    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0,
-                                dynamic_init_scale=2.0**10)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0, dynamic_init_scale=2.0**10)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 10, generator=g)
     y = x.sum(1, keepdim=True)
@@ -85,20 +86,26 @@ def _train(npu: torch.device, make: Any, steps: int = 4) -> tuple[torch.nn.Modul
     return model, opt
 
 
-@pytest.mark.parametrize("ours, theirs", [
-    (lambda ps: O.NpuFusedAdam(ps, lr=0.01, weight_decay=0.01),
-     lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, foreach=False)),
-    (lambda ps: O.NpuFusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True),
-     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, foreach=False)),
-], ids=["Adam", "SGD"])
-def test_o2_on_npu_bit_equal_to_torch_optim(npu: torch.device, ours: Any, theirs: Any
-                                            ) -> None:
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (
+            lambda ps: O.NpuFusedAdam(ps, lr=0.01, weight_decay=0.01),
+            lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, foreach=False),
+        ),
+        (
+            lambda ps: O.NpuFusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True),
+            lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, foreach=False),
+        ),
+    ],
+    ids=["Adam", "SGD"],
+)
+def test_o2_on_npu_bit_equal_to_torch_optim(npu: torch.device, ours: Any, theirs: Any) -> None:
     model, opt = _train(npu, ours)
     reset_amp()
     ref_model, _ = _train(npu, theirs)
     combined = opt._amp_stash.combined
-    assert combined.valid and all(b.flat.device.type == "npu"
-                                  for b, _ in combined.param_buffers)
+    assert combined.valid and all(b.flat.device.type == "npu" for b, _ in combined.param_buffers)
     for a, b in zip(model.parameters(), ref_model.parameters()):
         assert a.device.type == "npu" and a.dtype == b.dtype and torch.equal(a, b)
 
@@ -111,10 +118,14 @@ def test_lamb_under_o2_on_npu(npu: torch.device) -> None:
         assert torch.isfinite(state["weight_norm"]) and state["adam_norm"] > 0
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: O.NpuFusedAdam(ps, lr=1e-3),
-    lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9),
-], ids=["NpuFusedAdam", "NpuFusedSGD"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: O.NpuFusedAdam(ps, lr=1e-3),
+        lambda ps: O.NpuFusedSGD(ps, lr=0.01, momentum=0.9),
+    ],
+    ids=["NpuFusedAdam", "NpuFusedSGD"],
+)
 def test_ops_per_step_do_not_grow_with_parameters(npu: torch.device, make: Any) -> None:
     """Unscale + overflow check + step + zero_grad: the same number of device operations
     for 10 and 100 parameters, within Ascend's budget (benchmarks/bench_ascend.py has the

@@ -7,6 +7,7 @@ must behave exactly like the same run in inf/NaN mode, where the overflow shows 
 the gradients: the same steps skipped, the same scales, the same parameters bit for bit. And
 a scaler that ignores the flag is shown to apply the saturated steps, which is what the
 feature exists to prevent."""
+
 from __future__ import annotations
 
 import sys
@@ -55,8 +56,9 @@ def _same(a: Run, b: Run) -> None:
 
 
 # ------------------------------------------------------------------ the device's model
-def test_the_device_saturates_fp16_overflow_and_raises_its_flag(saturating_npu: torch.device
-                                                                ) -> None:
+def test_the_device_saturates_fp16_overflow_and_raises_its_flag(
+    saturating_npu: torch.device,
+) -> None:
     big = torch.full((3,), 60000.0, dtype=FP16, device=saturating_npu)
     assert not npu_module.get_npu_overflow_flag()
     assert torch.equal((big + big).cpu(), torch.full((3,), 65504.0, dtype=FP16))
@@ -84,12 +86,17 @@ def test_the_device_saturates_fp16_overflow_and_raises_its_flag(saturating_npu: 
 
 # ------------------------------------------------------------------ choosing the mode
 def test_the_mode_is_chosen_once_per_scaler_from_torch_npu(
-        torch_npu: ModuleType, npu: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_npu: ModuleType, npu: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert amp.LossScaler("dynamic").mode == "inf_nan"  # the device supports inf/NaN
     npu_module.set_saturation_mode(True)
     assert torch_npu.npu.utils.is_support_inf_nan() is False
-    for device_type, mode in (("npu", "saturation"), (None, "saturation"), ("cpu", "inf_nan"),
-                              ("cuda", "inf_nan")):
+    for device_type, mode in (
+        ("npu", "saturation"),
+        (None, "saturation"),
+        ("cpu", "inf_nan"),
+        ("cuda", "inf_nan"),
+    ):
         scaler = amp.LossScaler("dynamic", device_type=device_type)
         assert scaler.mode == mode and scaler._is_support_inf_nan == (mode == "inf_nan")
     scaler = amp.LossScaler("dynamic", device_type="npu")
@@ -106,7 +113,8 @@ def test_the_mode_is_chosen_once_per_scaler_from_torch_npu(
 
 
 def test_a_torch_npu_older_than_inf_nan_support_is_saturation_mode(
-        torch_npu: ModuleType, npu: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_npu: ModuleType, npu: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     old = ModuleType("torch_npu.npu")
     old.clear_npu_overflow_flag = npu_module.clear_npu_overflow_flag  # type: ignore[attr-defined]
     old.get_npu_overflow_flag = npu_module.get_npu_overflow_flag  # type: ignore[attr-defined]
@@ -120,7 +128,8 @@ def test_a_torch_npu_older_than_inf_nan_support_is_saturation_mode(
 # ------------------------------------------------------------------ training
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_saturated_steps_are_skipped_exactly_as_overflowed_ones(
-        torch_npu: ModuleType, npu: torch.device, level: str) -> None:
+    torch_npu: ModuleType, npu: torch.device, level: str
+) -> None:
     inf_nan, saturated = _runs(npu, level, **OVERFLOWING)
     assert inf_nan.scales[:5] == [2.0**19, 2.0**18, 2.0**17, 2.0**16, 2.0**15]  # 5 skipped
     _same(inf_nan, saturated)
@@ -128,7 +137,8 @@ def test_saturated_steps_are_skipped_exactly_as_overflowed_ones(
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_a_scaler_that_ignores_the_flag_applies_the_saturated_steps(
-        saturating_npu: torch.device, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    saturating_npu: torch.device, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without saturation mode (the scaler never reads the flag) the saturated gradients are
     finite, nothing is skipped, the scale never backs off: the overflowed steps are applied."""
     monkeypatch.setattr(amp.scaler, "saturation_flag", lambda device_type=None: None)
@@ -157,10 +167,12 @@ def _sgd(ps: Any) -> Any:
 
 
 @pytest.mark.filterwarnings("ignore::amp._device.AmpDeviceFallbackWarning")
-@pytest.mark.parametrize("make", [_sgd, _npu_fused_sgd, _npu_fused_adam],
-                         ids=["SGD", "NpuFusedSGD", "NpuFusedAdam"])
+@pytest.mark.parametrize(
+    "make", [_sgd, _npu_fused_sgd, _npu_fused_adam], ids=["SGD", "NpuFusedSGD", "NpuFusedAdam"]
+)
 def test_o2_combine_grad_with_npu_fused_optimizers(
-        torch_npu: ModuleType, npu: torch.device, make: Callable[[Any], Any]) -> None:
+    torch_npu: ModuleType, npu: torch.device, make: Callable[[Any], Any]
+) -> None:
     inf_nan, saturated = _runs(npu, "O2", make_opt=make, combine_grad=True, **OVERFLOWING)
     assert saturated.optimizer.get_model_combined_grads()  # the combined path was taken
     assert inf_nan.scales[4] == 2.0**15
@@ -168,8 +180,8 @@ def test_o2_combine_grad_with_npu_fused_optimizers(
 
 
 def test_the_flag_is_cleared_and_read_once_per_step_across_accumulation(
-        saturating_npu: torch.device, torch_npu: ModuleType,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    saturating_npu: torch.device, torch_npu: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[str] = []
     device_clear, device_get = npu_module.clear_npu_overflow_flag, npu_module.get_npu_overflow_flag
 
@@ -186,8 +198,7 @@ def test_the_flag_is_cleared_and_read_once_per_step_across_accumulation(
     torch.manual_seed(0)
     model = torch.nn.Linear(10, 1).to(saturating_npu)
     opt = _sgd(model.parameters())
-    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0,
-                                dynamic_init_scale=2.0**12)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0, dynamic_init_scale=2.0**12)
     x, y = data()
     before = [p.detach().clone() for p in amp.master_params(opt)]
     opt.zero_grad()
@@ -206,7 +217,8 @@ def test_the_flag_is_cleared_and_read_once_per_step_across_accumulation(
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_a_checkpoint_across_a_saturated_step_resumes_exactly(
-        saturating_npu: torch.device, level: str) -> None:
+    saturating_npu: torch.device, level: str
+) -> None:
     # From 2**17 with a window of 2 the scale overflows, backs off, grows back and overflows
     # again: saturated steps before and after the checkpoint.
     init = dict(dynamic_init_scale=2.0**17, scale_window=2)
@@ -219,8 +231,7 @@ def test_a_checkpoint_across_a_saturated_step_resumes_exactly(
     torch.manual_seed(123)  # a different init: everything comes from the checkpoint
     model = torch.nn.Linear(10, 1).to(saturating_npu)
     opt = _sgd(model.parameters())
-    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=FP16, verbosity=0,
-                                **init)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=FP16, verbosity=0, **init)
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])
     amp.load_state_dict(saved["amp"])
@@ -236,8 +247,10 @@ def test_a_checkpoint_across_a_saturated_step_resumes_exactly(
     backoffs = [i for i, (a, b) in enumerate(zip(full.scales, full.scales[1:]), 1) if b < a]
     assert backoffs and backoffs[0] < 4 <= backoffs[-1]  # saturated steps on both sides
     assert first.scales + scales == full.scales
-    for got, want in zip(list(model.parameters()) + list(amp.master_params(opt)),
-                         list(full.model.parameters()) + list(amp.master_params(full.optimizer))):
+    for got, want in zip(
+        list(model.parameters()) + list(amp.master_params(opt)),
+        list(full.model.parameters()) + list(amp.master_params(full.optimizer)),
+    ):
         assert torch.equal(got.detach().cpu(), want.detach().cpu())
 
 
@@ -247,8 +260,9 @@ def test_one_saturating_rank_makes_every_rank_skip(npu: torch.device, tmp_path: 
     overflow (saturate): both ranks skip that step and back off to the same scale."""
     worker = Path(__file__).parent / "_saturation_worker.py"
     levels = ["O1", "O2"]
-    ranks = run_ranks(tmp_path, 2, worker,
-                      lambda rank: [",".join(levels), str(tmp_path / f"rank{rank}.json")])
+    ranks = run_ranks(
+        tmp_path, 2, worker, lambda rank: [",".join(levels), str(tmp_path / f"rank{rank}.json")]
+    )
     for level in levels:
         for run in ("alone", "combine_ddp"):
             r0, r1 = ranks[0][level][run], ranks[1][level][run]

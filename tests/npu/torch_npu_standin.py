@@ -6,6 +6,7 @@
 Not put in ``sys.modules`` by installing the device: only tests (and worker processes) that
 want amp to find torch_npu do so, for their own duration (tests/npu/conftest.py's
 ``torch_npu`` fixture)."""
+
 from __future__ import annotations
 
 from types import ModuleType

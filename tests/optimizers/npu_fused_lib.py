@@ -2,6 +2,7 @@
 combined buffers (amp.ascend.combined's own machinery, as amp's step hands it to them), and the
 per-parameter formulas of Apex for Ascend's optimizers that have no torch.optim counterpart,
 written out one parameter at a time as Ascend's code runs them (the reference for ours)."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,7 @@ SHAPES = [(3, 5), (7,), (2, 3, 4), (), (33,), (4, 1, 3)]
 # (ours, torch.optim's, keywords): bit-equal pairs.
 TORCH_PAIRS: list[tuple[type, type, dict[str, Any]]] = [
     (O.NpuFusedSGD, torch.optim.SGD, dict(lr=0.1)),
-    (O.NpuFusedSGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1,
-                                          weight_decay=0.01)),
+    (O.NpuFusedSGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)),
     (O.NpuFusedSGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
     (O.NpuFusedAdam, torch.optim.Adam, dict(lr=0.01, weight_decay=0.01)),
     (O.NpuFusedAdam, torch.optim.Adam, dict(lr=0.01, amsgrad=True)),
@@ -30,8 +30,11 @@ TORCH_PAIRS: list[tuple[type, type, dict[str, Any]]] = [
     (O.NpuFusedAdamW, torch.optim.AdamW, dict(lr=0.01, amsgrad=True, weight_decay=0.1)),
     (O.NpuFusedAdadelta, torch.optim.Adadelta, dict(weight_decay=0.01)),
     (O.NpuFusedRMSprop, torch.optim.RMSprop, dict(lr=0.01)),
-    (O.NpuFusedRMSprop, torch.optim.RMSprop, dict(lr=0.01, momentum=0.9, centered=True,
-                                                  weight_decay=0.1)),
+    (
+        O.NpuFusedRMSprop,
+        torch.optim.RMSprop,
+        dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.1),
+    ),
 ]
 
 
@@ -40,8 +43,9 @@ def case_id(case: tuple) -> str:
     return f"{case[0].__name__}-" + "-".join(f"{k}={v}" for k, v in kw.items())
 
 
-def leaves(shapes: Sequence[tuple], device: Any = "cpu", seed: int = 0,
-           dtype: torch.dtype = torch.float32) -> list[Tensor]:
+def leaves(
+    shapes: Sequence[tuple], device: Any = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32
+) -> list[Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=g).to(device, dtype).requires_grad_() for s in shapes]
 
@@ -71,8 +75,9 @@ def set_grads(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
             p.grad.copy_(g)
 
 
-def run_combined(opt: torch.optim.Optimizer, params: Sequence[Tensor],
-                 series: Sequence[Sequence[Tensor]]) -> None:
+def run_combined(
+    opt: torch.optim.Optimizer, params: Sequence[Tensor], series: Sequence[Sequence[Tensor]]
+) -> None:
     for i, grads in enumerate(series):
         set_grads(params, grads)
         if i == 0:
@@ -80,8 +85,9 @@ def run_combined(opt: torch.optim.Optimizer, params: Sequence[Tensor],
         opt.step()
 
 
-def run_plain(opt: torch.optim.Optimizer, params: Sequence[Tensor],
-              series: Sequence[Sequence[Tensor]]) -> None:
+def run_plain(
+    opt: torch.optim.Optimizer, params: Sequence[Tensor], series: Sequence[Sequence[Tensor]]
+) -> None:
     for grads in series:
         set_grads(params, grads)
         opt.step()
@@ -163,8 +169,8 @@ def ref_adamp(p: Tensor, g: Tensor, state: dict, h: dict) -> None:
     beta1, beta2 = h["betas"]
     _adam_moments(state, p, g, beta1, beta2)
     step, eps = state["step"], h["eps"]
-    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(eps)
-    step_size = h["lr"] / (1 - beta1 ** step)
+    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+    step_size = h["lr"] / (1 - beta1**step)
     if h["nesterov"]:
         perturb = (beta1 * state["exp_avg"] + (1 - beta1) * g) / denom
     else:
@@ -185,8 +191,13 @@ def ref_adamp(p: Tensor, g: Tensor, state: dict, h: dict) -> None:
     p.add_(perturb, alpha=-step_size)
 
 
-def run_reference(step: Step, params: Sequence[Tensor], series: Sequence[Sequence[Tensor]],
-                  hyper: dict[str, Any], clip_global: bool = False) -> list[dict]:
+def run_reference(
+    step: Step,
+    params: Sequence[Tensor],
+    series: Sequence[Sequence[Tensor]],
+    hyper: dict[str, Any],
+    clip_global: bool = False,
+) -> list[dict]:
     """Ascend's per-parameter loop; ``clip_global``: divide the gradients by their global
     norm first when it is above 1 (BertAdam's max_grad_norm, Lamb's use_global_grad_norm)."""
     states: list[dict] = [{} for _ in params]
@@ -205,23 +216,42 @@ def run_reference(step: Step, params: Sequence[Tensor], series: Sequence[Sequenc
 # (ours, Ascend's formula, keywords, whether the reference clips by the global norm)
 ASCEND_CASES: list[tuple[type, Step, dict[str, Any], bool]] = [
     (O.NpuFusedRMSpropTF, ref_rmsprop_tf, dict(lr=0.01), False),
-    (O.NpuFusedRMSpropTF, ref_rmsprop_tf, dict(lr=0.01, momentum=0.9, centered=True,
-                                               weight_decay=0.01), False),
-    (O.NpuFusedRMSpropTF, ref_rmsprop_tf, dict(lr=0.01, momentum=0.9, lr_in_momentum=False,
-                                               decoupled_decay=True, weight_decay=0.01), False),
+    (
+        O.NpuFusedRMSpropTF,
+        ref_rmsprop_tf,
+        dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01),
+        False,
+    ),
+    (
+        O.NpuFusedRMSpropTF,
+        ref_rmsprop_tf,
+        dict(lr=0.01, momentum=0.9, lr_in_momentum=False, decoupled_decay=True, weight_decay=0.01),
+        False,
+    ),
     (O.NpuFusedBertAdam, ref_bert_adam, dict(lr=0.01), False),
-    (O.NpuFusedBertAdam, ref_bert_adam, dict(lr=0.01, warmup=0.5, t_total=4,
-                                             schedule="warmup_cosine"), False),
-    (O.NpuFusedBertAdam, ref_bert_adam, dict(lr=0.01, warmup=0.1, t_total=8,
-                                             schedule="warmup_poly", max_grad_norm=1.0), True),
-    (O.NpuFusedBertAdam, ref_bert_adam, dict(lr=0.01, warmup=0.25, t_total=8,
-                                             schedule="warmup_constant"), False),
+    (
+        O.NpuFusedBertAdam,
+        ref_bert_adam,
+        dict(lr=0.01, warmup=0.5, t_total=4, schedule="warmup_cosine"),
+        False,
+    ),
+    (
+        O.NpuFusedBertAdam,
+        ref_bert_adam,
+        dict(lr=0.01, warmup=0.1, t_total=8, schedule="warmup_poly", max_grad_norm=1.0),
+        True,
+    ),
+    (
+        O.NpuFusedBertAdam,
+        ref_bert_adam,
+        dict(lr=0.01, warmup=0.25, t_total=8, schedule="warmup_constant"),
+        False,
+    ),
     (O.NpuFusedLamb, ref_lamb, dict(lr=0.01, weight_decay=0.01), False),
     (O.NpuFusedLamb, ref_lamb, dict(lr=0.01, adam=True), False),
     (O.NpuFusedLamb, ref_lamb, dict(lr=0.01, use_global_grad_norm=True), True),
     (O.NpuFusedAdamP, ref_adamp, dict(lr=0.01, weight_decay=0.1), False),
-    (O.NpuFusedAdamP, ref_adamp, dict(lr=0.01, weight_decay=0.1, nesterov=True,
-                                      delta=1.0), False),
+    (O.NpuFusedAdamP, ref_adamp, dict(lr=0.01, weight_decay=0.1, nesterov=True, delta=1.0), False),
 ]
 
 

@@ -1,6 +1,7 @@
 """The quick-start loop with the fused optimizers under amp.initialize at every opt level,
 on the compiled kernels through the seam (_amp_grads_nonfinite / _amp_fused_step), against
 the same loop with torch.optim on amp's generic path."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,13 @@ from amp.optimizers import FusedAdam, FusedLAMB, FusedSGD
 BF16 = {"cast_model_type": torch.bfloat16}
 # half_device (tests/conftest.py): the levels that compute in float16.
 _HALF = pytest.mark.half_device
-LEVELS = [("O0", {}, False), pytest.param(("O1", {}, True), marks=_HALF),
-          pytest.param(("O2", {}, True), marks=_HALF), ("O3", BF16, False),
-          ("O3", dict(BF16, loss_scale="dynamic"), True)]
+LEVELS = [
+    ("O0", {}, False),
+    pytest.param(("O1", {}, True), marks=_HALF),
+    pytest.param(("O2", {}, True), marks=_HALF),
+    ("O3", BF16, False),
+    ("O3", dict(BF16, loss_scale="dynamic"), True),
+]
 LEVEL_IDS = ["O0", "O1", "O2", "O3", "O3-dynamic"]
 
 
@@ -70,12 +75,20 @@ def _train(model, opt, steps=8, inject_at=None):
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["apex-exact", "deferred"])
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
-@pytest.mark.parametrize("pair", [
-    (lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01),
-     lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01)),
-    (lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9),
-     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
-], ids=["adam", "sgd"])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (
+            lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01),
+            lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01),
+        ),
+        (
+            lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9),
+            lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        ),
+    ],
+    ids=["adam", "sgd"],
+)
 def test_quickstart_fused_matches_generic_path(level, pair, deferred):
     assert _ext.load() is not None, "amp._C must be built"
     opt_level, kw, fused_path = level

@@ -1,5 +1,6 @@
 """FusedAdam / FusedSGD against torch.optim over many steps, state_dict interchange with
 torch.optim, FusedLAMB against the paper, and compiled-vs-fallback agreement."""
+
 from __future__ import annotations
 
 import copy
@@ -51,10 +52,17 @@ def _run(opt_a, opt_b, pa, pb, steps):
 @pytest.mark.parametrize("wd", [0.0, 0.05])
 def test_fused_adamw_matches_torch_adamw(backend, wd):
     pa, pb = _params(), _params()
-    ref = torch.optim.AdamW(_groups(pa, lr=3e-3), lr=1e-2, betas=(0.8, 0.99), eps=1e-8,
-                            weight_decay=wd)
-    fused = FusedAdam(_groups(pb, lr=3e-3), lr=1e-2, betas=(0.8, 0.99), eps=1e-8,
-                      weight_decay=wd, adam_w_mode=True)
+    ref = torch.optim.AdamW(
+        _groups(pa, lr=3e-3), lr=1e-2, betas=(0.8, 0.99), eps=1e-8, weight_decay=wd
+    )
+    fused = FusedAdam(
+        _groups(pb, lr=3e-3),
+        lr=1e-2,
+        betas=(0.8, 0.99),
+        eps=1e-8,
+        weight_decay=wd,
+        adam_w_mode=True,
+    )
     _run(ref, fused, pa, pb, 100)
     assert _rel(pb, pa) < 1e-6
     torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
@@ -76,11 +84,14 @@ def test_fused_adam_without_bias_correction_matches_formula(backend):
     torch.testing.assert_close(p.detach(), torch.full((10,), 0.9))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(momentum=0.0),
-    dict(momentum=0.9, dampening=0.1, weight_decay=1e-2),
-    dict(momentum=0.9, nesterov=True, weight_decay=1e-2),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(momentum=0.0),
+        dict(momentum=0.9, dampening=0.1, weight_decay=1e-2),
+        dict(momentum=0.9, nesterov=True, weight_decay=1e-2),
+    ],
+)
 def test_fused_sgd_matches_torch_sgd(backend, kw):
     pa, pb = _params(), _params()
     ref = torch.optim.SGD(_groups(pa, lr=0.02), lr=0.05, **kw)
@@ -162,18 +173,23 @@ def test_fused_lamb_matches_paper(backend, max_norm):
     for s in range(1, 21):
         _set_grads(s, pb)
         grads = [p.grad for p in pb]
-        ref = _lamb_paper_step(ref, grads, state, s, lr=1e-2, b1=0.9, b2=0.999, eps=1e-6,
-                               wd=0.01, max_norm=max_norm)
+        ref = _lamb_paper_step(
+            ref, grads, state, s, lr=1e-2, b1=0.9, b2=0.999, eps=1e-6, wd=0.01, max_norm=max_norm
+        )
         opt.step()
     for p, r in zip(pb, ref):
         torch.testing.assert_close(p.detach().double(), r, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01, max_grad_norm=0.5),
-    lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True, max_grad_norm=0.5),
-    lambda ps: FusedLAMB(ps, lr=1e-2),
-], ids=["adam", "sgd", "lamb"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01, max_grad_norm=0.5),
+        lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True, max_grad_norm=0.5),
+        lambda ps: FusedLAMB(ps, lr=1e-2),
+    ],
+    ids=["adam", "sgd", "lamb"],
+)
 def test_compiled_and_fallback_agree(make, monkeypatch):
     from amp import _ext  # noqa: PLC0415
 

@@ -1,6 +1,7 @@
 """FusedAdagrad, FusedNovoGrad and FusedMixedPrecisionLamb against plain-torch references,
 step by step, in fp32 and with a half model copy written by the kernel (apex's run_optimizers
 style), on every backend (AVX2, generic, pure-torch fallback)."""
+
 from __future__ import annotations
 
 import math
@@ -37,21 +38,36 @@ class RefNovoGrad:
     """NovoGrad in float64, written from the paper (per-tensor second moment of the grad
     norm), with apex's bias correction and moment modes."""
 
-    def __init__(self, params, lr, betas, eps, wd, grad_averaging, reg_inside_moment,
-                 bias_correction=True, norm_type=2, init_zero=False) -> None:
+    def __init__(
+        self,
+        params,
+        lr,
+        betas,
+        eps,
+        wd,
+        grad_averaging,
+        reg_inside_moment,
+        bias_correction=True,
+        norm_type=2,
+        init_zero=False,
+    ) -> None:
         self.p = [p.detach().double().clone() for p in params]
         self.m = [torch.zeros_like(p) for p in self.p]
         self.n: list = [None] * len(self.p)
         self.lr, (self.b1, self.b2), self.eps, self.wd = lr, betas, eps, wd
         self.b3 = 1 - self.b1 if grad_averaging else 1.0
         self.inside, self.bc, self.norm_type, self.init_zero = (
-            reg_inside_moment, bias_correction, norm_type, init_zero)
+            reg_inside_moment,
+            bias_correction,
+            norm_type,
+            init_zero,
+        )
         self.t = 0
 
     def step(self, grads) -> None:
         self.t += 1
-        bc1 = 1 - self.b1 ** self.t if self.bc else 1.0
-        bc2 = math.sqrt(1 - self.b2 ** self.t) if self.bc else 1.0
+        bc1 = 1 - self.b1**self.t if self.bc else 1.0
+        bc2 = math.sqrt(1 - self.b2**self.t) if self.bc else 1.0
         for i, g in enumerate(grads):
             g = g.double()
             n = float(g.norm()) if self.norm_type == 2 else float(g.abs().max())
@@ -60,7 +76,7 @@ class RefNovoGrad:
                 self.n[i] = n  # the blend starts from the first step's norm
             elif self.norm_type == 2:
                 old = 0.0 if first else self.n[i]
-                self.n[i] = math.sqrt(self.b2 * old ** 2 + (1 - self.b2) * n * n)
+                self.n[i] = math.sqrt(self.b2 * old**2 + (1 - self.b2) * n * n)
             else:
                 old = 0.0 if first else self.n[i]
                 self.n[i] = self.b2 * old + (1 - self.b2) * n
@@ -116,12 +132,23 @@ def test_fused_adagrad_w_mode_matches_reference(backend):
 
 
 NOVO_CASES = [
-    dict(betas=(0.95, 0.0), wd=0.0, grad_averaging=False, reg_inside_moment=True,
-         bias_correction=False),  # apex's own test configuration
+    dict(
+        betas=(0.95, 0.0),
+        wd=0.0,
+        grad_averaging=False,
+        reg_inside_moment=True,
+        bias_correction=False,
+    ),  # apex's own test configuration
     dict(betas=(0.9, 0.999), wd=0.01, grad_averaging=True, reg_inside_moment=False),
     dict(betas=(0.9, 0.98), wd=0.01, grad_averaging=True, reg_inside_moment=True),
-    dict(betas=(0.9, 0.98), wd=0.0, grad_averaging=True, reg_inside_moment=False,
-         norm_type=0, init_zero=True),
+    dict(
+        betas=(0.9, 0.98),
+        wd=0.0,
+        grad_averaging=True,
+        reg_inside_moment=False,
+        norm_type=0,
+        init_zero=True,
+    ),
 ]
 
 
@@ -152,14 +179,23 @@ def test_kernel_writes_half_copy_of_fp32_master(backend, op, half):
     wide = [g.float() for g in grads]
     if op == "adagrad":
         sums, rsums = [torch.zeros_like(m) for m in masters], [torch.zeros_like(m) for m in ref]
-        mt.adagrad(grads, masters, sums, halves, lr=0.1, eps=1e-10, weight_decay=0.01,
-                    grad_scale=0.5)
+        mt.adagrad(
+            grads, masters, sums, halves, lr=0.1, eps=1e-10, weight_decay=0.01, grad_scale=0.5
+        )
         mt.adagrad(wide, ref, rsums, lr=0.1, eps=1e-10, weight_decay=0.01, grad_scale=0.5)
     else:
         ms, rms = [torch.zeros_like(m) for m in masters], [torch.zeros_like(m) for m in ref]
         n1, n2 = torch.zeros(len(SIZES)), torch.zeros(len(SIZES))
-        kw = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, step=1, weight_decay=0.01,
-                  init_norms=True, grad_scale=0.5)
+        kw = dict(
+            lr=0.1,
+            beta1=0.9,
+            beta2=0.99,
+            eps=1e-8,
+            step=1,
+            weight_decay=0.01,
+            init_norms=True,
+            grad_scale=0.5,
+        )
         mt.novograd(grads, masters, ms, halves, grad_norms=n1, **kw)
         mt.novograd(wide, ref, rms, grad_norms=n2, **kw)
         assert torch.equal(n1, n2)
@@ -251,11 +287,15 @@ def test_new_optimizers_validate_arguments():
         FusedMixedPrecisionLamb(p, step=-1)
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: FusedAdagrad(ps, lr=0.05, weight_decay=0.01),
-    lambda ps: FusedNovoGrad(ps, lr=1e-2, weight_decay=0.01),
-    lambda ps: FusedNovoGrad(ps, lr=1e-2, norm_type=0, reg_inside_moment=True),
-], ids=["adagrad", "novograd", "novograd-max"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: FusedAdagrad(ps, lr=0.05, weight_decay=0.01),
+        lambda ps: FusedNovoGrad(ps, lr=1e-2, weight_decay=0.01),
+        lambda ps: FusedNovoGrad(ps, lr=1e-2, norm_type=0, reg_inside_moment=True),
+    ],
+    ids=["adagrad", "novograd", "novograd-max"],
+)
 def test_compiled_and_fallback_agree(make, monkeypatch):
     from amp import _ext  # noqa: PLC0415
 

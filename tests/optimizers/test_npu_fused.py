@@ -2,6 +2,7 @@
 torch.optim (bit for bit) or to Ascend's formulas, on amp's combined buffers; Ascend's
 constructors and errors; state that survives state_dict and re-combination; Ascend's fuzz
 inputs (tests/fuzz/*_samples/samples1.txt) as fixed cases."""
+
 from __future__ import annotations
 
 import copy
@@ -29,9 +30,17 @@ from npu_fused_lib import (
 import amp.optimizers as O
 from amp.combine_tensors import is_combined_tensor_valid
 
-NPU_FUSED = [O.NpuFusedSGD, O.NpuFusedAdam, O.NpuFusedAdamW, O.NpuFusedAdamP,
-             O.NpuFusedBertAdam, O.NpuFusedAdadelta, O.NpuFusedLamb, O.NpuFusedRMSprop,
-             O.NpuFusedRMSpropTF]
+NPU_FUSED = [
+    O.NpuFusedSGD,
+    O.NpuFusedAdam,
+    O.NpuFusedAdamW,
+    O.NpuFusedAdamP,
+    O.NpuFusedBertAdam,
+    O.NpuFusedAdadelta,
+    O.NpuFusedLamb,
+    O.NpuFusedRMSprop,
+    O.NpuFusedRMSpropTF,
+]
 
 
 def _kw(cls: type) -> dict[str, Any]:
@@ -74,8 +83,9 @@ def test_lamb_plain_state_and_formula() -> None:
         state = opt.state[p]
         assert state["step"] == 3
         for key in ("weight_norm", "adam_norm", "trust_ratio"):
-            torch.testing.assert_close(state[key].float(), torch.tensor(float(expected[key])),
-                                       rtol=2e-6, atol=0)
+            torch.testing.assert_close(
+                state[key].float(), torch.tensor(float(expected[key])), rtol=2e-6, atol=0
+            )
 
 
 def test_lamb_needs_no_amp_and_skips_params_without_grad() -> None:
@@ -167,27 +177,50 @@ def test_outside_amp_raises_ascends_error(cls: type) -> None:
     p.grad = torch.ones(2, 2)
     opt = cls([p], **_kw(cls))
     assert opt.is_npu_fused_optimizer is True and cls.is_npu_fused_optimizer is True
-    with pytest.raises(RuntimeError, match=f"apex.optimizers.{cls.__name__} should be used "
-                                           "with AMP"):
+    with pytest.raises(
+        RuntimeError, match=f"apex.optimizers.{cls.__name__} should be used with AMP"
+    ):
         opt.step()
 
 
 DEFAULTS = {
     O.NpuFusedSGD: dict(momentum=0, dampening=0, weight_decay=0, nesterov=False),
-    O.NpuFusedAdam: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                         amsgrad=False),
-    O.NpuFusedAdamW: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                          amsgrad=False),
-    O.NpuFusedAdamP: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, delta=0.1,
-                          wd_ratio=0.1, nesterov=False),
-    O.NpuFusedBertAdam: dict(warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9,
-                             b2=0.99, e=1e-6, weight_decay=0.01, max_grad_norm=-1),
+    O.NpuFusedAdam: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False),
+    O.NpuFusedAdamW: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False),
+    O.NpuFusedAdamP: dict(
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0,
+        delta=0.1,
+        wd_ratio=0.1,
+        nesterov=False,
+    ),
+    O.NpuFusedBertAdam: dict(
+        warmup=-1,
+        t_total=-1,
+        schedule="warmup_linear",
+        b1=0.9,
+        b2=0.99,
+        e=1e-6,
+        weight_decay=0.01,
+        max_grad_norm=-1,
+    ),
     O.NpuFusedAdadelta: dict(lr=1.0, rho=0.9, eps=1e-6, weight_decay=0),
     O.NpuFusedLamb: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0),
-    O.NpuFusedRMSprop: dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0,
-                            centered=False),
-    O.NpuFusedRMSpropTF: dict(lr=1e-2, alpha=0.9, eps=1e-10, weight_decay=0, momentum=0.0,
-                              centered=False, decoupled_decay=False, lr_in_momentum=True),
+    O.NpuFusedRMSprop: dict(
+        lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False
+    ),
+    O.NpuFusedRMSpropTF: dict(
+        lr=1e-2,
+        alpha=0.9,
+        eps=1e-10,
+        weight_decay=0,
+        momentum=0.0,
+        centered=False,
+        decoupled_decay=False,
+        lr_in_momentum=True,
+    ),
     O.Lamb: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0),
 }
 
@@ -199,25 +232,34 @@ def test_ascends_defaults(cls: type) -> None:
         assert opt.defaults[key] == value, key
 
 
-@pytest.mark.parametrize("cls, kw, message", [
-    (O.NpuFusedSGD, dict(lr=-1), "Invalid learning rate: -1"),
-    (O.NpuFusedSGD, dict(lr=0.1, momentum=-1), "Invalid momentum value: -1"),
-    (O.NpuFusedSGD, dict(lr=0.1, weight_decay=-1), "Invalid weight_decay value: -1"),
-    (O.NpuFusedSGD, dict(lr=0.1, nesterov=True),
-     "Nesterov momentum requires a momentum and zero dampening"),
-    (O.NpuFusedAdam, dict(eps=-1), "Invalid epsilon value: -1"),
-    (O.NpuFusedAdam, dict(betas=(1.0, 0.9)), "Invalid beta parameter at index 0: 1.0"),
-    (O.NpuFusedAdamW, dict(betas=(0.9, -0.1)), "Invalid beta parameter at index 1: -0.1"),
-    (O.NpuFusedAdadelta, dict(rho=1.5), "Invalid rho value: 1.5"),
-    (O.NpuFusedRMSprop, dict(alpha=-0.5), "Invalid alpha value: -0.5"),
-    (O.NpuFusedRMSpropTF, dict(momentum=-0.5), "Invalid momentum value: -0.5"),
-    (O.NpuFusedBertAdam, dict(lr=0.1, schedule="cosine"), "Invalid schedule parameter: cosine"),
-    (O.NpuFusedBertAdam, dict(lr=0.1, warmup=1.0),
-     r"Invalid warmup: 1.0 - should be in \[0.0, 1.0\[ or -1"),
-    (O.NpuFusedBertAdam, dict(lr=0.1, e=-1), "Invalid epsilon value: -1 - should be >= 0.0"),
-    (O.NpuFusedLamb, dict(lr=-0.1), "Invalid learning rate: -0.1"),
-    (O.Lamb, dict(betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
-])
+@pytest.mark.parametrize(
+    "cls, kw, message",
+    [
+        (O.NpuFusedSGD, dict(lr=-1), "Invalid learning rate: -1"),
+        (O.NpuFusedSGD, dict(lr=0.1, momentum=-1), "Invalid momentum value: -1"),
+        (O.NpuFusedSGD, dict(lr=0.1, weight_decay=-1), "Invalid weight_decay value: -1"),
+        (
+            O.NpuFusedSGD,
+            dict(lr=0.1, nesterov=True),
+            "Nesterov momentum requires a momentum and zero dampening",
+        ),
+        (O.NpuFusedAdam, dict(eps=-1), "Invalid epsilon value: -1"),
+        (O.NpuFusedAdam, dict(betas=(1.0, 0.9)), "Invalid beta parameter at index 0: 1.0"),
+        (O.NpuFusedAdamW, dict(betas=(0.9, -0.1)), "Invalid beta parameter at index 1: -0.1"),
+        (O.NpuFusedAdadelta, dict(rho=1.5), "Invalid rho value: 1.5"),
+        (O.NpuFusedRMSprop, dict(alpha=-0.5), "Invalid alpha value: -0.5"),
+        (O.NpuFusedRMSpropTF, dict(momentum=-0.5), "Invalid momentum value: -0.5"),
+        (O.NpuFusedBertAdam, dict(lr=0.1, schedule="cosine"), "Invalid schedule parameter: cosine"),
+        (
+            O.NpuFusedBertAdam,
+            dict(lr=0.1, warmup=1.0),
+            r"Invalid warmup: 1.0 - should be in \[0.0, 1.0\[ or -1",
+        ),
+        (O.NpuFusedBertAdam, dict(lr=0.1, e=-1), "Invalid epsilon value: -1 - should be >= 0.0"),
+        (O.NpuFusedLamb, dict(lr=-0.1), "Invalid learning rate: -0.1"),
+        (O.Lamb, dict(betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
+    ],
+)
 def test_ascends_constructor_errors(cls: type, kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         cls(leaves([(2,)]), **kw)
@@ -248,20 +290,30 @@ FUZZ_SAMPLES: dict[type, tuple[str, ...]] = {
 }
 
 
-def _fuzz_case(cls: type, sample: str, names: str, rng: random.Random
-               ) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+def _fuzz_case(
+    cls: type, sample: str, names: str, rng: random.Random
+) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
     values = [float(v) for v in sample.split(",")]
     size, count, hyper = int(values[0]), int(values[-1]), values[1:-1]
     drawn = {n: rng.random() * v for n, v in zip(names.split(), hyper)}
     kw: dict[str, Any] = {"lr": drawn["lr"]}
     if "betas0" in drawn:
-        kw.update(betas=(drawn["betas0"], drawn["betas1"]), eps=drawn["eps"] + 1e-8,
-                  weight_decay=drawn["wd"])
+        kw.update(
+            betas=(drawn["betas0"], drawn["betas1"]),
+            eps=drawn["eps"] + 1e-8,
+            weight_decay=drawn["wd"],
+        )
     elif cls is O.NpuFusedBertAdam:
-        kw.update(warmup=drawn["warmup"], t_total=drawn["t_total"], b1=drawn["b1"],
-                  b2=drawn["b2"], e=values[6], weight_decay=values[7],
-                  max_grad_norm=values[8], schedule=rng.choice(sorted(O.npu_fused_adam
-                                                                      .SCHEDULES)))
+        kw.update(
+            warmup=drawn["warmup"],
+            t_total=drawn["t_total"],
+            b1=drawn["b1"],
+            b2=drawn["b2"],
+            e=values[6],
+            weight_decay=values[7],
+            max_grad_norm=values[8],
+            schedule=rng.choice(sorted(O.npu_fused_adam.SCHEDULES)),
+        )
     else:
         kw.update({k: drawn[k] for k in drawn if k != "wd" and k != "lr"})
         kw["weight_decay"] = drawn["wd"]
@@ -297,8 +349,9 @@ def test_ascend_fuzz_samples(cls: type) -> None:
     lr_factors = [1.0]
     if cls is O.NpuFusedBertAdam:  # its schedule may be 0 at both steps (t_total < 1)
         d = opt.defaults
-        lr_factors = [O.npu_fused_adam.SCHEDULES[d["schedule"]](k / d["t_total"], d["warmup"])
-                      for k in (0, 1)]
+        lr_factors = [
+            O.npu_fused_adam.SCHEDULES[d["schedule"]](k / d["t_total"], d["warmup"]) for k in (0, 1)
+        ]
     assert any(moved) == (bool(moved) and any(f != 0 for f in lr_factors))
 
 

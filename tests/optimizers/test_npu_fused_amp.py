@@ -2,6 +2,7 @@
 and O2 a training loop with an NpuFused optimizer (its gradients, masters and states combined)
 gives torch.optim's run on amp's per-parameter path, bit for bit; Ascend's opt-level errors;
 Ascend's LAMB test (tests/L0/run_optimizers/test_lamb_mnist.py) on synthetic data."""
+
 from __future__ import annotations
 
 import collections
@@ -41,12 +42,14 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 1))
 
 
-def train(make_opt: Callable[[Any], Any], opt_level: str, steps: int = 5,
-          **kw: Any) -> tuple[nn.Module, Any]:
+def train(
+    make_opt: Callable[[Any], Any], opt_level: str, steps: int = 5, **kw: Any
+) -> tuple[nn.Module, Any]:
     model = _model()
     opt = make_opt(model.parameters())
-    model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0,
-                                dynamic_init_scale=2.0**10, **kw)
+    model, opt = amp.initialize(
+        model, opt, opt_level=opt_level, verbosity=0, dynamic_init_scale=2.0**10, **kw
+    )
     loop(model, opt, steps)
     return model, opt
 
@@ -94,10 +97,11 @@ def test_under_amp_bit_equal_to_torch_optim(case: tuple, opt_level: str) -> None
 @pytest.mark.parametrize("opt_level", ["O0", "O3"])
 def test_npu_fused_refused_outside_o1_o2(opt_level: str) -> None:
     model = _model()
-    with pytest.raises(RuntimeError, match="npu fused optimizer can only be used when "
-                                           "opt_level='O1' or opt_level='O2'"):
-        amp.initialize(model, O.NpuFusedAdam(model.parameters()), opt_level=opt_level,
-                       verbosity=0)
+    with pytest.raises(
+        RuntimeError,
+        match="npu fused optimizer can only be used when opt_level='O1' or opt_level='O2'",
+    ):
+        amp.initialize(model, O.NpuFusedAdam(model.parameters()), opt_level=opt_level, verbosity=0)
 
 
 @pytest.mark.half_device
@@ -111,8 +115,9 @@ def test_state_dict_under_amp_resumes_exactly() -> None:
     _amp_state.loss_scalers = []
     model2 = _model()
     opt2 = make(model2.parameters())
-    model2, opt2 = amp.initialize(model2, opt2, opt_level="O2", verbosity=0,
-                                  dynamic_init_scale=2.0**10)
+    model2, opt2 = amp.initialize(
+        model2, opt2, opt_level="O2", verbosity=0, dynamic_init_scale=2.0**10
+    )
     model2.load_state_dict(saved_model)
     opt2.load_state_dict(saved_opt)
     loop(model2, opt2, 3)
@@ -141,14 +146,18 @@ def _images(n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.randn(n, 1, 12, 12, generator=g) * 0.5
     for k in range(4):
         r, c = divmod(k, 2)
-        x[target == k, :, r * 6:(r + 1) * 6, c * 6:(c + 1) * 6] += 1.5
+        x[target == k, :, r * 6 : (r + 1) * 6, c * 6 : (c + 1) * 6] += 1.5
     return x, target
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: O.Lamb(ps, lr=0.01, weight_decay=0.01, betas=(.9, .999)),
-    lambda ps: O.NpuFusedLamb(ps, lr=0.01, weight_decay=0.01, betas=(.9, .999)),
-], ids=["Lamb", "NpuFusedLamb"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: O.Lamb(ps, lr=0.01, weight_decay=0.01, betas=(0.9, 0.999)),
+        lambda ps: O.NpuFusedLamb(ps, lr=0.01, weight_decay=0.01, betas=(0.9, 0.999)),
+    ],
+    ids=["Lamb", "NpuFusedLamb"],
+)
 @pytest.mark.half_device
 def test_ascend_lamb_example_learns(make: Callable[[Any], Any]) -> None:
     torch.manual_seed(1)
@@ -160,7 +169,7 @@ def test_ascend_lamb_example_learns(make: Callable[[Any], Any]) -> None:
     for _epoch in range(4):
         for i in range(0, len(x), 64):
             opt.zero_grad()
-            loss = F.nll_loss(model(x[i:i + 64]).float(), target[i:i + 64])
+            loss = F.nll_loss(model(x[i : i + 64]).float(), target[i : i + 64])
             with amp.scale_loss(loss, opt) as scaled:
                 scaled.backward()
             opt.step()

@@ -3,6 +3,7 @@ each combined buffer instead of torch's operations. SGD takes it by default wher
 bit-equal to torch.optim.SGD (kernel build and torch's CPU capability round alike), Adam only
 with ``one_pass=True``, within the ulps its docstring documents. Every compiled kernel build is
 checked (``compiled_backend``); which path ran is observed by counting the kernel calls."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,8 +48,9 @@ def _ulps(diff: torch.Tensor, mag: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("kw", SGD_CASES, ids=str)
-def test_sgd_one_pass_by_default_where_bit_equal(compiled_backend: str, kw: dict[str, Any],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sgd_one_pass_by_default_where_bit_equal(
+    compiled_backend: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = _count(monkeypatch, "sgd")
     mine, ref = leaves(SHAPES), leaves(SHAPES)
     series = grad_series(SHAPES, steps=4)
@@ -62,7 +64,8 @@ def test_sgd_one_pass_by_default_where_bit_equal(compiled_backend: str, kw: dict
 
 @pytest.mark.parametrize("kw", SGD_CASES, ids=str)
 def test_sgd_forced_one_pass_is_bit_equal_on_pairing_builds(
-        compiled_backend: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled_backend: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pairing table's claim, per build: where the kernel build rounds as torch's CPU
     capability does, the kernel's bits are torch's; elsewhere within a rounding per op."""
     calls = _count(monkeypatch, "sgd")
@@ -81,8 +84,11 @@ def test_sgd_forced_one_pass_is_bit_equal_on_pairing_builds(
 def test_sgd_one_pass_false_never_calls_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count(monkeypatch, "sgd")
     mine = leaves(SHAPES)
-    run_combined(O.NpuFusedSGD(mine, lr=0.1, momentum=0.9, one_pass=False), mine,
-                 grad_series(SHAPES, steps=3))
+    run_combined(
+        O.NpuFusedSGD(mine, lr=0.1, momentum=0.9, one_pass=False),
+        mine,
+        grad_series(SHAPES, steps=3),
+    )
     assert calls[0] == 0
 
 
@@ -95,8 +101,9 @@ def test_sgd_auto_is_off_where_the_rounding_differs(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("case", ADAM_CASES, ids=lambda c: f"{c[0].__name__}-{c[2]}")
-def test_adam_one_pass_within_documented_ulps(compiled_backend: str, case: tuple,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adam_one_pass_within_documented_ulps(
+    compiled_backend: str, case: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Step by step from the same state (each step re-seeded from the kernel's result): the
     moments within a rounding and the parameter within the documented bound of max(|p|, |update|);
     the one-pass path is taken (one kernel call per step)."""
@@ -129,22 +136,25 @@ def test_adam_one_pass_within_documented_ulps(compiled_backend: str, case: tuple
     assert calls[0] == 5
 
 
-def _step(opt: torch.optim.Optimizer, params: list[torch.Tensor],
-          grads: list[torch.Tensor]) -> None:
+def _step(
+    opt: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor]
+) -> None:
     for p, g in zip(params, grads):
         p.grad.copy_(g)  # type: ignore[union-attr]
     opt.step()
 
 
-def test_adam_one_pass_is_off_by_default_and_for_amsgrad(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adam_one_pass_is_off_by_default_and_for_amsgrad(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count(monkeypatch, "adam")
     for kw in (dict(), dict(one_pass=True, amsgrad=True)):
         mine, ref = leaves(SHAPES), leaves(SHAPES)
         series = grad_series(SHAPES, steps=3)
         run_combined(O.NpuFusedAdam(mine, lr=0.01, **kw), mine, series)
-        run_plain(torch.optim.Adam(ref, lr=0.01, foreach=False,
-                                   amsgrad=bool(kw.get("amsgrad"))), ref, series)
+        run_plain(
+            torch.optim.Adam(ref, lr=0.01, foreach=False, amsgrad=bool(kw.get("amsgrad"))),
+            ref,
+            series,
+        )
         assert all(torch.equal(a, b) for a, b in zip(mine, ref))
     assert calls[0] == 0
 

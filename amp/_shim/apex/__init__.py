@@ -13,6 +13,7 @@ ampforge, nor broken by uninstalling it, and it wins the ``apex`` name while it 
 (the site directory comes before the paths its ``.pth`` files add); ``import amp`` always
 gives ampforge.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,7 +40,7 @@ ALIASES = {
 def _target(fullname: str) -> Optional[str]:
     for alias, target in ALIASES.items():
         if fullname == alias or fullname.startswith(alias + "."):
-            return target + fullname[len(alias):]
+            return target + fullname[len(alias) :]
     return None
 
 
@@ -67,12 +68,13 @@ class _AliasLoader(importlib.abc.Loader):
         prefix = self.target + "."
         for name, loaded in list(sys.modules.items()):
             if name.startswith(prefix):
-                sys.modules.setdefault(self.alias + name[len(self.target):], loaded)
+                sys.modules.setdefault(self.alias + name[len(self.target) :], loaded)
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None
-                  ) -> Optional[importlib.machinery.ModuleSpec]:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
         name = _target(fullname)
         if name is None:
             return None

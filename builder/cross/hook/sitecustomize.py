@@ -93,8 +93,9 @@ def _target_std() -> str | None:
 
 
 class _CppExtensionRedirect(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if name != _MODULE:
             return None
         sys.meta_path.remove(self)  # find the real module without recursing into ourselves

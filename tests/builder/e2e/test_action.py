@@ -31,10 +31,15 @@ def test_the_action_has_cibuildwheels_inputs_and_passes_them_as_environment() ->
     action = _action()
     assert action["runs"]["using"] == "composite"
     assert {k: v.get("default") for k, v in action["inputs"].items()} == {
-        "package-dir": ".", "output-dir": "wheelhouse", "config-file": "", "only": ""}
+        "package-dir": ".",
+        "output-dir": "wheelhouse",
+        "config-file": "",
+        "only": "",
+    }
     steps = action["runs"]["steps"]
-    assert [s.get("uses", "").split("@")[0] for s in steps if "uses" in s] == \
-        ["actions/setup-python"]
+    assert [s.get("uses", "").split("@")[0] for s in steps if "uses" in s] == [
+        "actions/setup-python"
+    ]
     for step in steps:
         if "run" in step:
             assert step["shell"] == "bash"
@@ -56,23 +61,49 @@ def _stub_build_step(tmp_path: Path, inputs: dict[str, str]) -> list[str]:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
     env = {**base_env(), "PATH": f"{stub.parent}:{base_env()['PATH']}"}
-    run_action({**action, "runs": {"using": "composite", "steps": [step]}}, REPO_ROOT, inputs,
-               workspace, env, tmp_path / "tmp")
+    run_action(
+        {**action, "runs": {"using": "composite", "steps": [step]}},
+        REPO_ROOT,
+        inputs,
+        workspace,
+        env,
+        tmp_path / "tmp",
+    )
     return record.read_text().splitlines()
 
 
-@pytest.mark.parametrize(("inputs", "argv"), [
-    ({}, ["build", "--project", ".", "--out", "wheelhouse", "--all"]),
-    ({"package-dir": "myext", "config-file": "myext/ci.yaml", "only": "cp311-manylinux_x86_64",
-      "output-dir": "out"},
-     ["build", "--project", "myext", "--out", "out", "--config", "myext/ci.yaml",
-      "cp311-manylinux_x86_64-*"]),
-    ({"only": CELL}, ["build", "--project", ".", "--out", "wheelhouse", CELL]),
-    ({"package-dir": "a dir/$(touch pwned)"},
-     ["build", "--project", "a dir/$(touch pwned)", "--out", "wheelhouse", "--all"]),
-])
-def test_the_build_step_gives_the_inputs_to_build(tmp_path: Path, inputs: dict[str, str],
-                                                  argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("inputs", "argv"),
+    [
+        ({}, ["build", "--project", ".", "--out", "wheelhouse", "--all"]),
+        (
+            {
+                "package-dir": "myext",
+                "config-file": "myext/ci.yaml",
+                "only": "cp311-manylinux_x86_64",
+                "output-dir": "out",
+            },
+            [
+                "build",
+                "--project",
+                "myext",
+                "--out",
+                "out",
+                "--config",
+                "myext/ci.yaml",
+                "cp311-manylinux_x86_64-*",
+            ],
+        ),
+        ({"only": CELL}, ["build", "--project", ".", "--out", "wheelhouse", CELL]),
+        (
+            {"package-dir": "a dir/$(touch pwned)"},
+            ["build", "--project", "a dir/$(touch pwned)", "--out", "wheelhouse", "--all"],
+        ),
+    ],
+)
+def test_the_build_step_gives_the_inputs_to_build(
+    tmp_path: Path, inputs: dict[str, str], argv: list[str]
+) -> None:
     assert _stub_build_step(tmp_path, inputs) == argv
     assert not (tmp_path / "ws" / "pwned").exists()
 
@@ -101,10 +132,19 @@ def test_the_actions_steps_build_one_cell_of_a_tiny_extension(tmp_path: Path) ->
     write_tiny_extension(workspace / "myext")
     (workspace / "myext" / "ci.yaml").write_text(OWN_TINY_CONFIG)
     env = {**base_env(), "BUILDER_BACKEND": "host"}
-    ran = run_action(_action(), action_path,
-                     {"package-dir": "myext", "output-dir": "wheelhouse",
-                      "config-file": "myext/ci.yaml", "only": "cp311-manylinux_x86_64"},
-                     workspace, env, tmp_path / "runner-temp")
+    ran = run_action(
+        _action(),
+        action_path,
+        {
+            "package-dir": "myext",
+            "output-dir": "wheelhouse",
+            "config-file": "myext/ci.yaml",
+            "only": "cp311-manylinux_x86_64",
+        },
+        workspace,
+        env,
+        tmp_path / "runner-temp",
+    )
     print(ran)  # where the time goes (pytest -s shows it)
     (wheel,) = (workspace / "wheelhouse").glob("*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_")

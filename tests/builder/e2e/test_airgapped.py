@@ -85,8 +85,15 @@ def fetched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fetched]:
 def test_fetch_lists_cells_torch_image_and_the_builders_wheels(fetched: Fetched) -> None:
     doc = json.loads((fetched.bundle / "bundle.json").read_text())
     assert [c["id"] for c in doc["cells"]] == [CELL]
-    assert doc["images"] == [{"ref": fetched.ref, "image_id": fetched.image_id, "arch": "X86",
-                              "file": doc["images"][0]["file"], "cells": [CELL]}]
+    assert doc["images"] == [
+        {
+            "ref": fetched.ref,
+            "image_id": fetched.image_id,
+            "arch": "X86",
+            "file": doc["images"][0]["file"],
+            "cells": [CELL],
+        }
+    ]
     files = {f["path"]: f for f in doc["files"]}
     torch = [p for p in files if p.startswith("wheels/torch-2.13.0")]
     assert len(torch) == 1 and "cp311-cp311-manylinux" in torch[0], sorted(files)
@@ -113,13 +120,17 @@ def test_fetch_lists_cells_torch_image_and_the_builders_wheels(fetched: Fetched)
 
 @pytest.mark.starts_from("fresh clone + bundle")
 def test_fresh_clone_builds_offline_from_the_bundle_docker(
-        fetched: Fetched, docker_amp_build: AmpBuild) -> None:
+    fetched: Fetched, docker_amp_build: AmpBuild
+) -> None:
     engine = docker_engine()
     engine.api.remove_image(fetched.ref)  # from now on only the bundle has it
     assert engine.image_id(fetched.ref) is None
     clone = fresh_clone(fetched.root / "clone-docker")
-    r = in_netns(f"make wheel OFFLINE=1 BUNDLE={fetched.bundle} {' '.join(SELECT)}",
-                 cwd=clone, SOURCE_DATE_EPOCH=online_epoch(docker_amp_build))
+    r = in_netns(
+        f"make wheel OFFLINE=1 BUNDLE={fetched.bundle} {' '.join(SELECT)}",
+        cwd=clone,
+        SOURCE_DATE_EPOCH=online_epoch(docker_amp_build),
+    )
     entry = check_airgapped_wheel(clone, docker_amp_build, "docker", r, fetched.bundle)
     out = r.stdout + r.stderr
     listed = json.loads((fetched.bundle / "bundle.json").read_text())["files"]
@@ -130,8 +141,7 @@ def test_fresh_clone_builds_offline_from_the_bundle_docker(
     engine.remove_image(entry["extra"]["image"])  # the cell image built FROM the throwaway tag
 
 
-def test_tampered_bundle_is_refused_before_anything_else(fetched: Fetched,
-                                                         tmp_path: Path) -> None:
+def test_tampered_bundle_is_refused_before_anything_else(fetched: Fetched, tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     shutil.copytree(fetched.bundle, bundle, ignore=shutil.ignore_patterns("images"))
     (bundle / "images").symlink_to(fetched.bundle / "images")
@@ -139,7 +149,6 @@ def test_tampered_bundle_is_refused_before_anything_else(fetched: Fetched,
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
-    r = run_build(tmp_path, "--offline", "--bundle", str(bundle), "--backend", "docker",
-                  "--force")
+    r = run_build(tmp_path, "--offline", "--bundle", str(bundle), "--backend", "docker", "--force")
     assert r.rc == 2, r.err[-2000:]
     assert f"{victim} does not match its sha256 in bundle.json" in r.err

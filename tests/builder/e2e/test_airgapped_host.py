@@ -41,8 +41,11 @@ from builder.config import REPO_ROOT
 
 # One xdist stream with the host_amp_build fixture (tests/conftest.py's FIXTURE_GROUPS): the
 # module's bundle is then fetched once, by the worker that also has the online host build.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
-              pytest.mark.xdist_group("host-amp-build")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.xdist_group("host-amp-build"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +58,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.starts_from("fresh clone + bundle")
-def test_bundle_without_the_builders_wheels_fails_at_set_up(bundle: Path,
-                                                             tmp_path: Path) -> None:
+def test_bundle_without_the_builders_wheels_fails_at_set_up(bundle: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bundle-no-builder"
     bad.mkdir()
     doc = json.loads((bundle / "bundle.json").read_text())
@@ -77,26 +79,43 @@ def test_bundle_without_the_builders_wheels_fails_at_set_up(bundle: Path,
 
 
 @pytest.mark.starts_from("fresh clone + bundle")
-def test_fresh_clone_builds_offline_from_the_bundle_host(bundle: Path, tmp_path: Path,
-                                                         host_amp_build: AmpBuild) -> None:
+def test_fresh_clone_builds_offline_from_the_bundle_host(
+    bundle: Path, tmp_path: Path, host_amp_build: AmpBuild
+) -> None:
     clone = fresh_clone(tmp_path / "clone")
-    r = in_netns(f"make wheel OFFLINE=1 BUNDLE={bundle} {' '.join(SELECT)} BACKEND=host",
-                 cwd=clone, SOURCE_DATE_EPOCH=online_epoch(host_amp_build))
+    r = in_netns(
+        f"make wheel OFFLINE=1 BUNDLE={bundle} {' '.join(SELECT)} BACKEND=host",
+        cwd=clone,
+        SOURCE_DATE_EPOCH=online_epoch(host_amp_build),
+    )
     check_airgapped_wheel(clone, host_amp_build, "host", r, bundle)
     listed = json.loads((bundle / "bundle.json").read_text())["files"]
     assert f"bundle: verified {len(listed)} files (sha256)" in r.stdout + r.stderr
 
 
 @pytest.mark.starts_from("installed tool")
-def test_builder_wheel_from_a_fresh_venv_builds_another_project(bundle: Path,
-                                                                 tmp_path: Path) -> None:
+def test_builder_wheel_from_a_fresh_venv_builds_another_project(
+    bundle: Path, tmp_path: Path
+) -> None:
     """The builder as a tool: its wheel installed into a fresh venv from the bundle's builder
     wheels only (``--no-index``), ``ampforge-build`` builds the tiny extension -- inside the
     namespace, from the same bundle, on the host backend."""
     wheels = tmp_path / "tool"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheels),
-                        str(REPO_ROOT / "builder-dist")],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            str(REPO_ROOT / "builder-dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (tool,) = wheels.glob("ampforge_builder-*-py3-none-any.whl")
     with zipfile.ZipFile(tool) as zf:
@@ -118,7 +137,8 @@ def test_builder_wheel_from_a_fresh_venv_builds_another_project(bundle: Path,
         f"{venv}/bin/ampforge-build --help\n"
         f"cd {tmp_path} && {venv}/bin/ampforge-build build --offline --bundle {bundle} "
         f"--backend host --arch X86 --python 3.11 --project {project} --jobs 1",
-        cwd=tmp_path)
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert "usage: ampforge-build" in r.stdout
     for command in ("plan", "render", "build", "fetch", "index", "publish", "doctor"):

@@ -11,6 +11,7 @@ The wheel is the host backend's build of this checkout (the session fixture that
 test_wheel_e2e.py checks), installed without dependencies; torch comes from the test
 environment through a ``.pth`` entry (installed once, not copied).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -42,26 +43,32 @@ print("ampforge apex", amp.__file__)
 """
 
 # Which apex answers, and where amp lives (found, not imported: no torch import, seconds saved).
-WHO_HAS_APEX = ("import apex, importlib.util as u; print(getattr(apex, 'VERSION', 'ampforge'), "
-                "'amp:', u.find_spec('amp').origin)")
+WHO_HAS_APEX = (
+    "import apex, importlib.util as u; print(getattr(apex, 'VERSION', 'ampforge'), "
+    "'amp:', u.find_spec('amp').origin)"
+)
 
 
 def _python(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     # cwd outside the checkout: '' on sys.path must not find the checkout's amp/.
-    return subprocess.run([str(python), "-c", code], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [str(python), "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def _installed(python: Path, dist: str, cwd: Path) -> set[str]:
-    code = (f"import importlib.metadata as m; print('\\n'.join(str(f) for f in "
-            f"m.distribution({dist!r}).files))")
+    code = (
+        f"import importlib.metadata as m; print('\\n'.join(str(f) for f in "
+        f"m.distribution({dist!r}).files))"
+    )
     r = _python(python, code, cwd)
     assert r.returncode == 0, r.stderr
     return {line for line in r.stdout.splitlines() if ".dist-info/" not in line}
 
 
-def test_the_wheel_serves_apex_and_coexists_with_another_apex(host_amp_build: AmpBuild,
-                                                              tmp_path: Path) -> None:
+def test_the_wheel_serves_apex_and_coexists_with_another_apex(
+    host_amp_build: AmpBuild, tmp_path: Path
+) -> None:
     wheel = host_amp_build.wheel
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()

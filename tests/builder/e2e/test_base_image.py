@@ -24,28 +24,36 @@ def _apt(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_mirror_from_deb822_sources_skips_security_and_disabled(tmp_path: Path) -> None:
-    apt = _apt(tmp_path, {
-        "sources.list.d/debian.sources": (
-            "Types: deb\nURIs: http://mirror.example.test/debian-security\n"
-            "Suites: bookworm-security\nComponents: main\n\n"
-            "Types: deb\n# a comment\nURIs: http://mirror.example.test/debian\n"
-            "Suites: bookworm bookworm-updates\nComponents: main contrib\n"
-        ),
-        "sources.list.d/other.sources.disabled": (
-            "Types: deb\nURIs: http://wrong.example.test/\nSuites: bookworm\nComponents: main\n"
-        ),
-    })
+    apt = _apt(
+        tmp_path,
+        {
+            "sources.list.d/debian.sources": (
+                "Types: deb\nURIs: http://mirror.example.test/debian-security\n"
+                "Suites: bookworm-security\nComponents: main\n\n"
+                "Types: deb\n# a comment\nURIs: http://mirror.example.test/debian\n"
+                "Suites: bookworm bookworm-updates\nComponents: main contrib\n"
+            ),
+            "sources.list.d/other.sources.disabled": (
+                "Types: deb\nURIs: http://wrong.example.test/\nSuites: bookworm\nComponents: main\n"
+            ),
+        },
+    )
     assert host_debian_mirror("bookworm", apt) == "http://mirror.example.test/debian"
     # Another suite of the same archive: the plain Debian source is still the answer.
     assert host_debian_mirror("bullseye", apt) == "http://mirror.example.test/debian"
 
 
 def test_mirror_from_one_line_list_with_options(tmp_path: Path) -> None:
-    apt = _apt(tmp_path, {"sources.list": (
-        "# deb http://commented.example.test/debian bookworm main\n"
-        "deb [arch=amd64 signed-by=/k.gpg] http://one.example.test/debian bullseye main\n"
-        "deb http://two.example.test/debian bookworm main\n"
-    )})
+    apt = _apt(
+        tmp_path,
+        {
+            "sources.list": (
+                "# deb http://commented.example.test/debian bookworm main\n"
+                "deb [arch=amd64 signed-by=/k.gpg] http://one.example.test/debian bullseye main\n"
+                "deb http://two.example.test/debian bookworm main\n"
+            )
+        },
+    )
     assert host_debian_mirror("bookworm", apt) == "http://two.example.test/debian"
     assert host_debian_mirror("bullseye", apt) == "http://one.example.test/debian"
 
@@ -70,11 +78,14 @@ def test_key_changes_with_content_not_order() -> None:
     assert a.tag.startswith("ampforge/base:bookworm-amd64-")
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"suite": "Bookworm; rm -rf /"}, "suite"),
-    ({"arch": "sparc"}, "arch"),
-    ({"packages": ("python3", "g++ make")}, "packages"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"suite": "Bookworm; rm -rf /"}, "suite"),
+        ({"arch": "sparc"}, "arch"),
+        ({"packages": ("python3", "g++ make")}, "packages"),
+    ],
+)
 def test_bad_spec_is_rejected(kwargs: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         BaseImageSpec(**kwargs)  # type: ignore[arg-type]
@@ -90,7 +101,8 @@ def test_base_image_is_manylinux_shaped_and_cached(tmp_path: Path) -> None:
     first = build_base_image(engine, work_root=tmp_path)
     assert first.python_tag == "cp311"
     assert first.auditwheel_plat.startswith("manylinux_2_") and first.auditwheel_plat.endswith(
-        "_x86_64")
+        "_x86_64"
+    )
     probe = (
         "import json,os,subprocess,sys;"
         "print(json.dumps({'plat': os.environ['AUDITWHEEL_PLAT'], 'py': sys.version_info[:2],"

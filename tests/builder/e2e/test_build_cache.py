@@ -25,20 +25,24 @@ def _ccache_compile(tmp: Path, stats: Path) -> None:
     src = tmp / "hello.c"
     src.write_text("int answer(void) { return 42; }\n")
     env = dict(os.environ, CCACHE_DIR=str(tmp / "ccache"), CCACHE_STATSLOG=str(stats))
-    subprocess.run(["ccache", "gcc", "-c", str(src), "-o", str(tmp / "hello.o")], env=env,
-                   check=True, cwd=tmp)
+    subprocess.run(
+        ["ccache", "gcc", "-c", str(src), "-o", str(tmp / "hello.o")], env=env, check=True, cwd=tmp
+    )
 
 
-@pytest.mark.skipif(shutil.which("ccache") is None,
-                    reason="ccache is not installed (.ci/run installs it)")
+@pytest.mark.skipif(
+    shutil.which("ccache") is None, reason="ccache is not installed (.ci/run installs it)"
+)
 def test_ccache_statslog_is_counted_per_build(tmp_path: Path) -> None:
     """The real ccache's per-compilation log, as the in-cell build step collects it."""
     first, second = tmp_path / "first.log", tmp_path / "second.log"
     _ccache_compile(tmp_path, first)
     _ccache_compile(tmp_path, second)
     assert (ccache_stats(first.read_text()).hits, ccache_stats(first.read_text()).misses) == (0, 1)
-    assert (ccache_stats(second.read_text()).hits,
-            ccache_stats(second.read_text()).misses) == (1, 0)
+    assert (ccache_stats(second.read_text()).hits, ccache_stats(second.read_text()).misses) == (
+        1,
+        0,
+    )
 
 
 def test_digests_follow_content_not_names_alone(tmp_path: Path, monkeypatch) -> None:
@@ -65,8 +69,9 @@ def _log(tmp: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("ccache") is None,
-                    reason="ccache is not installed (.ci/run installs it)")
+@pytest.mark.skipif(
+    shutil.which("ccache") is None, reason="ccache is not installed (.ci/run installs it)"
+)
 def test_host_builds_install_torch_once_and_hit_the_compiler_cache(tmp_path: Path) -> None:
     """Three host builds of one project in three work folders sharing one (initially empty)
     cache: the first makes the torch environment, the second reuses it for the build and the
@@ -81,17 +86,26 @@ def test_host_builds_install_torch_once_and_hit_the_compiler_cache(tmp_path: Pat
         run_dir.mkdir()
         # PYTHONDONTWRITEBYTECODE, as many CI images set it: the environment gets the
         # bytecode of what builds import all the same, once, when it is made.
-        r = run_build(run_dir, "--backend", "host", "--project", str(project),
-                      "--wheelhouse", str(house), AMPFORGE_CACHE=str(cache),
-                      PYTHONDONTWRITEBYTECODE="1")
+        r = run_build(
+            run_dir,
+            "--backend",
+            "host",
+            "--project",
+            str(project),
+            "--wheelhouse",
+            str(house),
+            AMPFORGE_CACHE=str(cache),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
         assert r.rc == 0, r.err[-4000:]
         runs.append(run_dir)
     first, second = _log(runs[0]), _log(runs[1])
     assert "+ bytecode of `import torch, torch.utils.cpp_extension` written: exit 0" in first
     (env,) = (p for p in (cache / "torch-envs").iterdir() if p.is_dir())
     assert list(env.glob("venv/lib/python3.*/site-packages/torch/__pycache__/__init__.*.pyc"))
-    assert list(env.glob("venv/lib/python3.*/site-packages/torch/utils/__pycache__/"
-                         "cpp_extension.*.pyc"))
+    assert list(
+        env.glob("venv/lib/python3.*/site-packages/torch/utils/__pycache__/cpp_extension.*.pyc")
+    )
     # The verification venv uses that environment's pip too: no ensurepip per verification.
     assert "+ verification venv: pip from the torch environment" in second
     assert "(first build of this cell here)" in first, first[:2000]
@@ -100,8 +114,11 @@ def test_host_builds_install_torch_once_and_hit_the_compiler_cache(tmp_path: Pat
     # never asked to install torch, and found it installed when installing the wheel.
     assert "install-torch" not in second
     assert "Requirement already satisfied: torch==2.13.0" in second
-    installed = [line.split(": ", 1)[1].split(", ") for line in second.splitlines()
-                 if line.startswith("Installing collected packages: ")]
+    installed = [
+        line.split(": ", 1)[1].split(", ")
+        for line in second.splitlines()
+        if line.startswith("Installing collected packages: ")
+    ]
     assert len(installed) == 1 and "tinyext" in installed[0] and "torch" not in installed[0]
     stats = [manifest(r / "dist")["wheels"][0]["extra"]["ccache"] for r in runs]
     assert stats[0]["misses"] >= 1
@@ -119,8 +136,17 @@ def test_host_builds_install_torch_once_and_hit_the_compiler_cache(tmp_path: Pat
     (other / "README.txt").write_text("one more file\n")
     run3 = tmp_path / "run3"
     run3.mkdir()
-    r = run_build(run3, "--backend", "host", "--project", str(project), "--wheelhouse",
-                  str(other), "--force", AMPFORGE_CACHE=str(cache))
+    r = run_build(
+        run3,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(other),
+        "--force",
+        AMPFORGE_CACHE=str(cache),
+    )
     assert r.rc == 0, r.err[-4000:]
     assert "(changed: source)" in _log(run3)
     envs = sorted(p.name for p in (cache / "torch-envs").iterdir() if p.is_dir())

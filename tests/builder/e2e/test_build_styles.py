@@ -37,9 +37,24 @@ def _build(work: Path, style: str, cache: Path) -> tuple[Path, str]:
     for var in ("CC", "CXX", "CCACHE_DISABLE", "TORCH_NO_COMPILER_WRAPPER"):
         env.pop(var, None)
     proc = subprocess.run(
-        [sys.executable, str(STEPS_SCRIPT), "build-wheel", "--project", str(project),
-         "--out", str(work / "raw"), "--ccache", "on", "--prefix-map", f"{work}=/ampforge"],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(STEPS_SCRIPT),
+            "build-wheel",
+            "--project",
+            str(project),
+            "--out",
+            str(work / "raw"),
+            "--ccache",
+            "on",
+            "--prefix-map",
+            f"{work}=/ampforge",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (wheel,) = (work / "raw").glob("*.whl")
     return wheel, (work / "ccache-stats.log").read_text()
@@ -52,7 +67,8 @@ def _contents(wheel: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("style", STYLES)
 def test_every_build_style_compiles_through_ccache_and_hits_the_second_time(
-        style: str, tmp_path: Path) -> None:
+    style: str, tmp_path: Path
+) -> None:
     cache = tmp_path / "ccache"  # private and empty: the first build must miss
     first, first_log = _build(tmp_path / "one", style, cache)
     second, second_log = _build(tmp_path / "two", style, cache)
@@ -64,8 +80,10 @@ def test_every_build_style_compiles_through_ccache_and_hits_the_second_time(
     unpacked = tmp_path / "unpacked"
     zipfile.ZipFile(second).extractall(unpacked)
     name = package_name(style)
-    code = (f"import torch, {name}._C as m; assert m.answer() == 42; "
-            f"assert m.style == {style!r}, m.style")
+    code = (
+        f"import torch, {name}._C as m; assert m.answer() == 42; "
+        f"assert m.style == {style!r}, m.style"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=unpacked, check=True, timeout=120)
 
 
@@ -85,5 +103,10 @@ def test_the_links_stand_for_the_compilers_the_build_names(tmp_path: Path) -> No
     assert folders[1] == str(Path(gxx).parent)
     assert got["TORCH_NO_COMPILER_WRAPPER"] == "1" and got["CCACHE_BASEDIR"] == "/b"
     with pytest.raises(CcacheSetupError, match="CXX='no-such-g\\+\\+'"):
-        ccache_masquerade({"CXX": "no-such-g++", "PATH": "/usr/bin"}, tmp_path / "b2",
-                          ccache=ccache, basedir="/b", statslog="/s")
+        ccache_masquerade(
+            {"CXX": "no-such-g++", "PATH": "/usr/bin"},
+            tmp_path / "b2",
+            ccache=ccache,
+            basedir="/b",
+            statslog="/s",
+        )

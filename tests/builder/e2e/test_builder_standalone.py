@@ -31,13 +31,23 @@ from builder.offline.bundle import (
     write_bundle,
 )
 
-COMMANDS = ("plan", "render", "build", "base-image", "fetch", "index", "publish", "doctor",
-            "clean", "update-images")
+COMMANDS = (
+    "plan",
+    "render",
+    "build",
+    "base-image",
+    "fetch",
+    "index",
+    "publish",
+    "doctor",
+    "clean",
+    "update-images",
+)
 #: Modules a builder environment may lack without any --help breaking: the cell's torch and amp
 #: (never the builder's), and the optional pieces imported where they are used.
 OPTIONAL = ("torch", "amp", "elftools", "rich", "jinja2", "docker", "twine", "auditwheel")
 
-BLOCKER = textwrap.dedent('''\
+BLOCKER = textwrap.dedent("""\
     import importlib.abc, sys
     BLOCK = set(sys.argv[1].split(","))
     class Block(importlib.abc.MetaPathFinder):
@@ -55,31 +65,36 @@ BLOCKER = textwrap.dedent('''\
         print("CODES", codes, file=sys.stderr)
     print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & BLOCK), file=sys.stderr)
     sys.exit(code)
-''')
+""")
 
 
 def run_blocked(tmp_path: Path, blocked: tuple[str, ...], *argv: str):
     script = tmp_path / "blocked.py"
     script.write_text(BLOCKER)
-    return subprocess.run([sys.executable, str(script), ",".join(blocked), ",".join(COMMANDS),
-                           *argv], capture_output=True, text=True, env=builder_env(),
-                          cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), ",".join(blocked), ",".join(COMMANDS), *argv],
+        capture_output=True,
+        text=True,
+        env=builder_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_every_help_works_without_torch_amp_or_optional_modules(tmp_path: Path) -> None:
     r = run_blocked(tmp_path, OPTIONAL)
     assert r.returncode == 0, r.stderr[-3000:]
     codes = r.stderr.split("CODES ", 1)[1].splitlines()[0]
-    assert codes == repr({" ".join(a): 0 for a in [["--help"]] +
-                          [[c, "--help"] for c in COMMANDS]})
+    assert codes == repr({" ".join(a): 0 for a in [["--help"]] + [[c, "--help"] for c in COMMANDS]})
     assert "LOADED []" in r.stderr
     for command in COMMANDS:
         assert command in r.stdout
 
 
 def test_plan_needs_no_torch_and_no_amp(tmp_path: Path) -> None:
-    r = run_blocked(tmp_path, ("torch", "amp"), "plan", "--arch", "X86", "--python", "3.11",
-                    "--format", "json")
+    r = run_blocked(
+        tmp_path, ("torch", "amp"), "plan", "--arch", "X86", "--python", "3.11", "--format", "json"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "LOADED []" in r.stderr
     doc = json.loads(r.stdout)
@@ -87,8 +102,17 @@ def test_plan_needs_no_torch_and_no_amp(tmp_path: Path) -> None:
 
 
 def test_a_missing_optional_module_names_its_distribution(tmp_path: Path) -> None:
-    r = run_blocked(tmp_path, ("jinja2",), "render", "--arch", "X86", "--python", "3.11",
-                    "--out", str(tmp_path / "df"))
+    r = run_blocked(
+        tmp_path,
+        ("jinja2",),
+        "render",
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--out",
+        str(tmp_path / "df"),
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "error: the builder needs Jinja2 for rendering the cells' Dockerfiles" in r.stderr
     assert "Traceback" not in r.stderr
@@ -121,7 +145,8 @@ def test_lock_lines_must_be_pins(tmp_path: Path) -> None:
 def test_drift_names_what_differs_from_the_lock() -> None:
     assert lockfile.drift({"packaging": "0.0.1", "no-such-dist-ampforge": "1.0"}) == [
         "no-such-dist-ampforge (lock 1.0) is not installed",
-        f"packaging {__import__('packaging').__version__} (lock 0.0.1)"]
+        f"packaging {__import__('packaging').__version__} (lock 0.0.1)",
+    ]
 
 
 # -------------------------------------------------------------- set-up from a bundle
@@ -137,19 +162,41 @@ def builder_bundle(root: Path, pins: dict[str, str], with_section: bool = True) 
         (root / rel).write_bytes(f"{name} {version}".encode())
         files.append(describe_file(root, rel, ()))
         wheels.append({"name": name, "version": version, "file": rel})
-    bundle = Bundle(root=root, files=files, builder={
-        "python": "3.11", "platform": "linux-x86_64", "lock_sha256": lockfile.digest(),
-        "wheels": wheels} if with_section else None)
+    bundle = Bundle(
+        root=root,
+        files=files,
+        builder={
+            "python": "3.11",
+            "platform": "linux-x86_64",
+            "lock_sha256": lockfile.digest(),
+            "wheels": wheels,
+        }
+        if with_section
+        else None,
+    )
     write_bundle(bundle)
     return bundle
 
 
 def install(tmp_path: Path, bundle: Path) -> subprocess.CompletedProcess:
     # --python: an interpreter that must never be reached (the checks come first).
-    return subprocess.run([sys.executable, "-m", "builder.lockfile", "install", "--python",
-                           str(tmp_path / "no-such-python"), "--bundle", str(bundle)],
-                          capture_output=True, text=True, env=builder_env(), cwd=tmp_path,
-                          timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "builder.lockfile",
+            "install",
+            "--python",
+            str(tmp_path / "no-such-python"),
+            "--bundle",
+            str(bundle),
+        ],
+        capture_output=True,
+        text=True,
+        env=builder_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
 
 
 def test_bundle_without_builder_section_exits_2_naming_the_pins(tmp_path: Path) -> None:
@@ -188,9 +235,11 @@ def test_tampered_or_unlisted_builder_wheel_is_refused(tmp_path: Path) -> None:
 
 def test_bundle_for_another_python_is_named(tmp_path: Path) -> None:
     builder_bundle(tmp_path / "B", lockfile.read_pins())  # made for 3.11
-    with pytest.raises(lockfile.MissingBuilderWheels,
-                       match=r"builder's wheels for Python 3.11 \(linux-x86_64\), but the "
-                             r"builder's environment here is Python 3.12.1"):
+    with pytest.raises(
+        lockfile.MissingBuilderWheels,
+        match=r"builder's wheels for Python 3.11 \(linux-x86_64\), but the "
+        r"builder's environment here is Python 3.12.1",
+    ):
         lockfile.bundle_wheels(tmp_path / "B", lockfile.read_pins(), "3.12.1")
     assert lockfile.bundle_wheels(tmp_path / "B", lockfile.read_pins(), "3.11.9").is_dir()
 
@@ -200,7 +249,7 @@ def test_complete_bundle_installs_with_no_index_from_its_builder_wheels(tmp_path
     argv = lockfile.install_argv(sys.executable, tmp_path / "B", False, lockfile.read_pins())
     assert argv[:4] == [sys.executable, "-m", "pip", "install"]
     assert argv[-3:] == ["--no-index", "--find-links", str(bundle.builder_wheels)]
-    assert ["-r", str(lockfile.LOCK_FILE)] == argv[argv.index("-r"):argv.index("-r") + 2]
+    assert ["-r", str(lockfile.LOCK_FILE)] == argv[argv.index("-r") : argv.index("-r") + 2]
     assert read_bundle(tmp_path / "B").builder["lock_sha256"] == lockfile.digest()
 
 
@@ -228,7 +277,8 @@ def test_a_lock_with_an_unhashed_pin_is_refused(tmp_path: Path, monkeypatch) -> 
 
 
 def test_pin_writes_each_pins_sha256_and_keeps_an_unchanged_pins_others(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     """``make builder-lock``'s last step: the files pip downloads for the pins, hashed; the
     current lock's other hashes of a pin whose version stays (another Python's wheel) kept."""
     import hashlib  # noqa: PLC0415
@@ -236,8 +286,13 @@ def test_pin_writes_each_pins_sha256_and_keeps_an_unchanged_pins_others(
     alpha = make_wheel(tmp_path / "house", "Alpha_Pkg", "1.0")
     beta = make_wheel(tmp_path / "house", "beta", "2.0")
     old = tmp_path / "old.lock"
-    old.write_text("# the header\nalpha-pkg==1.0 \\\n    --hash=sha256:" + "b" * 64
-                   + "\nbeta==1.0 \\\n    --hash=sha256:" + "c" * 64 + "\n")
+    old.write_text(
+        "# the header\nalpha-pkg==1.0 \\\n    --hash=sha256:"
+        + "b" * 64
+        + "\nbeta==1.0 \\\n    --hash=sha256:"
+        + "c" * 64
+        + "\n"
+    )
     monkeypatch.setattr(lockfile, "LOCK_FILE", old)
     frozen = tmp_path / "frozen.txt"
     frozen.write_text("Alpha_Pkg==1.0\nbeta==2.0\n")
@@ -247,9 +302,11 @@ def test_pin_writes_each_pins_sha256_and_keeps_an_unchanged_pins_others(
         text = lockfile.pin_lock(frozen, sys.executable)
     sha = {w: hashlib.sha256(w.read_bytes()).hexdigest() for w in (alpha, beta)}
     first, second = sorted([sha[alpha], "b" * 64])
-    assert text == (f"# the header\nAlpha_Pkg==1.0 \\\n    --hash=sha256:{first} \\\n"
-                    f"    --hash=sha256:{second}\nbeta==2.0 \\\n"
-                    f"    --hash=sha256:{sha[beta]}\n")  # beta's 1.0 hash is gone with 1.0
+    assert text == (
+        f"# the header\nAlpha_Pkg==1.0 \\\n    --hash=sha256:{first} \\\n"
+        f"    --hash=sha256:{second}\nbeta==2.0 \\\n"
+        f"    --hash=sha256:{sha[beta]}\n"
+    )  # beta's 1.0 hash is gone with 1.0
     new = tmp_path / "new.lock"
     new.write_text(text)
     assert lockfile.read_pins(new) == {"alpha-pkg": "1.0", "beta": "2.0"}
@@ -272,9 +329,13 @@ def refused_lock_install(python: Path, *more: str, **env: str) -> str:
     """``lockfile install`` into *python*'s venv, which must fail on the hashes and leave the
     venv as it was; its stderr."""
     before = site_listing(python)
-    r = subprocess.run([sys.executable, "-m", "builder.lockfile", "install", "--python",
-                        str(python), *more], capture_output=True, text=True, timeout=300,
-                       env=clean_pip_env(PYTHONPATH=str(REPO_ROOT), **env))
+    r = subprocess.run(
+        [sys.executable, "-m", "builder.lockfile", "install", "--python", str(python), *more],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_pip_env(PYTHONPATH=str(REPO_ROOT), **env),
+    )
     assert r.returncode != 0, r.stderr[-3000:]
     assert "DO NOT MATCH THE HASHES" in r.stderr
     assert "requirements.lock: hash mismatch: " in r.stderr
@@ -284,12 +345,12 @@ def refused_lock_install(python: Path, *more: str, **env: str) -> str:
 
 @pytest.mark.promise(
     promise="the builder's own environment installs from a bundle only the files its lock's "
-            "sha256s name, whatever bundle.json says",
+    "sha256s name, whatever bundle.json says",
     fault="a bundle whose builder wheels are other files than the locked ones, with a "
-          "bundle.json rewritten to match them",
-    result="pip refuses them (--require-hashes), the file is named, nothing is installed")
-def test_bundle_builder_wheels_must_match_the_lock(tmp_path: Path,
-                                                   throwaway_venv: Path) -> None:
+    "bundle.json rewritten to match them",
+    result="pip refuses them (--require-hashes), the file is named, nothing is installed",
+)
+def test_bundle_builder_wheels_must_match_the_lock(tmp_path: Path, throwaway_venv: Path) -> None:
     builder_bundle(tmp_path / "B", lockfile.read_pins())  # stand-ins: bundle.json vouches
     err = refused_lock_install(throwaway_venv, "--bundle", str(tmp_path / "B"))
     first = sorted(lockfile.read_pins())[0]
@@ -297,13 +358,12 @@ def test_bundle_builder_wheels_must_match_the_lock(tmp_path: Path,
 
 
 @pytest.mark.promise(
-    promise="the builder's own environment installs online only the files its lock's sha256s "
-            "name",
+    promise="the builder's own environment installs online only the files its lock's sha256s name",
     fault="an index (on loopback) serving other builds of every pinned version, each with "
-          "its own correct sha256 on the page",
-    result="pip refuses them (--require-hashes) naming the file; nothing is installed")
-def test_online_builder_install_refuses_other_bytes(tmp_path: Path,
-                                                    throwaway_venv: Path) -> None:
+    "its own correct sha256 on the page",
+    result="pip refuses them (--require-hashes) naming the file; nothing is installed",
+)
+def test_online_builder_install_refuses_other_bytes(tmp_path: Path, throwaway_venv: Path) -> None:
     for name, version in lockfile.read_pins().items():
         make_wheel(tmp_path / "house", name, version)
     with serve_index(write_index(tmp_path / "house", tmp_path / "index")) as index:
@@ -316,15 +376,21 @@ def test_online_builder_install_refuses_other_bytes(tmp_path: Path,
 
 def make_n(tmp_path: Path, *args: str) -> str:
     """The commands make would run, for a venv that does not exist yet."""
-    r = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", *args], cwd=REPO_ROOT,
-                       capture_output=True, text=True, timeout=60,
-                       env={k: v for k, v in builder_env().items() if k != "MAKEFLAGS"})
+    r = subprocess.run(
+        ["make", "-n", f"VENV={tmp_path / 'venv'}", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in builder_env().items() if k != "MAKEFLAGS"},
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-@pytest.mark.parametrize("target", ["plan", "dockerfiles", "wheel", "matrix", "index",
-                                    "fetch BUNDLE=b", "base-image"])
+@pytest.mark.parametrize(
+    "target", ["plan", "dockerfiles", "wheel", "matrix", "index", "fetch BUNDLE=b", "base-image"]
+)
 def test_builder_targets_set_up_the_builder_alone(tmp_path: Path, target: str) -> None:
     out = make_n(tmp_path, *target.split())
     assert "-m builder.lockfile install" in out
@@ -343,8 +409,8 @@ def test_setup_is_the_builder_env_plus_torch_and_the_project(tmp_path: Path) -> 
     out = make_n(tmp_path, "setup")
     lines = out.splitlines()
     first = next(i for i, ln in enumerate(lines) if "builder.lockfile install" in ln)
-    torch = next(i for i, ln in enumerate(lines) if "install \"torch==" in ln)
-    editable = next(i for i, ln in enumerate(lines) if "-e \".[dev]\"" in ln)
+    torch = next(i for i, ln in enumerate(lines) if 'install "torch==' in ln)
+    editable = next(i for i, ln in enumerate(lines) if '-e ".[dev]"' in ln)
     assert first < torch < editable
     # The lock's pins without their hashes: pip's hash-checking mode refuses an editable install.
     assert "-m builder.lockfile constraints > " in lines[editable - 1]
@@ -359,30 +425,44 @@ def test_every_module_the_builder_imports_is_declared() -> None:
     import ast  # noqa: PLC0415
     import importlib.metadata as md  # noqa: PLC0415
 
-    declared = {lockfile._canonical(Requirement(r).name)
-                for r in lockfile.project_requirements(REPO_ROOT / "pyproject.toml")}
+    declared = {
+        lockfile._canonical(Requirement(r).name)
+        for r in lockfile.project_requirements(REPO_ROOT / "pyproject.toml")
+    }
     owners = md.packages_distributions()
     seen: dict[str, str] = {}
     for path in sorted((REPO_ROOT / "builder").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                     and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
             # builder.deps.require("rich.table", ...): an import by name, where it is used.
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id == "require" and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "require"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 names.append(node.args[0].value)
             for name in names:
                 seen.setdefault(name.split(".")[0], str(path.relative_to(REPO_ROOT)))
-    third_party = {m: where for m, where in seen.items()
-                   if m not in sys.stdlib_module_names and m != "builder"}
+    third_party = {
+        m: where for m, where in seen.items() if m not in sys.stdlib_module_names and m != "builder"
+    }
     # builder/incell/ and builder/cross/hook/ run inside the cell (torch, amp, the project's
     # own modules there), and the string-built verification scripts never reach this set.
-    undeclared = {m: where for m, where in third_party.items()
-                  # not installed here (tomli below 3.11): its distribution's name is its own
-                  if not {lockfile._canonical(d) for d in owners.get(m, [m])} & declared}
+    undeclared = {
+        m: where
+        for m, where in third_party.items()
+        # not installed here (tomli below 3.11): its distribution's name is its own
+        if not {lockfile._canonical(d) for d in owners.get(m, [m])} & declared
+    }
     assert set(undeclared) <= {"torch", "amp"}, undeclared
     for module in ("yaml", "jinja2", "elftools", "rich", "docker", "jsonschema", "packaging"):
         assert module in third_party, module

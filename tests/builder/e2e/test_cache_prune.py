@@ -65,10 +65,18 @@ def start_holder(entry: Path) -> subprocess.Popen[str]:
     """Another process that holds *entry* as a build does (the shared lock), says "held", and
     lets go when its stdin closes."""
     return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from builder.cache import hold_entry; hold_entry(Path(sys.argv[1])); "
-         "print('held', flush=True); sys.stdin.read()", str(entry)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from builder.cache import hold_entry; hold_entry(Path(sys.argv[1])); "
+            "print('held', flush=True); sys.stdin.read()",
+            str(entry),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def holds(holder: subprocess.Popen[str]) -> bool:
@@ -83,15 +91,17 @@ def hold(entry: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.promise(
     promise="the caches stay bounded: a superseded torch environment is removed by prune, an "
-            "entry in use never is",
+    "entry in use never is",
     fault="two torch environments for one interpreter and torch recorded as made by older "
-          "install steps beside the current one, one of them held by another process's lock; "
-          "no container engine answering",
+    "install steps beside the current one, one of them held by another process's lock; "
+    "no container engine answering",
     result="--dry-run lists both and removes nothing; prune removes the unheld superseded one "
-           "whole (no half-entry, no lock file left), keeps the held one naming its lock and "
-           "keeps the current one, which the next build hits")
+    "whole (no half-entry, no lock file left), keeps the held one naming its lock and "
+    "keeps the current one, which the next build hits",
+)
 def test_prune_removes_superseded_torch_envs_and_never_one_in_use(
-        lab: Lab, tmp_path: Path, private_cache: Path) -> None:
+    lab: Lab, tmp_path: Path, private_cache: Path
+) -> None:
     # The first build makes the torch environment and stops at a compile error (cheaply: only
     # the environment matters until the last build).
     broken = tmp_path / "broken"
@@ -110,8 +120,10 @@ def test_prune_removes_superseded_torch_envs_and_never_one_in_use(
         dry = run_cli("cache", "prune", "--dry-run")
         assert dry.rc == 0, dry.err
         assert f"would remove: torch-env {old.name}" in dry.out
-        assert (f"kept: in use by a running build (its lock {lock_path(busy)} is held): "
-                f"torch-env {busy.name}") in dry.out
+        assert (
+            f"kept: in use by a running build (its lock {lock_path(busy)} is held): "
+            f"torch-env {busy.name}"
+        ) in dry.out
         assert current.name not in dry.out
         assert old.is_dir() and busy.is_dir()
         assert f"torch layers: not listed (no container engine answers at {NO_ENGINE}" in dry.err
@@ -203,52 +215,82 @@ def _tiny_rootfs(path: Path) -> Path:
 
 @pytest.mark.promise(
     promise="the caches stay bounded: a superseded torch layer is removed from the engine, "
-            "one a container uses never is",
+    "one a container uses never is",
     fault="torch layer images (ampforge/torch:<cell>-<key>, labelled as the builder labels "
-          "them) recorded as made by an older install step, one used by a container, one "
-          "held by a build's lock in another process",
+    "them) recorded as made by an older install step, one used by a container, one "
+    "held by a build's lock in another process",
     result="prune untags the unused superseded layer through the engine API, keeps the one "
-           "the container uses naming the container and the held one naming its lock, and "
-           "keeps the current one")
+    "the container uses naming the container and the held one naming its lock, and "
+    "keeps the current one",
+)
 @pytest.mark.docker
-def test_prune_torch_layers_through_the_engine(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prune_torch_layers_through_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))  # the layers' locks
     engine = docker_engine()
     cell = f"c31test{os.getpid()}"
-    base = engine.import_rootfs(_tiny_rootfs(tmp_path / "root.tar"), "ampforge-test/cachebase",
-                                cell)
+    base = engine.import_rootfs(
+        _tiny_rootfs(tmp_path / "root.tar"), "ampforge-test/cachebase", cell
+    )
     current_steps = file_digest(STEPS_SCRIPT)
     tags: dict[str, str] = {}
     container = holder = None
     try:
-        for what, steps in (("current", current_steps), ("old", "0" * 64), ("used", "1" * 64),
-                            ("held", "2" * 64)):
-            parts = {"cell_image": base, "torch": "2.13.0", "offline": True, "steps": steps,
-                     "requirements": list(BUILD_REQUIREMENTS), "source": {"wheelhouse": what}}
+        for what, steps in (
+            ("current", current_steps),
+            ("old", "0" * 64),
+            ("used", "1" * 64),
+            ("held", "2" * 64),
+        ):
+            parts = {
+                "cell_image": base,
+                "torch": "2.13.0",
+                "offline": True,
+                "steps": steps,
+                "requirements": list(BUILD_REQUIREMENTS),
+                "source": {"wheelhouse": what},
+            }
             text = json.dumps(parts, sort_keys=True)
             name = f"{cell}-{content_key([text])}"
-            engine.import_rootfs(tmp_path / "root.tar", "ampforge/torch", name, changes=[
-                f"LABEL {CELL_LABEL}={cell} {PARTS_LABEL}={json.dumps(text)}"])
+            engine.import_rootfs(
+                tmp_path / "root.tar",
+                "ampforge/torch",
+                name,
+                changes=[f"LABEL {CELL_LABEL}={cell} {PARTS_LABEL}={json.dumps(text)}"],
+            )
             tags[what] = f"ampforge/torch:{name}"
-        container = engine.api.create_container(tags["used"], command=["/hello"],
-                                                name=f"{cell}-user")["Id"]
+        container = engine.api.create_container(
+            tags["used"], command=["/hello"], name=f"{cell}-user"
+        )["Id"]
         held_lock = layer_lock(tags["held"].split(":", 1)[1])
         holder = hold(held_lock)  # a build on this machine between its two containers
 
-        inv = cacheprune.Inventory(tmp_path, [e for e in cacheprune.inventory(
-            tmp_path / "empty", engine).entries if e.name in tags.values()])
+        inv = cacheprune.Inventory(
+            tmp_path,
+            [
+                e
+                for e in cacheprune.inventory(tmp_path / "empty", engine).entries
+                if e.name in tags.values()
+            ],
+        )
         states = {e.name: e.state for e in inv.entries}
-        assert states == {tags["current"]: "current", tags["old"]: "superseded",
-                          tags["used"]: "superseded", tags["held"]: "superseded"}
+        assert states == {
+            tags["current"]: "current",
+            tags["old"]: "superseded",
+            tags["used"]: "superseded",
+            tags["held"]: "superseded",
+        }
         cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
-        cacheprune.prune(inv, engine, cacheprune.DEFAULT_OLDER_THAN, everything=False,
-                         dry_run=False)
+        cacheprune.prune(
+            inv, engine, cacheprune.DEFAULT_OLDER_THAN, everything=False, dry_run=False
+        )
         results = {e.name: e.result for e in inv.entries}
         assert results[tags["old"]] == "removed"
         assert results[tags["used"]] == f"kept: used by container {cell}-user"
-        assert results[tags["held"]] == (f"kept: in use by a running build (its lock "
-                                         f"{lock_path(held_lock)} is held)")
+        assert results[tags["held"]] == (
+            f"kept: in use by a running build (its lock {lock_path(held_lock)} is held)"
+        )
         assert results[tags["current"]] == ""
         assert engine.image_id(tags["old"]) is None
         assert all(engine.image_id(tags[k]) for k in ("used", "held", "current"))
@@ -264,8 +306,9 @@ def test_prune_torch_layers_through_the_engine(tmp_path: Path,
 
 def test_doctor_warns_past_the_cache_limits(tmp_path: Path) -> None:
     def inventory(size: int, state: str) -> cacheprune.Inventory:
-        inv = cacheprune.Inventory(tmp_path, [cacheprune.Entry(
-            "torch-env", "e", size, time.time(), state, path=tmp_path)])
+        inv = cacheprune.Inventory(
+            tmp_path, [cacheprune.Entry("torch-env", "e", size, time.time(), state, path=tmp_path)]
+        )
         cacheprune.decide(inv, cacheprune.DEFAULT_OLDER_THAN, everything=False, ccache=False)
         return inv
 
@@ -278,8 +321,10 @@ def test_doctor_warns_past_the_cache_limits(tmp_path: Path) -> None:
 
 def _blocked_on_flock(pid: int) -> bool:
     """/proc/locks lists a waiter as ``N: -> FLOCK ADVISORY READ <pid> ...``."""
-    return any(line.split()[1:2] == ["->"] and str(pid) in line.split()
-               for line in Path("/proc/locks").read_text().splitlines())
+    return any(
+        line.split()[1:2] == ["->"] and str(pid) in line.split()
+        for line in Path("/proc/locks").read_text().splitlines()
+    )
 
 
 def test_a_build_waiting_while_prune_removes_the_entry_holds_the_new_lock(tmp_path: Path) -> None:
@@ -322,8 +367,15 @@ def test_a_layer_removed_between_listing_and_inspecting_is_left_out() -> None:
 
         def images(self, filters: dict) -> list:
             assert filters == {"label": CELL_LABEL}
-            return [{"Id": "sha256:gone", "RepoTags": [f"{TORCH_REPOSITORY}:cell-k"],
-                     "Labels": {}, "Size": 1, "Created": 0}]
+            return [
+                {
+                    "Id": "sha256:gone",
+                    "RepoTags": [f"{TORCH_REPOSITORY}:cell-k"],
+                    "Labels": {},
+                    "Size": 1,
+                    "Created": 0,
+                }
+            ]
 
         def inspect_image(self, image: str) -> dict:
             raise NotFound("no such image")

@@ -44,8 +44,12 @@ SCHEMAS = {"github": "vendor.github-workflows", "gitlab": "vendor.gitlab-ci"}
 
 def _validates(ci: str, path: Path) -> None:
     """*path* against the service's own schema (check-jsonschema's bundled copy, no network)."""
-    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                            SCHEMAS[ci], str(path)], capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", SCHEMAS[ci], str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -67,8 +71,7 @@ def _plan_jobs(kind: str) -> list[dict]:
     return json.loads(res.out)["include"]
 
 
-def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
-        tmp_path: Path) -> None:
+def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(tmp_path: Path) -> None:
     text, doc = _render(tmp_path, "github")
     jobs = doc["jobs"]
     assert list(jobs) == ["build", "verify", "release", "publish"]
@@ -76,16 +79,22 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
     for kind in ("build", "verify"):
         rows = jobs[kind]["strategy"]["matrix"]["include"]
         plan = _plan_jobs(kind)
-        assert [{k: r[k] for k in fields} for r in rows] == \
-            [{k: str(p[k]) for k in fields} for p in plan]
+        assert [{k: r[k] for k in fields} for r in rows] == [
+            {k: str(p[k]) for k in fields} for p in plan
+        ]
         assert {r["pull"] for r in rows} == {"missing"}
         assert jobs[kind]["runs-on"] == "${{ matrix.runs-on }}"
         run = [s["run"] for s in jobs[kind]["steps"] if s.get("name") == kind]
-        assert run == ["make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} TORCH=${{ "
-                       "matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}"]
+        assert run == [
+            "make wheel ARCH=${{ matrix.arch }} PY=${{ matrix.python }} TORCH=${{ "
+            "matrix.torch }} BACKEND=${{ matrix.backend }} PULL=${{ matrix.pull }}"
+        ]
         upload = jobs[kind]["steps"][-1]
-        assert upload["with"] == {"name": "dist-${{ matrix.cell }}", "path": "dist/",
-                                  "if-no-files-found": "error"}
+        assert upload["with"] == {
+            "name": "dist-${{ matrix.cell }}",
+            "path": "dist/",
+            "if-no-files-found": "error",
+        }
     # 8 of 26 cells need an arm64 runner; the stable wheel's verifiers take its builder's dist/.
     build_rows = jobs["build"]["strategy"]["matrix"]["include"]
     assert sum(r["runs-on"] == "ubuntu-24.04-arm" for r in build_rows) == 10
@@ -103,8 +112,9 @@ def test_the_default_matrix_github_workflow_validates_and_follows_the_plan(
     # Settings by name: the proxy is a secret reference, whatever this shell held.
     assert doc["env"]["HTTPS_PROXY"] == "${{ secrets.HTTPS_PROXY }}"
     assert doc["env"]["BUILDER_INDEX_URL"] == "${{ vars.BUILDER_INDEX_URL }}"
-    assert text.startswith("# Rendered by `python -m builder render --ci github` from "
-                           "configs/matrix.yaml")
+    assert text.startswith(
+        "# Rendered by `python -m builder render --ci github` from configs/matrix.yaml"
+    )
     # Deterministic: the same plan gives the same bytes.
     assert _render(tmp_path / "again", "github")[0] == text
 
@@ -120,8 +130,7 @@ def _no_registry_host(text: str) -> None:
 PINNED = re.compile(r"pypa/gh-action-pypi-publish@[0-9a-f]{40}")
 
 
-def test_the_github_release_is_published_by_trusted_publishing_by_default(
-        tmp_path: Path) -> None:
+def test_the_github_release_is_published_by_trusted_publishing_by_default(tmp_path: Path) -> None:
     """No stored password: the publish job alone may mint an OIDC token, runs no project code,
     and uploads only what PyPI takes, with the uploader pinned by commit."""
     text, doc = _render(tmp_path, "github")  # validated against GitHub's schema in _render
@@ -134,8 +143,9 @@ def test_the_github_release_is_published_by_trusted_publishing_by_default(
     assert publish["permissions"] == {"contents": "read", "id-token": "write"}
     assert publish["environment"] == "pypi"
     assert publish["needs"] == ["release"]
-    assert publish["if"] == ("startsWith(github.ref, 'refs/tags/') && "
-                             "needs.release.outputs.pypi_wheels != '0'")
+    assert publish["if"] == (
+        "startsWith(github.ref, 'refs/tags/') && needs.release.outputs.pypi_wheels != '0'"
+    )
     download, upload = publish["steps"]
     assert "run" not in download and "run" not in upload  # no checkout, no builder: no code
     assert download["uses"].startswith("actions/download-artifact@")
@@ -148,11 +158,14 @@ def test_the_github_release_is_published_by_trusted_publishing_by_default(
     release = jobs["release"]
     (stage,) = [s for s in release["steps"] if s.get("id") == "pypi"]
     assert "if" not in stage
-    assert stage["run"].startswith(".venv/bin/python -m builder publish release --repository "
-                                   "pypi --skip-local-versions --stage pypi-dist\n")
+    assert stage["run"].startswith(
+        ".venv/bin/python -m builder publish release --repository "
+        "pypi --skip-local-versions --stage pypi-dist\n"
+    )
     assert release["outputs"] == {"pypi_wheels": "${{ steps.pypi.outputs.wheels }}"}
-    assert [s["with"]["name"] for s in release["steps"]
-            if "upload-artifact" in s.get("uses", "")] == ["release", "pypi"]
+    assert [
+        s["with"]["name"] for s in release["steps"] if "upload-artifact" in s.get("uses", "")
+    ] == ["release", "pypi"]
     assert "TWINE" not in text and "secrets.TWINE_PASSWORD" not in text
     _no_registry_host(text)
 
@@ -164,20 +177,24 @@ def test_the_token_mode_keeps_the_twine_secrets_publish_step(tmp_path: Path) -> 
     publish = jobs["release"]["steps"][-1]
     assert publish["if"] == "startsWith(github.ref, 'refs/tags/')"
     assert publish["run"] == ".venv/bin/python -m builder publish release"
-    assert publish["env"] == {"TWINE_REPOSITORY_URL": "${{ vars.TWINE_REPOSITORY_URL }}",
-                              "TWINE_USERNAME": "${{ secrets.TWINE_USERNAME }}",
-                              "TWINE_PASSWORD": "${{ secrets.TWINE_PASSWORD }}"}
+    assert publish["env"] == {
+        "TWINE_REPOSITORY_URL": "${{ vars.TWINE_REPOSITORY_URL }}",
+        "TWINE_USERNAME": "${{ secrets.TWINE_USERNAME }}",
+        "TWINE_PASSWORD": "${{ secrets.TWINE_PASSWORD }}",
+    }
     assert "id-token" not in text and "gh-action-pypi-publish" not in text
-    assert text.startswith("# Rendered by `python -m builder render --ci github --publish "
-                           "token` from configs/matrix.yaml")
+    assert text.startswith(
+        "# Rendered by `python -m builder render --ci github --publish "
+        "token` from configs/matrix.yaml"
+    )
     # The default's other jobs are the same jobs.
     _, default = _render(tmp_path / "default", "github")
-    assert {k: default["jobs"][k] for k in ("build", "verify")} == \
-        {k: jobs[k] for k in ("build", "verify")}
+    assert {k: default["jobs"][k] for k in ("build", "verify")} == {
+        k: jobs[k] for k in ("build", "verify")
+    }
 
 
-def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
-        tmp_path: Path) -> None:
+def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(tmp_path: Path) -> None:
     _, doc = _render(tmp_path, "gitlab")
     plan = {j["cell"]: j for j in _plan_jobs("build") + _plan_jobs("verify")}
     cells = {k: v for k, v in doc.items() if k.startswith(("build-", "verify-"))}
@@ -188,30 +205,35 @@ def test_the_default_matrix_gitlab_pipeline_validates_and_follows_the_plan(
         cell = line.rsplit("OUT=artifacts/dist-", 1)[1]
         p = plan[cell]
         ids[cell] = job_id
-        assert line == (f"make wheel ARCH={p['arch']} PY={p['python']} TORCH={p['torch']} "
-                        f"BACKEND=docker PULL=missing OUT=artifacts/dist-{cell}")
+        assert line == (
+            f"make wheel ARCH={p['arch']} PY={p['python']} TORCH={p['torch']} "
+            f"BACKEND=docker PULL=missing OUT=artifacts/dist-{cell}"
+        )
         assert job["tags"] == [p["runs-on"]] and job["stage"] == p["job"]
         assert job["artifacts"]["paths"] == [f"artifacts/dist-{cell}/"]
     for cell, job_id in ids.items():
         if plan[cell]["job"] == "verify":
             builder = plan[cell]["built_by"]
             assert cells[job_id]["needs"] == [{"job": ids[builder], "artifacts": True}]
-            assert cells[job_id]["script"][0] == (f"cp -a artifacts/dist-{builder} "
-                                                  f"artifacts/dist-{cell}")
+            assert cells[job_id]["script"][0] == (
+                f"cp -a artifacts/dist-{builder} artifacts/dist-{cell}"
+            )
     assert sorted(n["job"] for n in doc["release"]["needs"]) == sorted(cells)
     assert doc["publish"]["rules"] == [{"if": "$CI_COMMIT_TAG"}]
 
 
-def test_the_gitlab_publish_job_uses_trusted_publishing_unless_told_token(
-        tmp_path: Path) -> None:
+def test_the_gitlab_publish_job_uses_trusted_publishing_unless_told_token(tmp_path: Path) -> None:
     text, doc = _render(tmp_path, "gitlab")  # validated against GitLab's schema in _render
     publish = doc["publish"]
     assert publish["id_tokens"] == {"PYPI_ID_TOKEN": {"aud": "pypi"}}
-    assert [k for k, job in doc.items() if isinstance(job, dict) and "id_tokens" in job] == \
-        ["publish"]
+    assert [k for k, job in doc.items() if isinstance(job, dict) and "id_tokens" in job] == [
+        "publish"
+    ]
     assert publish["environment"] == "pypi"
-    assert publish["script"] == [".venv/bin/python -m builder publish release --repository pypi "
-                                 "--skip-local-versions --trusted-publishing"]
+    assert publish["script"] == [
+        ".venv/bin/python -m builder publish release --repository pypi "
+        "--skip-local-versions --trusted-publishing"
+    ]
     assert "TWINE" not in text
     _no_registry_host(text)
 
@@ -236,8 +258,12 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
         (run,) = [s["run"] for s in github[kind]["steps"] if s.get("name") == kind]
         assert "CUDA=${{ matrix.cuda }}" in run, run
         for row in github[kind]["strategy"]["matrix"]["include"]:
-            args[row["cell"]] = {"ARCH": row["arch"], "PY": row["python"],
-                                 "TORCH": str(row["torch"]), "CUDA": str(row["cuda"])}
+            args[row["cell"]] = {
+                "ARCH": row["arch"],
+                "PY": row["python"],
+                "TORCH": str(row["torch"]),
+                "CUDA": str(row["cuda"]),
+            }
     assert {a["CUDA"] for a in args.values()} == {"cpu", "13.0"}
     gitlab = yaml.safe_load(out["gitlab"].read_text())
     for job_id, job in gitlab.items():
@@ -247,15 +273,26 @@ def test_each_job_of_a_cuda_matrix_builds_only_its_own_cell(tmp_path: Path) -> N
             words = dict(w.split("=", 1) for w in line.split()[2:])
             assert {k: words[k] for k in ("ARCH", "PY", "TORCH", "CUDA")} == args[cell], line
     for cell, a in args.items():  # what each job's make wheel selects (make passes these on)
-        res = run_cli("plan", "--format", "json", "--config", "configs/cuda.yaml",
-                      "--arch", a["ARCH"], "--python", a["PY"], "--torch", a["TORCH"],
-                      "--cuda", a["CUDA"])
+        res = run_cli(
+            "plan",
+            "--format",
+            "json",
+            "--config",
+            "configs/cuda.yaml",
+            "--arch",
+            a["ARCH"],
+            "--python",
+            a["PY"],
+            "--torch",
+            a["TORCH"],
+            "--cuda",
+            a["CUDA"],
+        )
         assert res.rc == 0, res.err
         assert [c["id"] for c in json.loads(res.out)["cells"]] == [cell]
 
 
-def test_a_cuda_job_frees_the_runners_disk_first_and_a_cpu_job_does_not(
-        tmp_path: Path) -> None:
+def test_a_cuda_job_frees_the_runners_disk_first_and_a_cpu_job_does_not(tmp_path: Path) -> None:
     """A CUDA torch is several GB: each CUDA row's job removes the runner's preinstalled
     toolchains before anything is checked out or installed; a cpu row skips the step, and a
     matrix without CUDA cells has no such step at all (its file is as before)."""
@@ -268,7 +305,8 @@ def test_a_cuda_job_frees_the_runners_disk_first_and_a_cpu_job_does_not(
     assert first["name"] == "free disk for the CUDA torch", first
     assert first["run"].splitlines()[1] == (
         "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /usr/local/.ghcup "
-        "/opt/hostedtoolcache/CodeQL /usr/share/swift")
+        "/opt/hostedtoolcache/CodeQL /usr/share/swift"
+    )
     assert "/opt/hostedtoolcache " not in first["run"]  # setup-python's interpreters stay
     assert build["steps"][1]["uses"].startswith("actions/checkout@")
     rows = build["strategy"]["matrix"]["include"]
@@ -287,16 +325,20 @@ def test_the_merge_of_two_artifacts_differing_only_in_cuda_keeps_both(tmp_path: 
     """The release job's merge over a cpu job's and a CUDA job's dist/ of one (arch, Python,
     torch): two files (``+torch2.14`` and ``+torch2.14.cu130``), two entries, each keeping its
     CUDA record; `index --per-torch` gives each its own page."""
-    folders = {cuda: tmp_path / f"dist-{cell}" for cuda, cell in
-               (("cpu", CUDA_CELLS["cpu"]), ("13.0", CUDA_CELLS["13.0"]))}
+    folders = {
+        cuda: tmp_path / f"dist-{cell}"
+        for cuda, cell in (("cpu", CUDA_CELLS["cpu"]), ("13.0", CUDA_CELLS["13.0"]))
+    }
     for cuda, folder in folders.items():
         _cuda_dist(folder, CUDA_CELLS[cuda], cuda)
     res = run_cli("merge", *map(str, folders.values()), "--out", str(tmp_path / "release"))
     assert res.rc == 0, res.err
     release = tmp_path / "release"
     names = sorted(p.name for p in release.glob("*.whl"))
-    assert names == ["cudapkg-1.0+torch2.14-cp311-cp311-manylinux_2_28_x86_64.whl",
-                     "cudapkg-1.0+torch2.14.cu130-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    assert names == [
+        "cudapkg-1.0+torch2.14-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "cudapkg-1.0+torch2.14.cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ]
     entries = json.loads((release / "manifest.json").read_text())["wheels"]
     by_cell = {e["cell"]: e for e in entries}
     assert set(by_cell) == set(CUDA_CELLS.values())
@@ -307,35 +349,68 @@ def test_the_merge_of_two_artifacts_differing_only_in_cuda_keeps_both(tmp_path: 
         assert by_cell[CUDA_CELLS[cuda]]["built_by"]["sources"] == [folder.name]
     res = run_cli("index", str(release), "--per-torch", "--out", str(tmp_path / "index"))
     assert res.rc == 0, res.err
-    pages = {p.parent.parent.parent.name: p.name
-             for p in (tmp_path / "index").glob("*/simple/cudapkg/*.whl")}
+    pages = {
+        p.parent.parent.parent.name: p.name
+        for p in (tmp_path / "index").glob("*/simple/cudapkg/*.whl")
+    }
     assert pages == {"torch2.14": names[0], "torch2.14.cu130": names[1]}
 
 
-CUDA_CELLS = {"cpu": "cp311-manylinux_x86_64-torch2.14.1",
-              "13.0": "cp311-manylinux_x86_64-torch2.14.1-cu130"}
+CUDA_CELLS = {
+    "cpu": "cp311-manylinux_x86_64-torch2.14.1",
+    "13.0": "cp311-manylinux_x86_64-torch2.14.1-cu130",
+}
 
 
 def _cuda_dist(dist: Path, cell: str, cuda: str) -> None:
     """A job's dist/ as `build` writes it for *cell*: the wheel its label names and a manifest
     entry carrying the resolved record (with its CUDA) and what verification found."""
     local = "torch2.14" + ("" if cuda == "cpu" else ".cu" + cuda.replace(".", ""))
-    wheel = make_wheel(dist, "cudapkg", f"1.0+{local}", tag="cp311-cp311-manylinux_2_28_x86_64",
-                       requires_dist=["torch==2.14.*"], requires_python=">=3.9")
-    resolved = {"id": cell, "cp": "cp311", "python": "3.11", "torch": "2.14.1",
-                "machine": "x86_64", "local_version": local, "cuda": {"version": cuda}}
-    extra: dict[str, object] = {"resolved": resolved,
-                                "built_on": {"host": "runner", "machine": "x86_64",
-                                             "ci": "github", "runner": f"GitHub Actions {cuda}",
-                                             "job": "7"}}
+    wheel = make_wheel(
+        dist,
+        "cudapkg",
+        f"1.0+{local}",
+        tag="cp311-cp311-manylinux_2_28_x86_64",
+        requires_dist=["torch==2.14.*"],
+        requires_python=">=3.9",
+    )
+    resolved = {
+        "id": cell,
+        "cp": "cp311",
+        "python": "3.11",
+        "torch": "2.14.1",
+        "machine": "x86_64",
+        "local_version": local,
+        "cuda": {"version": cuda},
+    }
+    extra: dict[str, object] = {
+        "resolved": resolved,
+        "built_on": {
+            "host": "runner",
+            "machine": "x86_64",
+            "ci": "github",
+            "runner": f"GitHub Actions {cuda}",
+            "job": "7",
+        },
+    }
     if cuda != "cpu":
         resolved["cuda"] = {"version": cuda, "tag": "cu130", "arch_list": "8.0;9.0+PTX"}
         extra["cuda"] = {"version": cuda, "arch_list": "8.0;9.0+PTX"}
-    record_wheel(dist, ManifestEntry.for_wheel(
-        wheel, cell=cell, torch="2.14.1", python="3.11",
-        base_image="quay.io/pypa/manylinux_2_28", compiler="gcc-toolset-14",
-        builder_version="0.1.0", started_at="2026-12-01T10:00:00Z",
-        finished_at="2026-12-01T10:00:00Z", extra=extra))
+    record_wheel(
+        dist,
+        ManifestEntry.for_wheel(
+            wheel,
+            cell=cell,
+            torch="2.14.1",
+            python="3.11",
+            base_image="quay.io/pypa/manylinux_2_28",
+            compiler="gcc-toolset-14",
+            builder_version="0.1.0",
+            started_at="2026-12-01T10:00:00Z",
+            finished_at="2026-12-01T10:00:00Z",
+            extra=extra,
+        ),
+    )
 
 
 def test_the_docs_page_shows_what_render_writes() -> None:
@@ -361,10 +436,21 @@ def test_render_ci_usage_errors_exit_2_naming_the_option(tmp_path: Path) -> None
     res = run_cli("render", "--ci", "gitlab", "--config", str(outside))
     assert res.rc == 2 and "--config" in res.err and "outside this checkout" in res.err, res.err
     # The Dockerfiles are still what a plain render writes.
-    res = run_cli("render", "--out", str(tmp_path / "df"), "--arch", "X86", "--python", "3.11",
-                  "--torch", "2.13.0")
-    assert res.rc == 0 and (tmp_path / "df" / "cp311-manylinux_x86_64-torch2.13.0" /
-                            "Dockerfile").is_file(), res.err
+    res = run_cli(
+        "render",
+        "--out",
+        str(tmp_path / "df"),
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+    )
+    assert (
+        res.rc == 0
+        and (tmp_path / "df" / "cp311-manylinux_x86_64-torch2.13.0" / "Dockerfile").is_file()
+    ), res.err
 
 
 TINY_CONFIG = """\
@@ -378,8 +464,7 @@ matrix:
 
 
 @pytest.mark.slow
-def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
-        tmp_path: Path) -> None:
+def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(tmp_path: Path) -> None:
     if platform.machine() != "x86_64":
         pytest.skip("the emitted jobs for this host are the x86_64 runner's")
     origin = source_repository(REPO_ROOT, tmp_path / "origin")
@@ -388,15 +473,35 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
     commit_all(origin)
     env = base_env()
     render = subprocess.run(
-        [sys.executable, "-m", "builder", "render", "--ci", "github", "--config", "ci.yaml",
-         "--project", "tinyext", "--backend", "host", "--out", ".github/workflows/wheels.yml"],
-        cwd=origin, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "render",
+            "--ci",
+            "github",
+            "--config",
+            "ci.yaml",
+            "--project",
+            "tinyext",
+            "--backend",
+            "host",
+            "--out",
+            ".github/workflows/wheels.yml",
+        ],
+        cwd=origin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert render.returncode == 0, render.stderr
     workflow = yaml.safe_load((origin / ".github/workflows/wheels.yml").read_text())
     rows = workflow["jobs"]["build"]["strategy"]["matrix"]["include"]
     assert [(r["cell"], r["runs-on"]) for r in rows] == [
         ("cp311-manylinux_x86_64-torch2.13.0", "ubuntu-24.04"),
-        ("cp311-manylinux_aarch64-torch2.13.0", "ubuntu-24.04-arm")]
+        ("cp311-manylinux_aarch64-torch2.13.0", "ubuntu-24.04-arm"),
+    ]
     assert "verify" not in workflow["jobs"]  # tinyext is not on torch's stable ABI
 
     runner = Runner(origin, tmp_path / "runner", REPO_ROOT / ".venv", env)
@@ -423,9 +528,10 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
     doc = json.loads((merged / "manifest.json").read_text())
     (entry,) = doc["wheels"]
     assert entry["cell"] == "cp311-manylinux_x86_64-torch2.13.0"
-    assert entry["built_by"] == {"runner": "github runner emulated "
-                                           "cp311-manylinux_x86_64-torch2.13.0",
-                                 "sources": ["dist-cp311-manylinux_x86_64-torch2.13.0"]}
+    assert entry["built_by"] == {
+        "runner": "github runner emulated cp311-manylinux_x86_64-torch2.13.0",
+        "sources": ["dist-cp311-manylinux_x86_64-torch2.13.0"],
+    }
     assert (merged / wheel.name).read_bytes() == wheel.read_bytes()
     for index in ("torch2.13/simple", "simple"):  # per torch series, and all in one
         page = release.workdir / "build/index" / index / "tinyext" / wheel.name
@@ -433,19 +539,26 @@ def test_the_emitted_jobs_run_here_and_the_release_job_merges_their_dist(
     uploaded = runner.artifacts / "release"
     assert (uploaded / "release" / "manifest.json").is_file()
     for run in (job, release):  # where the time goes (pytest -s shows it)
-        print(run.cell, f"{run.seconds:.1f} s:", {k: round(v, 1) for k, v in
-                                                  run.seconds_per_step.items()})
+        print(
+            run.cell,
+            f"{run.seconds:.1f} s:",
+            {k: round(v, 1) for k, v in run.seconds_per_step.items()},
+        )
 
 
 def test_builder_index_url_is_the_environment_layer_of_pip_index_url(tmp_path: Path) -> None:
     """What the jobs' BUILDER_INDEX_URL variable feeds: over the config file, checked alike."""
     config = tmp_path / "matrix.yaml"
-    config.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
-                      "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
-                      "pip: {index_url: 'https://file.example/simple/'}\n")
+    config.write_text(
+        f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+        "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
+        "pip: {index_url: 'https://file.example/simple/'}\n"
+    )
     args = ("plan", "--format", "json", "--config", str(config))
-    index = [json.loads(run_cli(*args, env=env).out)["cells"][0]["index"]["index_url"]
-             for env in ({}, {"BUILDER_INDEX_URL": "https://ci.example/simple/"})]
+    index = [
+        json.loads(run_cli(*args, env=env).out)["cells"][0]["index"]["index_url"]
+        for env in ({}, {"BUILDER_INDEX_URL": "https://ci.example/simple/"})
+    ]
     assert index == ["https://file.example/simple/", "https://ci.example/simple/"]
     res = run_cli(*args, env={"BUILDER_INDEX_URL": "https://u:pw@ci.example/simple/"})
     assert res.rc == 2 and "environment BUILDER_INDEX_URL" in res.err, res.err
@@ -470,16 +583,29 @@ matrix:
 def _own_project(root: Path, extra: str = "") -> Path:
     write_tiny_extension(root)
     (root / "ci").mkdir()
-    (root / "ci" / "wheels.yaml").write_text(OWN_CONFIG.format(
-        support=REPO_ROOT / "configs" / "support.yaml", extra=extra))
+    (root / "ci" / "wheels.yaml").write_text(
+        OWN_CONFIG.format(support=REPO_ROOT / "configs" / "support.yaml", extra=extra)
+    )
     return root
 
 
 def _render_own(tmp_path: Path, ci: str, project: Path, *extra: str) -> tuple[str, dict]:
     out = tmp_path / f"{ci}.yml"
-    res = run_cli("render", "--ci", ci, "--project", str(project), "--config",
-                  str(project / "ci" / "wheels.yaml"), "--backend", "host", *extra,
-                  "--out", str(out), env=PROXY_ENV)
+    res = run_cli(
+        "render",
+        "--ci",
+        ci,
+        "--project",
+        str(project),
+        "--config",
+        str(project / "ci" / "wheels.yaml"),
+        "--backend",
+        "host",
+        *extra,
+        "--out",
+        str(out),
+        env=PROXY_ENV,
+    )
     assert res.rc == 0, res.err
     _validates(ci, out)
     text = out.read_text()
@@ -495,11 +621,19 @@ def test_a_project_of_its_own_gets_a_workflow_that_installs_the_tool(tmp_path: P
     cell frees disk first. The files validate against both services' schemas."""
     project = _own_project(tmp_path / "myext")
     text, doc = _render_own(tmp_path, "github", project)
-    for absent in ("make ", ".venv", "requirements.lock", "builder-env", str(REPO_ROOT),
-                   str(tmp_path)):
+    for absent in (
+        "make ",
+        ".venv",
+        "requirements.lock",
+        "builder-env",
+        str(REPO_ROOT),
+        str(tmp_path),
+    ):
         assert absent not in text, absent
-    assert text.startswith("# Rendered by `ampforge-build render --ci github --config "
-                           "ci/wheels.yaml` from ci/wheels.yaml")
+    assert text.startswith(
+        "# Rendered by `ampforge-build render --ci github --config "
+        "ci/wheels.yaml` from ci/wheels.yaml"
+    )
     assert "Each job installs the builder as a tool (ampforge-builder==0.1.0" in text
     build = doc["jobs"]["build"]
     steps = {s.get("name") or s["uses"].split("@")[0]: s for s in build["steps"]}
@@ -510,11 +644,13 @@ def test_a_project_of_its_own_gets_a_workflow_that_installs_the_tool(tmp_path: P
         "ampforge-builder==0.1.0",
         '"$RUNNER_TEMP/ampforge-build/bin/python" -m builder.lockfile install',
         'echo "$RUNNER_TEMP/ampforge-build/bin" >> "$GITHUB_PATH"',
-        '"$RUNNER_TEMP/ampforge-build/bin/ampforge-build" --version']
+        '"$RUNNER_TEMP/ampforge-build/bin/ampforge-build" --version',
+    ]
     assert steps["build"]["run"] == (
         "ampforge-build build --arch ${{ matrix.arch }} --python ${{ matrix.python }} --torch "
         "${{ matrix.torch }} --backend ${{ matrix.backend }} --pull ${{ matrix.pull }} "
-        "--cuda ${{ matrix.cuda }} --config ci/wheels.yaml --out dist")
+        "--cuda ${{ matrix.cuda }} --config ci/wheels.yaml --out dist"
+    )
     cache = steps["torch environments"]
     assert cache["uses"].startswith("actions/cache@") and cache["if"] == "matrix.backend == 'host'"
     assert cache["with"] == {"path": "~/.cache/ampforge/torch-envs", "key": "${{ matrix.env_key }}"}
@@ -524,23 +660,43 @@ def test_a_project_of_its_own_gets_a_workflow_that_installs_the_tool(tmp_path: P
     assert [(r["cell"], r["cuda"], r["runs-on"]) for r in rows] == [
         ("cp311-manylinux_x86_64-torch2.14.1", "cpu", "ubuntu-24.04"),
         ("cp311-manylinux_x86_64-torch2.14.1-cu130", "13.0", "ubuntu-24.04"),
-        ("cp311-manylinux_aarch64-torch2.13.0", "cpu", "ubuntu-24.04-arm")]
+        ("cp311-manylinux_aarch64-torch2.13.0", "cpu", "ubuntu-24.04-arm"),
+    ]
     keys = [r["env_key"] for r in rows]
     assert all(k.startswith(f"torch-env-{r['cell']}-") for k, r in zip(keys, rows))
     assert len(set(keys)) == 3
     # Each row's `ampforge-build build` options select exactly its own cell (run from the
     # project's root, as the job does).
     for row in rows:
-        res = run_cli("plan", "--format", "json", "--project", str(project), "--config",
-                      str(project / "ci" / "wheels.yaml"), "--arch", row["arch"], "--python",
-                      row["python"], "--torch", str(row["torch"]), "--cuda", str(row["cuda"]))
+        res = run_cli(
+            "plan",
+            "--format",
+            "json",
+            "--project",
+            str(project),
+            "--config",
+            str(project / "ci" / "wheels.yaml"),
+            "--arch",
+            row["arch"],
+            "--python",
+            row["python"],
+            "--torch",
+            str(row["torch"]),
+            "--cuda",
+            str(row["cuda"]),
+        )
         assert res.rc == 0, res.err
         assert [c["id"] for c in json.loads(res.out)["cells"]] == [row["cell"]]
     release = doc["jobs"]["release"]
     runs = [s["run"] for s in release["steps"] if "run" in s]
     assert "ampforge-build merge artifacts/dist-* --out release" in runs
-    assert any(r.startswith("ampforge-build publish release --repository pypi "
-                            "--skip-local-versions --stage pypi-dist\n") for r in runs)
+    assert any(
+        r.startswith(
+            "ampforge-build publish release --repository pypi "
+            "--skip-local-versions --stage pypi-dist\n"
+        )
+        for r in runs
+    )
     assert doc["jobs"]["publish"]["permissions"] == {"contents": "read", "id-token": "write"}
 
     text, gitlab = _render_own(tmp_path / "gl", "gitlab", project)
@@ -551,22 +707,29 @@ def test_a_project_of_its_own_gets_a_workflow_that_installs_the_tool(tmp_path: P
         (line,) = job["script"]
         assert line.startswith("ampforge-build build --arch "), line
         cell = line.rsplit("--out artifacts/dist-", 1)[1]
-        assert job["cache"] == {"key": dict(zip((r["cell"] for r in rows), keys))[cell],
-                                "paths": [".ampforge-cache/torch-envs/"]}, job_id
+        assert job["cache"] == {
+            "key": dict(zip((r["cell"] for r in rows), keys))[cell],
+            "paths": [".ampforge-cache/torch-envs/"],
+        }, job_id
         assert job["variables"] == {"AMPFORGE_CACHE": "$CI_PROJECT_DIR/.ampforge-cache"}
     assert gitlab["release"]["script"][0] == "ampforge-build merge artifacts/dist-* --out release"
-    assert gitlab["publish"]["script"] == ["ampforge-build publish release --repository pypi "
-                                           "--skip-local-versions --trusted-publishing"]
+    assert gitlab["publish"]["script"] == [
+        "ampforge-build publish release --repository pypi "
+        "--skip-local-versions --trusted-publishing"
+    ]
 
 
 def test_the_torch_environment_key_follows_what_decides_the_environment(tmp_path: Path) -> None:
     """Another index for the same cell is another key; another arch list (the compile's, not
     the environment's) keeps it."""
+
     def keys(extra: str) -> dict[str, str]:
         project = _own_project(tmp_path / f"p{len(list(tmp_path.iterdir()))}", extra)
         _, doc = _render_own(tmp_path / project.name, "github", project)
-        return {r["cell"]: r["env_key"] for r in
-                doc["jobs"]["build"]["strategy"]["matrix"]["include"]}
+        return {
+            r["cell"]: r["env_key"] for r in doc["jobs"]["build"]["strategy"]["matrix"]["include"]
+        }
+
     base = keys("")
     assert keys("cuda: {arch_list: {'13.0': '8.0'}}\n") == base
     mirrored = keys("pip: {index_url: 'https://mirror.example/simple/'}\n")
@@ -588,8 +751,10 @@ def test_render_for_a_project_of_its_own_refuses_paths_outside_it(tmp_path: Path
     (project / "tools").mkdir()
     inside = project / "tools" / wheel.name
     inside.write_bytes(b"")
-    for tool, written in ((str(inside), f"tools/{wheel.name}"),
-                          ("ampforge-builder>=0.1", "'ampforge-builder>=0.1'")):
+    for tool, written in (
+        (str(inside), f"tools/{wheel.name}"),
+        ("ampforge-builder>=0.1", "'ampforge-builder>=0.1'"),
+    ):
         res = run_cli("render", "--ci", "github", "--project", str(project), "--tool", tool)
         assert res.rc == 0, res.err
         assert f"-m pip install --quiet --no-deps {written}\n" in res.out
@@ -602,9 +767,22 @@ def test_render_for_a_project_of_its_own_refuses_paths_outside_it(tmp_path: Path
 
 def _tool_wheel(dest: Path) -> Path:
     """The builder as its own distribution (builder-dist/), as a project would vendor it."""
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                        str(dest), str(REPO_ROOT / "builder-dist")],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(dest),
+            str(REPO_ROOT / "builder-dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = dest.glob("ampforge_builder-*-py3-none-any.whl")
     return wheel
@@ -613,7 +791,8 @@ def _tool_wheel(dest: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.starts_from("installed tool")
 def test_a_project_of_its_own_runs_its_workflow_here_with_the_installed_tool(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The tiny extension as a repository of its own (no ampforge files in it but the tool's
     wheel it vendors): its rendered workflow's build job installs the tool in a fresh venv
     (the wheel, then the lock's pins), builds its one cell from the project's root with the
@@ -624,9 +803,21 @@ def test_a_project_of_its_own_runs_its_workflow_here_with_the_installed_tool(
     (origin / "ci.yaml").write_text(OWN_TINY_CONFIG)
     wheel = _tool_wheel(origin / "tools")
     workflow_file = origin / ".github" / "workflows" / "wheels.yml"
-    res = run_cli("render", "--ci", "github", "--project", str(origin), "--config",
-                  str(origin / "ci.yaml"), "--backend", "host", "--tool", str(wheel),
-                  "--out", str(workflow_file))
+    res = run_cli(
+        "render",
+        "--ci",
+        "github",
+        "--project",
+        str(origin),
+        "--config",
+        str(origin / "ci.yaml"),
+        "--backend",
+        "host",
+        "--tool",
+        str(wheel),
+        "--out",
+        str(workflow_file),
+    )
     assert res.rc == 0, res.err
     commit_all(origin)
     workflow = yaml.safe_load(workflow_file.read_text())
@@ -636,14 +827,19 @@ def test_a_project_of_its_own_runs_its_workflow_here_with_the_installed_tool(
     runner = Runner(origin, tmp_path / "runner", REPO_ROOT / ".venv", base_env())
     job = runner.run_job(workflow, "build", row)
     assert not (job.workdir / ".venv").exists()  # nothing of an ampforge checkout
-    assert job.steps[:4] == ["actions/checkout@v4: ran", "actions/setup-python@v5: ran",
-                             "proxy, CA and index: ran", "install ampforge-build: ran"]
+    assert job.steps[:4] == [
+        "actions/checkout@v4: ran",
+        "actions/setup-python@v5: ran",
+        "proxy, CA and index: ran",
+        "install ampforge-build: ran",
+    ]
     assert "cross / emulation tools: skipped" in " ".join(job.steps)
     assert job.cache_keys == [row["env_key"]]
     (built,) = (runner.artifacts / f"dist-{row['cell']}").glob("*.whl")
     assert built.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_")
-    entry = json.loads((runner.artifacts / f"dist-{row['cell']}" / "manifest.json")
-                       .read_text())["wheels"][0]
+    entry = json.loads((runner.artifacts / f"dist-{row['cell']}" / "manifest.json").read_text())[
+        "wheels"
+    ][0]
     assert entry["extra"]["backend"] == "host" and entry["builder_version"] == "0.1.0"
 
     release = runner.run_job(workflow, "release")
@@ -654,5 +850,8 @@ def test_a_project_of_its_own_runs_its_workflow_here_with_the_installed_tool(
     assert page.read_bytes() == built.read_bytes()
     assert release.outputs == {"pypi_wheels": "0"}  # no stable-ABI wheel: nothing for PyPI
     for run in (job, release):  # where the time goes (pytest -s shows it)
-        print(run.cell, f"{run.seconds:.1f} s:", {k: round(v, 1) for k, v in
-                                                  run.seconds_per_step.items()})
+        print(
+            run.cell,
+            f"{run.seconds:.1f} s:",
+            {k: round(v, 1) for k, v in run.seconds_per_step.items()},
+        )

@@ -16,7 +16,7 @@ from helpers.indexlib import make_wheel
 from helpers.pipelinelib import CELL, manifest, run_build
 
 # Run from the test's working folder: it passes only when test-sources copied checks/ there.
-CHECK = '''\
+CHECK = """\
 import os, sys
 from pathlib import Path
 import torch
@@ -30,7 +30,7 @@ assert before.read_text().split() == ["before-test-sentinel", "linux"], before.r
 # the linux table's environment, then the override's (inherit append) for this cell
 assert (os.environ["STAGE"], os.environ["OVERRIDE"]) == ("linux", "cp311-x86"), os.environ
 print("cibw-test-sentinel", ampforge_extra.VERSION, ampforge_group.VERSION)
-'''
+"""
 
 TABLE = """\
 [dependency-groups]
@@ -67,9 +67,12 @@ def _project(root: Path, wheelhouse: Path, test_skip: str = "") -> Path:
     project = write_tiny_extension(root)
     setup = (project / "setup.py").read_text()
     # The extra test-extras installs: a requirement only the "checks" extra declares.
-    (project / "setup.py").write_text(setup.replace(
-        'packages=["tinyext"],', 'packages=["tinyext"],\n'
-        '    extras_require={"checks": ["ampforge-extra"]},'))
+    (project / "setup.py").write_text(
+        setup.replace(
+            'packages=["tinyext"],',
+            'packages=["tinyext"],\n    extras_require={"checks": ["ampforge-extra"]},',
+        )
+    )
     with (project / "pyproject.toml").open("a") as fh:
         fh.write("\n" + TABLE % {"test_skip": test_skip})
     (project / "checks").mkdir()
@@ -93,18 +96,20 @@ def _wheelhouse(tmp: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.promise(
     promise="a project's [tool.cibuildwheel] selection, overrides and test keys take effect in "
-            "a real build as cibuildwheel gives them: before-test in the test venv, test-sources "
-            "copied into the test's folder, test-extras and test-groups installed, the linux "
-            "table and a selecting override's inherited environment, test-skip's cell built "
-            "and import-checked but not tested",
+    "a real build as cibuildwheel gives them: before-test in the test venv, test-sources "
+    "copied into the test's folder, test-extras and test-groups installed, the linux "
+    "table and a selecting override's inherited environment, test-skip's cell built "
+    "and import-checked but not tested",
     fault="a third-party extension with a realistic [tool.cibuildwheel] (host backend)",
     result="the test-command sees each key's effect and prints its sentinel; with test-skip "
-           "naming the cell, the same build runs the import check and no test-command")
+    "naming the cell, the same build runs the import check and no test-command",
+)
 def test_a_cibuildwheel_table_takes_effect_in_a_host_build(tmp_path: Path) -> None:
     house = _wheelhouse(tmp_path)
     project = _project(tmp_path / "proj", house)
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--wheelhouse", str(house))
+    r = run_build(
+        tmp_path, "--backend", "host", "--project", str(project), "--wheelhouse", str(house)
+    )
     assert r.rc == 0, r.err[-4000:]
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "+ before-test: echo before-test-sentinel" in log, log[-3000:]
@@ -114,14 +119,21 @@ def test_a_cibuildwheel_table_takes_effect_in_a_host_build(tmp_path: Path) -> No
     (entry,) = [w for w in manifest(tmp_path / "dist")["wheels"] if w["cell"] == CELL]
     record = entry["extra"]["resolved"]
     assert record["test"]["run"] is True and record["test"]["extras"] == ["checks"]
-    assert record["build_options"]["environment"] == [["STAGE", "linux"],
-                                                      ["OVERRIDE", "cp311-x86"]]
+    assert record["build_options"]["environment"] == [["STAGE", "linux"], ["OVERRIDE", "cp311-x86"]]
     assert "overrides]] #1" in record["build_options"]["sources"]["environment"]
 
     # test-skip naming the cell: built, repaired and import-checked, its test not run.
     project = _project(tmp_path / "proj2", house, test_skip='test-skip = "cp311-*"')
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--wheelhouse", str(house), "--force")
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(house),
+        "--force",
+    )
     assert r.rc == 0, r.err[-4000:]
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "smoke: imported ['tinyext._C']" in log, log[-3000:]

@@ -150,7 +150,8 @@ print("TINY " + json.dumps({
 
 def _make_tiny_project(root: Path) -> Path:
     (root / "tinyext").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(textwrap.dedent("""
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["setuptools>=68", "wheel"]
         build-backend = "setuptools.build_meta"
@@ -158,7 +159,8 @@ def _make_tiny_project(root: Path) -> Path:
         [project]
         name = "tinyext"
         version = "0.1.0"
-    """))
+    """)
+    )
     (root / "setup.py").write_text(TINY_SETUP)
     (root / "tinyext" / "__init__.py").write_text("import torch  # noqa: F401\n")
     (root / "tinyext" / "ext.cpp").write_text(TINY_EXT)
@@ -173,15 +175,15 @@ def _elf(data: bytes):
 def tiny_wheel(tmp_path_factory, target_python, target_torch, toolchain):
     project = _make_tiny_project(tmp_path_factory.mktemp("tiny") / "proj")
     out = tmp_path_factory.mktemp("tiny-out")
-    return cross_build_wheel(project, out, target_python, target_torch, toolchain,
-                             host_python=HOST_PYTHON)
+    return cross_build_wheel(
+        project, out, target_python, target_torch, toolchain, host_python=HOST_PYTHON
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny_repaired(tiny_wheel, tmp_path_factory, target_python, toolchain):
     out = tmp_path_factory.mktemp("tiny-repaired")
-    return repair_cross_wheel(tiny_wheel.wheel, out,
-                              [*toolchain.lib_dirs, *target_python.lib_dirs])
+    return repair_cross_wheel(tiny_wheel.wheel, out, [*toolchain.lib_dirs, *target_python.lib_dirs])
 
 
 def test_missing_toolchain_says_how_to_provision(monkeypatch):
@@ -230,10 +232,9 @@ def test_target_torch_is_aarch64_cpu_with_its_openmp(target_torch):
     assert (target_torch.site / "sympy").is_dir()
 
 
-def test_cross_build_names_module_and_wheel_for_aarch64(tiny_wheel, target_python,
-                                                       target_torch):
+def test_cross_build_names_module_and_wheel_for_aarch64(tiny_wheel, target_python, target_torch):
     name = tiny_wheel.wheel.name
-    tag = 'cp' + PY.replace('.', '')
+    tag = "cp" + PY.replace(".", "")
     assert name == f"tinyext-0.1.0-{tag}-{tag}-linux_aarch64.whl"
     with zipfile.ZipFile(tiny_wheel.wheel) as zf:
         modules = [n for n in zf.namelist() if n.endswith(".so")]
@@ -245,8 +246,9 @@ def test_cross_build_names_module_and_wheel_for_aarch64(tiny_wheel, target_pytho
     assert {"libc10.so", "libtorch_cpu.so"} <= set(needed)
     assert not [n for n in needed if n.startswith("libpython")], needed
     # -fopenmp linked torch's own (hash-renamed) runtime, not the toolchain's libgomp.so.1.
-    assert [n for n in needed if n.startswith("libgomp")] == [
-        target_torch.openmp_library().name], needed
+    assert [n for n in needed if n.startswith("libgomp")] == [target_torch.openmp_library().name], (
+        needed
+    )
     assert not elf.get_section_by_name(".debug_info"), "release module must carry no debug info"
 
 
@@ -263,13 +265,17 @@ def test_repair_gives_manylinux_aarch64_without_grafting_torch(tiny_repaired):
     assert set(tiny_repaired.external_libs) >= {"libc10.so", "libtorch_cpu.so"}
 
 
-def test_repair_refuses_a_wheel_needing_an_unprovided_library(tiny_wheel, tmp_path,
-                                                              target_python, toolchain):
+def test_repair_refuses_a_wheel_needing_an_unprovided_library(
+    tiny_wheel, tmp_path, target_python, toolchain
+):
     # Without torch excluded, auditwheel must either graft torch or fail: both are refused.
     with pytest.raises(StepFailed, match=r"grafted|failed|needs"):
-        repair_cross_wheel(tiny_wheel.wheel, tmp_path,
-                           [*toolchain.lib_dirs, *target_python.lib_dirs],
-                           excludes=("libgomp*.so*",))
+        repair_cross_wheel(
+            tiny_wheel.wheel,
+            tmp_path,
+            [*toolchain.lib_dirs, *target_python.lib_dirs],
+            excludes=("libgomp*.so*",),
+        )
     assert not list(tmp_path.glob("*.whl"))
 
 
@@ -298,6 +304,7 @@ def test_the_emulated_cpu_is_a_server_class_armv8_2_unless_asked(target_python, 
     """QEMU's default CPU (``max``) has BF16 and SVE, which torch 2.1's oneDNN then fails to use
     ("could not create a primitive descriptor for a matmul primitive"); the cross path emulates
     the arch's model (Neoverse N1: neither), and AMPFORGE_QEMU_CPU= brings QEMU's back."""
+
     def caps() -> str:
         out = run_target_python(target_python, ["-c", HWCAPS]).stdout
         return next(x for x in out.splitlines() if x.startswith("HWCAPS "))
@@ -318,13 +325,17 @@ def test_test_command_runs_on_the_emulated_target(target_python, tmp_path):
     project.mkdir()
     (project / "check.py").write_text(
         "import platform, sys, ampforge_probe\n"
-        "print('cross-test', platform.machine(), ampforge_probe.VERSION, sys.argv[1])\n")
+        "print('cross-test', platform.machine(), ampforge_probe.VERSION, sys.argv[1])\n"
+    )
     probe = make_wheel(tmp_path / "probe", "ampforge-probe", "4711")
-    test = ProjectTest(requires=(f"ampforge-probe @ {probe.as_uri()}",),
-                       command="python {project}/check.py {package}")
+    test = ProjectTest(
+        requires=(f"ampforge-probe @ {probe.as_uri()}",),
+        command="python {project}/check.py {package}",
+    )
     logged: list[str] = []
-    report = run_test_under_qemu(test, target_python, [], tmp_path / "scratch", project=project,
-                                 log=logged.extend)
+    report = run_test_under_qemu(
+        test, target_python, [], tmp_path / "scratch", project=project, log=logged.extend
+    )
     assert report["tail"][-1] == f"cross-test aarch64 4711 {project}", report
     assert logged[0] == (f"+ test-command (qemu-aarch64): python {project}/check.py {project}")
     failing = ProjectTest(command="python -c 'print(\"cross-fail-sentinel\")' && exit 4")
@@ -334,59 +345,86 @@ def test_test_command_runs_on_the_emulated_target(target_python, tmp_path):
     assert "cross-fail-sentinel" in info.value.message
 
 
-def test_broken_source_reports_compiler_error_and_log(tmp_path, target_python, target_torch,
-                                                      toolchain):
+def test_broken_source_reports_compiler_error_and_log(
+    tmp_path, target_python, target_torch, toolchain
+):
     project = _make_tiny_project(tmp_path / "proj")
     (project / "tinyext" / "ext.cpp").write_text("#error deliberately broken kernel\n")
     with pytest.raises(StepFailed) as info:
-        cross_build_wheel(project, tmp_path / "out", target_python, target_torch, toolchain,
-                          host_python=HOST_PYTHON)
+        cross_build_wheel(
+            project,
+            tmp_path / "out",
+            target_python,
+            target_torch,
+            toolchain,
+            host_python=HOST_PYTHON,
+        )
     assert "deliberately broken kernel" in info.value.message
     assert "full log:" in info.value.message
     assert not list((tmp_path / "out").glob("*.whl"))
 
 
-def test_a_host_interpreter_without_torch_is_refused_in_one_line(tmp_path, target_python,
-                                                                   target_torch, toolchain):
+def test_a_host_interpreter_without_torch_is_refused_in_one_line(
+    tmp_path, target_python, target_torch, toolchain
+):
     """The failure the README's `make wheel ARCH=ARM` once met on a fresh clone (the builder's
     own torch-free interpreter ran setup.py): one line saying what is missing and how to get
     it, before pip buries a ModuleNotFoundError in metadata-generation-failed."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+        check=True,
+        timeout=120,
+    )
     bare = str(tmp_path / "bare" / "bin" / "python")
     project = _make_tiny_project(tmp_path / "proj")
     with pytest.raises(StepFailed) as info:
-        cross_build_wheel(project, tmp_path / "out", target_python, target_torch, toolchain,
-                          host_python=bare)
+        cross_build_wheel(
+            project, tmp_path / "out", target_python, target_torch, toolchain, host_python=bare
+        )
     first = info.value.message.splitlines()[0]
-    assert first.startswith(f"cross build: the host interpreter {bare} cannot import torch ("), \
+    assert first.startswith(f"cross build: the host interpreter {bare} cannot import torch ("), (
         first
+    )
     assert "No module named 'torch'" in first and "needs a host torch" in first, first
     assert not list((tmp_path / "out").glob("*.whl"))
 
 
 def test_not_a_project_is_refused(tmp_path, target_python, target_torch, toolchain):
     with pytest.raises(StepFailed, match="not a Python project"):
-        cross_build_wheel(tmp_path, tmp_path / "out", target_python, target_torch, toolchain,
-                          host_python=HOST_PYTHON)
+        cross_build_wheel(
+            tmp_path,
+            tmp_path / "out",
+            target_python,
+            target_torch,
+            toolchain,
+            host_python=HOST_PYTHON,
+        )
 
 
 def test_host_build_environment_does_not_leak(target_python, target_torch, toolchain, tmp_path):
     # The build env must point the compiler at the target; the host interpreter still runs.
     env = cross_build_env(target_python, target_torch, toolchain, tmp_path, base_env={})
-    code = ("import sysconfig, torch.utils.cpp_extension as c; "
-            "print(sysconfig.get_config_var('EXT_SUFFIX')); print(sysconfig.get_platform()); "
-            "print(c.include_paths()[0]); print(c.library_paths()[0])")
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "PATH": os.environ["PATH"]},
-                         capture_output=True, text=True, check=True).stdout.split()
+    code = (
+        "import sysconfig, torch.utils.cpp_extension as c; "
+        "print(sysconfig.get_config_var('EXT_SUFFIX')); print(sysconfig.get_platform()); "
+        "print(c.include_paths()[0]); print(c.library_paths()[0])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out[0] == target_python.ext_suffix
     assert out[1] == "linux-aarch64"
     assert out[2] == str(target_torch.torch_dir / "include")
     assert out[3] == str(target_torch.lib_dir)
 
 
-def test_ninja_build_goes_through_the_same_ccache_links(tmp_path, monkeypatch, target_python,
-                                                        target_torch, toolchain):
+def test_ninja_build_goes_through_the_same_ccache_links(
+    tmp_path, monkeypatch, target_python, target_torch, toolchain
+):
     """torch's default ninja BuildExtension, cross-compiled twice through ccache (the in-cell
     builds' masquerade links, builder.incell.steps.ccache_masquerade) into a private cache: the
     first misses, the second hits every compile and gives the same module bytes."""
@@ -396,9 +434,17 @@ def test_ninja_build_goes_through_the_same_ccache_links(tmp_path, monkeypatch, t
     built = []
     for run in ("one", "two"):
         project = write_style_project(tmp_path / run / "proj", "ninja")
-        built.append(cross_build_wheel(project, tmp_path / run / "out", target_python,
-                                       target_torch, toolchain, ccache=True,
-                                       host_python=HOST_PYTHON))
+        built.append(
+            cross_build_wheel(
+                project,
+                tmp_path / run / "out",
+                target_python,
+                target_torch,
+                toolchain,
+                ccache=True,
+                host_python=HOST_PYTHON,
+            )
+        )
     cold, warm = built[0].ccache, built[1].ccache
     assert cold is not None and warm is not None
     assert cold.misses >= 1 and cold.hits == 0

@@ -79,8 +79,14 @@ def test_each_debian_arm64_python_maps_to_its_suite():
     assert [suite_for(v) for v in ("3.9", "3.11", "3.13")] == ["bullseye", "bookworm", "trixie"]
     # Each sysroot carries its own suite's C library and the libraries its stdlib links.
     bullseye = target_packages("3.9")
-    assert {"python3.9-minimal:arm64", "libpython3.9-dev:arm64", "libc6:arm64",
-            "libffi7:arm64", "libssl1.1:arm64", "libmpdec3:arm64"} <= set(bullseye)
+    assert {
+        "python3.9-minimal:arm64",
+        "libpython3.9-dev:arm64",
+        "libc6:arm64",
+        "libffi7:arm64",
+        "libssl1.1:arm64",
+        "libmpdec3:arm64",
+    } <= set(bullseye)
     trixie = target_packages("3.13")
     assert {"python3.13:arm64", "libssl3t64:arm64", "libffi8:arm64"} <= set(trixie)
     assert "libssl1.1:arm64" not in trixie and "libssl3t64:arm64" not in bullseye
@@ -101,23 +107,40 @@ def test_pythons_no_debian_release_ships_fail_naming_why_and_what_works(version)
 
 def test_other_suites_sources_are_derived_from_the_hosts():
     entries = parse_deb822(HOST_SOURCES)
-    assert [e.suites for e in entries] == [("bookworm", "bookworm-updates"),
-                                           ("bookworm-security",), ("nodistro",)]
+    assert [e.suites for e in entries] == [
+        ("bookworm", "bookworm-updates"),
+        ("bookworm-security",),
+        ("nodistro",),
+    ]
     text = derive_sources(entries, "bookworm", "bullseye", "arm64")
-    stanzas = [dict(line.split(": ", 1) for line in s.splitlines())
-               for s in text.strip().split("\n\n")]
+    stanzas = [
+        dict(line.split(": ", 1) for line in s.splitlines()) for s in text.strip().split("\n\n")
+    ]
     assert stanzas == [
-        {"Types": "deb", "URIs": "http://mirror.example/debian",
-         "Suites": "bullseye bullseye-updates", "Components": "main contrib",
-         "Architectures": "arm64",
-         "Signed-By": "/usr/share/keyrings/debian-archive-keyring.gpg"},
-        {"Types": "deb", "URIs": "http://mirror.example/debian-security",
-         "Suites": "bullseye-security", "Components": "main", "Architectures": "arm64",
-         "Signed-By": "/usr/share/keyrings/debian-archive-keyring.gpg"},
+        {
+            "Types": "deb",
+            "URIs": "http://mirror.example/debian",
+            "Suites": "bullseye bullseye-updates",
+            "Components": "main contrib",
+            "Architectures": "arm64",
+            "Signed-By": "/usr/share/keyrings/debian-archive-keyring.gpg",
+        },
+        {
+            "Types": "deb",
+            "URIs": "http://mirror.example/debian-security",
+            "Suites": "bullseye-security",
+            "Components": "main",
+            "Architectures": "arm64",
+            "Signed-By": "/usr/share/keyrings/debian-archive-keyring.gpg",
+        },
     ]  # the third-party entry is not Debian's: left out
     with pytest.raises(StepFailed, match="no entry for its own suite 'bookworm'"):
-        derive_sources([SourceEntry(("http://vendor.example",), ("nodistro",), ("main",))],
-                       "bookworm", "trixie", "arm64")
+        derive_sources(
+            [SourceEntry(("http://vendor.example",), ("nodistro",), ("main",))],
+            "bookworm",
+            "trixie",
+            "arm64",
+        )
 
 
 def test_one_line_sources_and_os_release_are_read(tmp_path):
@@ -125,7 +148,8 @@ def test_one_line_sources_and_os_release_are_read(tmp_path):
         "# deb http://old.example/debian buster main\n"
         "deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian bookworm main # x\n"
         "deb-src http://mirror.example/debian bookworm main\n"
-        "deb https://vendor.example/apt cloud-sdk-bookworm main\n")
+        "deb https://vendor.example/apt cloud-sdk-bookworm main\n"
+    )
     assert entries == [
         SourceEntry(("http://mirror.example/debian",), ("bookworm",), ("main",), "/k.gpg"),
         SourceEntry(("https://vendor.example/apt",), ("cloud-sdk-bookworm",), ("main",)),
@@ -133,18 +157,30 @@ def test_one_line_sources_and_os_release_are_read(tmp_path):
     # "cloud-sdk-bookworm" is another repository's suite name, not a bookworm pocket.
     assert "vendor.example" not in derive_sources(entries, "bookworm", "trixie", "arm64")
     release = tmp_path / "os-release"
-    release.write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
-                       'VERSION_CODENAME=bookworm\n')
+    release.write_text(
+        'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_CODENAME=bookworm\n'
+    )
     assert host_codename(release) == ("debian", "bookworm")
 
 
 def test_a_wheel_tagged_for_the_host_python_is_refused(tmp_path):
-    target = TargetPython(version="3.9", arch="aarch64", sysroot=tmp_path, executable=tmp_path,
-                          include_dir=tmp_path, sysconfig_dir=tmp_path, sysconfig_name="x",
-                          ext_suffix=".cpython-39-aarch64-linux-gnu.so", lib_dirs=())
+    target = TargetPython(
+        version="3.9",
+        arch="aarch64",
+        sysroot=tmp_path,
+        executable=tmp_path,
+        include_dir=tmp_path,
+        sysconfig_dir=tmp_path,
+        sysconfig_name="x",
+        ext_suffix=".cpython-39-aarch64-linux-gnu.so",
+        lib_dirs=(),
+    )
     check_wheel_tags(tmp_path / "tiny-0.1-cp39-cp39-linux_aarch64.whl", target, tmp_path)
-    with pytest.raises(StepFailed, match=r"not tagged cp39-cp39-linux_aarch64 for the target "
-                                         r"Python 3\.9"):
+    with pytest.raises(
+        StepFailed,
+        match=r"not tagged cp39-cp39-linux_aarch64 for the target "
+        r"Python 3\.9",
+    ):
         check_wheel_tags(tmp_path / "tiny-0.1-cp311-cp311-linux_aarch64.whl", target, tmp_path)
 
 
@@ -197,18 +233,23 @@ def test_cp39_cell_cross_builds_on_a_311_host_and_runs_on_bullseye(tmp_path):
     # One libm call with a GLIBC_2.29 default version (the kernels' pow): the build's shim must
     # bind it to the aarch64 base version, or the wheel would need glibc 2.29+.
     source = project / "tinyext" / "ext.cpp"
-    source.write_text(source.read_text().replace(
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
-        "double power(double a, double b) { return std::pow(a, b); }\n\n"
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"power\", &power);"))
+    source.write_text(
+        source.read_text().replace(
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+            "double power(double a, double b) { return std::pow(a, b); }\n\n"
+            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def("power", &power);',
+        )
+    )
     # This interpreter has torch (make setup) and is the host torch here; the builder makes a
     # cached host torch environment instead (tests/builder/e2e/test_front_door.py).
-    built = cross_build_wheel(project, tmp_path / "raw", python, torch, toolchain,
-                              host_python=sys.executable)
+    built = cross_build_wheel(
+        project, tmp_path / "raw", python, torch, toolchain, host_python=sys.executable
+    )
     assert built.wheel.name == "tinyext-0.1.0-cp39-cp39-linux_aarch64.whl"
     assert _symbol_versions(built.wheel)["pow"] == "GLIBC_2.17"
-    repaired = repair_cross_wheel(built.wheel, tmp_path / "repaired",
-                                  [*toolchain.lib_dirs, *python.lib_dirs])
+    repaired = repair_cross_wheel(
+        built.wheel, tmp_path / "repaired", [*toolchain.lib_dirs, *python.lib_dirs]
+    )
     glibc_floor = int(repaired.tag.split("_")[2])
     # Honest tag: what the symbols need (auditwheel show agrees), and no newer than the
     # bullseye glibc (2.31) it is about to run on.
@@ -219,13 +260,17 @@ def test_cp39_cell_cross_builds_on_a_311_host_and_runs_on_bullseye(tmp_path):
     script = TINY_CHECK + (
         "import sys\n"
         "print('TARGET ' + json.dumps({'python': '%d.%d' % sys.version_info[:2],"
-        " 'libc': platform.libc_ver()[1], 'power': ext.power(2.0, 10.5)}))\n")
+        " 'libc': platform.libc_ver()[1], 'power': ext.power(2.0, 10.5)}))\n"
+    )
     result = run_wheel_under_qemu(repaired.wheel, python, torch, script)
-    lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
-             for line in result.stdout.splitlines() if line.startswith(("TINY ", "TARGET "))}
+    lines = {
+        line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+        for line in result.stdout.splitlines()
+        if line.startswith(("TINY ", "TARGET "))
+    }
     target = lines["TARGET"]
     assert (target["python"], target["libc"]) == ("3.9", "2.31")
-    assert target["power"] == pytest.approx(2.0 ** 10.5, rel=1e-15)
+    assert target["power"] == pytest.approx(2.0**10.5, rel=1e-15)
     tiny = lines["TINY"]
     assert tiny["machine"] == "aarch64" and tiny["torch"] == "2.8.0+cpu"
     assert tiny["max_abs_diff"] < 1e-5

@@ -85,13 +85,32 @@ def _build(work: Path, cuda_home: Path, cache: Path) -> tuple[Path, str]:
     for var in ("CC", "CXX", "CCACHE_DISABLE", "TORCH_NO_COMPILER_WRAPPER", "PYTORCH_NVCC"):
         env.pop(var, None)
     # No nvcc of this machine's on PATH: the build's is the toolkit's, from --cuda-home.
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
-                                  if not (Path(p) / "nvcc").exists())
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "nvcc").exists()
+    )
     proc = subprocess.run(
-        [sys.executable, str(STEPS_SCRIPT), "build-wheel", "--project", str(project),
-         "--out", str(work / "raw"), "--ccache", "on", "--cuda-home", str(cuda_home),
-         "--cuda-arch-list", "8.0", "--prefix-map", f"{work}=/ampforge"],
-        env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            str(STEPS_SCRIPT),
+            "build-wheel",
+            "--project",
+            str(project),
+            "--out",
+            str(work / "raw"),
+            "--ccache",
+            "on",
+            "--cuda-home",
+            str(cuda_home),
+            "--cuda-arch-list",
+            "8.0",
+            "--prefix-map",
+            f"{work}=/ampforge",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (wheel,) = (work / "raw").glob("*.whl")
     return wheel, (work / "ccache-stats.log").read_text()
@@ -111,7 +130,8 @@ def _by_source(log: str) -> dict[str, list[str]]:
 
 
 def test_a_cuda_cells_nvcc_compiles_hit_the_cache_the_second_time(
-        cuda_home: Path, tmp_path: Path) -> None:
+    cuda_home: Path, tmp_path: Path
+) -> None:
     cache = tmp_path / "ccache"  # private and empty: the first build must miss
     first, first_log = _build(tmp_path / "one", cuda_home, cache)
     second, second_log = _build(tmp_path / "two", cuda_home, cache)
@@ -132,15 +152,21 @@ def test_the_nvcc_link_names_the_toolkits_nvcc(cuda_home: Path, tmp_path: Path) 
     nvcc is an error naming the PATH."""
     ccache = shutil.which("ccache") or "/usr/bin/ccache"
     env = {"PATH": f"{cuda_home / 'bin'}:/usr/bin:/bin"}
-    got = ccache_masquerade(env, tmp_path / "bin", ccache=ccache, basedir="/b", statslog="/s",
-                            cuda=True)
+    got = ccache_masquerade(
+        env, tmp_path / "bin", ccache=ccache, basedir="/b", statslog="/s", cuda=True
+    )
     assert got["PYTORCH_NVCC"] == str(tmp_path / "bin" / "nvcc")
     assert os.readlink(tmp_path / "bin" / "nvcc") == ccache
     folders = got["PATH"].split(os.pathsep)
     assert folders[0] == str(tmp_path / "bin") and str(cuda_home / "bin") in folders[1:3]
-    plain = ccache_masquerade(env, tmp_path / "cpu", ccache=ccache, basedir="/b",
-                              statslog="/s")
+    plain = ccache_masquerade(env, tmp_path / "cpu", ccache=ccache, basedir="/b", statslog="/s")
     assert "PYTORCH_NVCC" not in plain and not (tmp_path / "cpu" / "nvcc").exists()
     with pytest.raises(CcacheSetupError, match="no nvcc on PATH \\(/usr/bin:/bin\\)"):
-        ccache_masquerade({"PATH": "/usr/bin:/bin"}, tmp_path / "b2", ccache=ccache,
-                          basedir="/b", statslog="/s", cuda=True)
+        ccache_masquerade(
+            {"PATH": "/usr/bin:/bin"},
+            tmp_path / "b2",
+            ccache=ccache,
+            basedir="/b",
+            statslog="/s",
+            cuda=True,
+        )

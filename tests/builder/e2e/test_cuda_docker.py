@@ -51,21 +51,31 @@ class _Session:
     """A container as docker_torch_image uses it: each exec recorded, each step's result
     line as the real steps.py prints it."""
 
-    def __init__(self, runs: list[tuple[list[str], dict[str, str]]],
-                 copied: dict[str, str]) -> None:
+    def __init__(
+        self, runs: list[tuple[list[str], dict[str, str]]], copied: dict[str, str]
+    ) -> None:
         self.workdir = "/ampforge-torch"
         self.log = OutputLog()
         self.runs, self.copied = runs, copied
 
-    def run(self, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-            cwd: Optional[str] = None, check: bool = True, step: str = "",
-            tail_lines: int = 0) -> RunResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        check: bool = True,
+        step: str = "",
+        tail_lines: int = 0,
+    ) -> RunResult:
         argv = list(argv)
         self.runs.append((argv, dict(env or {})))
         verb = argv[2] if len(argv) > 2 else ""
-        out = {"install-toolkit": {"cuda_home": CUDA_HOME, "nvcc": "Build cuda_13.0"},
-               "install-torch": {"torch": "2.14.1"},
-               "download-size": {"sized": True, "items": []}}.get(verb)
+        out = {
+            "install-toolkit": {"cuda_home": CUDA_HOME, "nvcc": "Build cuda_13.0"},
+            "install-torch": {"torch": "2.14.1"},
+            "download-size": {"sized": True, "items": []},
+        }.get(verb)
         tail = (RESULT + json.dumps(out),) if out is not None else ()
         return RunResult(argv=tuple(argv), exit_code=0, tail=tail)
 
@@ -115,29 +125,53 @@ class _Engine:
 
 def _settings(tmp_path: Path, offline: bool = False) -> Settings:
     cfg = tmp_path / "cuda.yaml"
-    cfg.write_text(f"support: {SUPPORT}\n"
-                   'matrix: {arch: [X86], python: ["3.11"], torch: ["2.14.1"], '
-                   'cuda: ["13.0"]}\n'
-                   f"pip:\n  index_url: {INDEX}\n")
-    return load_settings(CliOverrides(config=str(cfg), arch="X86", python="3.11",
-                                      torch="2.14.1", cuda="13.0", backend="docker",
-                                      https_proxy=PROXY, offline=offline or None), {})
+    cfg.write_text(
+        f"support: {SUPPORT}\n"
+        'matrix: {arch: [X86], python: ["3.11"], torch: ["2.14.1"], '
+        'cuda: ["13.0"]}\n'
+        f"pip:\n  index_url: {INDEX}\n"
+    )
+    return load_settings(
+        CliOverrides(
+            config=str(cfg),
+            arch="X86",
+            python="3.11",
+            torch="2.14.1",
+            cuda="13.0",
+            backend="docker",
+            https_proxy=PROXY,
+            offline=offline or None,
+        ),
+        {},
+    )
 
 
-def _job(tmp_path: Path, engine: _Engine, settings: Settings,
-         wheelhouse: Optional[Path] = None) -> CellJob:
+def _job(
+    tmp_path: Path, engine: _Engine, settings: Settings, wheelhouse: Optional[Path] = None
+) -> CellJob:
     host = Host(Redactor(), engine_factory=lambda: engine)  # type: ignore[arg-type,return-value]
     (resolved,) = resolve(settings, host, registry(), out=tmp_path / "dist").cells
     assert resolved.identifier == CELL and resolved.backend == "docker", resolved.backend_reason
-    opts = PipelineOptions(project=tmp_path, out=tmp_path / "dist", work=tmp_path / "work",
-                           wheelhouse=wheelhouse, offline=settings.config.offline.enabled)
-    return CellJob(resolved=resolved, config=settings.config, opts=opts,
-                   log=OutputLog(sink=_fresh_lines().append),
-                   log_path=tmp_path / "log", stage=tmp_path / "stage",
-                   steps=Steps(CellResult(cell=CELL), lambda cell, step: None), run_id="run-1",
-                   engine=engine,  # type: ignore[arg-type]
-                   proxy_env=settings.config.proxy.build_args(),
-                   recipe=render_recipe(resolved.cell, settings.config))
+    opts = PipelineOptions(
+        project=tmp_path,
+        out=tmp_path / "dist",
+        work=tmp_path / "work",
+        wheelhouse=wheelhouse,
+        offline=settings.config.offline.enabled,
+    )
+    return CellJob(
+        resolved=resolved,
+        config=settings.config,
+        opts=opts,
+        log=OutputLog(sink=_fresh_lines().append),
+        log_path=tmp_path / "log",
+        stage=tmp_path / "stage",
+        steps=Steps(CellResult(cell=CELL), lambda cell, step: None),
+        run_id="run-1",
+        engine=engine,  # type: ignore[arg-type]
+        proxy_env=settings.config.proxy.build_args(),
+        recipe=render_recipe(resolved.cell, settings.config),
+    )
 
 
 #: What the last job's log said (OutputLog's sink), emptied for each job so a test reads only
@@ -156,7 +190,8 @@ def _verb(engine: _Engine, verb: str) -> tuple[list[str], dict[str, str]]:
 
 
 def test_a_cuda_cells_torch_layer_installs_the_pinned_toolkit_through_its_pip_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))
     engine = _Engine()
     settings = _settings(tmp_path)
@@ -183,8 +218,11 @@ def test_a_cuda_cells_torch_layer_installs_the_pinned_toolkit_through_its_pip_co
     ((committed, labels),) = engine.commits
     assert committed == tag
     parts = json.loads(labels["org.ampforge.torch.parts"])
-    assert parts["cuda"] == {"version": "13.0", "torch_index_url": record.torch_index_url,
-                             "toolkit": list(record.toolkit)}
+    assert parts["cuda"] == {
+        "version": "13.0",
+        "torch_index_url": record.torch_index_url,
+        "toolkit": list(record.toolkit),
+    }
     # Nothing with the proxy's password is in the layer's config, the container's own
     # environment or the Dockerfile; the index is the recipe's (PIP_INDEX_URL).
     assert SENTINEL not in json.dumps(labels)
@@ -195,22 +233,23 @@ def test_a_cuda_cells_torch_layer_installs_the_pinned_toolkit_through_its_pip_co
 
 
 def test_offline_the_toolkit_comes_from_the_bundles_wheelhouse(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AMPFORGE_CACHE", str(tmp_path / "cache"))
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     engine = _Engine()
     job = _job(tmp_path, engine, _settings(tmp_path, offline=True), wheelhouse=wheels)
-    docker_torch_image(job, engine, "ampforge/cell:x", BASE_ID,
-                       {str(wheels): "/wheelhouse"}, "/wheelhouse")
+    docker_torch_image(
+        job, engine, "ampforge/cell:x", BASE_ID, {str(wheels): "/wheelhouse"}, "/wheelhouse"
+    )
     argv, env = _verb(engine, "install-toolkit")
     assert argv[argv.index("--wheelhouse") + 1] == "/wheelhouse" and "--index-url" not in argv
     assert "HTTPS_PROXY" not in env  # no network offline: no proxies either
     assert engine.containers[0]["network"] is False
 
 
-def test_plan_builds_a_docker_cuda_cell_and_names_the_backends_that_cannot(
-        tmp_path: Path) -> None:
+def test_plan_builds_a_docker_cuda_cell_and_names_the_backends_that_cannot(tmp_path: Path) -> None:
     engine = _Engine()
     job = _job(tmp_path, engine, _settings(tmp_path))
     assert "does not install a CUDA toolkit" not in job.resolved.backend_reason
@@ -260,7 +299,8 @@ def _cuda_project(root: Path) -> Path:
         '[build-system]\nrequires = ["setuptools", "wheel", "torch"]\n'
         'build-backend = "setuptools.build_meta"\n\n[tool.ampforge]\n'
         'test-command = "python -c \\"import torch, twice._C; '
-        "assert torch.version.cuda == '13.0'; print('twice cuda import ok')\\\"\"\n")
+        "assert torch.version.cuda == '13.0'; print('twice cuda import ok')\\\"\"\n"
+    )
     return root
 
 
@@ -275,37 +315,87 @@ def test_docker_cuda_cell_builds_a_verified_cuda_extension(tmp_path: Path) -> No
     base = build_base_image(docker_engine())  # the local base image (no registry reachable)
     project = _cuda_project(tmp_path / "twice")
     cfg = tmp_path / "cuda.yaml"
-    cfg.write_text(f"support: {SUPPORT}\n"
-                   'matrix: {arch: [X86], python: ["3.11"], torch: ["2.14.1"], cuda: ["13.0"]}\n'
-                   'cuda:\n  arch_list: {"13.0": "8.0;9.0+PTX"}\n')
+    cfg.write_text(
+        f"support: {SUPPORT}\n"
+        'matrix: {arch: [X86], python: ["3.11"], torch: ["2.14.1"], cuda: ["13.0"]}\n'
+        'cuda:\n  arch_list: {"13.0": "8.0;9.0+PTX"}\n'
+    )
     bundle = tmp_path / "bundle"
     start = time.monotonic()
     fetched = subprocess.run(
-        [sys.executable, "-m", "builder", "fetch", "--config", str(cfg), "--cuda", "13.0",
-         "--python", "3.11", "--arch", "X86", "--no-images", "--backend", "docker",
-         "--project", str(project), "--bundle", str(bundle)],
-        capture_output=True, text=True, timeout=1800)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "fetch",
+            "--config",
+            str(cfg),
+            "--cuda",
+            "13.0",
+            "--python",
+            "3.11",
+            "--arch",
+            "X86",
+            "--no-images",
+            "--backend",
+            "docker",
+            "--project",
+            str(project),
+            "--bundle",
+            str(bundle),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert fetched.returncode == 0, fetched.stderr[-4000:]
     wheels = sorted(p.name for p in (bundle / "wheels").iterdir())
     assert any(n.startswith("nvidia_cuda_nvcc-13.0.88") for n in wheels), wheels
     fetch_s = time.monotonic() - start
     start = time.monotonic()
     built = subprocess.run(
-        [sys.executable, "-m", "builder", "build", "--config", str(cfg), "--cuda", "13.0",
-         "--python", "3.11", "--arch", "X86", "--torch", "2.14.1", "--backend", "docker",
-         "--base-image", base.tag,
-         "--project", str(project), "--wheelhouse", str(bundle / "wheels"),
-         "--out", str(tmp_path / "dist")],
-        capture_output=True, text=True, timeout=3600)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "build",
+            "--config",
+            str(cfg),
+            "--cuda",
+            "13.0",
+            "--python",
+            "3.11",
+            "--arch",
+            "X86",
+            "--torch",
+            "2.14.1",
+            "--backend",
+            "docker",
+            "--base-image",
+            base.tag,
+            "--project",
+            str(project),
+            "--wheelhouse",
+            str(bundle / "wheels"),
+            "--out",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     build_s = time.monotonic() - start
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     (wheel,) = (tmp_path / "dist").glob("twice-0.1+torch2.14.cu130-*.whl")
     manifest = json.loads((tmp_path / "dist" / "manifest.json").read_text())
     (entry,) = [e for e in manifest["wheels"] if e["file"] == wheel.name]
     assert entry["extra"]["cuda"]["device_code"] == {
-        "twice/_C.cpython-311-x86_64-linux-gnu.so": "sm_80, sm_90, compute_90 (PTX)"}, entry
+        "twice/_C.cpython-311-x86_64-linux-gnu.so": "sm_80, sm_90, compute_90 (PTX)"
+    }, entry
     assert entry["extra"]["torch_image"].startswith(f"ampforge/torch:{CELL}-")
     with zipfile.ZipFile(wheel) as zf:
         assert not [n for n in zf.namelist() if "libcudart" in n or "libcuda." in n]
-    print(f"fetch {fetch_s:.0f} s ({len(wheels)} wheels); docker build {build_s:.0f} s; "
-          f"wheel {wheel.stat().st_size} bytes")
+    print(
+        f"fetch {fetch_s:.0f} s ({len(wheels)} wheels); docker build {build_s:.0f} s; "
+        f"wheel {wheel.stat().st_size} bytes"
+    )

@@ -18,17 +18,35 @@ from builder.engines.daemon_proxy import DROP_IN, ROOTLESS_DROP_IN, compare, dae
 from builder.images.base_image import build_base_image
 
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-NAMES = {"engine", "engine proxy", "CA trust in a container", "base image X86", "debootstrap",
-         "disk space", "caches", "auditwheel + patchelf", "cells"}
+NAMES = {
+    "engine",
+    "engine proxy",
+    "CA trust in a container",
+    "base image X86",
+    "debootstrap",
+    "disk space",
+    "caches",
+    "auditwheel + patchelf",
+    "cells",
+}
 
 
 def doctor(*argv: str, **env: str) -> tuple[int, dict, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("BUILDER_")
-            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("BUILDER_")
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+    }
     base["PYTHONPATH"] = str(REPO_ROOT)
-    r = subprocess.run([sys.executable, "-m", "builder", "doctor", "--format", "json", *argv],
-                       cwd=REPO_ROOT, env={**base, **env}, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "builder", "doctor", "--format", "json", *argv],
+        cwd=REPO_ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode in (0, 1), r.stderr
     doc = json.loads(r.stdout)
     return r.returncode, doc, r.stderr
@@ -66,9 +84,14 @@ def test_an_engine_that_does_not_answer_is_a_fail_with_the_fix(tmp_path: Path) -
     assert engine["detail"].startswith(f"no container engine answers at {missing}")
     assert "dockerd" in engine["fix"] and "--backend host" in engine["fix"]
     # The table says the same, with the fix under the line.
-    r = subprocess.run([sys.executable, "-m", "builder", "doctor"], cwd=REPO_ROOT,
-                       env={**os.environ, "DOCKER_HOST": missing, "PYTHONPATH": str(REPO_ROOT)},
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "builder", "doctor"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "DOCKER_HOST": missing, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 1
     lines = r.stdout.splitlines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("FAIL  engine "))
@@ -107,35 +130,45 @@ def test_engine_proxy_against_a_shell_proxy_says_how_to_give_it_to_the_daemon() 
     engine = docker_engine()
     if engine.api.info().get("HttpsProxy"):
         pytest.skip("this engine has its own HTTPS proxy; the case needs one without")
-    _, doc, err = doctor("--backend", "host",
-                         HTTPS_PROXY="http://builder:s3cretpw@proxy.corp.example:3128")
+    _, doc, err = doctor(
+        "--backend", "host", HTTPS_PROXY="http://builder:s3cretpw@proxy.corp.example:3128"
+    )
     line = by_name(doc)["engine proxy"]
     assert line["status"] == "WARN"
-    assert ("HTTPS_PROXY: yours http://builder:***@proxy.corp.example:3128, the engine's none"
-            in line["detail"])
+    assert (
+        "HTTPS_PROXY: yours http://builder:***@proxy.corp.example:3128, the engine's none"
+        in line["detail"]
+    )
     assert DROP_IN in line["fix"] or "containers.conf" in line["fix"]
-    assert 'Environment="HTTPS_PROXY=http://builder:***@proxy.corp.example:3128"' in line["fix"] \
+    assert (
+        'Environment="HTTPS_PROXY=http://builder:***@proxy.corp.example:3128"' in line["fix"]
         or engine.is_podman
+    )
     assert "s3cretpw" not in json.dumps(doc) + err
 
 
 def test_fix_text_per_engine_kind() -> None:
-    user = ProxySettings(values={"https_proxy": "http://u:pw1234@p.example:3128",
-                                 "no_proxy": "localhost"}, origins={})
+    user = ProxySettings(
+        values={"https_proxy": "http://u:pw1234@p.example:3128", "no_proxy": "localhost"},
+        origins={},
+    )
     docker = daemon_proxy({"HttpsProxy": "", "SecurityOptions": ["name=seccomp"]})
     same, described = compare(docker, user)
     assert not same and "yours http://u:***@p.example:3128, the engine's none" in described
     text = fix_text(user, docker)
-    assert DROP_IN in text and "sudo systemctl daemon-reload && sudo systemctl restart docker" \
-        in text
+    assert (
+        DROP_IN in text and "sudo systemctl daemon-reload && sudo systemctl restart docker" in text
+    )
     assert 'Environment="NO_PROXY=localhost"' in text and "pw1234" not in text
     rootless = daemon_proxy({"SecurityOptions": ["name=seccomp", "name=rootless"]})
     text = fix_text(user, rootless)
     assert ROOTLESS_DROP_IN in text and "systemctl --user restart docker" in text
     podman = daemon_proxy({}, podman=True)
-    assert 'env = ["HTTPS_PROXY=http://u:***@p.example:3128", "NO_PROXY=localhost"]' in \
-        fix_text(user, podman)
+    assert 'env = ["HTTPS_PROXY=http://u:***@p.example:3128", "NO_PROXY=localhost"]' in fix_text(
+        user, podman
+    )
     # Docker shows a daemon's password masked: the same proxy still compares equal.
     masked = daemon_proxy({"HttpsProxy": "http://u:xxxxx@p.example:3128"})
-    assert compare(masked, ProxySettings(values={"https_proxy": "http://u:pw1234@p.example:3128"},
-                                         origins={}))[0]
+    assert compare(
+        masked, ProxySettings(values={"https_proxy": "http://u:pw1234@p.example:3128"}, origins={})
+    )[0]

@@ -56,9 +56,13 @@ def _write_index(root: Path) -> Path:
     wheelhouse."""
     metadata = {
         "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl": (
-            TORCH_SIZE, "Name: torch\nVersion: 2.13.0\nRequires-Dist: nvidia-fake-cu12\n"),
+            TORCH_SIZE,
+            "Name: torch\nVersion: 2.13.0\nRequires-Dist: nvidia-fake-cu12\n",
+        ),
         "nvidia_fake_cu12-12.8.1-py3-none-manylinux_2_28_x86_64.whl": (
-            NVIDIA_SIZE, "Name: nvidia-fake-cu12\nVersion: 12.8.1\n"),
+            NVIDIA_SIZE,
+            "Name: nvidia-fake-cu12\nVersion: 12.8.1\n",
+        ),
     }
     simple = root / "simple"
     pages: dict[str, list[str]] = {}
@@ -72,7 +76,8 @@ def _write_index(root: Path) -> Path:
         digest = hashlib.sha256(text).hexdigest()
         pages.setdefault(project, []).append(
             f'<a href="{urllib.parse.quote(name)}" data-dist-info-metadata="sha256={digest}" '
-            f'data-core-metadata="sha256={digest}">{html.escape(name)}</a>')
+            f'data-core-metadata="sha256={digest}">{html.escape(name)}</a>'
+        )
     for wheel in wheelhouse_cp311().glob("*.whl"):
         project = wheel.name.split("-")[0].lower().replace("_", "-")
         if project != "torch":  # the build requirements and what they need (small)
@@ -80,10 +85,12 @@ def _write_index(root: Path) -> Path:
             shutil.copyfile(wheel, simple / project / wheel.name)
             digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
             pages.setdefault(project, []).append(
-                f'<a href="{urllib.parse.quote(wheel.name)}#sha256={digest}">{wheel.name}</a>')
+                f'<a href="{urllib.parse.quote(wheel.name)}#sha256={digest}">{wheel.name}</a>'
+            )
     for project, anchors in pages.items():
         (simple / project / "index.html").write_text(
-            "<!DOCTYPE html><html><body>\n" + "<br>\n".join(anchors) + "\n</body></html>\n")
+            "<!DOCTYPE html><html><body>\n" + "<br>\n".join(anchors) + "\n</body></html>\n"
+        )
     return root
 
 
@@ -105,7 +112,8 @@ def _serve(root: Path) -> Iterator[tuple[str, list[str]]]:
             pass
 
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(root))
+    )
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -122,8 +130,9 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
         yield served
 
 
-def test_pip_sizes_the_download_from_the_index_without_fetching_it(index, tmp_path: Path,
-                                                                   monkeypatch) -> None:
+def test_pip_sizes_the_download_from_the_index_without_fetching_it(
+    index, tmp_path: Path, monkeypatch
+) -> None:
     url, refused = index
     # Only this index: none of this host's pip configuration (find-links, extra indexes).
     for k in list(os.environ):
@@ -133,37 +142,45 @@ def test_pip_sizes_the_download_from_the_index_without_fetching_it(index, tmp_pa
     log = OutputLog(log_file=tmp_path / "cell.log")
     with HostEngine().session(env={}, log=log, parent=tmp_path) as session:
         steps = session.copy_in(STEPS_SCRIPT, session.workdir)
-        made = parse_result(session.run([sys.executable, steps, "venv",
-                                         f"{session.workdir}/venv"], step="venv"))
-        planned = planned_download(session, str(made["python"]), steps, torch="2.13.0",
-                                   requirements=("setuptools", "wheel"), index_url=url)
+        made = parse_result(
+            session.run([sys.executable, steps, "venv", f"{session.workdir}/venv"], step="venv")
+        )
+        planned = planned_download(
+            session,
+            str(made["python"]),
+            steps,
+            torch="2.13.0",
+            requirements=("setuptools", "wheel"),
+            index_url=url,
+        )
     assert not planned.unknown, planned
     sizes = {name: size for name, _, size in planned.items}
     assert sizes["torch"] == TORCH_SIZE and sizes["nvidia-fake-cu12"] == NVIDIA_SIZE, sizes
     assert {"setuptools", "wheel"} <= set(sizes) and not planned.unsized
     assert planned.total > TORCH_SIZE + NVIDIA_SIZE
     assert refused == [], "the dry run downloaded a big wheel"
-    message = large_download_message(planned, torch="2.13.0", machine="x86_64",
-                                     cuda_build=True)
+    message = large_download_message(planned, torch="2.13.0", machine="x86_64", cuda_build=True)
     assert message is not None
-    assert message.startswith(f"installing torch 2.13.0 from the index downloads "
-                              f"{planned.total / 1e9:.1f} GB (5 files: torch 2.13.0 2.6 GB, "
-                              "nvidia-fake-cu12 12.8.1 900 MB, 3 smaller)"), message
+    assert message.startswith(
+        f"installing torch 2.13.0 from the index downloads "
+        f"{planned.total / 1e9:.1f} GB (5 files: torch 2.13.0 2.6 GB, "
+        "nvidia-fake-cu12 12.8.1 900 MB, 3 smaller)"
+    ), message
     assert "a CUDA build with its nvidia packages" in message
     assert "--find-links DIR (make wheel WHEELHOUSE=DIR)" in message
 
 
 def test_small_or_unknown_downloads() -> None:
     small = Planned(items=(("torch", "2.13.0", 200_000_000), ("sympy", "1.14", 6_000_000)))
-    assert large_download_message(small, torch="2.13.0", machine="x86_64",
-                                  cuda_build=True) is None
+    assert large_download_message(small, torch="2.13.0", machine="x86_64", cuda_build=True) is None
     # Unknown size: the support table's CUDA record decides (warned, with the reason).
     unknown = Planned(unknown="pip's dry run exited with code 1")
     said = large_download_message(unknown, torch="2.13.0", machine="x86_64", cuda_build=True)
     assert said is not None and "is a CUDA build, several GB" in said
     assert "could not be read: pip's dry run exited with code 1" in said
-    assert large_download_message(unknown, torch="2.9.1", machine="aarch64",
-                                  cuda_build=False) is None
+    assert (
+        large_download_message(unknown, torch="2.9.1", machine="aarch64", cuda_build=False) is None
+    )
     assert LARGE_DOWNLOAD == 1_000_000_000
 
 
@@ -174,25 +191,47 @@ def test_a_build_without_wheelhouse_says_so_before_the_download(index, tmp_path:
     config.write_text(
         f"support: {Path(__file__).resolve().parents[3] / 'configs' / 'support.yaml'}\n"
         "matrix:\n  arch: [X86]\n  python: ['3.11']\n  torch: ['2.13.0']\n"
-        f"pip:\n  index_url: {url}\n")
+        f"pip:\n  index_url: {url}\n"
+    )
     # The host's own pip configuration (find-links, extra indexes) stays out: only this index.
-    env = {k: v for k, v in clean_pip_env(PYTHONPATH=str(REPO_ROOT)).items()
-           if not k.startswith("BUILDER_")}
-    proc = subprocess.run(build_argv(tmp_path, "--backend", "host", "--config", str(config),
-                                     "--python", "3.11", "--torch", "2.13.0"),
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
+    env = {
+        k: v
+        for k, v in clean_pip_env(PYTHONPATH=str(REPO_ROOT)).items()
+        if not k.startswith("BUILDER_")
+    }
+    proc = subprocess.run(
+        build_argv(
+            tmp_path,
+            "--backend",
+            "host",
+            "--config",
+            str(config),
+            "--python",
+            "3.11",
+            "--torch",
+            "2.13.0",
+        ),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=1200,
+    )
     r = Run(proc.returncode, proc.stdout, proc.stderr)
     assert r.rc == 1, r.err[-3000:]
-    said = [line for line in r.err.splitlines()
-            if line.startswith(f"warning: {CELL}: installing torch 2.13.0 from the index "
-                               "downloads ")]
+    said = [
+        line
+        for line in r.err.splitlines()
+        if line.startswith(f"warning: {CELL}: installing torch 2.13.0 from the index downloads ")
+    ]
     assert said, r.err[-3000:]
     assert "--find-links DIR" in said[0]
     # Said before the download started (which this index refuses: the cell fails there).
     assert r.err.index(said[0]) < r.err.index("403"), r.err[-3000:]
-    assert refused and set(refused) <= {"torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
-                                        "nvidia_fake_cu12-12.8.1-py3-none-manylinux_2_28_x86_64"
-                                        ".whl"}
+    assert refused and set(refused) <= {
+        "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "nvidia_fake_cu12-12.8.1-py3-none-manylinux_2_28_x86_64.whl",
+    }
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "warning: installing torch 2.13.0 from the index downloads" in log
     assert dist_state(tmp_path / "dist") == before

@@ -46,10 +46,16 @@ def _binfmt(root: Path, entries: dict[str, str], status: str = "enabled") -> Pat
     return root
 
 
-def _entry(flags: str, enabled: bool = True, magic: str = AARCH64_MAGIC,
-           interpreter: str = "/usr/libexec/qemu-binfmt/aarch64-binfmt-P") -> str:
-    return (("enabled" if enabled else "disabled") + f"\ninterpreter {interpreter}\n"
-            f"flags: {flags}\noffset 0\nmagic {magic}\nmask {AARCH64_MASK}\n")
+def _entry(
+    flags: str,
+    enabled: bool = True,
+    magic: str = AARCH64_MAGIC,
+    interpreter: str = "/usr/libexec/qemu-binfmt/aarch64-binfmt-P",
+) -> str:
+    return (
+        ("enabled" if enabled else "disabled") + f"\ninterpreter {interpreter}\n"
+        f"flags: {flags}\noffset 0\nmagic {magic}\nmask {AARCH64_MASK}\n"
+    )
 
 
 def test_unmounted_binfmt_misc_says_so_and_how_to_enable_it(tmp_path: Path) -> None:
@@ -76,8 +82,10 @@ def test_entry_without_the_fix_binary_flag_does_not_count(tmp_path: Path) -> Non
 
 def test_disabled_or_unrelated_entries_and_disabled_binfmt(tmp_path: Path) -> None:
     root = _binfmt(tmp_path / "a", {"qemu-aarch64": _entry("PF", enabled=False)})
-    assert "qemu-aarch64 for aarch64 is disabled" in detect_emulation(
-        "aarch64", root, host="x86_64").reason
+    assert (
+        "qemu-aarch64 for aarch64 is disabled"
+        in detect_emulation("aarch64", root, host="x86_64").reason
+    )
     # A riscv64 registration matches no aarch64 executable.
     riscv = "7f454c460201010000000000000000000200f300"
     root = _binfmt(tmp_path / "b", {"qemu-riscv64": _entry("F", magic=riscv)})
@@ -89,9 +97,14 @@ def test_disabled_or_unrelated_entries_and_disabled_binfmt(tmp_path: Path) -> No
 
 def test_registered_with_fix_binary_flag_is_available(tmp_path: Path) -> None:
     # Any entry name works: what counts is that its magic/mask matches an aarch64 ELF header.
-    root = _binfmt(tmp_path / "b", {"python3.11": "enabled\ninterpreter /usr/bin/python3.11\n"
-                                                  "flags: \noffset 0\nmagic a70d0d0a\n",
-                                    "arm64-by-hand": _entry("OCF")})
+    root = _binfmt(
+        tmp_path / "b",
+        {
+            "python3.11": "enabled\ninterpreter /usr/bin/python3.11\n"
+            "flags: \noffset 0\nmagic a70d0d0a\n",
+            "arm64-by-hand": _entry("OCF"),
+        },
+    )
     found = require_emulation("aarch64", root, host="x86_64")
     assert found.available and found.entry == "arm64-by-hand" and found.flags == "OCF"
     # The host's own arch needs nothing, whatever binfmt_misc holds.
@@ -165,10 +178,12 @@ def test_auto_falls_back_to_emulated_only_with_an_arm64_base_image(busybox_image
     arm = settings.config.images["ARM"]
 
     def resolved(ref: str):
-        config = replace(settings.config,
-                         images={**settings.config.images, "ARM": replace(arm, ref=ref)})
-        (cell,) = resolve(replace(settings, config=config), Host(Redactor()), registry(),
-                          out=Path("dist")).cells
+        config = replace(
+            settings.config, images={**settings.config.images, "ARM": replace(arm, ref=ref)}
+        )
+        (cell,) = resolve(
+            replace(settings, config=config), Host(Redactor()), registry(), out=Path("dist")
+        ).cells
         return cell
 
     engine = docker_engine()
@@ -187,26 +202,39 @@ def test_auto_falls_back_to_emulated_only_with_an_arm64_base_image(busybox_image
 # -- the emulated backend through the CLI (no compile starts) ----------------------------------
 
 
-def test_emulated_backend_without_emulation_fails_naming_how_to_enable_it(
-        tmp_path: Path) -> None:
+def test_emulated_backend_without_emulation_fails_naming_how_to_enable_it(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--arch", "ARM", "--python", "3.11", "--torch", "2.9.1",
-                  "--backend", "emulated", AMPFORGE_BINFMT_ROOT=str(tmp_path / "nothing"))
+    r = run_build(
+        tmp_path,
+        "--arch",
+        "ARM",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.9.1",
+        "--backend",
+        "emulated",
+        AMPFORGE_BINFMT_ROOT=str(tmp_path / "nothing"),
+    )
     assert r.rc == 1, r.err
     assert "aarch64 emulation is unavailable" in r.err and "provision.sh" in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
 
 
-def test_base_image_for_arm_without_emulation_fails_naming_how_to_enable_it(
-        tmp_path: Path) -> None:
+def test_base_image_for_arm_without_emulation_fails_naming_how_to_enable_it(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("base-image needs root (CI runs as root)")
     docker_engine()
     env = dict(os.environ, AMPFORGE_BINFMT_ROOT=str(tmp_path / "nothing"), PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "builder", "base-image", "--arch", "ARM",
-                        "--force"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "builder", "base-image", "--arch", "ARM", "--force"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert "aarch64 emulation is unavailable" in r.stderr and "F flag" in r.stderr
     assert "debootstrap" not in r.stderr  # refused before any work started
@@ -217,13 +245,28 @@ def test_emulated_backend_with_a_missing_base_image_names_the_command(tmp_path: 
     if not detect_emulation("aarch64").available:
         pytest.skip("no aarch64 emulation on this machine (CI would fail)")
     before = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--arch", "ARM", "--python", "3.11", "--torch", "2.9.1",
-                  "--backend", "emulated", "--base-image", "ampforge/test-no-such-image:arm64")
+    r = run_build(
+        tmp_path,
+        "--arch",
+        "ARM",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.9.1",
+        "--backend",
+        "emulated",
+        "--base-image",
+        "ampforge/test-no-such-image:arm64",
+    )
     assert r.rc == 1, r.err
-    assert "backend for cp311-manylinux_aarch64-torch2.9.1: emulated -- emulated asked for " \
-           "(command line --backend)" in r.err
-    assert "base image ampforge/test-no-such-image:arm64 for cp311-manylinux_aarch64-" \
-           "torch2.9.1 is not in the engine" in r.err
+    assert (
+        "backend for cp311-manylinux_aarch64-torch2.9.1: emulated -- emulated asked for "
+        "(command line --backend)" in r.err
+    )
+    assert (
+        "base image ampforge/test-no-such-image:arm64 for cp311-manylinux_aarch64-"
+        "torch2.9.1 is not in the engine" in r.err
+    )
     assert "python -m builder base-image --arch ARM" in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
@@ -233,7 +276,14 @@ def test_unknown_backend_and_arch_are_usage_errors(tmp_path: Path) -> None:
     r = run_build(tmp_path, "--arch", "ARM", BUILDER_BACKEND="emulate")
     assert r.rc == 2 and "unknown backend 'emulate'" in r.err and "emulated" in r.err
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r2 = subprocess.run([sys.executable, "-m", "builder", "base-image", "--arch", "sparc"],
-                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
-    assert r2.returncode == 2 and "--arch: unknown arch 'sparc'; expected one of X86, ARM" \
-        in r2.stderr
+    r2 = subprocess.run(
+        [sys.executable, "-m", "builder", "base-image", "--arch", "sparc"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert (
+        r2.returncode == 2 and "--arch: unknown arch 'sparc'; expected one of X86, ARM" in r2.stderr
+    )

@@ -71,15 +71,17 @@ def test_docker_host_env_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 # -- containers ----------------------------------------------------------------------------
 @pytest.mark.docker
-def test_failing_command_shows_tail_and_container_is_removed(engine: DockerEngine,
-                                                            base: str) -> None:
+def test_failing_command_shows_tail_and_container_is_removed(
+    engine: DockerEngine, base: str
+) -> None:
     seen: dict[str, str] = {}
     with pytest.raises(StepFailed) as err:
         with engine.container(base) as session:
             seen["id"] = session.id
             assert _exists(engine, session.id)
-            session.run(["sh", "-c", "echo compiling; echo 'fatal: boom' >&2; exit 3"],
-                        step="compile")
+            session.run(
+                ["sh", "-c", "echo compiling; echo 'fatal: boom' >&2; exit 3"], step="compile"
+            )
     assert "exit code 3" in str(err.value) and "fatal: boom" in str(err.value)
     assert "step 'compile'" in str(err.value)
     assert not _exists(engine, seen["id"])
@@ -96,8 +98,9 @@ def test_keyboard_interrupt_in_block_removes_container(engine: DockerEngine, bas
 
 
 @pytest.mark.docker
-def test_ctrl_c_during_a_running_step_removes_container(engine: DockerEngine, base: str,
-                                                        ctrl_c: object) -> None:
+def test_ctrl_c_during_a_running_step_removes_container(
+    engine: DockerEngine, base: str, ctrl_c: object
+) -> None:
     """A real SIGINT while a command runs inside (what Ctrl-C in a terminal does)."""
     seen: dict[str, str] = {}
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
@@ -112,8 +115,9 @@ def test_ctrl_c_during_a_running_step_removes_container(engine: DockerEngine, ba
 
 
 @pytest.mark.docker
-def test_exit_codes_env_copy_in_out_and_redacted_stream(engine: DockerEngine, base: str,
-                                                        tmp_path: Path) -> None:
+def test_exit_codes_env_copy_in_out_and_redacted_stream(
+    engine: DockerEngine, base: str, tmp_path: Path
+) -> None:
     lines: list[str] = []
     redactor = Redactor()
     redactor.add_url(PROXY)
@@ -125,8 +129,9 @@ def test_exit_codes_env_copy_in_out_and_redacted_stream(engine: DockerEngine, ba
         info = engine.api.inspect_container(session.id)
         assert info["Config"]["Labels"][CONTAINER_LABEL] == "1"
         assert session.run(["sh", "-c", "exit 7"], check=False).exit_code == 7
-        res = session.run(["sh", "-c", 'echo "proxy=$P"; echo "py=$(command -v python3)"'],
-                          env={"P": PROXY})
+        res = session.run(
+            ["sh", "-c", 'echo "proxy=$P"; echo "py=$(command -v python3)"'], env={"P": PROXY}
+        )
         assert res.ok
         inside = session.copy_in(src, session.workdir + "/in")
         session.run(["sh", "-c", f"cat {inside}/sub/data.txt > {session.workdir}/out.txt"])
@@ -139,8 +144,9 @@ def test_exit_codes_env_copy_in_out_and_redacted_stream(engine: DockerEngine, ba
 
 
 @pytest.mark.docker
-def test_build_image_proxy_reaches_run_but_not_history(engine: DockerEngine, base: str,
-                                                      tmp_path: Path) -> None:
+def test_build_image_proxy_reaches_run_but_not_history(
+    engine: DockerEngine, base: str, tmp_path: Path
+) -> None:
     """Proxies go in as build args: a RUN step sees them, the image keeps no trace."""
     lines: list[str] = []
     redactor = Redactor()
@@ -155,10 +161,14 @@ def test_build_image_proxy_reaches_run_but_not_history(engine: DockerEngine, bas
     )
     tag = "ampforge/test-proxy-build:latest"
     try:
-        image = engine.build_image(dockerfile, tag, context=tmp_path / "ctx",
-                                   build_args={"HTTP_PROXY": PROXY, "http_proxy": PROXY},
-                                   log=OutputLog(redactor=redactor, sink=lines.append),
-                                   nocache=True)
+        image = engine.build_image(
+            dockerfile,
+            tag,
+            context=tmp_path / "ctx",
+            build_args={"HTTP_PROXY": PROXY, "http_proxy": PROXY},
+            log=OutputLog(redactor=redactor, sink=lines.append),
+            nocache=True,
+        )
         text = "\n".join(lines)
         assert "build sees proxy: http://builder:***@127.0.0.1:3128" in text
         assert "context file" in text
@@ -174,8 +184,9 @@ def test_build_image_proxy_reaches_run_but_not_history(engine: DockerEngine, bas
 @pytest.mark.docker
 def test_build_error_is_a_step_failure_with_tail(engine: DockerEngine, base: str) -> None:
     with pytest.raises(StepFailed) as err:
-        engine.build_image(f"FROM {base}\nRUN echo about-to-fail && false\n",
-                           "ampforge/test-broken:latest")
+        engine.build_image(
+            f"FROM {base}\nRUN echo about-to-fail && false\n", "ampforge/test-broken:latest"
+        )
     assert "about-to-fail" in str(err.value)
     assert "returned a non-zero code" in str(err.value)
 
@@ -196,7 +207,8 @@ def test_host_session_runs_streams_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_host_session_steps_do_not_inherit_the_callers_pythonpath(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The builder run from a checkout (PYTHONPATH=<checkout>) must not hand that path to the
     cell's interpreters: verification would import the checkout's package, not the wheel's. A
     step that sets PYTHONPATH itself (the cross build does) keeps its own."""

@@ -57,32 +57,43 @@ class ManifestReader(threading.Thread):
 
 
 def _popen(argv: list[str], cwd: Path, stderr: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, cwd=cwd, env=builder_env(), stdout=subprocess.PIPE,
-                            stderr=stderr.open("w"), text=True)
+    return subprocess.Popen(
+        argv, cwd=cwd, env=builder_env(), stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True
+    )
 
 
 @pytest.mark.promise(
     promise="two builders of the same cell on one dist/ never race: the second waits, says "
-            "for whom, then finds the first one's wheel up to date",
+    "for whom, then finds the first one's wheel up to date",
     fault="a second `python -m builder build` of the same cell and dist/ started while the "
-          "first is compiling; a reader polls manifest.json throughout",
+    "first is compiling; a reader polls manifest.json throughout",
     result="both exit 0; the second printed 'waiting: the builder with pid <first>' and "
-           "reported up-to-date; one wheel, one entry for the cell, the earlier entry kept; "
-           "every read of manifest.json parsed")
+    "reported up-to-date; one wheel, one entry for the cell, the earlier entry kept; "
+    "every read of manifest.json parsed",
+)
 def test_the_same_cell_twice_at_once_waits_then_is_up_to_date(tmp_path: Path) -> None:
     release = tmp_path / "release"
     project = write_c_project(tmp_path / "src")
     setup = project / "setup.py"
     # The first build holds the cell until the test lets it go: the second one starts while
     # the first is certainly mid-build (a condition, not a delay).
-    setup.write_text(f"import os, time\nwhile not os.path.exists({str(release)!r}):\n"
-                     f"    time.sleep(0.1)\n" + setup.read_text())
+    setup.write_text(
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n"
+        f"    time.sleep(0.1)\n" + setup.read_text()
+    )
     dist = tmp_path / "dist"
     seed_dist(dist)
     reader = ManifestReader(dist)
     reader.start()
-    argv = build_argv(tmp_path, "--backend", "host", "--project", str(project),
-                      "--wheelhouse", str(wheelhouse_cp311()))
+    argv = build_argv(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     first = _popen(argv, tmp_path, tmp_path / "first.err")
     second = None
     try:
@@ -126,20 +137,34 @@ for i in range(count):
 
 @pytest.mark.promise(
     promise="builders of different cells sharing one dist/ keep every wheel and every "
-            "manifest entry, and a reader never sees a half-written manifest",
+    "manifest entry, and a reader never sees a half-written manifest",
     fault="three processes publishing 40 wheels each into one dist/ at once, a reader "
-          "polling manifest.json throughout",
+    "polling manifest.json throughout",
     result="all 120 wheels and entries (and the earlier one) present with matching sha256; "
-           "every read parsed and no read lost an entry an earlier read had")
+    "every read parsed and no read lost an entry an earlier read had",
+)
 def test_different_cells_at_once_keep_every_wheel_and_entry(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     seed_dist(dist)
     reader = ManifestReader(dist)
     reader.start()
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(dist),
-                                 str(tmp_path / f"staging-{n}"), f"w{n}", "40"],
-                                env=builder_env(), stderr=subprocess.PIPE, text=True)
-               for n in range(3)]
+    writers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                str(dist),
+                str(tmp_path / f"staging-{n}"),
+                f"w{n}",
+                "40",
+            ],
+            env=builder_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(3)
+    ]
     try:
         for w in writers:
             assert w.wait(timeout=300) == 0, w.stderr.read() if w.stderr else ""

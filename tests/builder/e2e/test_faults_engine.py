@@ -47,20 +47,31 @@ def engine(tmp_path: Path) -> Iterator[PrivateDockerd]:
 
 @pytest.mark.promise(
     promise="an engine that stops mid-cell fails the cell naming the engine; no wheel reaches "
-            "dist/; after the engine is back, clean leaves nothing and the rerun runs the cell",
+    "dist/; after the engine is back, clean leaves nothing and the rerun runs the cell",
     fault="the test's own dockerd stopped (SIGTERM) while the cell runs in its container, "
-          "then started again on the same data root",
+    "then started again on the same data root",
     result="exit 1 naming the engine's socket and the step; dist/ byte-identical; clean "
-           "removes the dead build's container and the engine holds none; the rerun reuses "
-           "the cell image and runs in a new container (then is interrupted: exit 130, no "
-           "container left)")
+    "removes the dead build's container and the engine holds none; the rerun reuses "
+    "the cell image and runs in a new container (then is interrupted: exit 130, no "
+    "container left)",
+)
 def test_an_engine_stopped_mid_cell_fails_naming_it_and_clean_leaves_nothing(
-        tmp_path: Path, engine: PrivateDockerd) -> None:
+    tmp_path: Path, engine: PrivateDockerd
+) -> None:
     project = write_c_project(tmp_path / "src")
     before = seed_dist(tmp_path / "dist")
     env = {"DOCKER_HOST": engine.host}
-    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", FAKE_IMAGE,
-                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    argv = build_argv(
+        tmp_path,
+        "--backend",
+        "docker",
+        "--base-image",
+        FAKE_IMAGE,
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     log = tmp_path / "work" / "logs" / f"{C_CELL}.log"
 
     proc = run_subprocess(argv, tmp_path, **env)
@@ -76,8 +87,14 @@ def test_an_engine_stopped_mid_cell_fails_naming_it_and_clean_leaves_nothing(
 
     engine.start()
     left = engine.containers()
-    clean = subprocess.run([sys.executable, "-m", "builder", "clean"], cwd=tmp_path,
-                           env=builder_env(**env), capture_output=True, text=True, timeout=120)
+    clean = subprocess.run(
+        [sys.executable, "-m", "builder", "clean"],
+        cwd=tmp_path,
+        env=builder_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert clean.returncode == 0, clean.stderr
     assert all(f"removed {c[:12]}" in clean.stdout for c in left), clean.stdout
     assert engine.containers() == []

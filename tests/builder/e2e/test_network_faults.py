@@ -25,8 +25,9 @@ def network(**env: str) -> NetworkOptions:
     return load_settings(env=env).config.pip.network
 
 
-def download(index_url: str, dest: Path, net: NetworkOptions, log: Path,
-             proxy: str | None = None) -> str:
+def download(
+    index_url: str, dest: Path, net: NetworkOptions, log: Path, proxy: str | None = None
+) -> str:
     env = clean_pip_env(PIP_NO_CACHE_DIR="1", PIP_INDEX_URL=index_url)
     if proxy:
         env.update(HTTP_PROXY=proxy, http_proxy=proxy)
@@ -55,14 +56,20 @@ def test_the_settings_reach_every_pip_the_builds_run(tmp_path: Path) -> None:
     config = load_settings(env={"BUILDER_PIP_RETRIES": "3", "BUILDER_PIP_TIMEOUT": "2.5"}).config
     env = pip_env(config, {}, tmp_path / "ca")
     assert (env["PIP_RETRIES"], env["PIP_TIMEOUT"], env["PIP_DEFAULT_TIMEOUT"]) == (
-        "3", "2.5", "2.5")
+        "3",
+        "2.5",
+        "2.5",
+    )
     assert config.origins["pip_retries"] == "environment BUILDER_PIP_RETRIES"
 
 
-@pytest.mark.parametrize("var,value,fragment", [
-    ("BUILDER_PIP_RETRIES", "many", "expected a whole number of retries from 0 to 100"),
-    ("BUILDER_PIP_TIMEOUT", "-5", "expected a timeout in seconds above 0 and at most 3600"),
-])
+@pytest.mark.parametrize(
+    "var,value,fragment",
+    [
+        ("BUILDER_PIP_RETRIES", "many", "expected a whole number of retries from 0 to 100"),
+        ("BUILDER_PIP_TIMEOUT", "-5", "expected a timeout in seconds above 0 and at most 3600"),
+    ],
+)
 def test_bad_network_settings_exit_2(var: str, value: str, fragment: str) -> None:
     res = run_cli("plan", env={var: value})
     assert res.rc == 2, res.err
@@ -73,18 +80,28 @@ def test_bad_network_settings_exit_2(var: str, value: str, fragment: str) -> Non
     promise="a proxy that drops connections is retried with backoff, and the download arrives",
     fault="a loopback proxy that resets every second connection with a TCP RST",
     result="with the configured retries the wheel is downloaded whole; with none the step fails "
-           "saying connections kept failing and which setting to raise")
+    "saying connections kept failing and which setting to raise",
+)
 def test_resets_are_retried(tiny_index, tmp_path: Path) -> None:
     with faulty_proxy(reset_every=2) as proxy:
-        download(tiny_index.url, tmp_path / "ok", network(BUILDER_PIP_RETRIES="3",
-                                                          BUILDER_PIP_TIMEOUT="10"),
-                 tmp_path / "ok.log", proxy.url)
+        download(
+            tiny_index.url,
+            tmp_path / "ok",
+            network(BUILDER_PIP_RETRIES="3", BUILDER_PIP_TIMEOUT="10"),
+            tmp_path / "ok.log",
+            proxy.url,
+        )
         assert proxy.resets >= 1  # the fault happened, and was got through
     assert [p.name for p in (tmp_path / "ok").iterdir()] == ["tiny-1.0-py3-none-any.whl"]
 
     with faulty_proxy(reset_every=2) as proxy, pytest.raises(StepFailed) as failed:
-        download(tiny_index.url, tmp_path / "no", network(BUILDER_PIP_RETRIES="0"),
-                 tmp_path / "no.log", proxy.url)
+        download(
+            tiny_index.url,
+            tmp_path / "no",
+            network(BUILDER_PIP_RETRIES="0"),
+            tmp_path / "no.log",
+            proxy.url,
+        )
     assert "connections kept failing after 0 retries" in failed.value.message
     assert "BUILDER_PIP_RETRIES" in failed.value.message
     assert not list((tmp_path / "no").glob("*.whl"))
@@ -92,10 +109,11 @@ def test_resets_are_retried(tiny_index, tmp_path: Path) -> None:
 
 @pytest.mark.promise(
     promise="a proxy that stops answering ends the step within the configured timeout, with a "
-            "clear message, instead of hanging",
+    "clear message, instead of hanging",
     fault="a loopback proxy that accepts every connection and never answers",
     result="pip gives up after pip.timeout per try; the step fails naming the stall, the "
-           "timeout and the setting; nothing is downloaded")
+    "timeout and the setting; nothing is downloaded",
+)
 def test_a_stall_ends_within_the_timeout(tiny_index, tmp_path: Path) -> None:
     net = network(BUILDER_PIP_RETRIES="1", BUILDER_PIP_TIMEOUT="1")
     start = time.monotonic()
@@ -114,10 +132,10 @@ def test_a_stall_ends_within_the_timeout(tiny_index, tmp_path: Path) -> None:
 @pytest.mark.promise(
     promise="a wheel whose bytes do not match the hash the index gives is refused, naming it",
     fault="an index whose page lists a wheel's sha256 while serving other bytes under its name",
-    result="the download fails naming the file and both sha256s; the file is not kept")
+    result="the download fails naming the file and both sha256s; the file is not kept",
+)
 def test_a_hash_mismatch_is_refused(tmp_path: Path) -> None:
-    with lying_index(tmp_path / "liar", name="tiny") as liar, \
-            pytest.raises(StepFailed) as failed:
+    with lying_index(tmp_path / "liar", name="tiny") as liar, pytest.raises(StepFailed) as failed:
         download(liar.index.url, tmp_path / "d", network(), tmp_path / "d.log")
     message = failed.value.message
     assert f"hash mismatch: {liar.wheel_name} is not the file its sha256 names" in message

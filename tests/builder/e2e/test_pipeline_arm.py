@@ -45,8 +45,9 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
         assert f"[{ARM_CELL}] {step}" in r.err, r.err  # progress lines, one per step
     dist = tmp_path / "dist"
     (wheel,) = dist.glob("ampforge-*.whl")
-    assert re.fullmatch(r"ampforge-[^-]+\+torch2\.9-cp311-cp311-manylinux_2_\d+_aarch64\.whl",
-                        wheel.name), wheel.name
+    assert re.fullmatch(
+        r"ampforge-[^-]+\+torch2\.9-cp311-cp311-manylinux_2_\d+_aarch64\.whl", wheel.name
+    ), wheel.name
     assert str(wheel) in r.out
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -87,8 +88,9 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
     # auto on this host picks cross for the ARM cell (and says why), and the unchanged inputs
     # are recognised from the manifest without compiling.
     before = dist_state(dist)
-    r = run_build(tmp_path, *args, "--backend", "auto",
-                  DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    r = run_build(
+        tmp_path, *args, "--backend", "auto", DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock"
+    )
     assert r.rc == 0, r.err[-4000:]
     assert f"backend for {ARM_CELL}: cross -- auto: x86_64 host, aarch64 cell" in r.err
     assert f"[{ARM_CELL}] compile" not in r.err and "up-to-date" in r.err, r.err
@@ -98,17 +100,28 @@ def test_cross_backend_builds_a_verified_arm_wheel_and_auto_reuses_it(tmp_path: 
 def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     cell = "cp312-manylinux_aarch64-torch2.9.1"
-    r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",
-                  BUILDER_BACKEND="cross")  # the environment variable selects it like --backend
+    r = run_build(
+        tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1", BUILDER_BACKEND="cross"
+    )  # the environment variable selects it like --backend
     assert r.rc == 1, r.err
-    assert f"error: {cell} cannot be built on this x86_64 host: cross asked for " \
-           "(environment BUILDER_BACKEND): no aarch64 Python 3.12 sysroot" in r.err
+    assert (
+        f"error: {cell} cannot be built on this x86_64 host: cross asked for "
+        "(environment BUILDER_BACKEND): no aarch64 Python 3.12 sysroot" in r.err
+    )
     assert "(cross Pythons: 3.9, 3.11, 3.13)" in r.err
     assert "a native aarch64 runner, label ubuntu-24.04-arm" in r.err
     assert "Traceback" not in r.err
     # auto: this host cannot build it either way, and says why each way cannot.
-    r = run_build(tmp_path, "--arch", "ARM", "--python", "3.12", "--torch", "2.9.1",
-                  DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    r = run_build(
+        tmp_path,
+        "--arch",
+        "ARM",
+        "--python",
+        "3.12",
+        "--torch",
+        "2.9.1",
+        DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock",
+    )
     assert r.rc == 1, r.err
     assert f"error: {cell} cannot be built on this x86_64 host: auto: not buildable" in r.err
     assert "cross: no aarch64 Python 3.12 sysroot" in r.err
@@ -118,12 +131,21 @@ def test_cross_backend_refuses_pythons_without_a_sysroot_quickly(tmp_path: Path)
 
 
 def test_cuda_only_arm_torch_fails_clearly_instead_of_verifying_against_another(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The index's aarch64 torch 2.13.0 is a CUDA build: it cannot run under QEMU here, so the
     cell must fail before compiling, naming why and what would work."""
     before = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--arch", "ARM", "--python", "3.11", "--torch", "2.13.0",
-                  DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    r = run_build(
+        tmp_path,
+        "--arch",
+        "ARM",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock",
+    )
     assert r.rc == 1, r.err
     assert "cross: torch 2.13.0 for aarch64 is a CUDA build (per configs/support.yaml)" in r.err
     assert "cannot be imported under qemu-aarch64" in r.err

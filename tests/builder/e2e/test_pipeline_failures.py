@@ -26,8 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 def _host_build(tmp_path: Path, project: Path):
-    return run_build(tmp_path, "--backend", "host", "--project", str(project),
-                     "--wheelhouse", str(wheelhouse_cp311()))
+    return run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
 
 
 def _no_leftovers(tmp_path: Path, before: dict[str, bytes]) -> None:
@@ -56,13 +63,16 @@ def test_repair_refuses_a_library_outside_the_policy(tmp_path: Path) -> None:
 
 
 def test_a_wheel_needing_a_newer_glibc_than_its_torch_fails_naming_the_symbol(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     before = seed_dist(tmp_path / "dist")
     r = _host_build(tmp_path, broken_project(tmp_path / "src", "glibc"))
     assert r.rc == 1, r.err
     assert "step 'symbol versions'" in r.err or "symbol versions" in r.err, r.err
-    assert "needs glibc 2.34 (manylinux_2_34 at best), newer than manylinux_2_28_x86_64: " \
-           "torch 2.13.0's own wheel is manylinux_2_28_x86_64" in r.err, r.err
+    assert (
+        "needs glibc 2.34 (manylinux_2_34 at best), newer than manylinux_2_28_x86_64: "
+        "torch 2.13.0's own wheel is manylinux_2_28_x86_64" in r.err
+    ), r.err
     assert "close_range@GLIBC_2.34 (libc.so.6)" in r.err, r.err
     assert "pow@" not in r.err  # the libm floor keeps pow out of it
     _no_leftovers(tmp_path, before)
@@ -80,9 +90,17 @@ def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
 def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     project = write_tiny_extension(tmp_path / "src")
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--wheelhouse", str(wheelhouse_cp311()), "--test-command",
-                  "python -c 'import torch, tinyext._C; print(\"test-sentinel-out\")' && exit 3")
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--test-command",
+        "python -c 'import torch, tinyext._C; print(\"test-sentinel-out\")' && exit 3",
+    )
     assert r.rc == 1, r.err
     assert "test-command failed with exit code 3" in r.err, r.err
     # The tail of its output is in the error; all of it in the cell's log.

@@ -35,8 +35,17 @@ def test_auto_falls_back_to_host_and_says_why(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     write_tiny_extension(tmp_path / "p" / "x")
     # The decision alone (--dry-run): this host's cell goes to the host backend, saying why.
-    r = run_build(tmp_path, "--project", str(tmp_path / "p" / "x"), "--python", "3.11",
-                  "--arch", "X86", "--dry-run", DOCKER_HOST=dead)
+    r = run_build(
+        tmp_path,
+        "--project",
+        str(tmp_path / "p" / "x"),
+        "--python",
+        "3.11",
+        "--arch",
+        "X86",
+        "--dry-run",
+        DOCKER_HOST=dead,
+    )
     assert r.rc == 0, r.err
     (record,) = json.loads(r.out)["cells"]
     assert record["backend"] == "host" and record["buildable_here"] is True
@@ -48,9 +57,10 @@ def test_arm_cell_is_not_supported_yet_with_a_clear_message(tmp_path: Path) -> N
     before = seed_dist(tmp_path / "dist")
     r = run_build(tmp_path, "--backend", "host", "--arch", "ARM", "--python", "3.9")
     assert r.rc == 1, r.err
-    assert ("error: cp39-manylinux_aarch64-torch2.8.0 cannot be built on this x86_64 host: host "
-            "asked for (command line --backend): the host backend builds x86_64 cells only"
-            ) in r.err  # the selection resolved to a real cell
+    assert (
+        "error: cp39-manylinux_aarch64-torch2.8.0 cannot be built on this x86_64 host: host "
+        "asked for (command line --backend): the host backend builds x86_64 cells only"
+    ) in r.err  # the selection resolved to a real cell
     assert "a native aarch64 runner, label ubuntu-24.04-arm" in r.err
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before
@@ -60,8 +70,9 @@ def test_arm_cell_is_not_supported_yet_with_a_clear_message(tmp_path: Path) -> N
 def test_missing_base_image_names_it_and_the_ways_out(tmp_path: Path) -> None:
     docker_engine()  # fails under CI when the engine is missing
     before = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--backend", "docker", "--base-image", "ampforge/none:missing",
-                  "--python", "3.11")
+    r = run_build(
+        tmp_path, "--backend", "docker", "--base-image", "ampforge/none:missing", "--python", "3.11"
+    )
     assert r.rc == 1, r.err
     assert "base image ampforge/none:missing" in r.err
     assert "python -m builder base-image" in r.err and "--backend host" in r.err
@@ -86,8 +97,7 @@ def test_default_selection_is_one_cell_for_this_host(tmp_path: Path) -> None:
     notes = [line for line in r.err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].endswith(f"-> {CELL}"), r.err
     assert [c["id"] for c in json.loads(r.out)["cells"]] == [CELL]
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--all",
-                  "--dry-run")
+    r = run_build(tmp_path, "--backend", "host", "--project", str(project), "--all", "--dry-run")
     assert r.rc == 0 and not [line for line in r.err.splitlines() if line.startswith("note:")]
     assert len(json.loads(r.out)["cells"]) > 1
 
@@ -100,8 +110,11 @@ def _wheel(path: Path, version: str, requires: str = "") -> Path:
     w = path / f"demo-{version}-cp311-cp311-linux_x86_64.whl"
     with zipfile.ZipFile(w, "w") as zf:
         zf.writestr("demo/__init__.py", "x = 1\n")
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n"
-                    f"{requires}\nA description that mentions Requires-Dist: torch>=1\n")
+        zf.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n"
+            f"{requires}\nA description that mentions Requires-Dist: torch>=1\n",
+        )
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
         zf.writestr(f"{info}/RECORD", "")
     return w
@@ -144,8 +157,7 @@ def test_torch_label_pins_the_torch_requirement(tmp_path: Path) -> None:
     project's own build already put the label in the version (the cross path does)."""
     out = tmp_path / "out"
     out.mkdir()
-    requires = ("Requires-Dist: numpy>=1\n"
-                "Requires-Dist: torch>=2.1; platform_system == \"Linux\"")
+    requires = 'Requires-Dist: numpy>=1\nRequires-Dist: torch>=2.1; platform_system == "Linux"'
     labelled = add_local_version(_wheel(tmp_path, "1.2+torch2.9", requires), "torch2.9", out)
     assert labelled.parent == out  # rewritten although the version was already labelled
     with zipfile.ZipFile(labelled) as zf:

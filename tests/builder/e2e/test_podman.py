@@ -36,8 +36,10 @@ def _podman() -> DockerEngine:
     try:
         engine = DockerEngine(url)
     except EngineUnavailable as exc:
-        missing(f"podman's socket does not answer: {exc.message.splitlines()[0]}",
-                "the builder starts podman system service itself")
+        missing(
+            f"podman's socket does not answer: {exc.message.splitlines()[0]}",
+            "the builder starts podman system service itself",
+        )
     assert engine.is_podman, f"{url} answers, but not as podman: {engine.server_version}"
     return engine
 
@@ -59,23 +61,32 @@ def test_the_socket_is_podmans_own_per_user() -> None:
     assert socket_path(0) == Path("/run/podman/podman.sock")
     assert socket_path(1000, "/run/user/1000") == Path("/run/user/1000/podman/podman.sock")
     assert service_command(socket_path(0)) == (
-        "podman system service --time=0 unix:///run/podman/podman.sock &")
+        "podman system service --time=0 unix:///run/podman/podman.sock &"
+    )
 
 
 def test_the_callers_docker_host_wins_and_no_podman_exits_2(tmp_path: Path) -> None:
     assert podman_url(env={"DOCKER_HOST": "unix:///x.sock"}) == ("unix:///x.sock", "DOCKER_HOST")
     with pytest.raises(ConfigError) as info:
-        podman_url(file="p/pyproject.toml", key="tool.cibuildwheel.container-engine",
-                   env={"PATH": str(tmp_path)})
+        podman_url(
+            file="p/pyproject.toml",
+            key="tool.cibuildwheel.container-engine",
+            env={"PATH": str(tmp_path)},
+        )
     assert info.value.return_code == 2
-    assert str(info.value).startswith("p/pyproject.toml: tool.cibuildwheel.container-engine: "
-                                      "is 'podman', but podman is not installed here")
+    assert str(info.value).startswith(
+        "p/pyproject.toml: tool.cibuildwheel.container-engine: "
+        "is 'podman', but podman is not installed here"
+    )
 
 
 def test_an_import_label_change_is_split_one_pair_each() -> None:
     """Podman 4.3 reads ``LABEL a=1 b=2`` as one label ``a`` of value ``1 b=2``."""
     assert _one_label_each(["LABEL a=1 b=2.36", "ENV X=1"]) == [
-        "LABEL a=1", "LABEL b=2.36", "ENV X=1"]
+        "LABEL a=1",
+        "LABEL b=2.36",
+        "ENV X=1",
+    ]
 
 
 @pytest.mark.docker
@@ -85,16 +96,32 @@ def test_podman_builds_repairs_and_verifies_a_cell(tmp_path: Path) -> None:
     base = _base_image(podman)
     project = write_tiny_extension(tmp_path / "tinyext")
     pyproject = project / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text()
-                         + '\n[tool.cibuildwheel]\ncontainer-engine = "podman"\n')
+    pyproject.write_text(
+        pyproject.read_text() + '\n[tool.cibuildwheel]\ncontainer-engine = "podman"\n'
+    )
     # DOCKER_HOST empty: the engine comes from container-engine, not from the caller.
-    r = run_build(tmp_path, "--backend", "docker", "--base-image", base, "--arch", "X86",
-                  "--python", "3.11", "--wheelhouse", str(wheelhouse_cp311()),
-                  "--project", str(project), DOCKER_HOST="")
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "docker",
+        "--base-image",
+        base,
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--project",
+        str(project),
+        DOCKER_HOST="",
+    )
     assert r.rc == 0, r.err[-4000:]
     assert f"note: engine podman (tool.cibuildwheel.container-engine in {pyproject})" in r.err
-    assert f"backend for {CELL}: docker -- docker asked for (command line --backend): " \
-           f"engine {podman.base_url} (server {podman.server_version})" in r.err, r.err[:3000]
+    assert (
+        f"backend for {CELL}: docker -- docker asked for (command line --backend): "
+        f"engine {podman.base_url} (server {podman.server_version})" in r.err
+    ), r.err[:3000]
     dist = tmp_path / "dist"
     (wheel,) = dist.glob("*.whl")
     # Built, repaired (auditwheel's tag, torch's libraries not bundled) and published.
@@ -132,11 +159,15 @@ class _StartRaceAPI:
     def start(self, cid: str) -> None:
         if len(self.made) <= self.fail:
             response = SimpleNamespace(  # what docker-py's APIError reads of a response
-                status_code=self.status, reason="Internal Server Error",
-                url=f"http+docker://localhost/v1.41/containers/{cid}/start")
+                status_code=self.status,
+                reason="Internal Server Error",
+                url=f"http+docker://localhost/v1.41/containers/{cid}/start",
+            )
             raise docker.errors.APIError(  # podman 4.3's words, as docker-py shows them
-                "Internal Server Error", response=response,
-                explanation="crun: write child: broken pipe: OCI runtime error")
+                "Internal Server Error",
+                response=response,
+                explanation="crun: write child: broken pipe: OCI runtime error",
+            )
 
     def remove_container(self, cid: str, **kwargs: object) -> None:
         self.removed.append(cid)
@@ -169,12 +200,13 @@ def test_podmans_start_race_is_retried_with_a_new_container() -> None:
 
 def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
     api = _StartRaceAPI(fail=5)
-    with pytest.raises(docker.errors.APIError, match="broken pipe"), \
-            _engine(api).container("img"):
+    with pytest.raises(docker.errors.APIError, match="broken pipe"), _engine(api).container("img"):
         pass
     assert api.made == ["c0", "c1", "c2"] and api.removed == api.made
-    for engine_api, podman in ((_StartRaceAPI(fail=1), False),
-                               (_StartRaceAPI(fail=1, status=409), True)):
+    for engine_api, podman in (
+        (_StartRaceAPI(fail=1), False),
+        (_StartRaceAPI(fail=1, status=409), True),
+    ):
         engine = _engine(engine_api, podman=podman)
         with pytest.raises(docker.errors.APIError), engine.container("i"):
             pass

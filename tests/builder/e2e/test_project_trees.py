@@ -137,13 +137,14 @@ def _everything_readable(root: Path) -> str:
 
 @pytest.mark.promise(
     promise="a project's copy for a build holds only the project's own files: nothing from "
-            "outside it, no FIFO, socket or device, no .git, and says what it left out",
+    "outside it, no FIFO, socket or device, no .git, and says what it left out",
     fault="a project tree with symlinks out of it (absolute, relative, to a folder, through "
-          "another link), links inside it (one absolute), a dangling link, a FIFO, a socket, a "
-          "device node, a .git folder and a submodule's .git file",
+    "another link), links inside it (one absolute), a dangling link, a FIFO, a socket, a "
+    "device node, a .git folder and a submodule's .git file",
     result="the copy finishes (nothing blocks); no file reachable in it holds the outside "
-           "secret; every link in it resolves inside the copy; one report line per kind names "
-           "every skipped path; inside files keep their bytes, mode and mtime")
+    "secret; every link in it resolves inside the copy; one report line per kind names "
+    "every skipped path; inside files keep their bytes, mode and mtime",
+)
 def test_the_copy_takes_nothing_from_outside_and_no_special_files(tmp_path: Path) -> None:
     outside = _outside(tmp_path)
     project = tmp_path / "project"
@@ -163,26 +164,42 @@ def test_the_copy_takes_nothing_from_outside_and_no_special_files(tmp_path: Path
                 links[path.relative_to(dest).as_posix()] = os.readlink(path)
                 real = os.path.realpath(path)
                 assert os.path.commonpath([os.path.realpath(dest), real]) == os.path.realpath(
-                    dest), f"{path} -> {os.readlink(path)} leaves the copy"
-    assert links == {"in-rel": "pkg/data.txt", "in-abs": "pkg/data.txt", "in-dir": "pkg",
-                     "dangling": "no-such-file"}
+                    dest
+                ), f"{path} -> {os.readlink(path)} leaves the copy"
+    assert links == {
+        "in-rel": "pkg/data.txt",
+        "in-abs": "pkg/data.txt",
+        "in-dir": "pkg",
+        "dangling": "no-such-file",
+    }
     assert (dest / "in-abs").read_text() == "inside data\n"
     assert (dest / "in-dir" / "data.txt").read_text() == "inside data\n"
-    for gone in ("pkg/link-abs-out", "link-rel-out", "link-dir-out", "pkg/chain", "pipe",
-                 "pkg/sock", "null-device", ".git", "vendor/.git"):
+    for gone in (
+        "pkg/link-abs-out",
+        "link-rel-out",
+        "link-dir-out",
+        "pkg/chain",
+        "pipe",
+        "pkg/sock",
+        "null-device",
+        ".git",
+        "vendor/.git",
+    ):
         assert not os.path.lexists(dest / gone), gone
     assert (dest / "vendor" / "v.py").read_text() == "V = 1\n"
-    src_st, copy_st = (p.stat() for p in (project / "pkg" / "data.txt",
-                                          dest / "pkg" / "data.txt"))
+    src_st, copy_st = (p.stat() for p in (project / "pkg" / "data.txt", dest / "pkg" / "data.txt"))
     assert (copy_st.st_mtime_ns, copy_st.st_mode) == (src_st.st_mtime_ns, src_st.st_mode)
 
     lines = report.lines()
     assert len(lines) == 3, lines
     outside_line, special_line, vcs_line = lines
     assert outside_line.startswith("project copy: skipped 4 symlink(s) pointing outside")
-    for link, target in (("pkg/link-abs-out", str(outside / "secret.txt")),
-                         ("link-rel-out", "../outside/secret.txt"),
-                         ("link-dir-out", str(outside)), ("pkg/chain", "link-abs-out")):
+    for link, target in (
+        ("pkg/link-abs-out", str(outside / "secret.txt")),
+        ("link-rel-out", "../outside/secret.txt"),
+        ("link-dir-out", str(outside)),
+        ("pkg/chain", "link-abs-out"),
+    ):
         assert f"{link} -> {target}" in outside_line
     specials = ["pipe (FIFO)", "pkg/sock (socket)"]
     if made["device"]:
@@ -227,21 +244,23 @@ def test_a_large_file_is_copied_sparse_and_named(tmp_path: Path) -> None:
     report = copy_project_tree(project, tmp_path / "copy")
     copied = tmp_path / "copy" / "disk.img"
     assert copied.stat().st_size == big.stat().st_size
-    assert hashlib.sha256(copied.read_bytes()).digest() == hashlib.sha256(
-        big.read_bytes()).digest()
+    assert hashlib.sha256(copied.read_bytes()).digest() == hashlib.sha256(big.read_bytes()).digest()
     if big.stat().st_blocks * 512 < LARGE_FILE // 2:  # this file system keeps holes
         assert copied.stat().st_blocks * 512 < LARGE_FILE // 2, "the copy filled the holes"
-    assert report.lines() == ["project copy: copied 1 large file(s) (100.0 MB or more; every "
-                              "cell copies them): disk.img (100.0 MB)"]
+    assert report.lines() == [
+        "project copy: copied 1 large file(s) (100.0 MB or more; every "
+        "cell copies them): disk.img (100.0 MB)"
+    ]
 
 
 @pytest.mark.promise(
     promise="a project file too big to copy into every cell stops the build before anything "
-            "is copied, in one line naming the file, its size and the limit",
+    "is copied, in one line naming the file, its size and the limit",
     fault="a sparse 64 GB file (truncate: no disk used) in the project tree",
     result="copy and check raise a config error naming the file; `build` exits 2 with that "
-           "one line (no traceback, no cell started, no dist/); raising "
-           "AMPFORGE_PROJECT_FILE_LIMIT lets the check pass")
+    "one line (no traceback, no cell started, no dist/); raising "
+    "AMPFORGE_PROJECT_FILE_LIMIT lets the check pass",
+)
 def test_a_huge_file_is_refused_before_anything_is_copied(tmp_path: Path) -> None:
     project = write_tiny_extension(tmp_path / "project")
     huge = project / "data" / "disk.img"
@@ -251,31 +270,65 @@ def test_a_huge_file_is_refused_before_anything_is_copied(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as err:
         copy_project_tree(project, tmp_path / "copy", env={})
     assert err.value.return_code == 2
-    assert ("project file data/disk.img in " in err.value.message
-            and "is 68.7 GB, over the 2.0 GB" in err.value.message
-            and LIMIT_VAR in err.value.message), err.value.message
+    assert (
+        "project file data/disk.img in " in err.value.message
+        and "is 68.7 GB, over the 2.0 GB" in err.value.message
+        and LIMIT_VAR in err.value.message
+    ), err.value.message
     with pytest.raises(ConfigError):
         check_project_tree(project, env={})
     assert check_project_tree(project, env={LIMIT_VAR: "100G"}).large == [
-        ("data/disk.img", 64 * 2**30)]
+        ("data/disk.img", 64 * 2**30)
+    ]
 
     proc = subprocess.run(
-        [sys.executable, "-m", "builder", "build", "--backend", "host", "--arch", "X86",
-         "--python", "3.11", "--project", str(project), "--out", "dist", "--work-dir", "work"],
-        cwd=tmp_path, env=builder_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "build",
+            "--backend",
+            "host",
+            "--arch",
+            "X86",
+            "--python",
+            "3.11",
+            "--project",
+            str(project),
+            "--out",
+            "dist",
+            "--work-dir",
+            "work",
+        ],
+        cwd=tmp_path,
+        env=builder_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: --project: project file data/disk.img in {project} is 68.7 GB, "
-                      "over the 2.0 GB one file copied into a build may be (every cell copies "
-                      f"the project); move it out of the project, or set {LIMIT_VAR} (e.g. "
-                      f"{LIMIT_VAR}=8G)"], proc.stderr
+    assert errors == [
+        f"error: --project: project file data/disk.img in {project} is 68.7 GB, "
+        "over the 2.0 GB one file copied into a build may be (every cell copies "
+        f"the project); move it out of the project, or set {LIMIT_VAR} (e.g. "
+        f"{LIMIT_VAR}=8G)"
+    ], proc.stderr
     assert "Traceback" not in proc.stderr and "[cp311" not in proc.stderr
     assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize(("raw", "limit"), [("", DEFAULT_FILE_LIMIT), ("4000000000", 4 * 10**9),
-                                            ("8G", 8 * 10**9), ("512MB", 512 * 10**6),
-                                            ("3GiB", 3 * 2**30), ("1.5t", 15 * 10**11)])
+@pytest.mark.parametrize(
+    ("raw", "limit"),
+    [
+        ("", DEFAULT_FILE_LIMIT),
+        ("4000000000", 4 * 10**9),
+        ("8G", 8 * 10**9),
+        ("512MB", 512 * 10**6),
+        ("3GiB", 3 * 2**30),
+        ("1.5t", 15 * 10**11),
+    ],
+)
 def test_the_file_limit_reads_sizes(raw: str, limit: int) -> None:
     assert file_limit({LIMIT_VAR: raw}) == limit
 
@@ -298,14 +351,36 @@ def test_a_marker_file_linked_from_outside_is_refused(tmp_path: Path) -> None:
     project.mkdir()
     (project / "pyproject.toml").symlink_to(outside / "pyproject.toml")
     proc = subprocess.run(
-        [sys.executable, "-m", "builder", "build", "--backend", "host", "--arch", "X86",
-         "--python", "3.11", "--project", str(project), "--out", "dist", "--work-dir", "work"],
-        cwd=tmp_path, env=builder_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "build",
+            "--backend",
+            "host",
+            "--arch",
+            "X86",
+            "--python",
+            "3.11",
+            "--project",
+            str(project),
+            "--out",
+            "dist",
+            "--work-dir",
+            "work",
+        ],
+        cwd=tmp_path,
+        env=builder_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: --project: {project / 'pyproject.toml'} is a symlink to "
         f"{outside / 'pyproject.toml'}, outside the project: its build copies nothing from "
-        "outside it; copy the file into the project")
+        "outside it; copy the file into the project"
+    )
 
 
 # ------------------------------------------------------------------------ real builds
@@ -313,7 +388,7 @@ def test_a_marker_file_linked_from_outside_is_refused(tmp_path: Path) -> None:
 #: Prepended to the tiny extension's setup.py: at build time it reads everything it can reach
 #: from its folder (links followed) and lists it, into a file the wheel ships; it writes into
 #: its own folder as a build does (and as a careless one does: a file next to setup.py).
-PROBE = '''\
+PROBE = """\
 import os as _os
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _seen = ["dir " + _here]
@@ -330,7 +405,7 @@ with open(_os.path.join(_here, "tinyext", "_seen.txt"), "w") as _f:
     _f.write("\\n".join(_seen))
 with open(_os.path.join(_here, "written-by-the-build.txt"), "w") as _f:
     _f.write("the build wrote here")
-'''
+"""
 
 
 def _probing_project(root: Path) -> tuple[Path, Path, dict[str, Any]]:
@@ -338,8 +413,13 @@ def _probing_project(root: Path) -> tuple[Path, Path, dict[str, Any]]:
     outside = _outside(root)
     project = write_tiny_extension(root / "tinyext")
     setup = project / "setup.py"
-    setup.write_text(PROBE + setup.read_text().replace(
-        'packages=["tinyext"],', 'packages=["tinyext"], package_data={"tinyext": ["_seen.txt"]},'))
+    setup.write_text(
+        PROBE
+        + setup.read_text().replace(
+            'packages=["tinyext"],',
+            'packages=["tinyext"], package_data={"tinyext": ["_seen.txt"]},',
+        )
+    )
     made = _hostile_tree(project, outside)
     return project, outside, made
 
@@ -349,9 +429,16 @@ def _seen_in_wheel(wheel: Path) -> str:
         return zf.read("tinyext/_seen.txt").decode()
 
 
-def _check_build(tmp_path: Path, project: Path, outside: Path, made: dict[str, Any],
-                 before: dict[str, tuple], before_outside: dict[str, tuple],
-                 stdout: str, stderr: str) -> str:
+def _check_build(
+    tmp_path: Path,
+    project: Path,
+    outside: Path,
+    made: dict[str, Any],
+    before: dict[str, tuple],
+    before_outside: dict[str, tuple],
+    stdout: str,
+    stderr: str,
+) -> str:
     """What both backends promise; returns what the build's setup.py saw."""
     assert _snapshot(project) == before, "the build changed the caller's project tree"
     assert _snapshot(outside) == before_outside
@@ -362,15 +449,34 @@ def _check_build(tmp_path: Path, project: Path, outside: Path, made: dict[str, A
     seen = _seen_in_wheel(wheel)
     build_dir = seen.splitlines()[0].removeprefix("dir ")
     assert not build_dir.startswith(str(project)), build_dir  # it built in a copy
-    entries = {line.removeprefix("entry ") for line in seen.splitlines()
-               if line.startswith("entry ")}
+    entries = {
+        line.removeprefix("entry ") for line in seen.splitlines() if line.startswith("entry ")
+    }
     assert {"setup.py", "in-rel", "in-abs", "in-dir", "vendor/v.py"} <= entries
-    assert not entries & {"pkg/link-abs-out", "link-rel-out", "link-dir-out", "pkg/chain",
-                          "pipe", "pkg/sock", "null-device", ".git", "vendor/.git"}, entries
+    assert not entries & {
+        "pkg/link-abs-out",
+        "link-rel-out",
+        "link-dir-out",
+        "pkg/chain",
+        "pipe",
+        "pkg/sock",
+        "null-device",
+        ".git",
+        "vendor/.git",
+    }, entries
     log = next((tmp_path / "work" / "logs").glob("*.log")).read_text()
-    outputs = [stdout, stderr, log, seen, *(
-        p.read_text(errors="replace") for p in dist.rglob("*") if p.is_file()
-        and p.suffix != ".whl"), *(_seen_in_wheel(w) for w in dist.glob("*.whl"))]
+    outputs = [
+        stdout,
+        stderr,
+        log,
+        seen,
+        *(
+            p.read_text(errors="replace")
+            for p in dist.rglob("*")
+            if p.is_file() and p.suffix != ".whl"
+        ),
+        *(_seen_in_wheel(w) for w in dist.glob("*.whl")),
+    ]
     for text in outputs:
         assert SECRET not in text
     for where in (stderr, log):  # said once up front, and in the cell's log
@@ -386,21 +492,33 @@ def _check_build(tmp_path: Path, project: Path, outside: Path, made: dict[str, A
 @pytest.mark.slow
 @pytest.mark.promise(
     promise="a host build of a hostile project tree builds in a copy: it reads nothing "
-            "outside the project through the tree, and the caller's tree is exactly as it "
-            "was",
+    "outside the project through the tree, and the caller's tree is exactly as it "
+    "was",
     fault="a real torch extension project with links out of it (to a secret file and "
-          "folder), a FIFO, a socket, .git folders, whose setup.py reads everything it can "
-          "reach and writes next to itself",
+    "folder), a FIFO, a socket, .git folders, whose setup.py reads everything it can "
+    "reach and writes next to itself",
     result="the wheel is built; what its setup.py saw (shipped in the wheel) lists no skipped "
-           "entry and no outside secret, from a folder that is not the caller's; the caller's "
-           "tree (every entry, byte and mtime) and the outside folder are unchanged; stdout, "
-           "stderr, log and dist/ never hold the secret; the skips are said on stderr and in "
-           "the cell's log")
+    "entry and no outside secret, from a folder that is not the caller's; the caller's "
+    "tree (every entry, byte and mtime) and the outside folder are unchanged; stdout, "
+    "stderr, log and dist/ never hold the secret; the skips are said on stderr and in "
+    "the cell's log",
+)
 def test_a_host_build_of_a_hostile_tree_builds_in_a_copy(tmp_path: Path) -> None:
     project, outside, made = _probing_project(tmp_path)
     before, before_outside = _snapshot(project), _snapshot(outside)
-    run = run_build(tmp_path, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                    "--wheelhouse", str(wheelhouse_cp311()), "--project", str(project))
+    run = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--project",
+        str(project),
+    )
     made["socket"].close()
     assert run.rc == 0, run.err[-3000:]
     _check_build(tmp_path, project, outside, made, before, before_outside, run.out, run.err)
@@ -410,11 +528,12 @@ def test_a_host_build_of_a_hostile_tree_builds_in_a_copy(tmp_path: Path) -> None
 @pytest.mark.docker
 @pytest.mark.promise(
     promise="a docker build never sees the caller's project tree: the container gets a copy, "
-            "nothing of the caller's is mounted into it",
+    "nothing of the caller's is mounted into it",
     fault="the same hostile tree and probing setup.py, built by the docker backend",
     result="the container's mount table (read by setup.py, shipped in the wheel) names neither "
-           "the project nor its parent folder; the caller's tree is unchanged; no output holds "
-           "the outside secret")
+    "the project nor its parent folder; the caller's tree is unchanged; no output holds "
+    "the outside secret",
+)
 def test_a_docker_build_gets_a_copy_and_no_mount_of_the_tree(tmp_path: Path) -> None:
     from builder.images.base_image import build_base_image  # noqa: PLC0415
 
@@ -422,13 +541,24 @@ def test_a_docker_build_gets_a_copy_and_no_mount_of_the_tree(tmp_path: Path) -> 
     base = build_base_image(engine).tag
     project, outside, made = _probing_project(tmp_path)
     before, before_outside = _snapshot(project), _snapshot(outside)
-    run = run_build(tmp_path, "--backend", "docker", "--base-image", base, "--arch", "X86",
-                    "--python", "3.11", "--wheelhouse", str(wheelhouse_cp311()),
-                    "--project", str(project))
+    run = run_build(
+        tmp_path,
+        "--backend",
+        "docker",
+        "--base-image",
+        base,
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--project",
+        str(project),
+    )
     made["socket"].close()
     assert run.rc == 0, run.err[-3000:]
-    seen = _check_build(tmp_path, project, outside, made, before, before_outside, run.out,
-                        run.err)
+    seen = _check_build(tmp_path, project, outside, made, before, before_outside, run.out, run.err)
     mounts = [line for line in seen.splitlines() if " - " in line and line[:1].isdigit()]
     assert mounts, "setup.py saw no mount table"
     assert not [m for m in mounts if str(tmp_path) in m], mounts
@@ -449,27 +579,41 @@ def test_the_container_session_copy_is_not_a_mount(tmp_path: Path) -> None:
     before = _snapshot(project)
     with engine.container(build_base_image(engine).tag, network=False) as session:
         inside = copy_project_in(session, project)
-        found = session.run(["sh", "-c", f"cd {inside} && find . | sort"], step="list",
-                            tail_lines=1000)
-        read = session.run(["sh", "-c", f"cd {inside} && cat $(find -L . -type f) && "
-                            "echo x > setup.py && touch new-file"], step="read, write",
-                           tail_lines=1000)
+        found = session.run(
+            ["sh", "-c", f"cd {inside} && find . | sort"], step="list", tail_lines=1000
+        )
+        read = session.run(
+            [
+                "sh",
+                "-c",
+                f"cd {inside} && cat $(find -L . -type f) && echo x > setup.py && touch new-file",
+            ],
+            step="read, write",
+            tail_lines=1000,
+        )
         mounts = engine.api.inspect_container(session.id)["Mounts"]
     made["socket"].close()
     assert "inside data" in "\n".join(read.tail)
     listed = {line.strip() for line in found.tail}
     assert {"./in-abs", "./in-dir", "./pkg/data.txt", "./vendor/v.py"} <= listed
-    assert not listed & {"./pkg/link-abs-out", "./link-rel-out", "./link-dir-out",
-                         "./pkg/chain", "./pipe", "./pkg/sock", "./null-device", "./.git",
-                         "./vendor/.git"}
+    assert not listed & {
+        "./pkg/link-abs-out",
+        "./link-rel-out",
+        "./link-dir-out",
+        "./pkg/chain",
+        "./pipe",
+        "./pkg/sock",
+        "./null-device",
+        "./.git",
+        "./vendor/.git",
+    }
     assert SECRET not in "\n".join(found.tail + read.tail)
     assert not [m for m in mounts if str(tmp_path) in str(m.get("Source", ""))], mounts
     assert _snapshot(project) == before
 
 
 @pytest.mark.slow
-def test_a_cross_build_copies_the_tree_the_same_way_and_masks_its_output(
-        tmp_path: Path) -> None:
+def test_a_cross_build_copies_the_tree_the_same_way_and_masks_its_output(tmp_path: Path) -> None:
     """The cross backend's build (on this host, into a scratch copy) takes the same copy: its
     before-build, reading everything it can reach, sees no skipped entry and no outside
     secret; the copy's report heads its log; its output goes through the cell's redactor (a
@@ -494,14 +638,24 @@ def test_a_cross_build_copies_the_tree_the_same_way_and_masks_its_output(
     made = _hostile_tree(project, outside)
     before = _snapshot(project)
     token = "cross-token-81d3a0-never-logged"
-    probe = ('find . | sort; cat $(find -L . -type f); echo "before-build has $CROSS_TOKEN"; '
-             "echo x > setup.py; exit 3")
+    probe = (
+        'find . | sort; cat $(find -L . -type f); echo "before-build has $CROSS_TOKEN"; '
+        "echo x > setup.py; exit 3"
+    )
     log = tmp_path / "cross.log"
     with pytest.raises(StepFailed) as info:
-        cross_build_wheel(project, tmp_path / "out", python, torch, toolchain,
-                          host_python=sys.executable, log_path=log,
-                          extra_env={"CROSS_TOKEN": token},
-                          options=CibwOptions(before_build=probe), redact=Redactor([token]))
+        cross_build_wheel(
+            project,
+            tmp_path / "out",
+            python,
+            torch,
+            toolchain,
+            host_python=sys.executable,
+            log_path=log,
+            extra_env={"CROSS_TOKEN": token},
+            options=CibwOptions(before_build=probe),
+            redact=Redactor([token]),
+        )
     made["socket"].close()
     text = log.read_text()
     assert text.startswith("ampforge: project copy: skipped 4 symlink(s) pointing outside")

@@ -69,8 +69,7 @@ def isolated_env() -> dict[str, str]:
     are common on build machines, and this one has them) would give pip torch without the
     index, and a build without the proxy would succeed; pip reads no configuration file when
     PIP_CONFIG_FILE is the null device."""
-    env = {k: v for k, v in builder_env().items()
-           if k not in CLEARED and not k.startswith("PIP_")}
+    env = {k: v for k, v in builder_env().items() if k not in CLEARED and not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull
     return env
 
@@ -92,10 +91,15 @@ class Lab:
     def masked(self) -> str:
         return f"http://{PROXY_USER}:***@{self.proxy.host}:{self.proxy.port}"
 
-    def run_in_netns(self, argv: list[str], cwd: Path, timeout: int = 1800,
-                     **env: str) -> Run:
-        proc = subprocess.run(self.netns.argv(argv), capture_output=True, text=True,
-                              env={**isolated_env(), **env}, cwd=cwd, timeout=timeout)
+    def run_in_netns(self, argv: list[str], cwd: Path, timeout: int = 1800, **env: str) -> Run:
+        proc = subprocess.run(
+            self.netns.argv(argv),
+            capture_output=True,
+            text=True,
+            env={**isolated_env(), **env},
+            cwd=cwd,
+            timeout=timeout,
+        )
         return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -104,8 +108,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     folder = tmp_path_factory.mktemp("proxy-backends")
     root = write_index(wheelhouse_cp311(), folder / "index")
     project = write_tiny_extension(folder / "tinyext")
-    with isolated_netns() as netns, serve_index(root) as index, \
-            tinyproxy(netns.host_addr, folder / "proxy", ()) as proxy:
+    with isolated_netns() as netns, serve_index(root) as index, tinyproxy(
+        netns.host_addr, folder / "proxy", ()
+    ) as proxy:
         # The topology the tests rely on: from inside, the proxy answers and the index does not.
         assert netns.can_connect(proxy.host, proxy.port), "the namespace cannot reach the proxy"
         assert not netns.can_connect("127.0.0.1", index.port), "the index is reachable directly"
@@ -127,12 +132,20 @@ def _leaks(r: Run, tmp: Path) -> list[str]:
     return [where for where, data in places.items() if any(leak in data for leak in LEAKS)]
 
 
-def _config(folder: Path, index: Index, *, arch: str = "X86", torch: str = "2.13.0",
-            proxy: Proxy | None = None) -> Path:
+def _config(
+    folder: Path,
+    index: Index,
+    *,
+    arch: str = "X86",
+    torch: str = "2.13.0",
+    proxy: Proxy | None = None,
+) -> Path:
     """A config naming *index* (no wheelhouse: pip must use the network), and *proxy* in its
     ``proxy:`` section when given."""
-    text = (f'matrix:\n  arch: [{arch}]\n  python: ["3.11"]\n  torch: ["{torch}"]\n'
-            f"pip:\n  index_url: {index.url}\n")
+    text = (
+        f'matrix:\n  arch: [{arch}]\n  python: ["3.11"]\n  torch: ["{torch}"]\n'
+        f"pip:\n  index_url: {index.url}\n"
+    )
     if proxy is not None:
         text += f"proxy:\n  http_proxy: {proxy.url}\n"
     path = folder / f"config-{arch}-{index.port}-{int(proxy is not None)}.yaml"
@@ -146,8 +159,16 @@ def _config(folder: Path, index: Index, *, arch: str = "X86", torch: str = "2.13
 @pytest.mark.slow
 def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_path: Path) -> None:
     config = _config(lab.folder, lab.index)
-    args = ("--backend", "host", "--project", str(lab.project), "--config", str(config),
-            "--jobs", "1")
+    args = (
+        "--backend",
+        "host",
+        "--project",
+        str(lab.project),
+        "--config",
+        str(config),
+        "--jobs",
+        "1",
+    )
     # The torch environment is cached per index URL (this run's index port is new): a private
     # cache folder, removed with the test's, instead of one 700 MB venv per run in the user's.
     cache = str(tmp_path / "cache")
@@ -156,8 +177,9 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
     control = tmp_path / "control"
     control.mkdir()
     # No retries: one try shows the index is out of reach; the backoff would only add time.
-    c = lab.run_in_netns(build_argv(control, *args), control, AMPFORGE_CACHE=cache,
-                         BUILDER_PIP_RETRIES="0")
+    c = lab.run_in_netns(
+        build_argv(control, *args), control, AMPFORGE_CACHE=cache, BUILDER_PIP_RETRIES="0"
+    )
     assert c.rc == 1, c.err[-3000:]
     assert f"error: {CELL}: step 'install torch==2.13.0' failed" in c.err, c.err[-3000:]
     assert "No matching distribution found for torch==2.13.0" in c.err, c.err[-3000:]
@@ -165,8 +187,9 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
 
     ok = tmp_path / "proxied"
     ok.mkdir()
-    r = lab.run_in_netns(build_argv(ok, *args, "--http-proxy", lab.proxy.url), ok,
-                         AMPFORGE_CACHE=cache)
+    r = lab.run_in_netns(
+        build_argv(ok, *args, "--http-proxy", lab.proxy.url), ok, AMPFORGE_CACHE=cache
+    )
     assert r.rc == 0, r.err[-5000:]
     (wheel,) = (ok / "dist").glob("tinyext-*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_"), wheel.name
@@ -178,7 +201,8 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
     # The record the wheel was built from names the proxy, masked, with its layer, and the index.
     resolved = entry["extra"]["resolved"]
     assert resolved["proxy"] == {
-        "HTTP_PROXY": {"value": lab.masked(), "source": "command line --http-proxy"}}
+        "HTTP_PROXY": {"value": lab.masked(), "source": "command line --http-proxy"}
+    }
     assert resolved["index"]["index_url"] == lab.index.url
     assert resolved["backend"] == "host" and resolved["network"] == "this host's network"
     # torch came through the proxy: the index's page and the wheel (this run's index port is
@@ -189,7 +213,6 @@ def test_host_backend_installs_through_the_authenticating_proxy(lab: Lab, tmp_pa
     (torch_wheel,) = wheelhouse_cp311().glob("torch-*.whl")
     assert f"{base}torch/{urllib.parse.quote(torch_wheel.name)} HTTP/1.1" in log, log[-3000:]
     assert not _leaks(r, ok), f"the proxy password leaked into: {_leaks(r, ok)}"
-
 
 
 # --------------------------------------------------------------------------- cross downloads
@@ -226,15 +249,24 @@ def _arm_torch_wheel(folder: Path) -> Path:
     with this machine's own settings on first use, as test_cross.py does)."""
     scratch = folder / "no-sysroot"
     scratch.mkdir(exist_ok=True)
-    target = TargetPython(version="3.11", arch="aarch64", sysroot=scratch, executable=scratch,
-                          include_dir=scratch, sysconfig_dir=scratch, sysconfig_name="x",
-                          ext_suffix=".cpython-311-aarch64-linux-gnu.so", lib_dirs=())
+    target = TargetPython(
+        version="3.11",
+        arch="aarch64",
+        sysroot=scratch,
+        executable=scratch,
+        include_dir=scratch,
+        sysconfig_dir=scratch,
+        sysconfig_name="x",
+        ext_suffix=".cpython-311-aarch64-linux-gnu.so",
+        lib_dirs=(),
+    )
     return download_torch_wheel(ARM_TORCH, target)
 
 
 @pytest.mark.slow
-def test_cross_download_goes_through_the_proxy_to_the_configured_index(lab: Lab,
-                                                                        tmp_path: Path) -> None:
+def test_cross_download_goes_through_the_proxy_to_the_configured_index(
+    lab: Lab, tmp_path: Path
+) -> None:
     source = _arm_torch_wheel(tmp_path)
     wheelhouse = tmp_path / "arm-wheelhouse"
     wheelhouse.mkdir()
@@ -245,8 +277,9 @@ def test_cross_download_goes_through_the_proxy_to_the_configured_index(lab: Lab,
         assert not lab.netns.can_connect("127.0.0.1", index.port)
         cache = tmp_path / "fresh-cache"  # nothing can come from a cache
         config = _config(tmp_path, index, arch="ARM", torch=ARM_TORCH, proxy=lab.proxy)
-        r = lab.run_in_netns([sys.executable, str(script), str(config), str(cache), ARM_TORCH],
-                             tmp_path, timeout=900)
+        r = lab.run_in_netns(
+            [sys.executable, str(script), str(config), str(cache), ARM_TORCH], tmp_path, timeout=900
+        )
         assert r.rc == 0, r.err[-3000:]
         result = json.loads(r.out)
         assert result["proxy"] == [f"HTTP_PROXY={lab.masked()} (config file {config})"]
@@ -261,16 +294,26 @@ def test_cross_download_goes_through_the_proxy_to_the_configured_index(lab: Lab,
 
         # Control: the same download without the proxy cannot reach the index.
         control_cache = tmp_path / "control-cache"
-        c = lab.run_in_netns([sys.executable, str(script),
-                              str(_config(tmp_path, index, arch="ARM", torch=ARM_TORCH)),
-                              str(control_cache), ARM_TORCH], tmp_path, timeout=900,
-                             # One retry: pip names the refused connection only when it retries.
-                             BUILDER_PIP_RETRIES="1")
+        c = lab.run_in_netns(
+            [
+                sys.executable,
+                str(script),
+                str(_config(tmp_path, index, arch="ARM", torch=ARM_TORCH)),
+                str(control_cache),
+                ARM_TORCH,
+            ],
+            tmp_path,
+            timeout=900,
+            # One retry: pip names the refused connection only when it retries.
+            BUILDER_PIP_RETRIES="1",
+        )
     assert c.rc == 3, c.err[-3000:]
     assert f"downloading torch=={ARM_TORCH} for cp311 manylinux_2_28_aarch64 failed" in c.err
     # pip tried the index itself, from a namespace where nothing listens on that port.
-    assert f"port={index.port}): Failed to establish a new connection: [Errno 111] " \
-        "Connection refused" in c.err, c.err[-3000:]
+    assert (
+        f"port={index.port}): Failed to establish a new connection: [Errno 111] "
+        "Connection refused" in c.err
+    ), c.err[-3000:]
     assert not list(control_cache.rglob("*.whl"))
 
 
@@ -283,14 +326,21 @@ EXTRA = "http://extra.invalid/simple/"
 
 def _arm_settings(tmp_path: Path, backend: str) -> Settings:
     cfg = tmp_path / "arm.yaml"
-    cfg.write_text(f'matrix:\n  arch: [ARM]\n  python: ["3.11"]\n  torch: ["{ARM_TORCH}"]\n'
-                   f"pip:\n  index_url: {INDEX}\n  extra_index_urls: [{EXTRA}]\n")
-    return load_settings(CliOverrides(config=str(cfg), arch="ARM", python="3.11", backend=backend,
-                                      https_proxy=PROXY), {})
+    cfg.write_text(
+        f'matrix:\n  arch: [ARM]\n  python: ["3.11"]\n  torch: ["{ARM_TORCH}"]\n'
+        f"pip:\n  index_url: {INDEX}\n  extra_index_urls: [{EXTRA}]\n"
+    )
+    return load_settings(
+        CliOverrides(
+            config=str(cfg), arch="ARM", python="3.11", backend=backend, https_proxy=PROXY
+        ),
+        {},
+    )
 
 
 def test_cross_backend_downloads_get_the_pipelines_proxies_and_index(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pipeline's job for a cross cell carries the proxies of every layer, and CrossBackend
     gives them, with the configured index, to both target-torch downloads. Only the cross
     building blocks are fakes (a real run of them is the test above)."""
@@ -319,28 +369,56 @@ def test_cross_backend_downloads_get_the_pipelines_proxies_and_index(
         raise StepFailed("fake: stopped after the downloads")
 
     sysroot = tmp_path / "sysroot" / "root"
-    python = TargetPython(version="3.11", arch="aarch64", sysroot=sysroot, executable=sysroot,
-                          include_dir=sysroot, sysconfig_dir=sysroot, sysconfig_name="x",
-                          ext_suffix=".cpython-311-aarch64-linux-gnu.so", lib_dirs=())
+    python = TargetPython(
+        version="3.11",
+        arch="aarch64",
+        sysroot=sysroot,
+        executable=sysroot,
+        include_dir=sysroot,
+        sysconfig_dir=sysroot,
+        sysconfig_name="x",
+        ext_suffix=".cpython-311-aarch64-linux-gnu.so",
+        lib_dirs=(),
+    )
     monkeypatch.setattr(cross, "find_toolchain", lambda machine: Toolchain())
     monkeypatch.setattr(cross, "ensure_target_python", lambda version, machine: python)
     monkeypatch.setattr(cross, "require_cpu_torch", require_cpu_torch)
     monkeypatch.setattr(cross, "ensure_target_torch", ensure_target_torch)
-    opts = PipelineOptions(project=write_tiny_extension(tmp_path / "tinyext"),
-                           out=tmp_path / "dist", work=tmp_path / "work")
-    result = build_cell(resolved, None, settings.config, opts, registry(), None, Redactor(),
-                        lambda cell, step: None, "run-1")
+    opts = PipelineOptions(
+        project=write_tiny_extension(tmp_path / "tinyext"),
+        out=tmp_path / "dist",
+        work=tmp_path / "work",
+    )
+    result = build_cell(
+        resolved,
+        None,
+        settings.config,
+        opts,
+        registry(),
+        None,
+        Redactor(),
+        lambda cell, step: None,
+        "run-1",
+    )
     assert result.error == "fake: stopped after the downloads", result.error
     assert [s.name for s in result.steps][-1] == "target torch"
     # The pipeline's network settings (pip.retries / pip.timeout) travel with the proxies.
-    expected = {"HTTPS_PROXY": PROXY, "https_proxy": PROXY, "PIP_INDEX_URL": INDEX,
-                "PIP_EXTRA_INDEX_URL": EXTRA, **settings.config.pip.network.env()}
-    assert seen == {"require_cpu_torch": (ARM_TORCH, expected),
-                    "ensure_target_torch": (ARM_TORCH, expected)}
+    expected = {
+        "HTTPS_PROXY": PROXY,
+        "https_proxy": PROXY,
+        "PIP_INDEX_URL": INDEX,
+        "PIP_EXTRA_INDEX_URL": EXTRA,
+        **settings.config.pip.network.env(),
+    }
+    assert seen == {
+        "require_cpu_torch": (ARM_TORCH, expected),
+        "ensure_target_torch": (ARM_TORCH, expected),
+    }
 
 
 def test_emulated_backend_builds_in_dockers_container_path_with_the_proxies(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An emulated cell is built by docker's own ``build_in_container`` (which
     test_proxy_real.py runs for real: the recipe's build args go to ``docker build`` and into the
     container's environment), with a recipe whose build args are the proxies and whose
@@ -360,14 +438,21 @@ def test_emulated_backend_builds_in_dockers_container_path_with_the_proxies(
     assert SENTINEL not in recipe.dockerfile and "proxy.invalid" not in recipe.dockerfile
     assert INDEX in recipe.dockerfile and EXTRA in recipe.dockerfile  # PIP_*INDEX_URL
     seen: list[CellJob] = []
-    monkeypatch.setattr(emulated, "build_in_container",
-                        lambda job, engine, base_id: seen.append(job))
-    job = CellJob(resolved=resolved, config=settings.config,
-                  opts=PipelineOptions(project=tmp_path, out=tmp_path / "dist",
-                                       work=tmp_path / "work"),
-                  log=OutputLog(), log_path=tmp_path / "log", stage=tmp_path / "stage",
-                  steps=Steps(CellResult(cell=ARM_CELL), lambda cell, step: None),
-                  run_id="run-1", engine=_NoImages(), recipe=recipe)  # type: ignore[arg-type]
+    monkeypatch.setattr(
+        emulated, "build_in_container", lambda job, engine, base_id: seen.append(job)
+    )
+    job = CellJob(
+        resolved=resolved,
+        config=settings.config,
+        opts=PipelineOptions(project=tmp_path, out=tmp_path / "dist", work=tmp_path / "work"),
+        log=OutputLog(),
+        log_path=tmp_path / "log",
+        stage=tmp_path / "stage",
+        steps=Steps(CellResult(cell=ARM_CELL), lambda cell, step: None),
+        run_id="run-1",
+        engine=_NoImages(),
+        recipe=recipe,
+    )  # type: ignore[arg-type]
     emulated.EmulatedBackend().build(job)
     assert seen == [job] and seen[0].recipe is recipe
 

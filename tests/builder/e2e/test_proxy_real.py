@@ -63,21 +63,38 @@ class Setup:
 
     def config(self, index: Index, *, proxy_in_config: bool = False) -> Path:
         """A config file naming *index* (no --wheelhouse: pip must use the network)."""
-        text = ('matrix:\n  arch: [X86]\n  python: ["3.11"]\n  torch: ["2.13.0"]\n'
-                f"pip:\n  index_url: {index.url}\n")
+        text = (
+            'matrix:\n  arch: [X86]\n  python: ["3.11"]\n  torch: ["2.13.0"]\n'
+            f"pip:\n  index_url: {index.url}\n"
+        )
         if proxy_in_config:
             text += f"proxy:\n  http_proxy: {self.proxy.url}\n  https_proxy: {self.proxy.url}\n"
         path = self.folder / f"config-{index.port}-{int(proxy_in_config)}.yaml"
         path.write_text(text)
         return path
 
-    def build(self, tmp: Path, config: Path, *extra: str, proxy_env: bool = True,
-              **more_env: str) -> Run:
+    def build(
+        self, tmp: Path, config: Path, *extra: str, proxy_env: bool = True, **more_env: str
+    ) -> Run:
         env = {"HTTP_PROXY": self.proxy.url, "HTTPS_PROXY": self.proxy.url} if proxy_env else {}
         env.update(more_env)
-        return run_build(tmp, "--backend", "docker", "--base-image", self.base,
-                         "--network", self.network.name, "--project", str(self.project),
-                         "--config", str(config), "--jobs", "1", *extra, **env)
+        return run_build(
+            tmp,
+            "--backend",
+            "docker",
+            "--base-image",
+            self.base,
+            "--network",
+            self.network.name,
+            "--project",
+            str(self.project),
+            "--config",
+            str(config),
+            "--jobs",
+            "1",
+            *extra,
+            **env,
+        )
 
 
 #: The builder must see only the proxies a test gives it (and no CA or network from the host).
@@ -92,12 +109,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = write_index(wheelhouse_cp311(), folder / "index")
     ca = make_ca(folder / "ca")
     project = write_tiny_extension(folder / "tinyext")
-    before = {i["Id"] for name in ("ampforge/cell", "ampforge/torch")
-              for i in engine.api.images(name=name)}
-    with pytest.MonkeyPatch.context() as mp, internal_network(engine) as net, \
-            serve_index(root) as http_index, \
-            serve_index(root, (ca.server_cert, ca.server_key)) as https_index, \
-            tinyproxy(net.gateway, folder / "proxy", (https_index.port,)) as proxy:
+    before = {
+        i["Id"]
+        for name in ("ampforge/cell", "ampforge/torch")
+        for i in engine.api.images(name=name)
+    }
+    with pytest.MonkeyPatch.context() as mp, internal_network(engine) as net, serve_index(
+        root
+    ) as http_index, serve_index(root, (ca.server_cert, ca.server_key)) as https_index, tinyproxy(
+        net.gateway, folder / "proxy", (https_index.port,)
+    ) as proxy:
         for name in CLEARED:
             mp.delenv(name, raising=False)
         yield Setup(engine, base, net, proxy, http_index, https_index, ca, project, folder)
@@ -107,8 +128,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def _remove_own_images(engine: DockerEngine, before: set[str], urls: tuple[str, ...]) -> None:
     """The cell images and torch layers these tests made (their environment names one of this
     run's index URLs); the shared images of other tests are left alone."""
-    for image in [*engine.api.images(name="ampforge/torch"),
-                  *engine.api.images(name="ampforge/cell")]:  # torch layers first: children
+    for image in [
+        *engine.api.images(name="ampforge/torch"),
+        *engine.api.images(name="ampforge/cell"),
+    ]:  # torch layers first: children
         if image["Id"] in before:
             continue
         env = engine.api.inspect_image(image["Id"])["Config"].get("Env") or []
@@ -134,7 +157,8 @@ def assert_no_sentinel(s: Setup, r: Run, tmp: Path, image: str | None) -> None:
         history = s.engine.api.history(image)  # what `docker history --no-trunc` prints
         places["docker history"] = json.dumps(history).encode()
         places["docker inspect (image config)"] = json.dumps(
-            s.engine.api.inspect_image(image)).encode()
+            s.engine.api.inspect_image(image)
+        ).encode()
     assert (tmp / "work" / "logs" / f"{CELL}.log").is_file()
     leaked = [where for where, data in places.items() if any(leak in data for leak in LEAKS)]
     assert not leaked, f"the proxy password leaked into: {leaked}"
@@ -152,13 +176,17 @@ def _built_wheel(tmp: Path, r: Run) -> tuple[Path, dict]:
     return wheel, entry
 
 
-def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
-                                                              tmp_path: Path) -> None:
+def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup, tmp_path: Path) -> None:
     config = setup.config(setup.http)
     # What a user checks first: the proxy as the builder sees it, password masked.
-    plan = subprocess.run([sys.executable, "-m", "builder", "plan", "--config", str(config)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env=builder_env(HTTPS_PROXY=setup.proxy.url))
+    plan = subprocess.run(
+        [sys.executable, "-m", "builder", "plan", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env=builder_env(HTTPS_PROXY=setup.proxy.url),
+    )
     assert plan.returncode == 0, plan.stderr
     masked = f"HTTPS_PROXY=http://{PROXY_USER}:***@{setup.proxy.host}:{setup.proxy.port}"
     assert f"{masked} (environment HTTPS_PROXY)" in plan.stdout + plan.stderr
@@ -188,9 +216,7 @@ def test_build_succeeds_only_through_the_authenticating_proxy(setup: Setup,
     assert_no_sentinel(setup, r, tmp_path, entry["extra"]["torch_image"])
 
 
-
-def test_https_index_through_the_proxy_needs_the_injected_ca(setup: Setup,
-                                                             tmp_path: Path) -> None:
+def test_https_index_through_the_proxy_needs_the_injected_ca(setup: Setup, tmp_path: Path) -> None:
     # Proxies from the config file this time (the other test uses the environment).
     config = setup.config(setup.https, proxy_in_config=True)
     without = tmp_path / "without-ca"
@@ -215,14 +241,22 @@ def test_https_index_through_the_proxy_needs_the_injected_ca(setup: Setup,
     assert_no_sentinel(setup, r, ok, image)
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (("--backend", "docker", "--network", "ampforge-no-such-network"),
-     "has no network 'ampforge-no-such-network'; expected one from `docker network ls`"),
-    (("--backend", "host", "--network", "ampforge-no-such-network"),
-     "--network ampforge-no-such-network is for the docker backend; this build uses host"),
-])
-def test_network_option_errors_name_the_problem(tmp_path: Path, args: tuple[str, ...],
-                                                expected: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("--backend", "docker", "--network", "ampforge-no-such-network"),
+            "has no network 'ampforge-no-such-network'; expected one from `docker network ls`",
+        ),
+        (
+            ("--backend", "host", "--network", "ampforge-no-such-network"),
+            "--network ampforge-no-such-network is for the docker backend; this build uses host",
+        ),
+    ],
+)
+def test_network_option_errors_name_the_problem(
+    tmp_path: Path, args: tuple[str, ...], expected: str
+) -> None:
     """Usage errors (exit 2) before anything is built."""
     if "docker" in args:
         docker_engine()  # the check asks the engine

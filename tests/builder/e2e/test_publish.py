@@ -63,10 +63,26 @@ def running_server(root: Path, authenticate: str) -> Iterator[Server]:
     log = root / "server.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port),
-             "-P", str(root / "htpasswd"), "-a", authenticate, "--disable-fallback",
-             str(packages)],
-            stdout=fh, stderr=subprocess.STDOUT, env=clean_pip_env())
+            [
+                sys.executable,
+                "-m",
+                "pypiserver",
+                "run",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-P",
+                str(root / "htpasswd"),
+                "-a",
+                authenticate,
+                "--disable-fallback",
+                str(packages),
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=clean_pip_env(),
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 30
@@ -94,10 +110,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _record(dist: Path, wheel: Path) -> None:
-    record_wheel(dist, ManifestEntry.for_wheel(
-        wheel, cell=f"test-{wheel.name}", torch="2.13.0", python="3.11", base_image="none",
-        compiler="none", builder_version="test", started_at="2026-01-01T00:00:00Z",
-        finished_at="2026-01-01T00:00:00Z"))
+    record_wheel(
+        dist,
+        ManifestEntry.for_wheel(
+            wheel,
+            cell=f"test-{wheel.name}",
+            torch="2.13.0",
+            python="3.11",
+            base_image="none",
+            compiler="none",
+            builder_version="test",
+            started_at="2026-01-01T00:00:00Z",
+            finished_at="2026-01-01T00:00:00Z",
+        ),
+    )
 
 
 def _dist(tmp: Path, name: str, version: str = "1.0") -> Path:
@@ -111,8 +137,9 @@ def cap_lines(output: str, suffix: str) -> list[str]:
     return [ln for ln in output.splitlines() if ln.endswith(suffix) and " " not in ln]
 
 
-def _publish(capsys: pytest.CaptureFixture[str], *args: str, password: str = PASSWORD,
-             **env: str) -> tuple[int, str]:
+def _publish(
+    capsys: pytest.CaptureFixture[str], *args: str, password: str = PASSWORD, **env: str
+) -> tuple[int, str]:
     full_env = clean_pip_env(TWINE_USERNAME=USER, TWINE_PASSWORD=password, **env)
     rc = main(["publish", *args], env=full_env)
     cap = capsys.readouterr()
@@ -132,12 +159,23 @@ def test_upload_then_install_from_the_server(
 
     # What pip fetches from the server is the very file that was built.
     got = tmp_path / "got"
-    r = pip_in(Path(sys.executable), "download", "--no-deps", "--no-cache-dir", "-d", str(got),
-               "--index-url", server.url + "simple/", "pubdemo==1.0")
+    r = pip_in(
+        Path(sys.executable),
+        "download",
+        "--no-deps",
+        "--no-cache-dir",
+        "-d",
+        str(got),
+        "--index-url",
+        server.url + "simple/",
+        "pubdemo==1.0",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     fetched = got / wheel.name
-    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == \
-        hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (
+        hashlib.sha256(fetched.read_bytes()).hexdigest()
+        == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    )
 
     # The server refuses to overwrite (exit 1, twine's reason shown); --skip-existing passes.
     rc, output = _publish(capsys, str(dist), "--repository-url", server.url)
@@ -162,8 +200,7 @@ def test_upload_then_install_from_the_server(
     changed = tmp_path / "changed"
     changed.mkdir()
     _record(changed, Path(shutil.copy(other, changed / other.name)))
-    rc, output = _publish(capsys, str(changed), "--repository-url", server.url,
-                          "--skip-existing")
+    rc, output = _publish(capsys, str(changed), "--repository-url", server.url, "--skip-existing")
     assert rc == 1
     assert f"{other.name}: the repository has sha256" in output, output
     assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
@@ -198,8 +235,9 @@ def test_url_from_environment_or_config(
     config = tmp_path / "matrix.yaml"
     text = (REPO_ROOT / "configs" / "matrix.yaml").read_text()
     # the support table is named relative to the config file: point at the repository's
-    text = re.sub(r"^support:.*$", f"support: {REPO_ROOT / 'configs' / 'support.yaml'}",
-                  text, flags=re.M)
+    text = re.sub(
+        r"^support:.*$", f"support: {REPO_ROOT / 'configs' / 'support.yaml'}", text, flags=re.M
+    )
     config.write_text(text + f"\npublish:\n  repository_url: {server.url}\n")
     dist2 = _dist(tmp_path / "two", "pubconfig")
     rc, output = _publish(capsys, str(dist2), "--config", str(config))
@@ -219,7 +257,9 @@ def test_bad_url_or_tampered_dist_exit_before_uploading(
     assert rc == 2 and "expected an http(s) URL" in output
 
     # Nobody listening: twine's traceback is cut down to its exception line.
-    rc, output = _publish(capsys, str(dist), "--repository-url", f"http://127.0.0.1:{_free_port()}/")
+    rc, output = _publish(
+        capsys, str(dist), "--repository-url", f"http://127.0.0.1:{_free_port()}/"
+    )
     assert rc == 1 and "Connection refused" in output
     assert "Traceback" not in output and 'File "' not in output
 
@@ -238,30 +278,31 @@ def test_skip_existing_on_a_private_repository(
     with running_server(tmp_path / "private", "update,download,list") as private:
         dist = _dist(tmp_path, "pubprivate")
         wheel = next(dist.glob("*.whl"))
-        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
-                              "--skip-existing")
+        rc, output = _publish(capsys, str(dist), "--repository-url", private.url, "--skip-existing")
         assert rc == 0, output
         assert (private.packages / wheel.name).exists()
-        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
-                              "--skip-existing")
+        rc, output = _publish(capsys, str(dist), "--repository-url", private.url, "--skip-existing")
         assert rc == 0, output
         assert "already on the repository with the same sha256" in output
         assert PASSWORD not in output
         # without the password the index cannot be read: a clear failure, not a re-upload
-        rc, output = _publish(capsys, str(dist), "--repository-url", private.url,
-                              "--skip-existing", password="")
+        rc, output = _publish(
+            capsys, str(dist), "--repository-url", private.url, "--skip-existing", password=""
+        )
         assert rc == 1 and "HTTP 401" in output, output
 
 
 # --- local versions: PyPI and TestPyPI refuse them, checked before anything goes up ---------
 
+
 def _mixed_dist(tmp: Path, name: str) -> tuple[Path, Path, list[Path]]:
     """A release like the builder's: one stable-ABI wheel (no label), two labelled ones."""
     dist = tmp / "dist"
     stable = make_wheel(dist, name, "1.0", tag="cp311-abi3-manylinux_2_28_x86_64")
-    labelled = [make_wheel(dist, name, "1.0+torch2.13", tag="cp311-cp311-manylinux_2_28_x86_64"),
-                make_wheel(dist, name, "1.0+torch2.14.cu130",
-                           tag="cp311-cp311-manylinux_2_28_x86_64")]
+    labelled = [
+        make_wheel(dist, name, "1.0+torch2.13", tag="cp311-cp311-manylinux_2_28_x86_64"),
+        make_wheel(dist, name, "1.0+torch2.14.cu130", tag="cp311-cp311-manylinux_2_28_x86_64"),
+    ]
     for w in (stable, *labelled):
         _record(dist, w)
     return dist, stable, labelled
@@ -318,8 +359,9 @@ def test_another_repository_takes_local_versions_unless_told_otherwise(
     tmp_path: Path, server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dist, stable, labelled = _mixed_dist(tmp_path, "pubprivlocal")
-    rc, output = _publish(capsys, str(dist), "--repository-url", server.url,
-                          "--no-accepts-local-versions")
+    rc, output = _publish(
+        capsys, str(dist), "--repository-url", server.url, "--no-accepts-local-versions"
+    )
     assert rc == 2, output
     assert "--no-accepts-local-versions" in output and labelled[0].name in output
     assert _on_server(server, "pubprivlocal") == []
@@ -336,26 +378,51 @@ def test_stage_checks_as_for_pypi_and_copies_only_what_pypi_takes(
     """What the emitted trusted-publishing job runs: no upload, no credentials, no network."""
     dist, stable, labelled = _mixed_dist(tmp_path, "pubstage")
     out = tmp_path / "pypi-dist"
-    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--stage", str(out),
-                          password="")
+    rc, output = _publish(
+        capsys, str(dist), "--repository", "pypi", "--stage", str(out), password=""
+    )
     assert rc == 2 and labelled[0].name in output, output
     assert not out.exists()
-    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--skip-local-versions",
-                          "--stage", str(out), password="")
+    rc, output = _publish(
+        capsys,
+        str(dist),
+        "--repository",
+        "pypi",
+        "--skip-local-versions",
+        "--stage",
+        str(out),
+        password="",
+    )
     assert rc == 0, output
     assert "twine check --strict: 1 wheel(s) passed" in output
     assert [p.name for p in out.iterdir()] == [stable.name]
     assert (out / stable.name).read_bytes() == stable.read_bytes()
     # The uploader takes everything in the folder: one left over from before is refused.
-    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--skip-local-versions",
-                          "--stage", str(out), password="")
+    rc, output = _publish(
+        capsys,
+        str(dist),
+        "--repository",
+        "pypi",
+        "--skip-local-versions",
+        "--stage",
+        str(out),
+        password="",
+    )
     assert rc == 2 and "--stage" in output and "not empty" in output, output
     # Only labelled wheels: an empty folder, and it says so (a project with no stable wheel).
     only = tmp_path / "only"
     _record(only, make_wheel(only, "pubstage", "2.0+torch2.9"))
     empty = tmp_path / "empty-stage"
-    rc, output = _publish(capsys, str(only), "--repository", "pypi", "--skip-local-versions",
-                          "--stage", str(empty), password="")
+    rc, output = _publish(
+        capsys,
+        str(only),
+        "--repository",
+        "pypi",
+        "--skip-local-versions",
+        "--stage",
+        str(empty),
+        password="",
+    )
     assert rc == 0, output
     assert empty.is_dir() and list(empty.iterdir()) == []
     assert "nothing to publish" in output
@@ -365,8 +432,9 @@ def test_repository_name_and_url_together_are_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dist = _dist(tmp_path, "pubboth")
-    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--repository-url",
-                          "http://127.0.0.1:9/")
+    rc, output = _publish(
+        capsys, str(dist), "--repository", "pypi", "--repository-url", "http://127.0.0.1:9/"
+    )
     assert rc == 2 and "--repository-url or --repository, not both" in output, output
 
 
@@ -400,9 +468,18 @@ class _FakeIndex(http.server.BaseHTTPRequestHandler):
             token = json.loads(body).get("token")
             self.minted_for.append(token)
             if token != ID_TOKEN:
-                self._answer(422, {"message": "Token request failed", "errors": [
-                    {"code": "invalid-publisher", "description": "valid token, but no "
-                     "corresponding publisher"}]})
+                self._answer(
+                    422,
+                    {
+                        "message": "Token request failed",
+                        "errors": [
+                            {
+                                "code": "invalid-publisher",
+                                "description": "valid token, but no corresponding publisher",
+                            }
+                        ],
+                    },
+                )
                 return
             self._answer(200, {"success": True, "token": MINTED})
             return
@@ -422,8 +499,9 @@ def fake_pypi(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_FakeIndex]]:
     thread.start()
     import twine.utils  # noqa: PLC0415 -- only these tests patch it
 
-    monkeypatch.setattr(twine.utils, "DEFAULT_REPOSITORY",
-                        f"http://127.0.0.1:{httpd.server_address[1]}/legacy/")
+    monkeypatch.setattr(
+        twine.utils, "DEFAULT_REPOSITORY", f"http://127.0.0.1:{httpd.server_address[1]}/legacy/"
+    )
     try:
         yield handler
     finally:
@@ -454,7 +532,14 @@ def test_trusted_publishing_exchanges_the_oidc_token_and_uploads_what_pypi_takes
     assert "minted an upload token" in output
     # Still all or nothing for local versions: without the skip, refused before any exchange.
     before = len(fake_pypi.minted_for)
-    rc, output = _publish(capsys, str(dist), "--repository", "pypi", "--trusted-publishing",
-                          password="", PYPI_ID_TOKEN=ID_TOKEN)
+    rc, output = _publish(
+        capsys,
+        str(dist),
+        "--repository",
+        "pypi",
+        "--trusted-publishing",
+        password="",
+        PYPI_ID_TOKEN=ID_TOKEN,
+    )
     assert rc == 2 and labelled[0].name in output, output
     assert len(fake_pypi.minted_for) == before

@@ -83,34 +83,54 @@ def test_needs_pull() -> None:
     assert not needs_pull("never", present=False)
 
 
-@pytest.mark.parametrize("message, kind", [
-    ('Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused',
-     "network"),
-    ("Get https://quay.io/v2/: net/http: request canceled while waiting for connection "
-     "(Client.Timeout exceeded while awaiting headers)", "network"),
-    ("Get https://quay.io/v2/: proxyconnect tcp: dial tcp 10.0.0.1:3128: i/o timeout",
-     "network"),
-    ("manifest for 127.0.0.1:5000/ampforge/base:nope not found: manifest unknown: "
-     "manifest unknown", "not found"),
-    ("pull access denied for nosuch, repository does not exist or may require 'docker login'",
-     "not found"),
-    ("invalid reference format", "other"),
-])
+@pytest.mark.parametrize(
+    "message, kind",
+    [
+        (
+            'Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused',
+            "network",
+        ),
+        (
+            "Get https://quay.io/v2/: net/http: request canceled while waiting for connection "
+            "(Client.Timeout exceeded while awaiting headers)",
+            "network",
+        ),
+        (
+            "Get https://quay.io/v2/: proxyconnect tcp: dial tcp 10.0.0.1:3128: i/o timeout",
+            "network",
+        ),
+        (
+            "manifest for 127.0.0.1:5000/ampforge/base:nope not found: manifest unknown: "
+            "manifest unknown",
+            "not found",
+        ),
+        (
+            "pull access denied for nosuch, repository does not exist or may require "
+            "'docker login'",
+            "not found",
+        ),
+        ("invalid reference format", "other"),
+    ],
+)
 def test_failure_kind(message: str, kind: str) -> None:
     assert failure_kind(message) == kind
 
 
 def test_progress_is_a_few_lines_per_layer() -> None:
     p = PullProgress("reg/x:1")
-    events = [{"status": "Pulling from x", "id": "1"},
-              {"status": "Pulling fs layer", "id": "aaa"},
-              {"status": "Already exists", "id": "bbb"},
-              *({"status": "Downloading", "id": "aaa",
-                 "progressDetail": {"current": c, "total": 100}} for c in range(1, 101)),
-              {"status": "Download complete", "id": "aaa"},
-              {"status": "Extracting", "id": "aaa", "progressDetail": {"current": 5}},
-              {"status": "Pull complete", "id": "aaa"},
-              {"status": "Status: Downloaded newer image for reg/x:1"}]
+    events = [
+        {"status": "Pulling from x", "id": "1"},
+        {"status": "Pulling fs layer", "id": "aaa"},
+        {"status": "Already exists", "id": "bbb"},
+        *(
+            {"status": "Downloading", "id": "aaa", "progressDetail": {"current": c, "total": 100}}
+            for c in range(1, 101)
+        ),
+        {"status": "Download complete", "id": "aaa"},
+        {"status": "Extracting", "id": "aaa", "progressDetail": {"current": 5}},
+        {"status": "Pull complete", "id": "aaa"},
+        {"status": "Status: Downloaded newer image for reg/x:1"},
+    ]
     lines = [line for e in events if (line := p.line(e)) is not None]
     downloads = [line for line in lines if "downloading" in line]
     assert len(downloads) == 4  # each quarter once, not a line per chunk
@@ -124,8 +144,9 @@ def test_progress_is_a_few_lines_per_layer() -> None:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DockerEngine, Registry,
-                                                                          str, str]]:
+def pushed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[DockerEngine, Registry, str, str]]:
     """(engine, registry, the pushed ref, the base image id): the local base image pushed to a
     registry of our own, under a tag the engine does not have."""
     engine = docker_engine()
@@ -140,8 +161,19 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DockerEng
 def _cli_build(tmp_path: Path, ref: str, env: dict[str, str], *extra: str):
     """``build`` of this host's default cell in base image *ref*: the pull comes first, so a
     pull that fails stops it before anything is built."""
-    return run_cli("build", "--backend", "docker", "--base-image", ref, "--out",
-                   str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work"), *extra, env=env)
+    return run_cli(
+        "build",
+        "--backend",
+        "docker",
+        "--base-image",
+        ref,
+        "--out",
+        str(tmp_path / "dist"),
+        "--work-dir",
+        str(tmp_path / "work"),
+        *extra,
+        env=env,
+    )
 
 
 @pytest.mark.docker
@@ -149,8 +181,10 @@ def test_pull_that_works_and_the_records_after_it(pushed, tmp_path: Path) -> Non
     engine, reg, ref, base_id = pushed
     engine.remove_image(ref)
     assert engine.image_id(ref) is None
-    settings = load_settings(CliOverrides(base_image=ref, backend="docker", arch="X86",
-                                          python="3.11", torch="2.13.0"), {})
+    settings = load_settings(
+        CliOverrides(base_image=ref, backend="docker", arch="X86", python="3.11", torch="2.13.0"),
+        {},
+    )
     before = resolve(settings, Host(Redactor()), backend_registry(), out=tmp_path)
     [cell] = before.here
     assert "pulled first: --pull missing" in cell.backend_reason
@@ -185,8 +219,11 @@ def test_a_missing_tag_is_said_as_such(pushed, tmp_path: Path) -> None:
 
 def _daemon_proxies(engine: DockerEngine) -> dict[str, str]:
     info = engine.info()
-    found = {"HTTP_PROXY": info.get("HttpProxy"), "HTTPS_PROXY": info.get("HttpsProxy"),
-             "NO_PROXY": info.get("NoProxy")}
+    found = {
+        "HTTP_PROXY": info.get("HttpProxy"),
+        "HTTPS_PROXY": info.get("HttpsProxy"),
+        "NO_PROXY": info.get("NoProxy"),
+    }
     return {k: v for k, v in found.items() if v}
 
 
@@ -223,14 +260,38 @@ def test_never_pulls_nothing_and_says_how(pushed, tmp_path: Path) -> None:
     engine, _, ref, _ = pushed
     engine.remove_image(ref)
     cfg = write_config(tmp_path, BASE_CONFIG + f"images:\n  X86:\n    base: {ref}\n")
-    r = run_cli("plan", "--config", str(cfg), "--arch", "X86", "--python", "3.11",
-                "--torch", "2.13.0", "--backend", "docker", "--pull", "never")
+    r = run_cli(
+        "plan",
+        "--config",
+        str(cfg),
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        "--backend",
+        "docker",
+        "--pull",
+        "never",
+    )
     assert r.rc == 0, r.err
     assert "not buildable on this host" in r.out and "--pull never" in r.out
     assert engine.image_id(ref) is None
     # auto with the image missing prefers a backend that needs no pull (this host's Python).
-    r = run_cli("plan", "--config", str(cfg), "--arch", "X86", "--python", "3.11",
-                "--torch", "2.13.0", "--format", "json")
+    r = run_cli(
+        "plan",
+        "--config",
+        str(cfg),
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        "--format",
+        "json",
+    )
     assert r.rc == 0, r.err
     assert '"backend": "host"' in r.out and "a docker build pulls it first" in r.out
 
@@ -240,13 +301,26 @@ def test_doctor_says_the_build_pulls_a_missing_base_image(tmp_path: Path) -> Non
     docker_engine()
     ref = f"127.0.0.1:{free_port('127.0.0.1')}/ampforge/base:absent"
     cfg = write_config(tmp_path, BASE_CONFIG + f"images:\n  X86:\n    base: {ref}\n")
-    sel = ("--config", str(cfg), "--arch", "X86", "--python", "3.11", "--torch", "2.13.0",
-           "--backend", "docker", "--format", "json")
+    sel = (
+        "--config",
+        str(cfg),
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.13.0",
+        "--backend",
+        "docker",
+        "--format",
+        "json",
+    )
     checks = {c["name"]: c for c in json.loads(run_cli("doctor", *sel).out)["checks"]}
     line = checks["base image X86"]
     assert line["status"] == "WARN" and "the build pulls it first: --pull missing" in line["detail"]
-    checks = {c["name"]: c
-              for c in json.loads(run_cli("doctor", *sel, "--pull", "never").out)["checks"]}
+    checks = {
+        c["name"]: c for c in json.loads(run_cli("doctor", *sel, "--pull", "never").out)["checks"]
+    }
     # never: no docker cell can be built here (see plan), and nothing is said to be pulled
     assert "pulls it" not in checks["base image X86"]["detail"]
     cell = checks["cell cp311-manylinux_x86_64-torch2.13.0"]

@@ -42,14 +42,16 @@ QUAD_IOU = ("quad-iou==0.2.0", "quad_iou-0.2.0")
 
 #: cibuildwheel's environment that hides every ``nvcc`` from the build: each PATH folder
 #: holding one is dropped (evaluated by sh in the build environment, wherever it runs).
-HIDE_NVCC = ("PATH=\"$(echo $PATH | tr : '\\n' | while read -r d; do test -x $d/nvcc "
-             "|| echo $d; done | paste -sd: -)\"")
+HIDE_NVCC = (
+    "PATH=\"$(echo $PATH | tr : '\\n' | while read -r d; do test -x $d/nvcc "
+    '|| echo $d; done | paste -sd: -)"'
+)
 
 #: Round trips of each project's ops in the verification venv. torchsort: soft ranks and
 #: sorts of distinct values at a small regularization are the hard ones, and the sort is
 #: differentiable; quad-iou: a unit square against itself and against its half-shifted copy.
 TORCHSORT_TEST = (
-    "python -c \"import shutil, torch, torchsort; "
+    'python -c "import shutil, torch, torchsort; '
     "x = torch.tensor([[8., 0., 5., 3., 2., 1., 6., 7., 9., 4.]], requires_grad=True); "
     "r = torchsort.soft_rank(x, regularization_strength=1e-3); "
     "assert torch.equal(r.detach().round(), (x.detach().argsort().argsort() + 1).float()), r; "
@@ -57,14 +59,16 @@ TORCHSORT_TEST = (
     "assert torch.allclose(s.detach(), x.detach().sort().values, atol=1e-3), s; "
     "s.sum().backward(); assert x.grad is not None and x.grad.shape == x.shape; "
     "assert shutil.which('nvcc') is None, 'environment: nvcc still on PATH'; "
-    "print('torchsort round trip ok')\"")
+    "print('torchsort round trip ok')\""
+)
 QUAD_IOU_TEST = (
-    "python -c \"import torch, quad_iou; "
+    'python -c "import torch, quad_iou; '
     "a = torch.tensor([[[0., 0.], [1., 0.], [1., 1.], [0., 1.]]]); "
     "r = quad_iou.calculate_iou(a, torch.cat([a, a + torch.tensor([0.5, 0.])])); "
     "assert torch.allclose(r.flatten(), torch.tensor([1., 1. / 3.]), atol=1e-4), r; "
     "assert torch.get_num_threads() == 1, 'environment: OMP_NUM_THREADS'; "
-    "print('quad-iou round trip ok')\"")
+    "print('quad-iou round trip ok')\""
+)
 
 
 def _without_nvcc(path: str) -> str:
@@ -83,14 +87,32 @@ def sdists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("client-sdists")
     env = {**os.environ, "PATH": _without_nvcc(os.environ["PATH"])}
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         "--no-build-isolation", "--disable-pip-version-check", "--dest", str(dest),
-         TORCHSORT[0], QUAD_IOU[0]],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--dest",
+            str(dest),
+            TORCHSORT[0],
+            QUAD_IOU[0],
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if proc.returncode != 0:
-        missing(f"the package index is not reachable: pip download {TORCHSORT[0]} "
-                f"{QUAD_IOU[0]} failed:\n{proc.stderr[-1500:]}",
-                "CI needs the package index for the real-client tests")
+        missing(
+            f"the package index is not reachable: pip download {TORCHSORT[0]} "
+            f"{QUAD_IOU[0]} failed:\n{proc.stderr[-1500:]}",
+            "CI needs the package index for the real-client tests",
+        )
     return dest
 
 
@@ -114,9 +136,19 @@ def _compiled_through_ccache(entry: dict) -> None:
 @pytest.mark.slow
 def test_torchsort_on_the_host_backend(sdists: Path, tmp_path: Path) -> None:
     project = _unpack(sdists, TORCHSORT, tmp_path / "src")
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--find-links", str(wheelhouse_cp311()), "--environment", HIDE_NVCC,
-                  "--test-command", TORCHSORT_TEST)
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--find-links",
+        str(wheelhouse_cp311()),
+        "--environment",
+        HIDE_NVCC,
+        "--test-command",
+        TORCHSORT_TEST,
+    )
     assert r.rc == 0, r.err[-4000:]
     entry = _entry(tmp_path / "dist", CELL)
     assert entry["file"].startswith("torchsort-0.1.10+torch2.13-cp311-cp311-manylinux_"), entry
@@ -131,10 +163,25 @@ def test_torchsort_on_the_host_backend(sdists: Path, tmp_path: Path) -> None:
 def test_quad_iou_on_the_docker_backend(sdists: Path, tmp_path: Path) -> None:
     project = _unpack(sdists, QUAD_IOU, tmp_path / "src")
     base = build_base_image(docker_engine())
-    r = run_build(tmp_path, "--backend", "docker", "--base-image", base.tag, "--arch", "X86",
-                  "--python", "3.11", "--find-links", str(wheelhouse_cp311()),
-                  "--project", str(project), "--environment", "OMP_NUM_THREADS=1",
-                  "--test-command", QUAD_IOU_TEST)
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "docker",
+        "--base-image",
+        base.tag,
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--find-links",
+        str(wheelhouse_cp311()),
+        "--project",
+        str(project),
+        "--environment",
+        "OMP_NUM_THREADS=1",
+        "--test-command",
+        QUAD_IOU_TEST,
+    )
     assert r.rc == 0, r.err[-4000:]
     entry = _entry(tmp_path / "dist", CELL)
     assert entry["file"].startswith("quad_iou-0.2.0+torch2.13-cp311-cp311-manylinux_"), entry
@@ -148,9 +195,23 @@ def test_quad_iou_on_the_docker_backend(sdists: Path, tmp_path: Path) -> None:
 def test_torchsort_cross_built_for_arm(sdists: Path, tmp_path: Path) -> None:
     cell = "cp311-manylinux_aarch64-torch2.9.1"
     project = _unpack(sdists, TORCHSORT, tmp_path / "src")
-    r = run_build(tmp_path, "--backend", "cross", "--arch", "ARM", "--python", "3.11",
-                  "--torch", "2.9.1", "--project", str(project), "--environment", HIDE_NVCC,
-                  "--test-command", TORCHSORT_TEST)
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "cross",
+        "--arch",
+        "ARM",
+        "--python",
+        "3.11",
+        "--torch",
+        "2.9.1",
+        "--project",
+        str(project),
+        "--environment",
+        HIDE_NVCC,
+        "--test-command",
+        TORCHSORT_TEST,
+    )
     assert r.rc == 0, r.err[-4000:]
     entry = _entry(tmp_path / "dist", cell)
     assert entry["file"].startswith("torchsort-0.1.10+torch2.9-cp311-cp311-manylinux_"), entry
@@ -177,11 +238,12 @@ cuda:
   arch_list: {{"13.0": "8.0;9.0+PTX"}}
 """
 TORCHSORT_CUDA_TEST = (
-    "python -c \"import torch, torchsort, torchsort.isotonic_cuda; "
+    'python -c "import torch, torchsort, torchsort.isotonic_cuda; '
     "assert torch.version.cuda == '13.0', torch.version.cuda; "
     "x = torch.tensor([[3., 1., 2.]]); "
     "assert torch.equal(torchsort.soft_rank(x, regularization_strength=1e-3).round(), "
-    "torch.tensor([[3., 1., 2.]])); print('torchsort cuda import ok')\"")
+    "torch.tensor([[3., 1., 2.]])); print('torchsort cuda import ok')\""
+)
 
 
 @pytest.mark.slow
@@ -194,18 +256,31 @@ def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) ->
     project = _unpack(sdists, TORCHSORT, tmp_path / "src")
     config = tmp_path / "cuda.yaml"
     config.write_text(CUDA_CONFIG)
-    r = run_build(tmp_path, "--config", str(config), "--backend", "host", "--cuda", "13.0",
-                  "--project", str(project), "--test-command", TORCHSORT_CUDA_TEST,
-                  timeout=3600, PATH=_without_nvcc(os.environ["PATH"]))
+    r = run_build(
+        tmp_path,
+        "--config",
+        str(config),
+        "--backend",
+        "host",
+        "--cuda",
+        "13.0",
+        "--project",
+        str(project),
+        "--test-command",
+        TORCHSORT_CUDA_TEST,
+        timeout=3600,
+        PATH=_without_nvcc(os.environ["PATH"]),
+    )
     assert r.rc == 0, r.err[-4000:]
     entry = _entry(tmp_path / "dist", CUDA_CELL)
-    assert entry["file"].startswith(
-        "torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_"), entry
+    assert entry["file"].startswith("torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_"), (
+        entry
+    )
     assert entry["extra"]["modules"] == ["torchsort.isotonic_cpu", "torchsort.isotonic_cuda"]
     cuda = entry["extra"]["cuda"]
     assert cuda["arch_list"] == "8.0;9.0+PTX" and cuda["device_code"] == {
-        "torchsort/isotonic_cuda.cpython-311-x86_64-linux-gnu.so":
-            "sm_80, sm_90, compute_90 (PTX)"}, cuda
+        "torchsort/isotonic_cuda.cpython-311-x86_64-linux-gnu.so": "sm_80, sm_90, compute_90 (PTX)"
+    }, cuda
     assert entry["extra"]["resolved"]["cuda"]["version"] == "13.0"
     # Both compiles (isotonic_cpu.cpp by g++, isotonic_cuda.cu by nvcc) went through ccache:
     # torch's ninja rule ran nvcc through the link PYTORCH_NVCC names.
@@ -223,11 +298,31 @@ def _fetch_cuda_bundle(project: Path, config: Path, bundle: Path, path: str) -> 
     """``fetch --no-images`` of the CUDA cell on this connected machine: the CUDA torch, its
     nvidia-* packages, the toolkit's pins and the project's build requirements. Its output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "builder", "fetch", "--config", str(config), "--cuda", "13.0",
-         "--python", "3.11", "--arch", "X86", "--project", str(project), "--bundle",
-         str(bundle), "--no-images"],
-        capture_output=True, text=True, env=builder_env(PATH=path), cwd=bundle.parent,
-        timeout=3600)
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "fetch",
+            "--config",
+            str(config),
+            "--cuda",
+            "13.0",
+            "--python",
+            "3.11",
+            "--arch",
+            "X86",
+            "--project",
+            str(project),
+            "--bundle",
+            str(bundle),
+            "--no-images",
+        ],
+        capture_output=True,
+        text=True,
+        env=builder_env(PATH=path),
+        cwd=bundle.parent,
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout + proc.stderr
 
@@ -236,7 +331,8 @@ def _fetch_cuda_bundle(project: Path, config: Path, bundle: Path, path: str) -> 
 @pytest.mark.cuda_build
 @pytest.mark.timeout(5400)
 def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
-        sdists: Path, tmp_path: Path) -> None:
+    sdists: Path, tmp_path: Path
+) -> None:
     """The CUDA cell as a release engineer behind a proxy, then on an air-gapped machine, runs
     it. A bundle is fetched on this connected machine; then
 
@@ -263,8 +359,20 @@ def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
     assert any(n.startswith("nvidia_cuda_nvcc-13.0") for n in wheels), wheels
     print(fetched[-2000:])  # what it downloaded, and how much (the closing note reads it)
 
-    args = ("--backend", "host", "--cuda", "13.0", "--python", "3.11", "--arch", "X86",
-            "--project", str(project), "--test-command", TORCHSORT_CUDA_TEST)
+    args = (
+        "--backend",
+        "host",
+        "--cuda",
+        "13.0",
+        "--python",
+        "3.11",
+        "--arch",
+        "X86",
+        "--project",
+        str(project),
+        "--test-command",
+        TORCHSORT_CUDA_TEST,
+    )
     env = {"PYTHONPATH": str(REPO_ROOT), "PATH": path}
     proxied, offline = tmp_path / "proxied", tmp_path / "offline"
     proxied.mkdir()
@@ -273,17 +381,21 @@ def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
 
     # 1. Through the proxy, from an index nothing else reaches.
     root = write_index(bundle / "wheels", tmp_path / "index")
-    with isolated_netns() as netns, serve_index(root) as index, \
-            tinyproxy(netns.host_addr, tmp_path / "proxy", ()) as proxy:
+    with isolated_netns() as netns, serve_index(root) as index, tinyproxy(
+        netns.host_addr, tmp_path / "proxy", ()
+    ) as proxy:
         assert netns.can_connect(proxy.host, proxy.port)
         assert not netns.can_connect("127.0.0.1", index.port), "the index is reachable directly"
         via = tmp_path / "via-proxy.yaml"
         via.write_text(CUDA_CONFIG + f"pip:\n  index_url: {index.url}\n")
         proc = subprocess.run(
-            netns.argv(build_argv(proxied, "--config", str(via), *args,
-                                  "--http-proxy", proxy.url)),
-            capture_output=True, text=True, cwd=proxied, timeout=3600,
-            env=airgapped_env(AMPFORGE_CACHE=str(cache_a), **env))
+            netns.argv(build_argv(proxied, "--config", str(via), *args, "--http-proxy", proxy.url)),
+            capture_output=True,
+            text=True,
+            cwd=proxied,
+            timeout=3600,
+            env=airgapped_env(AMPFORGE_CACHE=str(cache_a), **env),
+        )
         assert proc.returncode == 0, proc.stderr[-5000:]
         log = proxy.log_text()
     base = f"GET http://127.0.0.1:{index.port}/simple/"
@@ -298,16 +410,25 @@ def test_torchsort_cuda_through_a_proxy_then_air_gapped_from_the_bundle(
     # goes first, as it would not be carried.
     shutil.rmtree(root)
     proc = subprocess.run(
-        [unshare, "--net", "--", *build_argv(offline, "--config", str(config), *args,
-                                             "--bundle", str(bundle))],
-        capture_output=True, text=True, cwd=offline, timeout=3600,
-        env=airgapped_env(AMPFORGE_CACHE=str(cache_b), **env))
+        [
+            unshare,
+            "--net",
+            "--",
+            *build_argv(offline, "--config", str(config), *args, "--bundle", str(bundle)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=offline,
+        timeout=3600,
+        env=airgapped_env(AMPFORGE_CACHE=str(cache_b), **env),
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     second = _entry(offline / "dist", CUDA_CELL)
     stats = second["extra"]["ccache"]
     assert stats["hits"] + stats["misses"] == 2, stats  # nvcc's compile went through it too
     assert second["extra"]["cuda"]["device_code"] == first["extra"]["cuda"]["device_code"]
     assert second["file"] == first["file"] and second["file"].startswith(
-        "torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_")
+        "torchsort-0.1.10+torch2.14.cu130-cp311-cp311-manylinux_"
+    )
     out = (offline / "work" / "logs" / f"{CUDA_CELL}.log").read_text()
     assert "torchsort cuda import ok" in out

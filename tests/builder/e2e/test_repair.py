@@ -52,9 +52,20 @@ def raw_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     project = write_tiny_extension(root / "src")
     out = root / "raw"
     with HostEngine().session(parent=root) as session:
-        session.run([sys.executable, str(STEPS_SCRIPT), "build-wheel", "--project", str(project),
-                     "--out", str(out), "--local-version", local_version(TORCH)],
-                    step="build tinyext")
+        session.run(
+            [
+                sys.executable,
+                str(STEPS_SCRIPT),
+                "build-wheel",
+                "--project",
+                str(project),
+                "--out",
+                str(out),
+                "--local-version",
+                local_version(TORCH),
+            ],
+            step="build tinyext",
+        )
     (wheel,) = out.glob("*.whl")
     return wheel
 
@@ -77,8 +88,9 @@ def test_raw_wheel_carries_the_torch_local_version(raw_wheel: Path) -> None:
     assert (dist, ver, py, plats) == ("tinyext", "0.0.1+torch2.13", "cp311", ("linux_x86_64",))
 
 
-def test_repair_excludes_torch_and_gives_manylinux(raw_wheel: Path, session: HostSession,
-                                                   tmp_path: Path) -> None:
+def test_repair_excludes_torch_and_gives_manylinux(
+    raw_wheel: Path, session: HostSession, tmp_path: Path
+) -> None:
     out = tmp_path / "repaired"
     out.mkdir()
     result = repair_wheel_ok = _repair(session, raw_wheel, out)
@@ -86,8 +98,7 @@ def test_repair_excludes_torch_and_gives_manylinux(raw_wheel: Path, session: Hos
     assert result.tag.startswith("manylinux_2_") and result.tag.endswith("_x86_64")
     # The glibc shim keeps __libc_single_threaded (GLIBC_2.32) out: older than this host's glibc.
     assert int(result.tag.split("_")[2]) < 32
-    assert set(result.audit.external_libs) == {"libc10.so", "libtorch_cpu.so",
-                                               "libtorch_python.so"}
+    assert set(result.audit.external_libs) == {"libc10.so", "libtorch_cpu.so", "libtorch_python.so"}
     with zipfile.ZipFile(result.wheel) as zf:
         names = zf.namelist()
     assert not [n for n in names if ".libs/" in n]
@@ -96,20 +107,27 @@ def test_repair_excludes_torch_and_gives_manylinux(raw_wheel: Path, session: Hos
     assert [p.name for p in out.iterdir()] == [result.wheel.name]  # no staging left
 
 
-def test_refuses_when_something_else_would_be_grafted(raw_wheel: Path, session: HostSession,
-                                                      tmp_path: Path) -> None:
+def test_refuses_when_something_else_would_be_grafted(
+    raw_wheel: Path, session: HostSession, tmp_path: Path
+) -> None:
     """Only libtorch* excluded and torch's lib dir visible: libc10.so would be grafted."""
     out = tmp_path / "repaired"
     out.mkdir()
     with pytest.raises(StepFailed) as err:
-        _repair(session, raw_wheel, out, excludes=("libtorch*.so",),
-                env={"AUDITWHEEL_LD_LIBRARY_PATH": TORCH_LIB})
+        _repair(
+            session,
+            raw_wheel,
+            out,
+            excludes=("libtorch*.so",),
+            env={"AUDITWHEEL_LD_LIBRARY_PATH": TORCH_LIB},
+        )
     assert "would graft libc10.so" in str(err.value)
     assert list(out.iterdir()) == []
 
 
-def test_refuses_a_non_manylinux_result(raw_wheel: Path, session: HostSession,
-                                        tmp_path: Path) -> None:
+def test_refuses_a_non_manylinux_result(
+    raw_wheel: Path, session: HostSession, tmp_path: Path
+) -> None:
     out = tmp_path / "repaired"
     out.mkdir()
     # auditwheel itself refuses --plat linux_x86_64; --no-update-tags is how a linux_* name
@@ -119,8 +137,9 @@ def test_refuses_a_non_manylinux_result(raw_wheel: Path, session: HostSession,
     assert list(out.iterdir()) == []
 
 
-def test_verification_rejects_lies_and_bundled_torch(raw_wheel: Path, session: HostSession,
-                                                     tmp_path: Path) -> None:
+def test_verification_rejects_lies_and_bundled_torch(
+    raw_wheel: Path, session: HostSession, tmp_path: Path
+) -> None:
     out = tmp_path / "repaired"
     out.mkdir()
     good = _repair(session, raw_wheel, out)
@@ -155,7 +174,8 @@ def test_libm_calls_bind_to_their_oldest_glibc_versions(raw_wheel: Path) -> None
 
 
 def test_repair_targets_torchs_tag_and_names_every_older_one_the_symbols_allow(
-        raw_wheel: Path, session: HostSession, tmp_path: Path) -> None:
+    raw_wheel: Path, session: HostSession, tmp_path: Path
+) -> None:
     out = tmp_path / "repaired"
     out.mkdir()
     result = _repair(session, raw_wheel, out, plat=TORCH_TAG)
@@ -172,8 +192,11 @@ def test_repair_targets_torchs_tag_and_names_every_older_one_the_symbols_allow(
         check_tag_covers_own_code(above, TORCH_TAG)
     below = tmp_path / result.wheel.name.replace(".".join(tags), "manylinux_2_17_x86_64")
     below.write_bytes(result.wheel.read_bytes())
-    with pytest.raises(StepFailed, match=r"claims manylinux_2_17_x86_64, but its own code needs "
-                                         r"glibc 2\.24 or newer:\n.*@GLIBCXX_3\.4\.2"):
+    with pytest.raises(
+        StepFailed,
+        match=r"claims manylinux_2_17_x86_64, but its own code needs "
+        r"glibc 2\.24 or newer:\n.*@GLIBCXX_3\.4\.2",
+    ):
         check_tag_covers_own_code(below, TORCH_TAG)
 
 
@@ -183,10 +206,13 @@ def test_a_wheel_above_its_ceiling_is_refused_naming_the_symbols(raw_wheel: Path
     with pytest.raises(StepFailed) as err:
         check_needs_within(raw_wheel, "manylinux_2_17_x86_64", "the test's ceiling")
     message = str(err.value)
-    assert "needs glibc 2.24 (manylinux_2_24 at best), newer than manylinux_2_17_x86_64: " \
-           "the test's ceiling" in message
-    assert re.search(r"tinyext/_C\.[^:]+\.so: \S+@GLIBCXX_3\.4\.2\d.* \(libstdc\+\+\.so\.6\)",
-                     message), message
+    assert (
+        "needs glibc 2.24 (manylinux_2_24 at best), newer than manylinux_2_17_x86_64: "
+        "the test's ceiling" in message
+    )
+    assert re.search(
+        r"tinyext/_C\.[^:]+\.so: \S+@GLIBCXX_3\.4\.2\d.* \(libstdc\+\+\.so\.6\)", message
+    ), message
     assert "GLIBC_2.2.5" not in message  # only what pushes it up is named
     assert check_needs_within(raw_wheel, TORCH_TAG, "torch's tag")  # within torch's: fine
 
@@ -196,9 +222,17 @@ def test_a_wheel_above_its_ceiling_is_refused_naming_the_symbols(raw_wheel: Path
 
 def _entry(wheel: Path, cell: str, **extra: object) -> ManifestEntry:
     return ManifestEntry.for_wheel(
-        wheel, cell=cell, torch="2.13.0", python="3.11", base_image="sha256:x",
-        compiler="g++ 12", builder_version="0.1.0", started_at="t0", finished_at="t1",
-        extra=extra)
+        wheel,
+        cell=cell,
+        torch="2.13.0",
+        python="3.11",
+        base_image="sha256:x",
+        compiler="g++ 12",
+        builder_version="0.1.0",
+        started_at="t0",
+        finished_at="t1",
+        extra=extra,
+    )
 
 
 def test_publish_and_manifest_keep_earlier_entries(raw_wheel: Path, tmp_path: Path) -> None:
@@ -213,26 +247,30 @@ def test_publish_and_manifest_keep_earlier_entries(raw_wheel: Path, tmp_path: Pa
         record_wheel(dist, _entry(first, "cp39-other", bad=object()))
     assert (dist / "manifest.json").read_text() == before
     assert sorted(p.name for p in dist.iterdir()) == sorted(
-        [first.name, "manifest.json", ".manifest.lock"])
+        [first.name, "manifest.json", ".manifest.lock"]
+    )
 
     # A second cell adds to, and does not replace, the first.
     other = tmp_path / "tinyext-0.0.1+torch2.8-cp39-cp39-manylinux_2_24_x86_64.whl"
     other.write_bytes(b"not really a wheel")
     record_wheel(dist, _entry(publish_wheel(other, dist), "cp39-manylinux_x86_64-torch2.8"))
     doc = read_manifest(dist)
-    assert [w["cell"] for w in doc["wheels"]] == ["cp311-manylinux_x86_64-torch2.13",
-                                                  "cp39-manylinux_x86_64-torch2.8"]
+    assert [w["cell"] for w in doc["wheels"]] == [
+        "cp311-manylinux_x86_64-torch2.13",
+        "cp39-manylinux_x86_64-torch2.8",
+    ]
     assert doc["wheels"][0]["sha256"] == sha256_file(raw_wheel)
     assert doc["wheels"][0]["size"] == raw_wheel.stat().st_size
 
 
 @pytest.mark.promise(
     promise="a new version of a project built into the same dist/ adds its wheel and entry "
-            "beside the older ones; a rebuild of the same file replaces only that file's entry",
+    "beside the older ones; a rebuild of the same file replaces only that file's entry",
     fault="a cell's wheel recorded for version 0.0.1, then 0.0.2 of the same cell, then 0.0.2 "
-          "rebuilt",
+    "rebuilt",
     result="both wheels stay listed with their sha256 (dist/ can still be indexed and "
-           "published); the rebuild leaves one entry for its file")
+    "published); the rebuild leaves one entry for its file",
+)
 def test_a_new_version_of_a_cell_keeps_the_older_wheels_entry(tmp_path: Path) -> None:
     from helpers.indexlib import make_wheel  # noqa: PLC0415
 
@@ -295,16 +333,19 @@ def test_cell_in_container_builds_repairs_and_verifies(tmp_path: Path) -> None:
     out.mkdir()
     log = OutputLog(log_file=tmp_path / "cell.log")
     seen: dict[str, str] = {}
-    with engine.container(base.tag, binds={str(wheelhouse): "/wheelhouse"}, log=log,
-                          network=False) as session:
+    with engine.container(
+        base.tag, binds={str(wheelhouse): "/wheelhouse"}, log=log, network=False
+    ) as session:
         seen["id"] = session.id
-        built = build_in_session(session, python=python, torch=TORCH, project=project,
-                                 wheelhouse="/wheelhouse")
+        built = build_in_session(
+            session, python=python, torch=TORCH, project=project, wheelhouse="/wheelhouse"
+        )
         assert built.shim  # bookworm's glibc has sys/single_threaded.h
         assert built.torch.startswith(TORCH)
         repaired = repair_wheel(session, built.wheel, out)
-        checked = verify_wheel(session, repaired.wheel, python=python, torch=TORCH,
-                               wheelhouse="/wheelhouse")
+        checked = verify_wheel(
+            session, repaired.wheel, python=python, torch=TORCH, wheelhouse="/wheelhouse"
+        )
     assert not [c for c in engine.leftover_containers() if c == seen["id"]]
     assert checked.modules == ("tinyext._C",)
     assert checked.tag == repaired.tag and int(repaired.tag.split("_")[2]) < 32
@@ -326,18 +367,35 @@ PyMODINIT_FUNC PyInit_bare_c(void) { return PyModule_Create(&bare); }
 @pytest.mark.promise(
     promise="a wheel whose compiled code needs no particular glibc passes the tag check",
     fault="a C module binding no versioned glibc symbol, which auditwheel tags manylinux1",
-    result="the repaired wheel's every tag is accepted and the oldest, manylinux_2_5, reported")
+    result="the repaired wheel's every tag is accepted and the oldest, manylinux_2_5, reported",
+)
 def test_a_module_without_versioned_glibc_symbols_meets_every_tag(
-        session: HostSession, tmp_path: Path) -> None:
+    session: HostSession, tmp_path: Path
+) -> None:
     project = tmp_path / "bare"
     project.mkdir()
     (project / "bare_c.c").write_text(BARE_C)
     (project / "setup.py").write_text(
         "from setuptools import Extension, setup\n"
-        "setup(name='bare-c', version='1.0', ext_modules=[Extension('bare_c', ['bare_c.c'])])\n")
+        "setup(name='bare-c', version='1.0', ext_modules=[Extension('bare_c', ['bare_c.c'])])\n"
+    )
     raw = tmp_path / "raw"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                    "--quiet", "-w", str(raw), str(project)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(raw),
+            str(project),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = raw.glob("*.whl")
     assert glibc_floor(version_needs(wheel)) == (2, 17)  # none of its own: the policy's floor
     out = tmp_path / "repaired"

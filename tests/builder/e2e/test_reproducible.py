@@ -33,12 +33,16 @@ COMMIT_TIME = 1_700_000_000  # 2023-11-14T22:13:20Z
 
 
 def _git(project: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
-           "GIT_AUTHOR_DATE": f"@{COMMIT_TIME - 50} +0000",
-           "GIT_COMMITTER_DATE": f"@{COMMIT_TIME} +0000"}
-    subprocess.run(["git", "-C", str(project), *args], check=True, env=env,
-                   capture_output=True)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        "GIT_AUTHOR_DATE": f"@{COMMIT_TIME - 50} +0000",
+        "GIT_COMMITTER_DATE": f"@{COMMIT_TIME} +0000",
+    }
+    subprocess.run(["git", "-C", str(project), *args], check=True, env=env, capture_output=True)
 
 
 def _git_project(root: Path) -> Path:
@@ -60,12 +64,13 @@ def test_epoch_defaults_to_the_last_commit_and_env_then_flag_override(tmp_path: 
     assert "2023-11-14T22:13:20Z" in chosen.describe()
     from_env = resolve_source_date_epoch(project, flag=None, env={"SOURCE_DATE_EPOCH": "1234"})
     assert (from_env.value, from_env.origin) == (1234, "environment SOURCE_DATE_EPOCH")
-    flagged = resolve_source_date_epoch(project, flag="99",
-                                        env={"SOURCE_DATE_EPOCH": "1234"})
+    flagged = resolve_source_date_epoch(project, flag="99", env={"SOURCE_DATE_EPOCH": "1234"})
     assert (flagged.value, flagged.origin) == (99, "--source-date-epoch")
     # An empty variable is "not set" (CI systems export empty ones).
-    assert resolve_source_date_epoch(project, flag=None,
-                                     env={"SOURCE_DATE_EPOCH": ""}).value == COMMIT_TIME
+    assert (
+        resolve_source_date_epoch(project, flag=None, env={"SOURCE_DATE_EPOCH": ""}).value
+        == COMMIT_TIME
+    )
 
 
 def test_epoch_outside_git_is_the_newest_file_the_build_sees(tmp_path: Path) -> None:
@@ -95,12 +100,14 @@ def test_invalid_epoch_is_a_config_error_naming_its_source(tmp_path: Path, value
 
 def test_invalid_epoch_exits_2_from_the_command_line(tmp_path: Path) -> None:
     project = write_tiny_extension(tmp_path / "p")
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--source-date-epoch", "yesterday")
+    r = run_build(
+        tmp_path, "--backend", "host", "--project", str(project), "--source-date-epoch", "yesterday"
+    )
     assert r.rc == 2, r.err
     assert "--source-date-epoch='yesterday'" in r.err and "seconds since 1970" in r.err
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  SOURCE_DATE_EPOCH="soon")
+    r = run_build(
+        tmp_path, "--backend", "host", "--project", str(project), SOURCE_DATE_EPOCH="soon"
+    )
     assert r.rc == 2, r.err
     assert "SOURCE_DATE_EPOCH='soon'" in r.err
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
@@ -124,10 +131,13 @@ def _messy_wheel(path: Path, *, reverse: bool, stamp: tuple[int, ...], umask_mod
     """The same files in a different order, with other timestamps, modes, a directory entry,
     another compression and RECORD order: what two builders (or umasks) may produce."""
     info = "demo-1.0.dist-info"
-    files = {"demo/__init__.py": b"x = 1\n", "demo/_C.so": b"\x7fELF fake" * 100,
-             "demo/a,b.py": b"# a comma in the name: RECORD quotes it\n",
-             f"{info}/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
-             f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n"}
+    files = {
+        "demo/__init__.py": b"x = 1\n",
+        "demo/_C.so": b"\x7fELF fake" * 100,
+        "demo/a,b.py": b"# a comma in the name: RECORD quotes it\n",
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n",
+    }
     names = sorted(files, reverse=reverse)
     files[f"{info}/RECORD"] = _record(files, info, names)
     with zipfile.ZipFile(path, "w") as zf:
@@ -146,10 +156,12 @@ def test_normalize_makes_differently_written_wheels_identical(tmp_path: Path) ->
     name = "demo-1.0-cp311-cp311-linux_x86_64.whl"
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = _messy_wheel(tmp_path / "a" / name, reverse=False, stamp=(2024, 5, 1, 12, 0, 0),
-                     umask_mode=0o644)
-    b = _messy_wheel(tmp_path / "b" / name, reverse=True, stamp=(2025, 1, 2, 3, 4, 6),
-                     umask_mode=0o600)
+    a = _messy_wheel(
+        tmp_path / "a" / name, reverse=False, stamp=(2024, 5, 1, 12, 0, 0), umask_mode=0o644
+    )
+    b = _messy_wheel(
+        tmp_path / "b" / name, reverse=True, stamp=(2025, 1, 2, 3, 4, 6), umask_mode=0o600
+    )
     assert a.read_bytes() != b.read_bytes()
     assert normalize_wheel(a, COMMIT_TIME) and normalize_wheel(b, COMMIT_TIME)
     assert a.read_bytes() == b.read_bytes()
@@ -166,15 +178,22 @@ def test_normalize_makes_differently_written_wheels_identical(tmp_path: Path) ->
     assert [row[0] for row in csv.reader(record.splitlines())] == names  # same order
     # Still a valid wheel: wheel's own reader checks every RECORD hash while unpacking.
     out = tmp_path / "unpacked"
-    subprocess.run([sys.executable, "-m", "wheel", "unpack", "-d", str(out), str(a)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "wheel", "unpack", "-d", str(out), str(a)],
+        check=True,
+        capture_output=True,
+    )
     assert (out / "demo-1.0" / "demo" / "a,b.py").read_bytes().startswith(b"# a comma")
 
 
 def test_zip_timestamps_are_clamped_to_what_a_zip_can_hold(tmp_path: Path) -> None:
     assert zip_date_time(0) == zip_date_time(ZIP_EPOCH_MIN) == (1980, 1, 1, 0, 0, 0)
-    w = _messy_wheel(tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl", reverse=False,
-                     stamp=(2024, 1, 1, 0, 0, 0), umask_mode=0o644)
+    w = _messy_wheel(
+        tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl",
+        reverse=False,
+        stamp=(2024, 1, 1, 0, 0, 0),
+        umask_mode=0o644,
+    )
     normalize_wheel(w, 0)
     with zipfile.ZipFile(w) as zf:
         assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
@@ -185,8 +204,9 @@ def test_normalize_refuses_a_wheel_whose_record_does_not_match(tmp_path: Path) -
     with zipfile.ZipFile(w, "w") as zf:
         zf.writestr("demo/__init__.py", b"")
         zf.writestr("demo/extra.py", b"")
-        zf.writestr("demo-1.0.dist-info/RECORD", b"demo/__init__.py,,\n"
-                                                  b"demo-1.0.dist-info/RECORD,,\n")
+        zf.writestr(
+            "demo-1.0.dist-info/RECORD", b"demo/__init__.py,,\ndemo-1.0.dist-info/RECORD,,\n"
+        )
     before = w.read_bytes()
     with pytest.raises(StepFailed, match=r"present but not listed: \['demo/extra.py'\]"):
         normalize_wheel(w, COMMIT_TIME)
@@ -207,20 +227,34 @@ def test_host_builds_twice_byte_identical_then_up_to_date(tmp_path: Path) -> Non
     the binary. The epoch is the project's last commit (the default)."""
     project = _git_project(tmp_path / "src")
     wheelhouse = str(wheelhouse_cp311())
-    args = ("--backend", "host", "--project", str(project), "--wheelhouse", wheelhouse,
-            "--arch", "X86", "--python", "3.11")
+    args = (
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        wheelhouse,
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+    )
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     first = run_build(tmp_path / "one", *args)
     assert first.rc == 0, first.err[-4000:]
-    assert f"source date epoch: {COMMIT_TIME} (2023-11-14T22:13:20Z, the project's last git " \
-           "commit)" in first.err
+    assert (
+        f"source date epoch: {COMMIT_TIME} (2023-11-14T22:13:20Z, the project's last git "
+        "commit)" in first.err
+    )
     # The second compiles for real (no compiler cache): the same bytes must come out of the
     # compiler, not out of ccache's copy of the first build's objects.
     second = run_build(tmp_path / "two", *args, "--no-ccache")
     assert second.rc == 0, second.err[-4000:]
-    assert "ampforge: ccache for" not in (tmp_path / "two" / "work" / "logs" /
-                                          f"{CELL}.log").read_text()
+    assert (
+        "ampforge: ccache for"
+        not in (tmp_path / "two" / "work" / "logs" / f"{CELL}.log").read_text()
+    )
     (w1,) = (tmp_path / "one" / "dist").glob("*.whl")
     (w2,) = (tmp_path / "two" / "dist").glob("*.whl")
     assert w1.name == w2.name and w1.name.startswith("tinyext-0.0.1+torch2.13-cp311"), w1.name
@@ -228,7 +262,9 @@ def test_host_builds_twice_byte_identical_then_up_to_date(tmp_path: Path) -> Non
     entry = manifest(tmp_path / "one" / "dist")["wheels"][0]
     assert entry["sha256"] == _sha256(w1)
     assert entry["extra"]["source_date_epoch"] == {
-        "value": COMMIT_TIME, "origin": "the project's last git commit"}
+        "value": COMMIT_TIME,
+        "origin": "the project's last git commit",
+    }
     with zipfile.ZipFile(w1) as zf:
         assert {i.date_time for i in zf.infolist()} == {(2023, 11, 14, 22, 13, 20)}
         (so,) = [n for n in zf.namelist() if n.endswith(".so")]
@@ -241,23 +277,29 @@ def test_host_builds_twice_byte_identical_then_up_to_date(tmp_path: Path) -> Non
     again = run_build(tmp_path / "one", *args)
     assert again.rc == 0, again.err[-4000:]
     assert f"[{CELL}] up-to-date (" in again.err and "same inputs as its manifest entry" in (
-        again.err), again.err
+        again.err
+    ), again.err
     assert "] compile (" not in again.err
     assert dist_state(tmp_path / "one" / "dist") == before
 
     # Changing an input names it as the reason to rebuild: the epoch, a kernel's content.
     dist = tmp_path / "one" / "dist"
     assert rebuild_reason(dist, CELL, {"source_date_epoch": COMMIT_TIME}).startswith(
-        "its wheel in the manifest")  # same value: nothing to blame
+        "its wheel in the manifest"
+    )  # same value: nothing to blame
     assert rebuild_reason(dist, CELL, {"source_date_epoch": COMMIT_TIME + 1}) == (
-        "inputs changed since the last build: source_date_epoch")
-    (project / "tinyext" / "ext.cpp").write_text("// changed\n" + (
-        project / "tinyext" / "ext.cpp").read_text())
+        "inputs changed since the last build: source_date_epoch"
+    )
+    (project / "tinyext" / "ext.cpp").write_text(
+        "// changed\n" + (project / "tinyext" / "ext.cpp").read_text()
+    )
     assert rebuild_reason(dist, CELL, {"project": tree_digest(project)}) == (
-        "inputs changed since the last build: project")
+        "inputs changed since the last build: project"
+    )
     assert entry["extra"]["input_key"] != input_key({"project": tree_digest(project)})
 
 
 def test_rebuild_reason_without_an_earlier_build(tmp_path: Path) -> None:
     assert rebuild_reason(tmp_path, CELL, {"project": "x"}) == (
-        "not built before (no manifest entry)")
+        "not built before (no manifest entry)"
+    )

@@ -40,7 +40,8 @@ PROJECT = Path(__file__).resolve().parents[1] / "abi3ext"
 
 def test_which_pythons_a_wheels_tags_serve() -> None:
     assert tag_serves(Tag("cp39", "abi3", "x"), "cp39") and tag_serves(
-        Tag("cp39", "abi3", "x"), "cp313")
+        Tag("cp39", "abi3", "x"), "cp313"
+    )
     assert not tag_serves(Tag("cp311", "abi3", "x"), "cp310")
     assert tag_serves(Tag("cp311", "cp311", "x"), "cp311")
     assert not tag_serves(Tag("cp311", "cp311", "x"), "cp312")
@@ -57,16 +58,31 @@ def test_serves_needs_the_cells_python_and_machine() -> None:
 
 
 def _cells() -> list[Cell]:
-    image = BaseImage(ref="x", family="manylinux", plat="manylinux_2_28",
-                      python_path="/opt/python/{cp}-{cp}/bin/python")
-    return [Cell(arch=arch, python=py, torch="2.8.0", image=image)
-            for arch in ("X86", "ARM") for py in ("3.9", "3.11")]
+    image = BaseImage(
+        ref="x",
+        family="manylinux",
+        plat="manylinux_2_28",
+        python_path="/opt/python/{cp}-{cp}/bin/python",
+    )
+    return [
+        Cell(arch=arch, python=py, torch="2.8.0", image=image)
+        for arch in ("X86", "ARM")
+        for py in ("3.9", "3.11")
+    ]
 
 
 def _entry(wheel: Path, cell: str) -> ManifestEntry:
-    return ManifestEntry.for_wheel(wheel, cell=cell, torch="2.8.0", python="3.9",
-                                   base_image="x", compiler="g++", builder_version="0",
-                                   started_at="t0", finished_at="t1")
+    return ManifestEntry.for_wheel(
+        wheel,
+        cell=cell,
+        torch="2.8.0",
+        python="3.9",
+        base_image="x",
+        compiler="g++",
+        builder_version="0",
+        started_at="t0",
+        finished_at="t1",
+    )
 
 
 def test_publish_never_replaces_another_cells_wheel_with_other_bytes(tmp_path: Path) -> None:
@@ -81,9 +97,12 @@ def test_publish_never_replaces_another_cells_wheel_with_other_bytes(tmp_path: P
     other = tmp_path / "b" / name
     other.parent.mkdir()
     other.write_bytes(b"built again for cp311, other bytes")
-    with pytest.raises(StepFailed, match=r"refusing to replace .*: it is the wheel of cp39-x "
-                                         r"\(manifest.json\), with other bytes than the wheel "
-                                         r"built for cp311-x; kept as it is"):
+    with pytest.raises(
+        StepFailed,
+        match=r"refusing to replace .*: it is the wheel of cp39-x "
+        r"\(manifest.json\), with other bytes than the wheel "
+        r"built for cp311-x; kept as it is",
+    ):
         publish_wheel(other, dist, cells=("cp311-x",))
     assert dist_state(dist) == before
     # Same bytes: one file, one entry per cell it serves.
@@ -92,10 +111,11 @@ def test_publish_never_replaces_another_cells_wheel_with_other_bytes(tmp_path: P
     same.write_bytes(first.read_bytes())
     record_wheel(dist, _entry(publish_wheel(same, dist, cells=("cp311-x",)), "cp311-x"))
     assert [(w["cell"], w["file"]) for w in read_manifest(dist)["wheels"]] == [
-        ("cp311-x", name), ("cp39-x", name)]
+        ("cp311-x", name),
+        ("cp39-x", name),
+    ]
     # Both cells rebuilt in one run may replace it; the entries with the old bytes go.
-    record_wheel(dist, _entry(publish_wheel(other, dist, cells=("cp39-x", "cp311-x")),
-                              "cp39-x"))
+    record_wheel(dist, _entry(publish_wheel(other, dist, cells=("cp39-x", "cp311-x")), "cp39-x"))
     entries = read_manifest(dist)["wheels"]
     assert [w["cell"] for w in entries] == ["cp39-x"]
     assert entries[0]["sha256"] == sha256_file(dist / name)
@@ -111,20 +131,19 @@ def test_publish_never_replaces_another_cells_wheel_with_other_bytes(tmp_path: P
 
 
 @pytest.mark.slow
-def test_an_abi3_wheel_is_built_once_and_verified_on_every_python_it_serves(
-        tmp_path: Path) -> None:
+def test_an_abi3_wheel_is_built_once_and_verified_on_every_python_it_serves(tmp_path: Path) -> None:
     seeded = seed_dist(tmp_path / "dist")
     project = tmp_path / "abi3ext"
     shutil.copytree(PROJECT, project)
     cp39, cp311 = "cp39-manylinux_aarch64-torch2.8.0", "cp311-manylinux_aarch64-torch2.8.0"
-    common = ("--backend", "cross", "--arch", "ARM", "--torch", "2.8.0",
-              "--project", str(project))
+    common = ("--backend", "cross", "--arch", "ARM", "--torch", "2.8.0", "--project", str(project))
     first = run_build(tmp_path, *common, "--python", "3.9")
     assert first.rc == 0, first.err[-4000:]
     dist = tmp_path / "dist"
     (wheel,) = dist.glob("abi3ext-*.whl")
-    assert re.fullmatch(r"abi3ext-0\.0\.1\+torch2\.8-cp39-abi3-manylinux_2_\d+_aarch64\.whl",
-                        wheel.name), wheel.name
+    assert re.fullmatch(
+        r"abi3ext-0\.0\.1\+torch2\.8-cp39-abi3-manylinux_2_\d+_aarch64\.whl", wheel.name
+    ), wheel.name
     built = wheel.read_bytes()
 
     # The scenario: the same out dir, the other Python, in a later run.

@@ -67,13 +67,20 @@ def _child(sig: str, ignored: bool = False) -> subprocess.CompletedProcess:
     def dispositions() -> None:
         signal.signal(getattr(signal, sig), signal.SIG_IGN if ignored else signal.SIG_DFL)
 
-    return subprocess.run([sys.executable, "-c", _CHILD, sig], capture_output=True, text=True,
-                          env=builder_env(), preexec_fn=dispositions, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, sig],
+        capture_output=True,
+        text=True,
+        env=builder_env(),
+        preexec_fn=dispositions,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])
 def test_term_and_hup_raise_a_keyboard_interrupt_with_128_plus_the_signal(
-        sig: str, code: int) -> None:
+    sig: str, code: int
+) -> None:
     r = _child(sig)
     assert r.stdout.splitlines() == [f"terminated {sig} {code} True", "after True"], r.stderr
     assert exit_code(Terminated(getattr(signal, sig))) == code
@@ -98,7 +105,8 @@ def _no_leftovers(tmp_path: Path, before: dict[str, bytes]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_signal_mid_build_removes_the_container_and_leaves_dist_intact(
-        tmp_path: Path, sig: signal.Signals) -> None:
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     engine = docker_engine()
     base = build_base_image(engine)
     before = seed_dist(tmp_path / "dist")
@@ -140,13 +148,21 @@ def test_sigterm_mid_host_build_ends_the_host_session(tmp_path: Path) -> None:
     folder is removed."""
     before = seed_dist(tmp_path / "dist")
     project = blocking_project(tmp_path / "term-host-tinyext")
-    argv = build_argv(tmp_path, "--backend", "host", "--project", str(project),
-                      "--wheelhouse", str(wheelhouse_cp311()))
+    argv = build_argv(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     proc = run_subprocess(argv, tmp_path)
     stage = tmp_path / "work" / "stage"
     try:
-        wait_until_building(proc, tmp_path / "work" / "logs" / f"{CELL}.log",
-                            lambda: bool(_processes_under(stage)))
+        wait_until_building(
+            proc, tmp_path / "work" / "logs" / f"{CELL}.log", lambda: bool(_processes_under(stage))
+        )
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -161,7 +177,8 @@ def test_sigterm_mid_host_build_ends_the_host_session(tmp_path: Path) -> None:
 @pytest.mark.docker
 @pytest.mark.slow
 def test_a_killed_builders_container_is_removed_by_clean_and_by_the_next_build(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """SIGKILL leaves the container (nothing can run); ``clean --dry-run`` names it, the next
     ``build`` removes it at start. Containers of a live builder (this test process), of another
     machine, or without owner labels are never touched."""
@@ -175,7 +192,8 @@ def test_a_killed_builders_container_is_removed_by_clean_and_by_the_next_build(
     try:
         assert engine.api.inspect_container(killed)["State"]["Running"], (
             "SIGKILL cannot clean up: the container must still be there for this test to mean "
-            "anything")
+            "anything"
+        )
         labels = engine.api.inspect_container(killed)["Config"]["Labels"]
         assert labels[PID_LABEL] == str(proc.pid) and labels[HOST_LABEL] == machine_id()
         assert labels[BOOT_LABEL] == boot_id() and labels[PID_START_LABEL]
@@ -184,14 +202,25 @@ def test_a_killed_builders_container_is_removed_by_clean_and_by_the_next_build(
         alive = {CONTAINER_LABEL: "1", **owner_labels()}
         assert alive[PID_START_LABEL] == process_start(os.getpid())
         foreign = {**alive, PID_LABEL: str(proc.pid), HOST_LABEL: "another-machine"}
-        for kind, lab in (("alive", alive), ("foreign", foreign),
-                          ("unlabelled", {CONTAINER_LABEL: "1"})):
-            made = engine.api.create_container(base.tag, command=["sleep", "infinity"],
-                                               labels={**lab, f"{CONTAINER_LABEL}.test": kind})
+        for kind, lab in (
+            ("alive", alive),
+            ("foreign", foreign),
+            ("unlabelled", {CONTAINER_LABEL: "1"}),
+        ):
+            made = engine.api.create_container(
+                base.tag,
+                command=["sleep", "infinity"],
+                labels={**lab, f"{CONTAINER_LABEL}.test": kind},
+            )
             others[kind] = str(made["Id"])
 
-        dry = subprocess.run([sys.executable, "-m", "builder", "clean", "--dry-run"],
-                             capture_output=True, text=True, env=builder_env(), timeout=120)
+        dry = subprocess.run(
+            [sys.executable, "-m", "builder", "clean", "--dry-run"],
+            capture_output=True,
+            text=True,
+            env=builder_env(),
+            timeout=120,
+        )
         assert dry.returncode == 0, dry.stderr
         assert f"would remove {killed[:12]} " in dry.stdout, dry.stdout
         assert f"builder pid {proc.pid} is gone" in dry.stdout
@@ -203,12 +232,20 @@ def test_a_killed_builders_container_is_removed_by_clean_and_by_the_next_build(
         # The next build removes it before anything else (here it then fails on a base image
         # that does not exist: exit 1, after the cleanup).
         (tmp_path / "next").mkdir()
-        r = run_build(tmp_path / "next",
-                      "--backend", "docker", "--base-image", "ampforge-test/no-such-image:1",
-                      "--project", str(tmp_path / "kill-tinyext"))
+        r = run_build(
+            tmp_path / "next",
+            "--backend",
+            "docker",
+            "--base-image",
+            "ampforge-test/no-such-image:1",
+            "--project",
+            str(tmp_path / "kill-tinyext"),
+        )
         assert r.rc == 1, r.err
-        assert (f"removed container {killed[:12]} (cell {CELL}) left behind: builder pid "
-                f"{proc.pid} is gone") in r.err, r.err
+        assert (
+            f"removed container {killed[:12]} (cell {CELL}) left behind: builder pid "
+            f"{proc.pid} is gone"
+        ) in r.err, r.err
         ids = {c["Id"] for c in engine.api.containers(all=True)}
         assert killed not in ids
         assert set(others.values()) <= ids, "a container that was not stale was removed"

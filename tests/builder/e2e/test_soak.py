@@ -18,18 +18,33 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.promise(
     promise="a build ended by SIGINT, SIGTERM or SIGKILL at any moment, with `cache prune` "
-            "running beside it, leaves dist/ and the cache consistent, and the next build "
-            "succeeds",
+    "running beside it, leaves dist/ and the cache consistent, and the next build "
+    "succeeds",
     fault="builds of one cell each signalled after a random delay (seeded), one round per "
-          "signal; `cache prune` every 3 s against the same cache",
+    "signal; `cache prune` every 3 s against the same cache",
     result="each signalled build exits 130 / 143 / -9 (or 0 if it finished first); after each, "
-           "manifest.json parses, every wheel is listed with its sha256, nothing hidden is "
-           "left, `cache list` reads the cache; the next build exits 0; no prune fails")
+    "manifest.json parses, every wheel is listed with its sha256, nothing hidden is "
+    "left, `cache list` reads the cache; the next build exits 0; no prune fails",
+)
 def test_builds_killed_at_random_moments_leave_dist_and_cache_consistent(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--builds", "3", "--seed", "28",
-         "--wheelhouse", str(wheelhouse_cp311()), "--keep", str(tmp_path / "logs")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=1500)
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "soak.py"),
+            "--builds",
+            "3",
+            "--seed",
+            "28",
+            "--wheelhouse",
+            str(wheelhouse_cp311()),
+            "--keep",
+            str(tmp_path / "logs"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=1500,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]

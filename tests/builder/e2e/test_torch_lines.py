@@ -39,20 +39,62 @@ ASCEND = REPO_ROOT / "configs" / "ascend.yaml"
 #: What the index said on 2026-12-01 (configs/support.yaml's comments say how it was read):
 #: the Pythons per line, the torch-npu pin, the string ABI and glibc per machine, setuptools.
 LINES = {
-    "2.1.0": (("3.8", "3.11"), ("3.8", "3.11"), "2.1.0.post17", (False, False), ("2.17", "2.17"),
-              "setuptools<70"),
-    "2.2.0": (("3.8", "3.12"), ("3.8", "3.12"), "2.2.0.post2", (False, False), ("2.17", "2.17"),
-              "setuptools"),
-    "2.3.1": (("3.8", "3.12"), ("3.8", "3.12"), "2.3.1.post6", (False, False), ("2.17", "2.17"),
-              "setuptools"),
-    "2.4.0": (("3.8", "3.12"), ("3.8", "3.12"), "2.4.0.post4", (False, False), ("2.17", "2.17"),
-              "setuptools"),
-    "2.5.1": (("3.9", "3.13"), ("3.9", "3.12"), "2.5.1.post1", (False, False), ("2.17", "2.17"),
-              "setuptools"),
-    "2.6.0": (("3.9", "3.13"), ("3.9", "3.13"), "2.6.0.post5", (False, True), ("2.17", "2.28"),
-              "setuptools"),
-    "2.7.1": (("3.9", "3.13"), ("3.9", "3.13"), "2.7.1.post11", (True, True), ("2.28", "2.28"),
-              "setuptools"),
+    "2.1.0": (
+        ("3.8", "3.11"),
+        ("3.8", "3.11"),
+        "2.1.0.post17",
+        (False, False),
+        ("2.17", "2.17"),
+        "setuptools<70",
+    ),
+    "2.2.0": (
+        ("3.8", "3.12"),
+        ("3.8", "3.12"),
+        "2.2.0.post2",
+        (False, False),
+        ("2.17", "2.17"),
+        "setuptools",
+    ),
+    "2.3.1": (
+        ("3.8", "3.12"),
+        ("3.8", "3.12"),
+        "2.3.1.post6",
+        (False, False),
+        ("2.17", "2.17"),
+        "setuptools",
+    ),
+    "2.4.0": (
+        ("3.8", "3.12"),
+        ("3.8", "3.12"),
+        "2.4.0.post4",
+        (False, False),
+        ("2.17", "2.17"),
+        "setuptools",
+    ),
+    "2.5.1": (
+        ("3.9", "3.13"),
+        ("3.9", "3.12"),
+        "2.5.1.post1",
+        (False, False),
+        ("2.17", "2.17"),
+        "setuptools",
+    ),
+    "2.6.0": (
+        ("3.9", "3.13"),
+        ("3.9", "3.13"),
+        "2.6.0.post5",
+        (False, True),
+        ("2.17", "2.28"),
+        "setuptools",
+    ),
+    "2.7.1": (
+        ("3.9", "3.13"),
+        ("3.9", "3.13"),
+        "2.7.1.post11",
+        (True, True),
+        ("2.28", "2.28"),
+        "setuptools",
+    ),
 }
 MACHINES = ("x86_64", "aarch64")
 
@@ -109,7 +151,11 @@ def test_plan_json_shows_each_cells_abi_setuptools_and_glibc_as_the_yaml_says() 
     assert seen == {(t, m) for t in LINES for m in MACHINES}
     one = next(c for c in cells if c["id"] == "cp38-manylinux_x86_64-torch2.1.0")
     assert (one["cxx11_abi"], one["setuptools"], one["glibc"], one["torch_npu"]) == (
-        False, "setuptools<70", "2.17", "2.1.0.post17")
+        False,
+        "setuptools<70",
+        "2.17",
+        "2.1.0.post17",
+    )
     assert "_GLIBCXX_USE_CXX11_ABI=0" in one["cxx11_abi_reason"]
 
 
@@ -119,7 +165,7 @@ def test_ascend_config_lists_every_line_on_both_arches_with_reasons() -> None:
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
     assert lines[header].split()[-4:] == ["MOST)", "ABI", "SETUPTOOLS", "WHERE"]
-    rows = {ln.split()[0]: ln.split() for ln in lines[header + 1:] if ln.startswith("cp3")}
+    rows = {ln.split()[0]: ln.split() for ln in lines[header + 1 :] if ln.startswith("cp3")}
     for torch, (x86, arm, *_rest) in LINES.items():
         for machine, (low, high) in zip(MACHINES, (x86, arm)):
             for py in (low, high):
@@ -129,36 +175,54 @@ def test_ascend_config_lists_every_line_on_both_arches_with_reasons() -> None:
     assert rows["cp39-manylinux_aarch64-torch2.7.1"][-4:-2] == ["cxx11", "any"]
     text = res.out
     # The cp38 aarch64 cells need a runner, and the plan says why for each backend.
-    arm38 = next(ln for ln in lines if ln.strip().startswith("cp38-manylinux_aarch64-torch2.1.0")
-                 and "auto:" in ln)
+    arm38 = next(
+        ln
+        for ln in lines
+        if ln.strip().startswith("cp38-manylinux_aarch64-torch2.1.0") and "auto:" in ln
+    )
     assert "no aarch64 Python 3.8 sysroot" in arm38
     # Dropped cells say which Pythons the torch has.
-    assert ("cp38-manylinux_x86_64-torch2.5.1    torch 2.5.1 publishes no cp38 wheel for x86_64 "
-            "(it has cp39-cp313" in text)
+    assert (
+        "cp38-manylinux_x86_64-torch2.5.1    torch 2.5.1 publishes no cp38 wheel for x86_64 "
+        "(it has cp39-cp313" in text
+    )
     assert "torch 2.1.0 publishes no cp312 wheel for aarch64 (it has cp38-cp311" in text
 
 
 def test_a_named_line_widens_the_default_matrix_and_says_so() -> None:
-    res = run_cli("plan", "--arch", "X86", "--python", "3.8", "--torch", "2.1.0", "--format",
-                  "json")
+    res = run_cli(
+        "plan", "--arch", "X86", "--python", "3.8", "--torch", "2.1.0", "--format", "json"
+    )
     assert res.rc == 0, res.err
     doc = json.loads(res.out)
     assert [c["id"] for c in doc["cells"]] == ["cp38-manylinux_x86_64-torch2.1.0"]
-    assert any("torch 2.1.0 is not on configs/matrix.yaml's matrix axis" in n
-               for n in doc["notes"])
+    assert any("torch 2.1.0 is not on configs/matrix.yaml's matrix axis" in n for n in doc["notes"])
     # A torch the table does not know is still an error naming the matrix's.
     bad = run_cli("plan", "--torch", "2.3.0")
     assert bad.rc == 2 and "torch 2.3.0 is not in the matrix" in bad.err
 
 
 def test_a_manylinux_2_28_image_is_refused_for_a_manylinux2014_torch(tmp_path: Path) -> None:
-    res = run_cli("plan", "--arch", "ARM", "--python", "3.8", "--torch", "2.1.0", "--backend",
-                  "emulated", "--format", "json")
+    res = run_cli(
+        "plan",
+        "--arch",
+        "ARM",
+        "--python",
+        "3.8",
+        "--torch",
+        "2.1.0",
+        "--backend",
+        "emulated",
+        "--format",
+        "json",
+    )
     assert res.rc == 0, res.err
     cell = json.loads(res.out)["cells"][0]
     assert cell["buildable_here"] is False
-    assert "is manylinux_2_28_aarch64, newer than torch 2.1.0's own manylinux_2_17_aarch64" in (
-        cell["backend_reason"])
+    assert (
+        "is manylinux_2_28_aarch64, newer than torch 2.1.0's own manylinux_2_17_aarch64"
+        in (cell["backend_reason"])
+    )
 
 
 def test_pip_is_given_every_tag_a_wheel_for_the_platform_may_carry() -> None:
@@ -166,7 +230,9 @@ def test_pip_is_given_every_tag_a_wheel_for_the_platform_may_carry() -> None:
     assert args == ["--platform", "manylinux_2_17_aarch64", "--platform", "manylinux2014_aarch64"]
     wide = platform_args("manylinux_2_28_x86_64")[1::2]
     assert wide[0] == "manylinux_2_28_x86_64" and wide[-2:] == [
-        "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+    ]
 
 
 # --------------------------------------------------------------------------- bad values
@@ -189,18 +255,48 @@ torch_setuptools:
 """
 
 BAD = [
-    ("abi-not-a-bool", ('"2.1.0": false', '"2.1.0": "no"'), 12, "torch_cxx11_abi.2.1.0",
-     "expected true (the C++11 string ABI) or false (the pre-C++11 one), got 'no'"),
-    ("abi-unknown-torch", ('"2.1.0": false', '"2.0.0": false'), 12, "torch_cxx11_abi.2.0.0",
-     "torch '2.0.0' is not in this table's 'torch' mapping"),
-    ("abi-unknown-machine", ('"2.1.0": false', '"2.1.0": {riscv64: false}'), 12,
-     "torch_cxx11_abi.2.1.0.riscv64", "unknown machine 'riscv64'"),
-    ("glibc-per-machine", ('aarch64: "2.17"}', 'aarch64: 2.17}'), 9,
-     "torch_glibc.2.1.0.aarch64", 'expected a quoted glibc version like "2.28", got 2.17'),
-    ("setuptools-not-a-specifier", ('"<70"', '"70"'), 14, "torch_setuptools.2.1.0",
-     "expected a quoted setuptools version specifier like \"<70\", got '70'"),
-    ("setuptools-unknown-torch", ('"2.1.0": "<70"', '"2.2.0": "<70"'), 14,
-     "torch_setuptools.2.2.0", "torch '2.2.0' is not in this table's 'torch' mapping"),
+    (
+        "abi-not-a-bool",
+        ('"2.1.0": false', '"2.1.0": "no"'),
+        12,
+        "torch_cxx11_abi.2.1.0",
+        "expected true (the C++11 string ABI) or false (the pre-C++11 one), got 'no'",
+    ),
+    (
+        "abi-unknown-torch",
+        ('"2.1.0": false', '"2.0.0": false'),
+        12,
+        "torch_cxx11_abi.2.0.0",
+        "torch '2.0.0' is not in this table's 'torch' mapping",
+    ),
+    (
+        "abi-unknown-machine",
+        ('"2.1.0": false', '"2.1.0": {riscv64: false}'),
+        12,
+        "torch_cxx11_abi.2.1.0.riscv64",
+        "unknown machine 'riscv64'",
+    ),
+    (
+        "glibc-per-machine",
+        ('aarch64: "2.17"}', "aarch64: 2.17}"),
+        9,
+        "torch_glibc.2.1.0.aarch64",
+        'expected a quoted glibc version like "2.28", got 2.17',
+    ),
+    (
+        "setuptools-not-a-specifier",
+        ('"<70"', '"70"'),
+        14,
+        "torch_setuptools.2.1.0",
+        "expected a quoted setuptools version specifier like \"<70\", got '70'",
+    ),
+    (
+        "setuptools-unknown-torch",
+        ('"2.1.0": "<70"', '"2.2.0": "<70"'),
+        14,
+        "torch_setuptools.2.2.0",
+        "torch '2.2.0' is not in this table's 'torch' mapping",
+    ),
 ]
 
 
@@ -219,13 +315,16 @@ def test_a_bad_line_fact_names_file_line_key_and_what_was_expected(tmp_path: Pat
 def test_a_bad_line_fact_stops_plan_with_exit_2(tmp_path: Path) -> None:
     support = tmp_path / "support.yaml"
     support.write_text(TABLE.replace('"2.1.0": false', '"2.1.0": 0', 1))
-    cfg = write_config(tmp_path, f"""\
+    cfg = write_config(
+        tmp_path,
+        f"""\
         support: {support}
         matrix:
           arch: [X86]
           python: ["3.8"]
           torch: ["2.1.0"]
-        """)
+        """,
+    )
     res = run_cli("plan", "--config", str(cfg))
     assert res.rc == 2, res.err
     assert "support.yaml:12: torch_cxx11_abi.2.1.0: expected true" in res.err
@@ -236,19 +335,34 @@ def test_a_bad_line_fact_stops_plan_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_build_step_refuses_a_record_that_contradicts_the_installed_torch(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The in-cell build checks torch's own string ABI against the cell's record before it
     compiles anything (this environment's torch 2.13 uses the C++11 ABI)."""
     project = tmp_path / "proj"
     project.mkdir()
     (project / "setup.py").write_text("from setuptools import setup\nsetup(name='x')\n")
     steps = REPO_ROOT / "builder" / "incell" / "steps.py"
-    run = subprocess.run([sys.executable, str(steps), "build-wheel", "--project", str(project),
-                          "--out", str(tmp_path / "out"), "--cxx11-abi", "0"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(steps),
+            "build-wheel",
+            "--project",
+            str(project),
+            "--out",
+            str(tmp_path / "out"),
+            "--cxx11-abi",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0
-    assert ("built with _GLIBCXX_USE_CXX11_ABI=1, the cell's record says 0 (torch_cxx11_abi of "
-            "the support table)") in run.stdout + run.stderr
+    assert (
+        "built with _GLIBCXX_USE_CXX11_ABI=1, the cell's record says 0 (torch_cxx11_abi of "
+        "the support table)"
+    ) in run.stdout + run.stderr
 
 
 HOOK_PROBE = r"""
@@ -271,10 +385,15 @@ def test_the_cross_hook_compiles_with_the_target_torchs_abi(tmp_path: Path, abi:
     import torch  # noqa: PLC0415 (torch is heavy: imported on use)
 
     hook = REPO_ROOT / "builder" / "cross" / "hook"
-    env = {"PYTHONPATH": str(hook), "AMPFORGE_CROSS_TORCH_DIR": str(Path(torch.__file__).parent),
-           "AMPFORGE_CROSS_CXX11_ABI": abi, "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-c", HOOK_PROBE], capture_output=True, text=True,
-                         env=env, cwd=tmp_path)
+    env = {
+        "PYTHONPATH": str(hook),
+        "AMPFORGE_CROSS_TORCH_DIR": str(Path(torch.__file__).parent),
+        "AMPFORGE_CROSS_CXX11_ABI": abi,
+        "PATH": "/usr/bin:/bin",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", HOOK_PROBE], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr
     first, second = json.loads(run.stdout.strip().splitlines()[-1])
     define = f"-D_GLIBCXX_USE_CXX11_ABI={abi}"
@@ -307,15 +426,26 @@ def _tiny_build(tmp_path: Path, line_target, abi: bool):
     # One call into torch with std::string in its symbol (c10::Device::str() returns one: its
     # name carries [abi:cxx11] under the C++11 ABI), which is where the two ABIs part.
     ext = project / "tinyext" / "ext.cpp"
-    ext.write_text(ext.read_text().replace(
-        'm.def("omp_threads", &omp_threads);',
-        'm.def("omp_threads", &omp_threads);\n'
-        '  m.def("device", [](torch::Tensor t) { return t.device().str(); });'))
-    built = cross_build_wheel(project, tmp_path / "raw", python, torch, toolchain,
-                              host_python=sys.executable, cxx11_abi=abi,
-                              cxx_floor=needs_cxx_floor(str(table.glibc(TORCH, "aarch64").value)))
-    repaired = repair_cross_wheel(built.wheel, tmp_path / "repaired",
-                                  [*toolchain.lib_dirs, *python.lib_dirs])
+    ext.write_text(
+        ext.read_text().replace(
+            'm.def("omp_threads", &omp_threads);',
+            'm.def("omp_threads", &omp_threads);\n'
+            '  m.def("device", [](torch::Tensor t) { return t.device().str(); });',
+        )
+    )
+    built = cross_build_wheel(
+        project,
+        tmp_path / "raw",
+        python,
+        torch,
+        toolchain,
+        host_python=sys.executable,
+        cxx11_abi=abi,
+        cxx_floor=needs_cxx_floor(str(table.glibc(TORCH, "aarch64").value)),
+    )
+    repaired = repair_cross_wheel(
+        built.wheel, tmp_path / "repaired", [*toolchain.lib_dirs, *python.lib_dirs]
+    )
     return repaired
 
 
@@ -336,7 +466,8 @@ print("LINE " + json.dumps({"machine": platform.machine(), "torch": torch.__vers
 
 @pytest.mark.slow
 def test_tiny_extension_against_aarch64_torch_2_1_runs_under_qemu_with_the_tables_facts(
-        tmp_path: Path, line_target) -> None:
+    tmp_path: Path, line_target
+) -> None:
     table, plat, python, torch, _toolchain = line_target
     abi = bool(table.abi(TORCH, "aarch64").value)
     assert abi is False and wheel_cxx11_abi(torch.torch_dir) is False  # table == the wheel
@@ -356,8 +487,9 @@ def test_tiny_extension_against_aarch64_torch_2_1_runs_under_qemu_with_the_table
 
 
 @pytest.mark.slow
-def test_the_other_string_abi_fails_to_import_against_torch_2_1(tmp_path: Path,
-                                                                 line_target) -> None:
+def test_the_other_string_abi_fails_to_import_against_torch_2_1(
+    tmp_path: Path, line_target
+) -> None:
     """What the fact prevents: the host torch's own choice (2.13: the C++11 ABI) links, and the
     module then cannot be imported against the pre-C++11 torch."""
     _table, _plat, python, torch, _toolchain = line_target

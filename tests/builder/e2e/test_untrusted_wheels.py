@@ -21,8 +21,7 @@ from builder.wheel.untrusted import release_problems
 
 
 def _digest(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(
-        b"=").decode()
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def _members(wheel: Path) -> dict[str, bytes]:
@@ -30,19 +29,27 @@ def _members(wheel: Path) -> dict[str, bytes]:
         return {n: zf.read(n) for n in zf.namelist()}
 
 
-def _write(path: Path, members: list[tuple[zipfile.ZipInfo | str, bytes]],
-           record: bool = True) -> Path:
+def _write(
+    path: Path, members: list[tuple[zipfile.ZipInfo | str, bytes]], record: bool = True
+) -> Path:
     """A wheel of *members*, with a true RECORD (unless *record* is False: as given)."""
-    info_dir = next(str(n if isinstance(n, str) else n.filename).split("/")[0]
-                    for n, _ in members
-                    if str(n if isinstance(n, str) else n.filename).endswith("/METADATA"))
-    rows = [m for m in members
-            if str(m[0] if isinstance(m[0], str) else m[0].filename) != f"{info_dir}/RECORD"]
+    info_dir = next(
+        str(n if isinstance(n, str) else n.filename).split("/")[0]
+        for n, _ in members
+        if str(n if isinstance(n, str) else n.filename).endswith("/METADATA")
+    )
+    rows = [
+        m
+        for m in members
+        if str(m[0] if isinstance(m[0], str) else m[0].filename) != f"{info_dir}/RECORD"
+    ]
     if record:
-        lines = [f"{n if isinstance(n, str) else n.filename},{_digest(d)},{len(d)}"
-                 for n, d in rows]
-        rows.append((f"{info_dir}/RECORD", ("\n".join(lines) + f"\n{info_dir}/RECORD,,\n")
-                     .encode()))
+        lines = [
+            f"{n if isinstance(n, str) else n.filename},{_digest(d)},{len(d)}" for n, d in rows
+        ]
+        rows.append(
+            (f"{info_dir}/RECORD", ("\n".join(lines) + f"\n{info_dir}/RECORD,,\n").encode())
+        )
     else:
         rows = members
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -82,11 +89,19 @@ def _hostile(tmp: Path, case: str) -> Path:
         return _write(target, list(data.items()), record=False)
     if case == "unlisted":
         path = _write(target, members)
-        return _write(target, [*_members(path).items(), ("fleetpkg/extra.py", b"x = 1\n")],
-                      record=False)
+        return _write(
+            target, [*_members(path).items(), ("fleetpkg/extra.py", b"x = 1\n")], record=False
+        )
     if case == "metadata-name":
-        swapped = [(n, d.replace(b"Name: fleetpkg", b"Name: otherpkg")
-                    if str(n).endswith("/METADATA") else d) for n, d in members]
+        swapped = [
+            (
+                n,
+                d.replace(b"Name: fleetpkg", b"Name: otherpkg")
+                if str(n).endswith("/METADATA")
+                else d,
+            )
+            for n, d in members
+        ]
         return _write(target, swapped)
     if case == "bad-name":
         return _write(out / "fleetpkg.whl", members)
@@ -116,14 +131,14 @@ def test_the_good_wheel_passes(tmp_path: Path) -> None:
 
 @pytest.mark.promise(
     promise="a wheel from elsewhere is refused by merge, index and publish before anything is "
-            "written, naming the file and the entry",
+    "written, naming the file and the entry",
     fault="a wheel with a '..' or absolute entry, a symlink, a name listed twice, a RECORD that "
-          "lies or misses an entry, METADATA for another project, a name that does not parse, a "
-          "member that unpacks to 100 MB from a few hundred bytes",
-    result="exit 1 with the wheel and the entry named; the output folder is not made")
+    "lies or misses an entry, METADATA for another project, a name that does not parse, a "
+    "member that unpacks to 100 MB from a few hundred bytes",
+    result="exit 1 with the wheel and the entry named; the output folder is not made",
+)
 @pytest.mark.parametrize("case", sorted(EXPECTED))
-def test_a_hostile_wheel_is_refused_by_index_and_merge(tmp_path: Path, capsys,
-                                                       case: str) -> None:
+def test_a_hostile_wheel_is_refused_by_index_and_merge(tmp_path: Path, capsys, case: str) -> None:
     wheel = _hostile(tmp_path, case)
     assert any(EXPECTED[case] in p for p in release_problems(wheel)), release_problems(wheel)
     out = tmp_path / "index-out"
@@ -178,18 +193,23 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 @pytest.mark.slow
 @pytest.mark.promise(
     promise="a wheel the project's own build makes is checked before the builder rewrites, "
-            "repairs or verifies it: a hostile one fails the cell naming the entry, and "
-            "nothing is written outside the build's folders",
+    "repairs or verifies it: a hostile one fails the cell naming the entry, and "
+    "nothing is written outside the build's folders",
     fault="a project whose PEP 517 backend writes a wheel with a '../../' entry, or with a "
-          "RECORD that lies",
+    "RECORD that lies",
     result="build exits 1 naming the wheel and the entry; dist/ keeps only what it had; no "
-           "escaped file anywhere")
-@pytest.mark.parametrize(("case", "expected"), [
-    ("dotdot", "entry 'hostile/../../escaped.py': a '..' segment"),
-    ("record-lies", "hostile/__init__.py': hostile-1.0.dist-info/RECORD records sha256="),
-])
+    "escaped file anywhere",
+)
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("dotdot", "entry 'hostile/../../escaped.py': a '..' segment"),
+        ("record-lies", "hostile/__init__.py': hostile-1.0.dist-info/RECORD records sha256="),
+    ],
+)
 def test_a_hostile_wheel_from_the_projects_own_build_fails_the_cell(
-        tmp_path: Path, case: str, expected: str) -> None:
+    tmp_path: Path, case: str, expected: str
+) -> None:
     from helpers.enginelib import wheelhouse_cp311  # noqa: PLC0415 - the slow tests' helpers
     from helpers.pipelinelib import dist_state, run_build, seed_dist  # noqa: PLC0415
 
@@ -197,14 +217,23 @@ def test_a_hostile_wheel_from_the_projects_own_build_fails_the_cell(
     project.mkdir()
     (project / "hostile_backend.py").write_text(HOSTILE_BACKEND.format(case=case))
     (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = []\nbuild-backend = "hostile_backend"\n'
-        'backend-path = ["."]\n')
+        '[build-system]\nrequires = []\nbuild-backend = "hostile_backend"\nbackend-path = ["."]\n'
+    )
     before = seed_dist(tmp_path / "dist")
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--wheelhouse", str(wheelhouse_cp311()))
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     assert r.rc == 1, r.err[-3000:]
-    assert ("the project's build made hostile-1.0-py3-none-any.whl, which is not a wheel this "
-            "builder repairs or releases") in r.err, r.err[-3000:]
+    assert (
+        "the project's build made hostile-1.0-py3-none-any.whl, which is not a wheel this "
+        "builder repairs or releases"
+    ) in r.err, r.err[-3000:]
     assert expected in r.err, r.err[-3000:]
     assert "Traceback" not in r.err
     assert dist_state(tmp_path / "dist") == before

@@ -38,12 +38,14 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     # torch 2.13 >= the stable ABI's 2.10 (pyproject.toml [tool.ampforge.stable-abi]): one
     # cp310-abi3 wheel with no +torch label, for every torch >= 2.10 and CPython >= 3.10.
     assert wheel.name.startswith("ampforge-") and "-cp310-abi3-manylinux_2_" in wheel.name, (
-        wheel.name)
+        wheel.name
+    )
     assert "+torch" not in wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert [n for n in names if n.startswith("amp/_C") and n.endswith(".so")] == [
-        "amp/_C.abi3.so"], names
+        "amp/_C.abi3.so"
+    ], names
     assert "torch>=2.10" in requires_dist(wheel)
     assert not [n for n in names if "libtorch" in n or "libc10" in n or "libgomp" in n]
     _check_npu_extra(wheel, ">=2.10")
@@ -61,12 +63,14 @@ def _check_amp_wheel(dist: Path, backend: str, seeded: dict[str, bytes]) -> Path
     assert platform["tag"] == entry["extra"]["tag"] == "manylinux_2_24_x86_64", wheel.name
     assert wheel.name.endswith("-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"), wheel.name
     assert platform["needs"]["GLIBC"] < "2.25" and platform["needs"]["GLIBCXX"] <= "3.4.22"
-    assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11",
-                                                                          "x86_64")
+    assert entry["extra"]["resolved"]["torch_npu"] == expected_torch_npu("2.13.0", "3.11", "x86_64")
     # Audited before dist/: torch-abi-audit (STABLE, its minimum torch) and abi3audit --strict.
     assert entry["extra"]["stable_abi"] == {
-        "min_torch": "2.10.0", "declared": "2.10", "modules": ["_C.abi3.so"],
-        "checks": ["torch-abi-audit", "abi3audit --strict"]}
+        "min_torch": "2.10.0",
+        "declared": "2.10",
+        "modules": ["_C.abi3.so"],
+        "checks": ["torch-abi-audit", "abi3audit --strict"],
+    }
     assert entry["extra"]["resolved"]["wheel"] == "stable"
     # The earlier cell's wheel and manifest entry are still there.
     earlier = [n for n in seeded if n.startswith("earlier-")]
@@ -96,8 +100,12 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(docker_amp_build: A
     wheel = _check_amp_wheel(built.dist, "docker", built.seeded)
     # The record the build executed is the one `plan` prints for the same options.
     (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
-    drop = {"--wheelhouse", args[args.index("--wheelhouse") + 1],
-            "--project", args[args.index("--project") + 1]}
+    drop = {
+        "--wheelhouse",
+        args[args.index("--wheelhouse") + 1],
+        "--project",
+        args[args.index("--project") + 1],
+    }
     planned = run_plan(built.root, *[a for a in args if a not in drop], "--out", str(built.dist))
     assert entry["extra"]["resolved"] == planned[CELL]
     base = args[args.index("--base-image") + 1]
@@ -114,8 +122,9 @@ def test_docker_backend_builds_a_verified_wheel_of_this_repo(docker_amp_build: A
     # key): the verification venv found it installed instead of installing it again.
     layer = entry["extra"]["torch_image"]
     assert layer.startswith(f"ampforge/torch:{CELL}-") and engine.image_id(layer)
-    assert f"torch layer {layer} is up to date" in log or (
-        f"into a new layer {layer} (" in log), log[:3000]
+    assert f"torch layer {layer} is up to date" in log or (f"into a new layer {layer} (" in log), (
+        log[:3000]
+    )
     assert "Requirement already satisfied: torch==2.13.0" in log
 
     # Nothing changed: recognised as up to date from the manifest, without building.
@@ -140,8 +149,17 @@ def test_host_backend_builds_a_verified_wheel_of_this_repo(host_amp_build: AmpBu
     assert "+ test-command: python -m amp.selftest" in built.log
     assert "amp selftest: ok -- amp " in built.log
     (entry,) = [w for w in manifest(built.dist)["wheels"] if w["cell"] == CELL]
-    planned = run_plan(built.root, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                       "--out", str(built.dist))
+    planned = run_plan(
+        built.root,
+        "--backend",
+        "host",
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--out",
+        str(built.dist),
+    )
     assert entry["extra"]["resolved"] == planned[CELL]
 
 
@@ -149,10 +167,18 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     project = write_tiny_extension(tmp_path / "tinyext-src")
     # This project knows nothing of AMP_LOCAL_VERSION: the label comes from the pipeline.
     setup = project / "setup.py"
-    setup.write_text(setup.read_text().replace(
-        '"0.0.1" + ("+" + local if local else "")', '"0.0.1"'))
-    r = run_build(tmp_path, "--backend", "host", "--project", str(project),
-                  "--wheelhouse", str(wheelhouse_cp311()))
+    setup.write_text(
+        setup.read_text().replace('"0.0.1" + ("+" + local if local else "")', '"0.0.1"')
+    )
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     assert r.rc == 0, r.err[-4000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith("tinyext-0.0.1+torch2.13-cp311-cp311-manylinux_2_")
@@ -162,20 +188,32 @@ def test_project_option_builds_another_extension_project(tmp_path: Path) -> None
     assert "torch==2.13.*" in requires_dist(wheel)  # a header field, though it has no body
     entry = manifest(tmp_path / "dist")["wheels"][0]
     assert entry["extra"]["modules"] == ["tinyext._C"] and entry["extra"]["project"] == (
-        "tinyext-src")
+        "tinyext-src"
+    )
 
 
-def test_matrix_builds_what_this_host_can_and_names_the_runner_for_the_rest(
-        tmp_path: Path) -> None:
+def test_matrix_builds_what_this_host_can_and_names_the_runner_for_the_rest(tmp_path: Path) -> None:
     """`make matrix` (build --all --keep-going): the cells this host can build are built; the
     others are listed apart from failures with the runner they need, and the exit code is 0;
     --strict makes them an error."""
     project = write_tiny_extension(tmp_path / "tinyext-src")
     cfg = tmp_path / "matrix.yaml"
-    cfg.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
-                   "matrix:\n  arch: [X86, ARM]\n  python: ['3.11']\n  torch: ['2.13.0']\n")
-    args = ("--all", "--keep-going", "--config", str(cfg), "--backend", "host",
-            "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    cfg.write_text(
+        f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+        "matrix:\n  arch: [X86, ARM]\n  python: ['3.11']\n  torch: ['2.13.0']\n"
+    )
+    args = (
+        "--all",
+        "--keep-going",
+        "--config",
+        str(cfg),
+        "--backend",
+        "host",
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     r = run_build(tmp_path, *args)
     assert r.rc == 0, r.err[-4000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")

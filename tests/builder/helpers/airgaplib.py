@@ -19,8 +19,13 @@ SELECT = ("ARCH=X86", "PY=3.11")
 
 def require_unshare() -> str:
     found = shutil.which("unshare")
-    problem = ("unshare (util-linux) is not installed" if found is None else
-               "a new network namespace needs root" if os.geteuid() != 0 else None)
+    problem = (
+        "unshare (util-linux) is not installed"
+        if found is None
+        else "a new network namespace needs root"
+        if os.geteuid() != 0
+        else None
+    )
     if problem is not None:
         missing(problem, ".ci/run runs as root")
     assert found is not None
@@ -30,11 +35,23 @@ def require_unshare() -> str:
 def airgapped_env(**extra: str) -> dict[str, str]:
     """The environment of a person at the air-gapped machine: no proxies, no pip configuration
     (this machine's pip.conf points at local wheel folders), no venv or builder variables."""
-    drop = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "VIRTUAL_ENV", "PYTHONPATH", "BUNDLE",
-            "SOURCE_DATE_EPOCH", "AMPFORGE_TEST_GROUP")
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(("BUILDER_", "PIP_"))
-           and not k.lower().endswith("_proxy")}
+    drop = (
+        "MAKEFLAGS",
+        "MAKELEVEL",
+        "MFLAGS",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "BUNDLE",
+        "SOURCE_DATE_EPOCH",
+        "AMPFORGE_TEST_GROUP",
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop
+        and not k.startswith(("BUILDER_", "PIP_"))
+        and not k.lower().endswith("_proxy")
+    }
     env["PIP_CONFIG_FILE"] = os.devnull
     env.update(extra)
     return env
@@ -43,15 +60,27 @@ def airgapped_env(**extra: str) -> dict[str, str]:
 def in_netns(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     """*script* (bash) in a fresh network namespace that has only loopback."""
     return subprocess.run(
-        [require_unshare(), "--net", "--", "bash", "-euo", "pipefail", "-c",
-         f"ip link set lo up 2>/dev/null || true\n{script}"],
-        cwd=cwd, env=airgapped_env(**env), capture_output=True, text=True, timeout=3000)
+        [
+            require_unshare(),
+            "--net",
+            "--",
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            f"ip link set lo up 2>/dev/null || true\n{script}",
+        ],
+        cwd=cwd,
+        env=airgapped_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
 
 
 def fresh_clone(dest: Path) -> Path:
     """``git clone`` of this repository's HEAD: a checkout with no .venv, nothing compiled."""
-    subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(dest)], check=True,
-                   timeout=300)
+    subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(dest)], check=True, timeout=300)
     assert not (dest / ".venv").exists()
     return dest
 
@@ -60,9 +89,23 @@ def make_fetch(bundle: Path, *variables: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in builder_env().items() if k not in ("MAKEFLAGS", "BUNDLE")}
     # -o builder-env: this connected machine's builder is the test session's own .venv.
     return subprocess.run(
-        ["make", "-s", "-o", "builder-env", "fetch", f"BUNDLE={bundle}", *SELECT,
-         "TORCH=2.13.0", *variables],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        [
+            "make",
+            "-s",
+            "-o",
+            "builder-env",
+            "fetch",
+            f"BUNDLE={bundle}",
+            *SELECT,
+            "TORCH=2.13.0",
+            *variables,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 def online_epoch(online: AmpBuild) -> str:
@@ -73,8 +116,9 @@ def online_epoch(online: AmpBuild) -> str:
     return str(entry["extra"]["source_date_epoch"]["value"])
 
 
-def check_airgapped_wheel(clone: Path, online: AmpBuild, backend: str,
-                          run: subprocess.CompletedProcess, bundle: Path) -> dict:
+def check_airgapped_wheel(
+    clone: Path, online: AmpBuild, backend: str, run: subprocess.CompletedProcess, bundle: Path
+) -> dict:
     """The offline ``make wheel`` in *clone*: the builder set up from the bundle alone, no torch
     or compiled amp in .venv, and a wheel byte-identical to *online*'s. Returns its manifest
     entry."""
@@ -87,14 +131,18 @@ def check_airgapped_wheel(clone: Path, online: AmpBuild, backend: str,
     assert f"from offline bundle {bundle}" in out  # the builder's own set-up
     site = next((clone / ".venv" / "lib").glob("python3*/site-packages"))
     # torch itself and amp (the builder's lock has torch_abi_audit, which is neither).
-    unwanted = [p.name for p in site.iterdir()
-                if p.name in ("torch", "amp") or re.match(r"(torch|ampforge)-\d", p.name)]
+    unwanted = [
+        p.name
+        for p in site.iterdir()
+        if p.name in ("torch", "amp") or re.match(r"(torch|ampforge)-\d", p.name)
+    ]
     assert not unwanted, unwanted
     assert not list((clone / "amp").glob("_C*.so"))
     (wheel,) = (clone / "dist").glob("*.whl")
     assert wheel.name == online.wheel.name
     assert wheel.read_bytes() == online.wheel.read_bytes(), (
-        f"{wheel} differs from the same cell built online ({online.wheel})")
+        f"{wheel} differs from the same cell built online ({online.wheel})"
+    )
     import zipfile  # noqa: PLC0415
 
     with zipfile.ZipFile(wheel) as zf:

@@ -28,8 +28,9 @@ def wheelhouse_cp311_aarch64(torch: str = ARM_TORCH) -> Path:
     """A folder with torch==*torch* for cp311 manylinux aarch64, its dependencies, setuptools
     and wheel. Filled by pip on first use (pip's own configuration -- find-links, proxy, CA --
     decides where the files come from); a stamp marks it complete."""
-    return filled_once(CACHE / f"wheelhouse-cp311-aarch64-torch{torch}",
-                       lambda dest: _fill_aarch64(dest, torch))
+    return filled_once(
+        CACHE / f"wheelhouse-cp311-aarch64-torch{torch}", lambda dest: _fill_aarch64(dest, torch)
+    )
 
 
 def _fill_aarch64(dest: Path, torch: str) -> None:
@@ -46,12 +47,29 @@ def _fill_aarch64(dest: Path, torch: str) -> None:
 
 def _pip_download(dest: Path, requirements: list[str], *, deps: bool) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
-         "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-         # pip does not widen an explicit platform to older manylinux tags: list them.
-         "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_17_aarch64",
-         "--platform", "manylinux2014_aarch64", *([] if deps else ["--no-deps"]),
-         *requirements],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--dest",
+            str(dest),
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            # pip does not widen an explicit platform to older manylinux tags: list them.
+            "--platform",
+            "manylinux_2_28_aarch64",
+            "--platform",
+            "manylinux_2_17_aarch64",
+            "--platform",
+            "manylinux2014_aarch64",
+            *([] if deps else ["--no-deps"]),
+            *requirements,
+        ],
         check=True,
     )
 
@@ -73,8 +91,12 @@ def busybox_rootfs(dest: Path) -> Path:
     found = sorted(debs.glob("busybox-static_*_arm64.deb"))
     if not found:
         with tempfile.TemporaryDirectory(dir=debs) as tmp:
-            subprocess.run(["apt-get", "download", "busybox-static:arm64"], cwd=tmp, check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["apt-get", "download", "busybox-static:arm64"],
+                cwd=tmp,
+                check=True,
+                capture_output=True,
+            )
             for deb in Path(tmp).glob("*.deb"):
                 shutil.move(str(deb), debs / deb.name)
         found = sorted(debs.glob("busybox-static_*_arm64.deb"))

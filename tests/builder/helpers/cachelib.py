@@ -31,16 +31,20 @@ def write_c_project(root: Path) -> Path:
     (root / "cext").mkdir(parents=True)
     (root / "cext" / "__init__.py").write_text("")
     (root / "cext" / "c.c").write_text(C_SOURCE)
-    (root / "setup.py").write_text(textwrap.dedent("""\
+    (root / "setup.py").write_text(
+        textwrap.dedent("""\
         from setuptools import Extension, setup
         setup(name="cext", version="0.0.1", packages=["cext"],
               ext_modules=[Extension("cext._c", ["cext/c.c"], extra_compile_args=["-g0"])])
-        """))
-    (root / "pyproject.toml").write_text(textwrap.dedent("""\
+        """)
+    )
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools", "wheel"]
         build-backend = "setuptools.build_meta"
-        """))
+        """)
+    )
     return root
 
 
@@ -61,12 +65,30 @@ def make_lab(root: Path) -> Lab:
     return Lab(write_c_project(root / "cext"), house)
 
 
-def build(lab: Lab, tmp: Path, cache: Path, *more: str, house: Path | None = None,
-          project: Path | None = None):
-    env = {k: v for k, v in builder_env(AMPFORGE_CACHE=str(cache)).items()
-           if not k.startswith("PIP_")}
+def build(
+    lab: Lab,
+    tmp: Path,
+    cache: Path,
+    *more: str,
+    house: Path | None = None,
+    project: Path | None = None,
+):
+    env = {
+        k: v for k, v in builder_env(AMPFORGE_CACHE=str(cache)).items() if not k.startswith("PIP_")
+    }
     env["PIP_CONFIG_FILE"] = os.devnull  # no machine-wide find-links with the real torch
-    argv = build_argv(tmp, "--backend", "host", "--arch", "X86", "--python", "3.11",
-                      "--project", str(project or lab.project),
-                      "--find-links", str(house or lab.house), *more)
+    argv = build_argv(
+        tmp,
+        "--backend",
+        "host",
+        "--arch",
+        "X86",
+        "--python",
+        "3.11",
+        "--project",
+        str(project or lab.project),
+        "--find-links",
+        str(house or lab.house),
+        *more,
+    )
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, timeout=900)

@@ -56,6 +56,7 @@ def fill(text: str, context: Mapping[str, Any]) -> str:
         if out:
             return str(context[out.group(1)].get(out.group(2), {}).get(out.group(3), ""))
         raise AssertionError(f"expression the emulator does not know: {expr!r}")
+
     return _EXPR.sub(value, text)
 
 
@@ -93,9 +94,15 @@ class Runner:
         self.artifacts.mkdir(parents=True)
         self.env = dict(env)
 
-    def run_job(self, workflow: Mapping[str, Any], job_id: str,
-                matrix: Mapping[str, Any] | None = None, *, ref: str = "refs/heads/main",
-                needs: Mapping[str, JobRun] | None = None) -> JobRun:
+    def run_job(
+        self,
+        workflow: Mapping[str, Any],
+        job_id: str,
+        matrix: Mapping[str, Any] | None = None,
+        *,
+        ref: str = "refs/heads/main",
+        needs: Mapping[str, JobRun] | None = None,
+    ) -> JobRun:
         """*ref*: what ``github.ref`` is (a tag: ``refs/tags/v1``); *needs*: the runs of the
         jobs this one needs, whose outputs it reads."""
         job = workflow["jobs"][job_id]
@@ -103,12 +110,18 @@ class Runner:
         work = self.root / "jobs" / name
         start = time.monotonic()
         run = JobRun(job_id, name, work, 0.0)
-        context = {"matrix": dict(matrix or {}), "secrets": self.env, "vars": self.env,
-                   "github": {"ref": ref}, "steps": {},
-                   "needs": {k: v.outputs for k, v in (needs or {}).items()}}
+        context = {
+            "matrix": dict(matrix or {}),
+            "secrets": self.env,
+            "vars": self.env,
+            "github": {"ref": ref},
+            "steps": {},
+            "needs": {k: v.outputs for k, v in (needs or {}).items()},
+        }
         # Only the jobs whose outputs it reads need their runs given (artifacts are shared).
         assert set(context["needs"]) <= set(job.get("needs", [])), (
-            f"{job_id} needs only {job.get('needs')}")
+            f"{job_id} needs only {job.get('needs')}"
+        )
         if "if" in job and not condition(job["if"], context):
             run.skipped = str(job["if"])
             return run
@@ -124,17 +137,22 @@ class Runner:
         github_env.touch()
         github_path = temp / "github_path"
         github_path.touch()
-        env = {**self.env, "GITHUB_ACTIONS": "true", "RUNNER_NAME": f"emulated {name}",
-               "GITHUB_RUN_ID": "1", "RUNNER_TEMP": str(temp), "GITHUB_ENV": str(github_env),
-               "GITHUB_PATH": str(github_path)}
+        env = {
+            **self.env,
+            "GITHUB_ACTIONS": "true",
+            "RUNNER_NAME": f"emulated {name}",
+            "GITHUB_RUN_ID": "1",
+            "RUNNER_TEMP": str(temp),
+            "GITHUB_ENV": str(github_env),
+            "GITHUB_PATH": str(github_path),
+        }
         env.update({k: fill(str(v), context) for k, v in workflow.get("env", {}).items()})
         for step in job["steps"]:
             label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
             if "if" in step and not condition(step["if"], context):
                 run.steps.append(f"{label}: skipped (if: {step['if']})")
                 continue
-            step_env = {**env, **{k: fill(str(v), context) for k, v in
-                                  step.get("env", {}).items()}}
+            step_env = {**env, **{k: fill(str(v), context) for k, v in step.get("env", {}).items()}}
             began = time.monotonic()
             output = temp / f"github_output_{len(run.steps)}"
             output.touch()
@@ -143,12 +161,18 @@ class Runner:
                 self._action(step, context, work, run)
             else:
                 script = fill(step["run"], context)
-                proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail",
-                                       "-c", script], cwd=work, env=step_env,
-                                      capture_output=True, text=True, timeout=1800)
+                proc = subprocess.run(
+                    ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+                    cwd=work,
+                    env=step_env,
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                )
                 assert proc.returncode == 0, (
                     f"{name}: step {label!r} exited {proc.returncode}:\n{script}\n"
-                    f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+                )
                 for line in github_env.read_text().splitlines():
                     key, _, value = line.partition("=")
                     env[key] = value
@@ -157,15 +181,17 @@ class Runner:
                 env["PATH"] = os.pathsep.join([*added, self.env.get("PATH", os.defpath)])
                 if "id" in step:
                     context["steps"][step["id"]] = dict(
-                        line.partition("=")[::2] for line in output.read_text().splitlines())
+                        line.partition("=")[::2] for line in output.read_text().splitlines()
+                    )
             run.steps.append(f"{label}: ran")
             run.seconds_per_step[label] = time.monotonic() - began
         run.outputs = {k: fill(str(v), context) for k, v in job.get("outputs", {}).items()}
         run.seconds = time.monotonic() - start
         return run
 
-    def _action(self, step: Mapping[str, Any], context: Mapping[str, Any],
-                work: Path, run: JobRun) -> None:
+    def _action(
+        self, step: Mapping[str, Any], context: Mapping[str, Any], work: Path, run: JobRun
+    ) -> None:
         uses = str(step["uses"]).split("@")[0]
         if uses == "actions/cache":
             if step["with"]["path"] == TORCH_ENVS:
@@ -195,8 +221,9 @@ class Runner:
                     continue
                 # One path: its contents are the artifact's root; several: their common
                 # folder is (here, the checkout), as upload-artifact v4 does.
-                shutil.copytree(src, dest if len(paths) == 1 else dest / path.rstrip("/"),
-                                dirs_exist_ok=True)
+                shutil.copytree(
+                    src, dest if len(paths) == 1 else dest / path.rstrip("/"), dirs_exist_ok=True
+                )
             return
         if uses == "actions/download-artifact":
             target = work / args["path"]
@@ -212,9 +239,16 @@ class Runner:
 def source_repository(repo: Path, dest: Path) -> Path:
     """A git repository holding this checkout's files as they are now (tracked and new ones
     git does not ignore): what a CI job checks out."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=repo, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         src = repo / name
         if src.is_file():
@@ -233,12 +267,16 @@ def commit_all(repo: Path) -> None:
 def base_env() -> dict[str, str]:
     """This machine's environment without the builder's own variables or a PYTHONPATH: a CI
     runner's, holding this machine's proxy and pip configuration."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("BUILDER_", "PYTEST_")) and k not in ("PYTHONPATH",)}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("BUILDER_", "PYTEST_")) and k not in ("PYTHONPATH",)
+    }
 
 
-def action_context(action: Mapping[str, Any], inputs: Mapping[str, str],
-                   action_path: Path) -> dict[str, Any]:
+def action_context(
+    action: Mapping[str, Any], inputs: Mapping[str, str], action_path: Path
+) -> dict[str, Any]:
     """The expression context of a composite action's steps: its inputs (each default where
     not given; an input it does not declare fails), ``github.action_path``, the steps' outputs."""
     declared = action["inputs"]
@@ -250,6 +288,7 @@ def action_context(action: Mapping[str, Any], inputs: Mapping[str, str],
 
 def fill_action(text: str, context: Mapping[str, Any]) -> str:
     """:func:`fill` plus the action's own scopes (``inputs.*``, ``github.action_path``)."""
+
     def value(m: re.Match[str]) -> str:
         expr = m.group(1)
         scope, _, key = expr.partition(".")
@@ -261,11 +300,18 @@ def fill_action(text: str, context: Mapping[str, Any]) -> str:
         if out:
             return str(context["steps"][out.group(1)][out.group(2)])
         raise AssertionError(f"expression the emulator does not know: {expr!r}")
+
     return _EXPR.sub(value, text)
 
 
-def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str, str],
-               workspace: Path, env: Mapping[str, str], temp: Path) -> list[str]:
+def run_action(
+    action: Mapping[str, Any],
+    action_path: Path,
+    inputs: Mapping[str, str],
+    workspace: Path,
+    env: Mapping[str, str],
+    temp: Path,
+) -> list[str]:
     """Run a composite action's steps as a runner does: ``run:`` steps with ``shell: bash``
     in *workspace* (its working directory), their ``env:`` filled in, ``$GITHUB_ENV`` and
     ``$GITHUB_PATH`` honoured; ``actions/setup-python`` finds the interpreter on PATH and gives
@@ -277,9 +323,15 @@ def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str
     github_env, github_path = temp / "github_env", temp / "github_path"
     github_env.touch()
     github_path.touch()
-    base = {**env, "GITHUB_ACTIONS": "true", "RUNNER_TEMP": str(temp),
-            "GITHUB_ENV": str(github_env), "GITHUB_PATH": str(github_path),
-            "GITHUB_ACTION_PATH": str(action_path), "GITHUB_WORKSPACE": str(workspace)}
+    base = {
+        **env,
+        "GITHUB_ACTIONS": "true",
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_ENV": str(github_env),
+        "GITHUB_PATH": str(github_path),
+        "GITHUB_ACTION_PATH": str(action_path),
+        "GITHUB_WORKSPACE": str(workspace),
+    }
     ran = []
     for step in action["runs"]["steps"]:
         label = step.get("name") or step.get("uses") or step["run"].split("\n")[0]
@@ -288,7 +340,8 @@ def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str
             assert str(step["uses"]).split("@")[0] == "actions/setup-python", step
             args = {k: fill_action(str(v), context) for k, v in step["with"].items()}
             assert args.get("update-environment", "").lower() == "false", (
-                "the action must leave the job's python and PATH as they were")
+                "the action must leave the job's python and PATH as they were"
+            )
             python = shutil.which(f"python{args['python-version']}")
             assert python, f"no python{args['python-version']} on PATH"
             context["steps"][step["id"]] = {"python-path": python}
@@ -300,16 +353,23 @@ def run_action(action: Mapping[str, Any], action_path: Path, inputs: Mapping[str
                 step_env[key] = val
             added = github_path.read_text().splitlines()[::-1]
             step_env["PATH"] = os.pathsep.join([*added, env.get("PATH", os.defpath)])
-            step_env.update({k: fill_action(str(v), context)
-                             for k, v in step.get("env", {}).items()})
+            step_env.update(
+                {k: fill_action(str(v), context) for k, v in step.get("env", {}).items()}
+            )
             script = fill_action(step["run"], context)
             # `shell: bash` is `bash --noprofile --norc -eo pipefail {0}` on GitHub's runners.
-            proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
-                                   script], cwd=workspace, env=step_env, capture_output=True,
-                                  text=True, timeout=1800)
+            proc = subprocess.run(
+                ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+                cwd=workspace,
+                env=step_env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             assert proc.returncode == 0, (
                 f"step {label!r} exited {proc.returncode}:\n{script}\n{proc.stdout[-3000:]}\n"
-                f"{proc.stderr[-5000:]}")
+                f"{proc.stderr[-5000:]}"
+            )
         ran.append(f"{label}: {time.monotonic() - began:.1f} s")
     return ran
 

@@ -61,8 +61,10 @@ CONFIGURE_FLAGS: tuple[str, ...] = (
 #: The bullseye userland the interpreter is compiled in (and the wheels are run in): a plain
 #: debootstrapped root filesystem (the manylinux-shaped base image needs an auditwheel that
 #: runs on bullseye's Python 3.9, and the pinned one no longer does).
-BULLSEYE = BaseImageSpec(suite="bullseye", packages=DEFAULT_PACKAGES + (
-    "zlib1g-dev", "libffi-dev", "libbz2-dev", "liblzma-dev"))
+BULLSEYE = BaseImageSpec(
+    suite="bullseye",
+    packages=DEFAULT_PACKAGES + ("zlib1g-dev", "libffi-dev", "libbz2-dev", "liblzma-dev"),
+)
 
 
 @dataclass(frozen=True)
@@ -102,27 +104,39 @@ def _lock_for(entry: Path) -> Path:
 def _source_tarball(log: OutputLog) -> Path:
     """Debian's ``.orig`` tarball of python3.11, downloaded once per digest."""
     apt = source_apt()
-    uris = subprocess.run(["apt-get", *apt.options, "-qq", "source", "--print-uris",
-                           SOURCE_PACKAGE], capture_output=True, text=True, check=False)
+    uris = subprocess.run(
+        ["apt-get", *apt.options, "-qq", "source", "--print-uris", SOURCE_PACKAGE],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     origs = [line.split() for line in uris.stdout.splitlines() if ".orig.tar." in line]
     if uris.returncode != 0 or not origs:
-        raise StepFailed(f"apt-get source --print-uris {SOURCE_PACKAGE}: no .orig tarball "
-                         f"(exit {uris.returncode}):\n{uris.stderr[-1500:]}")
+        raise StepFailed(
+            f"apt-get source --print-uris {SOURCE_PACKAGE}: no .orig tarball "
+            f"(exit {uris.returncode}):\n{uris.stderr[-1500:]}"
+        )
     _, name, _, sha = origs[0][:4]
     digest = sha.removeprefix("SHA256:")
     folder = cache_root() / "cpython-src" / digest[:16]
 
     def fill(tmp: Path) -> None:
         log.note(f"cpython: apt-get source --download-only {SOURCE_PACKAGE}")
-        run = subprocess.run(["apt-get", *apt.options, "-qq", "source", "--download-only",
-                              SOURCE_PACKAGE], cwd=tmp, capture_output=True, text=True)
+        run = subprocess.run(
+            ["apt-get", *apt.options, "-qq", "source", "--download-only", SOURCE_PACKAGE],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         # Only the .orig tarball is used. A mirror may serve the upstream tarball but not a
         # security update's .dsc/.debian.tar (seen: a 404 from the -security pool), and apt
         # then exits non-zero with the tarball downloaded: the digest decides.
         orig = tmp / name
         if not orig.is_file():
-            raise StepFailed(f"apt-get source {SOURCE_PACKAGE}: no {name} (exit "
-                             f"{run.returncode}):\n{run.stderr[-1500:]}")
+            raise StepFailed(
+                f"apt-get source {SOURCE_PACKAGE}: no {name} (exit "
+                f"{run.returncode}):\n{run.stderr[-1500:]}"
+            )
         got = hashlib.sha256(orig.read_bytes()).hexdigest()
         if got != digest:
             raise StepFailed(f"{name}: sha256 {got}, the archive's index says {digest}")
@@ -164,9 +178,19 @@ def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Pyt
     image = rootfs_image(engine, BULLSEYE)
     tarball = _source_tarball(log)
     digest = tarball.parent.name
-    key = content_key([json.dumps({"source": digest, "configure": CONFIGURE_FLAGS,
-                                   "image": BULLSEYE.key(), "recipe": RECIPE},
-                                  sort_keys=True)])
+    key = content_key(
+        [
+            json.dumps(
+                {
+                    "source": digest,
+                    "configure": CONFIGURE_FLAGS,
+                    "image": BULLSEYE.key(),
+                    "recipe": RECIPE,
+                },
+                sort_keys=True,
+            )
+        ]
+    )
     final = cache_root() / "cpython" / f"{VERSION}-lib64-{key}"
 
     def fill(tmp: Path) -> None:
@@ -174,10 +198,16 @@ def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Pyt
         # with DESTDIR in the container and copied out into the temporary entry.
         prefix = str(final / "python")
         start = time.monotonic()
-        with engine.container(image, binds={str(tarball.parent): "/src"}, network=False,
-                              labels={"org.ampforge.test": "cpython-lib64"}, log=log) as box:
-            box.run(["bash", "-c", _build_script(f"/src/{tarball.name}", prefix)],
-                    step="build CPython")
+        with engine.container(
+            image,
+            binds={str(tarball.parent): "/src"},
+            network=False,
+            labels={"org.ampforge.test": "cpython-lib64"},
+            log=log,
+        ) as box:
+            box.run(
+                ["bash", "-c", _build_script(f"/src/{tarball.name}", prefix)], step="build CPython"
+            )
             box.copy_out("/stage" + prefix, tmp)
         log.note(f"cpython: built in {time.monotonic() - start:.0f} s")
 
@@ -186,8 +216,9 @@ def lib64_python(engine: DockerEngine, log: OutputLog | None = None) -> Lib64Pyt
     return Lib64Python(entry / "python", image)
 
 
-def lib64_python_with_torch(engine: DockerEngine, wheelhouse: Path, torch: str,
-                            log: OutputLog | None = None) -> Lib64Python:
+def lib64_python_with_torch(
+    engine: DockerEngine, wheelhouse: Path, torch: str, log: OutputLog | None = None
+) -> Lib64Python:
     """The interpreter with ``torch==torch`` (and setuptools, wheel) installed into itself --
     ``lib64/python3.11/site-packages`` -- from *wheelhouse*, offline."""
     log = log or OutputLog()
@@ -200,11 +231,26 @@ def lib64_python_with_torch(engine: DockerEngine, wheelhouse: Path, torch: str,
         # executable is, so the copy runs (and installs) as itself.
         shutil.copytree(bare.prefix, tmp / "python", symlinks=True)
         python = tmp / "python" / "bin" / f"python{VERSION}"
-        subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                        "--no-input", "--no-compile", "--no-index", "--find-links",
-                        str(wheelhouse), f"torch=={torch}", "setuptools", "wheel"],
-                       check=True, capture_output=True,
-                       env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--no-compile",
+                "--no-index",
+                "--find-links",
+                str(wheelhouse),
+                f"torch=={torch}",
+                "setuptools",
+                "wheel",
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
+        )
 
     with _locked(_lock_for(final)):
         entry = ensure_entry(final, fill)

@@ -36,12 +36,30 @@ def index_nvcc() -> Path:
     def fill(tmp: Path) -> None:
         (tmp / "requirements.txt").write_text("".join(r + "\n" for r in requirements))
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-             "--no-deps", "--require-hashes", "--target", str(tmp / "site"), "-r",
-             str(tmp / "requirements.txt")], capture_output=True, text=True, timeout=900)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--no-deps",
+                "--require-hashes",
+                "--target",
+                str(tmp / "site"),
+                "-r",
+                str(tmp / "requirements.txt"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if proc.returncode != 0:
-            missing(f"the CUDA toolkit's wheels could not be installed from the package index:\n"
-                    f"{proc.stderr[-1500:]}", "CI needs the package index for the CUDA tests")
+            missing(
+                f"the CUDA toolkit's wheels could not be installed from the package index:\n"
+                f"{proc.stderr[-1500:]}",
+                "CI needs the package index for the CUDA tests",
+            )
 
     ensure_entry(final, fill)
     found = final / "site" / "nvidia" / "cu13" / "bin" / "nvcc"

@@ -46,9 +46,11 @@ def docker_engine() -> DockerEngine:
     group = os.environ.get("AMPFORGE_TEST_GROUP")
     if group is not None and group != "docker":
         # tests/conftest.py runs engine tests in one stream; one outside it would race them.
-        pytest.fail("this test uses the container engine but is not in the 'docker' test "
-                    "group: add its module to DOCKER_MODULES in tests/conftest.py or mark "
-                    "the test @pytest.mark.docker")
+        pytest.fail(
+            "this test uses the container engine but is not in the 'docker' test "
+            "group: add its module to DOCKER_MODULES in tests/conftest.py or mark "
+            "the test @pytest.mark.docker"
+        )
     try:
         return DockerEngine()
     except EngineUnavailable as exc:
@@ -81,11 +83,29 @@ def filled_once(dest: Path, fill: Callable[[Path], None]) -> Path:
 
 def _download_wheelhouse(dest: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
-         "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-         "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-         "--platform", "manylinux2014_x86_64",
-         f"torch=={TORCH}", "setuptools", "wheel"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--dest",
+            str(dest),
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            f"torch=={TORCH}",
+            "setuptools",
+            "wheel",
+        ],
         check=True,
     )
     torch_wheels = list(dest.glob("torch-*.whl"))
@@ -95,7 +115,7 @@ def _download_wheelhouse(dest: Path) -> None:
 
 # torch's default BuildExtension (ninja where installed, as CI provisions it): the way most
 # published extensions build, so every backend's tiny build goes through it with ccache.
-TINY_SETUP = '''\
+TINY_SETUP = """\
 import os
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -110,7 +130,7 @@ setup(
                               extra_link_args=["-fopenmp", "-s"])],
     cmdclass={"build_ext": BuildExtension},
 )
-'''
+"""
 
 # power/expf: libm calls whose default symbol versions on this toolchain are GLIBC_2.29 and
 # GLIBC_2.27 (as the kernels' pow is): every tiny build shows the libm floor binding them to
@@ -133,11 +153,13 @@ def write_tiny_extension(root: Path) -> Path:
     """A second, small PEP 517 project with a torch C++ extension (``tinyext._C``)."""
     (root / "tinyext").mkdir(parents=True)
     (root / "setup.py").write_text(TINY_SETUP)
-    (root / "pyproject.toml").write_text(textwrap.dedent("""\
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools", "wheel", "torch"]
         build-backend = "setuptools.build_meta"
-        """))
+        """)
+    )
     (root / "tinyext" / "__init__.py").write_text("")
     (root / "tinyext" / "ext.cpp").write_text(TINY_CPP)
     return root

@@ -38,11 +38,17 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of *size* (``mount``'s syntax: ``512k``, ``4m``) mounted at *path*, unmounted
     (lazily, so a process still inside cannot keep it) when the block ends."""
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
-                        str(path)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
-        missing(f"cannot mount a size-limited tmpfs at {path} ({r.stderr.strip()}); the "
-                "disk-full tests need root with CAP_SYS_ADMIN", ".ci/run runs as root")
+        missing(
+            f"cannot mount a size-limited tmpfs at {path} ({r.stderr.strip()}); the "
+            "disk-full tests need root with CAP_SYS_ADMIN",
+            ".ci/run runs as root",
+        )
     try:
         yield path
     finally:
@@ -87,18 +93,22 @@ PyMODINIT_FUNC PyInit__c(void) { return PyModule_Create(&module); }
 def write_c_project(root: Path, blob: int = 1, version: str = "0.0.1") -> Path:
     """``cext``: one C module with *blob* bytes of data; its wheel needs no torch to build."""
     (root / "cext").mkdir(parents=True)
-    (root / "setup.py").write_text(textwrap.dedent(f"""\
+    (root / "setup.py").write_text(
+        textwrap.dedent(f"""\
         from setuptools import Extension, setup
         setup(name="cext", version="{version}", packages=["cext"],
               ext_modules=[Extension("cext._c", ["cext/c.c"],
                                      define_macros=[("BLOB", "{blob}")],
                                      extra_compile_args=["-g0", "-O0"])])
-        """))
-    (root / "pyproject.toml").write_text(textwrap.dedent("""\
+        """)
+    )
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools", "wheel"]
         build-backend = "setuptools.build_meta"
-        """))
+        """)
+    )
     (root / "cext" / "__init__.py").write_text("")
     (root / "cext" / "c.c").write_text(C_SOURCE)
     return root
@@ -124,8 +134,13 @@ def no_partial_files(*folders: Path) -> list[Path]:
     left = []
     for folder in folders:
         if folder.exists():
-            left += [p for p in folder.rglob(".*") if p.name.endswith(".tmp")
-                     or ".previous-" in p.name or (p.is_dir() and p.name.count(".") >= 2)]
+            left += [
+                p
+                for p in folder.rglob(".*")
+                if p.name.endswith(".tmp")
+                or ".previous-" in p.name
+                or (p.is_dir() and p.name.count(".") >= 2)
+            ]
     return left
 
 
@@ -160,8 +175,15 @@ int main(int argc, char **argv) {
   return 0;
 }
 """.replace("MARK", CELL_MARK)
-FAKE_LINKS = ("bin/sh", "bin/mkdir", "bin/sleep", "usr/bin/python3.11", "usr/local/bin/python3.11",
-              "opt/ampforge/venv/bin/python", "opt/python/cp311-cp311/bin/python")
+FAKE_LINKS = (
+    "bin/sh",
+    "bin/mkdir",
+    "bin/sleep",
+    "usr/bin/python3.11",
+    "usr/local/bin/python3.11",
+    "opt/ampforge/venv/bin/python",
+    "opt/python/cp311-cp311/bin/python",
+)
 
 
 def fake_base_image(engine_host: str, workdir: Path, tag: str) -> str:
@@ -169,18 +191,25 @@ def fake_base_image(engine_host: str, workdir: Path, tag: str) -> str:
     FAKE_LINKS, a passwd with the build user) into the engine at *engine_host* as *tag*."""
     root = workdir / "rootfs"
     (root / "etc").mkdir(parents=True)
-    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n"
-                                         "builder:x:1000:1000::/home/builder:/bin/sh\n")
+    (root / "etc" / "passwd").write_text(
+        "root:x:0:0::/root:/bin/sh\nbuilder:x:1000:1000::/home/builder:/bin/sh\n"
+    )
     (root / "etc" / "group").write_text("root:x:0:\nbuilder:x:1000:\n")
     (workdir / "tools.c").write_text(FAKE_TOOLS)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(workdir / "tools"),
-                    str(workdir / "tools.c")], check=True)
+    subprocess.run(
+        ["gcc", "-static", "-O1", "-o", str(workdir / "tools"), str(workdir / "tools.c")],
+        check=True,
+    )
     for link in FAKE_LINKS:
         (root / link).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(workdir / "tools", root / link)
     tar = subprocess.run(["tar", "-C", str(root), "-c", "."], check=True, capture_output=True)
-    subprocess.run(["docker", "-H", engine_host, "import", "-", tag], input=tar.stdout,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "-H", engine_host, "import", "-", tag],
+        input=tar.stdout,
+        check=True,
+        capture_output=True,
+    )
     return tag
 
 
@@ -209,28 +238,50 @@ class PrivateDockerd:
             missing("dockerd is not installed", ".ci/run installs docker.io")
         log = (self.root / "log").open("a")
         if not _link_exists(self.bridge):
-            for argv in (["ip", "link", "add", self.bridge, "type", "bridge"],
-                         ["ip", "addr", "add", f"10.254.{os.getpid() % 250}.1/24", "dev",
-                          self.bridge],
-                         ["ip", "link", "set", self.bridge, "up"]):
+            for argv in (
+                ["ip", "link", "add", self.bridge, "type", "bridge"],
+                ["ip", "addr", "add", f"10.254.{os.getpid() % 250}.1/24", "dev", self.bridge],
+                ["ip", "link", "set", self.bridge, "up"],
+            ):
                 subprocess.run(argv, check=True, capture_output=True)
         self.proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(self.root / "data"), "--exec-root",
-             str(self.root / "exec"), "--pidfile", str(self.root / "pid"), "-H", self.host,
-             f"--bridge={self.bridge}", "--iptables=false", "--ip-masq=false",
-             # A container's pid 1 that ignores SIGTERM would hold a stop for 15 s.
-             "--shutdown-timeout=1"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                "dockerd",
+                "--data-root",
+                str(self.root / "data"),
+                "--exec-root",
+                str(self.root / "exec"),
+                "--pidfile",
+                str(self.root / "pid"),
+                "-H",
+                self.host,
+                f"--bridge={self.bridge}",
+                "--iptables=false",
+                "--ip-masq=false",
+                # A container's pid 1 that ignores SIGTERM would hold a stop for 15 s.
+                "--shutdown-timeout=1",
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if subprocess.run(["docker", "-H", self.host, "info"], capture_output=True,
-                              check=False).returncode == 0:
+            if (
+                subprocess.run(
+                    ["docker", "-H", self.host, "info"], capture_output=True, check=False
+                ).returncode
+                == 0
+            ):
                 return
             if self.proc.poll() is not None:
                 break
             time.sleep(0.3)
-        missing(f"a private dockerd did not start: {(self.root / 'log').read_text()[-2000:]}",
-                ".ci/run installs docker.io and runs as root")
+        missing(
+            f"a private dockerd did not start: {(self.root / 'log').read_text()[-2000:]}",
+            ".ci/run installs docker.io and runs as root",
+        )
 
     def stop_daemon(self) -> None:
         """The engine stops under a running build (SIGTERM, as ``systemctl stop docker``: it
@@ -243,8 +294,9 @@ class PrivateDockerd:
         self.proc.wait(timeout=60)
 
     def containers(self) -> list[str]:
-        out = subprocess.run(["docker", "-H", self.host, "ps", "-aq"], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["docker", "-H", self.host, "ps", "-aq"], capture_output=True, text=True, check=True
+        ).stdout
         return out.split()
 
     def stop(self) -> None:
@@ -259,14 +311,18 @@ class PrivateDockerd:
         if pid_file.exists():
             with contextlib.suppress(ValueError, ProcessLookupError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-        subprocess.run(["umount", "-R", "-l", str(self.root / "data")], capture_output=True,
-                       check=False)
+        subprocess.run(
+            ["umount", "-R", "-l", str(self.root / "data")], capture_output=True, check=False
+        )
         shutil.rmtree(self.root, ignore_errors=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         assert _link_exists("docker0") == self.shared_bridge_before, (
-            "the private dockerd removed the shared engine's docker0 bridge")
+            "the private dockerd removed the shared engine's docker0 bridge"
+        )
 
 
 def _link_exists(name: str) -> bool:
-    return subprocess.run(["ip", "link", "show", name], capture_output=True,
-                          check=False).returncode == 0
+    return (
+        subprocess.run(["ip", "link", "show", name], capture_output=True, check=False).returncode
+        == 0
+    )

@@ -56,8 +56,7 @@ def make_wheel(
         f"{module}/__init__.py": f"VERSION = {version!r}\n".encode(),
         f"{info}/METADATA": ("\n".join(meta) + f"\n\n# {name}\n\nA test wheel.\n").encode(),
         f"{info}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: ampforge-tests\nRoot-Is-Purelib: true\n"
-            f"Tag: {tag}\n\n"
+            f"Wheel-Version: 1.0\nGenerator: ampforge-tests\nRoot-Is-Purelib: true\nTag: {tag}\n\n"
         ).encode(),
     }
     record = [f"{n},{_record_hash(d)},{len(d)}" for n, d in files.items()]
@@ -78,8 +77,11 @@ def clean_pip_env(**extra: str) -> dict[str, str]:
     """This process's environment without pip settings or proxies: pip then sees only the
     index a test names (no machine-wide extra index, find-links or constraints), and
     127.0.0.1 is reached directly."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith(("PIP_", "TWINE_")) and not k.lower().endswith("_proxy")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith(("PIP_", "TWINE_")) and not k.lower().endswith("_proxy")
+    }
     # pip skips every configuration file (global ones too) when this is os.devnull.
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     env.update(extra)
@@ -97,7 +99,10 @@ def fresh_venv(path: Path, *, see_outer_packages: bool = False) -> Path:
     if see_outer_packages:
         purelib = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True).stdout.strip()
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         Path(purelib, "_outer_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python
 
@@ -106,11 +111,17 @@ def pip_in(python: Path, *args: str, timeout: int = 300) -> subprocess.Completed
     """``pip --python <venv python> ARGS`` with a clean environment; output captured."""
     return subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), *args],
-        env=clean_pip_env(), capture_output=True, text=True, timeout=timeout, check=False)
+        env=clean_pip_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def installed_version(python: Path, dist: str) -> str:
     """The version of *dist* installed in the venv of *python*, as its metadata says."""
     code = f"import importlib.metadata as m; print(m.version({dist!r}))"
-    return subprocess.run([str(python), "-c", code],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", code], check=True, capture_output=True, text=True
+    ).stdout.strip()

@@ -59,8 +59,11 @@ def _forward(client: socket.socket) -> None:
     rest = target.split("://", 1)[1]
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.partition(":")
-    headers = [h for h in lines[1:] if h and not h.lower().startswith(
-        ("connection:", "proxy-connection:", "keep-alive:"))]
+    headers = [
+        h
+        for h in lines[1:]
+        if h and not h.lower().startswith(("connection:", "proxy-connection:", "keep-alive:"))
+    ]
     request = "\r\n".join([f"{method} /{path} {version}", *headers, "Connection: close", "", ""])
     with socket.create_connection((host, int(port or 80)), timeout=30) as upstream:
         upstream.sendall(request.encode("latin-1") + body)

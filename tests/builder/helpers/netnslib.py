@@ -61,26 +61,29 @@ class Netns:
 
     def can_connect(self, host: str, port: int) -> bool:
         """Whether a process in the namespace can open a TCP connection to host:port."""
-        code = ("import socket, sys\n"
-                "try:\n"
-                f"    socket.create_connection(({host!r}, {port}), timeout=5).close()\n"
-                "except OSError:\n"
-                "    sys.exit(1)\n")
-        return subprocess.run(self.argv([sys.executable, "-c", code]),
-                              timeout=60).returncode == 0
+        code = (
+            "import socket, sys\n"
+            "try:\n"
+            f"    socket.create_connection(({host!r}, {port}), timeout=5).close()\n"
+            "except OSError:\n"
+            "    sys.exit(1)\n"
+        )
+        return subprocess.run(self.argv([sys.executable, "-c", code]), timeout=60).returncode == 0
 
 
 def _used_networks(ip: str) -> list[ipaddress.IPv4Network]:
     """Every IPv4 network this machine has an address or a route in."""
     used = []
-    addrs = subprocess.run([ip, "-4", "-o", "addr", "show"], capture_output=True, text=True,
-                           check=True).stdout
+    addrs = subprocess.run(
+        [ip, "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
     for line in addrs.splitlines():
         fields = line.split()
         if "inet" in fields:
             used.append(ipaddress.ip_interface(fields[fields.index("inet") + 1]).network)
-    routes = subprocess.run([ip, "-4", "route", "show", "table", "all"], capture_output=True,
-                            text=True, check=True).stdout
+    routes = subprocess.run(
+        [ip, "-4", "route", "show", "table", "all"], capture_output=True, text=True, check=True
+    ).stdout
     for line in routes.splitlines():
         dst = line.split()[0] if line.split() else ""
         if dst in ("local", "broadcast", "unreachable", "blackhole", "prohibit"):
@@ -120,8 +123,17 @@ def isolated_netns() -> Iterator[Netns]:
         run("link", "set", inner_if, "netns", name)
         run("addr", "add", f"{host_addr}/{link.prefixlen}", "dev", host_if)
         run("link", "set", host_if, "up")
-        run("netns", "exec", name, ip, "addr", "add", f"{inner_addr}/{link.prefixlen}",
-            "dev", inner_if)
+        run(
+            "netns",
+            "exec",
+            name,
+            ip,
+            "addr",
+            "add",
+            f"{inner_addr}/{link.prefixlen}",
+            "dev",
+            inner_if,
+        )
         run("netns", "exec", name, ip, "link", "set", inner_if, "up")
         # Its own loopback up, as on any machine: 127.0.0.1 answers there, but it is not ours.
         run("netns", "exec", name, ip, "link", "set", "lo", "up")
@@ -129,8 +141,9 @@ def isolated_netns() -> Iterator[Netns]:
     finally:
         # Processes still in the namespace are this test's (a build that timed out): end them
         # by id before the namespace goes.
-        pids = subprocess.run([ip, "netns", "pids", name], capture_output=True, text=True,
-                              timeout=60).stdout.split()
+        pids = subprocess.run(
+            [ip, "netns", "pids", name], capture_output=True, text=True, timeout=60
+        ).stdout.split()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)

@@ -17,8 +17,9 @@ from builder.config import REPO_ROOT
 SUPPORT = REPO_ROOT / "configs" / "support.yaml"
 
 
-def expected_torch_npu(torch: str, python: str, machine: str,
-                       support: Path = SUPPORT) -> Optional[str]:
+def expected_torch_npu(
+    torch: str, python: str, machine: str, support: Path = SUPPORT
+) -> Optional[str]:
     """The table's torch-npu release for *torch* when it has a wheel for *python* on *machine*."""
     entry = (yaml.safe_load(support.read_text()).get("torch_npu") or {}).get(torch)
     if not entry or python not in entry.get(machine, []):
@@ -28,8 +29,9 @@ def expected_torch_npu(torch: str, python: str, machine: str,
 
 def wheel_metadata(wheel: Path) -> str:
     with zipfile.ZipFile(wheel) as zf:
-        (name,) = [n for n in zf.namelist()
-                   if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        (name,) = [
+            n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+        ]
         return zf.read(name).decode("utf-8")
 
 
@@ -37,8 +39,11 @@ def npu_fields(metadata: str) -> tuple[list[str], list[str]]:
     """(every ``Provides-Extra``, the ``Requires-Dist`` values that name torch-npu)."""
     msg = email.parser.Parser().parsestr(metadata, headersonly=True)
     extras = msg.get_all("Provides-Extra") or []
-    reqs = [r for r in msg.get_all("Requires-Dist") or []
-            if Requirement(r).name.lower().replace("_", "-") == "torch-npu"]
+    reqs = [
+        r
+        for r in msg.get_all("Requires-Dist") or []
+        if Requirement(r).name.lower().replace("_", "-") == "torch-npu"
+    ]
     return extras, reqs
 
 

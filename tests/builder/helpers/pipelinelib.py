@@ -62,8 +62,7 @@ def snapshot_of_this_repo(dest: Path) -> Path:
     for name in ("amp", "kernels", "setup.py", "pyproject.toml", "README.md", "LICENSE"):
         src = REPO_ROOT / name
         if src.is_dir():
-            shutil.copytree(src, dest / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         else:
             shutil.copy2(src, dest / name)
     return dest
@@ -73,9 +72,10 @@ def one_cell_config(tmp: Path, text: str = "") -> Path:
     """A build config of the one x86_64 cp311 torch 2.13.0 cell, on the repository's support
     table, with *text* (YAML keys, dedented) after the matrix."""
     path = tmp / "matrix.yaml"
-    path.write_text(f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
-                    "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n"
-                    + textwrap.dedent(text))
+    path.write_text(
+        f"support: {REPO_ROOT / 'configs' / 'support.yaml'}\n"
+        "matrix: {arch: [X86], python: ['3.11'], torch: ['2.13.0']}\n" + textwrap.dedent(text)
+    )
     return path
 
 
@@ -87,21 +87,41 @@ def builder_env(**extra: str) -> dict[str, str]:
 
 
 def build_argv(tmp: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "builder", "build", "--out", str(tmp / "dist"),
-            "--work-dir", str(tmp / "work"), *args]
+    return [
+        sys.executable,
+        "-m",
+        "builder",
+        "build",
+        "--out",
+        str(tmp / "dist"),
+        "--work-dir",
+        str(tmp / "work"),
+        *args,
+    ]
 
 
 def run_build(tmp: Path, *args: str, timeout: int = 1800, **env: str) -> Run:
-    proc = subprocess.run(build_argv(tmp, *args), capture_output=True, text=True,
-                          env=builder_env(**env), cwd=tmp, timeout=timeout)
+    proc = subprocess.run(
+        build_argv(tmp, *args),
+        capture_output=True,
+        text=True,
+        env=builder_env(**env),
+        cwd=tmp,
+        timeout=timeout,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 def run_plan(tmp: Path, *args: str, **env: str) -> dict[str, dict]:
     """``plan --format json`` for *args*: the resolved records by cell id."""
-    proc = subprocess.run([sys.executable, "-m", "builder", "plan", "--format", "json", *args],
-                          capture_output=True, text=True, env=builder_env(**env), cwd=tmp,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder", "plan", "--format", "json", *args],
+        capture_output=True,
+        text=True,
+        env=builder_env(**env),
+        cwd=tmp,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return {c["id"]: c for c in json.loads(proc.stdout)["cells"]}
 
@@ -118,10 +138,20 @@ def seed_dist(dist: Path) -> dict[str, bytes]:
     dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / "earlier-1.0+torch2.9-cp310-cp310-manylinux_2_24_x86_64.whl"
     wheel.write_bytes(b"an earlier wheel")
-    record_wheel(dist, ManifestEntry.for_wheel(
-        wheel, cell="cp310-manylinux_x86_64-torch2.9.1", torch="2.9.1", python="3.10",
-        base_image="x", compiler="g++", builder_version="0", started_at="t0",
-        finished_at="t1"))
+    record_wheel(
+        dist,
+        ManifestEntry.for_wheel(
+            wheel,
+            cell="cp310-manylinux_x86_64-torch2.9.1",
+            torch="2.9.1",
+            python="3.10",
+            base_image="x",
+            compiler="g++",
+            builder_version="0",
+            started_at="t0",
+            finished_at="t1",
+        ),
+    )
     return dist_state(dist)
 
 
@@ -130,10 +160,20 @@ def hidden_leftovers(dist: Path) -> list[str]:
     and the per-cell lock folder, whose lock files are empty once no build holds them (the
     holder's name is written only while it builds). Anything else is a partial file."""
     locks = dist / LOCKS_DIR
-    held = [f"{LOCKS_DIR}/{p.name}" for p in locks.iterdir()
-            if not p.name.endswith(".lock") or p.stat().st_size] if locks.is_dir() else []
-    return held + [p.name for p in dist.iterdir() if p.name.startswith(".")
-                   and p.name not in (".manifest.lock", LOCKS_DIR)]
+    held = (
+        [
+            f"{LOCKS_DIR}/{p.name}"
+            for p in locks.iterdir()
+            if not p.name.endswith(".lock") or p.stat().st_size
+        ]
+        if locks.is_dir()
+        else []
+    )
+    return held + [
+        p.name
+        for p in dist.iterdir()
+        if p.name.startswith(".") and p.name not in (".manifest.lock", LOCKS_DIR)
+    ]
 
 
 def manifest(dist: Path) -> dict:
@@ -157,29 +197,43 @@ def broken_project(root: Path, kind: str) -> Path:
     project = write_tiny_extension(root)
     if kind == "compile":
         (project / "tinyext" / "ext.cpp").write_text(
-            "#include <torch/extension.h>\nint broken( { return sentinel_undeclared_xyz; }\n")
+            "#include <torch/extension.h>\nint broken( { return sentinel_undeclared_xyz; }\n"
+        )
     elif kind == "repair":
         # libexpat is on every Debian system (python3 needs it) but outside the manylinux
         # policy: auditwheel would have to graft it, and the builder refuses.
-        setup = (project / "setup.py").read_text().replace(
-            'extra_link_args=["-fopenmp", "-s"]',
-            'extra_link_args=["-fopenmp", "-s", "-Wl,--no-as-needed", '
-            '"/usr/lib/x86_64-linux-gnu/libexpat.so.1"]')
+        setup = (
+            (project / "setup.py")
+            .read_text()
+            .replace(
+                'extra_link_args=["-fopenmp", "-s"]',
+                'extra_link_args=["-fopenmp", "-s", "-Wl,--no-as-needed", '
+                '"/usr/lib/x86_64-linux-gnu/libexpat.so.1"]',
+            )
+        )
         (project / "setup.py").write_text(setup)
     elif kind == "glibc":
         # close_range is GLIBC_2.34 (no older version exists): the wheel would need glibc 2.34,
         # above the manylinux_2_28 of torch 2.13's own wheel.
         source = project / "tinyext" / "ext.cpp"
-        source.write_text(source.read_text().replace(
-            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
-            "#include <unistd.h>\nint closer() { return close_range(1u << 30, 1u << 30, 0); }\n"
-            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def(\"closer\", &closer);"))
+        source.write_text(
+            source.read_text().replace(
+                "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+                "#include <unistd.h>\nint closer() { return close_range(1u << 30, 1u << 30, 0); }\n"
+                'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n  m.def("closer", &closer);',
+            )
+        )
     elif kind == "smoke":
         # A second, top-level module (as apex's apex_C) whose import fails: it calls a function
         # nothing defines, which the loader (RTLD_NOW) refuses. The package itself imports.
         (project / "tinyext_top.cpp").write_text(SMOKE_BROKEN_TOP)
-        setup = (project / "setup.py").read_text().replace(
-            "ext_modules=[", 'ext_modules=[CppExtension("tinyext_top", ["tinyext_top.cpp"]), ')
+        setup = (
+            (project / "setup.py")
+            .read_text()
+            .replace(
+                "ext_modules=[", 'ext_modules=[CppExtension("tinyext_top", ["tinyext_top.cpp"]), '
+            )
+        )
         (project / "setup.py").write_text(setup)
     else:
         raise ValueError(kind)
@@ -200,8 +254,9 @@ def blocking_project(root: Path) -> Path:
     return project
 
 
-def wait_until_building(proc: subprocess.Popen, log: Path,
-                        also: Callable[[], bool] = lambda: True, timeout: float = 900) -> None:
+def wait_until_building(
+    proc: subprocess.Popen, log: Path, also: Callable[[], bool] = lambda: True, timeout: float = 900
+) -> None:
     """Return once *log* shows the project's build running (and *also* holds): the moment the
     interruption tests signal. Fails the test (killing *proc*) if the build ends or never gets
     there."""
@@ -226,18 +281,34 @@ def _as_terminal_foreground() -> None:
 
 
 def run_subprocess(argv: list[str], cwd: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen(argv, cwd=cwd, env=builder_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_terminal_foreground)
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=builder_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_terminal_foreground,
+    )
 
 
-def start_blocked_docker_build(engine: DockerEngine, tmp_path: Path, name: str,
-                        base: str) -> tuple[subprocess.Popen, set[str]]:
+def start_blocked_docker_build(
+    engine: DockerEngine, tmp_path: Path, name: str, base: str
+) -> tuple[subprocess.Popen, set[str]]:
     """A docker build of a tiny project, returned once the project's build blocks in its
     container."""
     project = blocking_project(tmp_path / name)
-    argv = build_argv(tmp_path, "--backend", "docker", "--base-image", base,
-                      "--project", str(project), "--wheelhouse", str(wheelhouse_cp311()))
+    argv = build_argv(
+        tmp_path,
+        "--backend",
+        "docker",
+        "--base-image",
+        base,
+        "--project",
+        str(project),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+    )
     proc = run_subprocess(argv, tmp_path)
     seen: set[str] = set()
 

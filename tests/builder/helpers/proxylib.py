@@ -70,8 +70,9 @@ class InternalNetwork:
 def internal_network(engine: DockerEngine) -> Iterator[InternalNetwork]:
     """A fresh ``docker network create --internal`` network, removed afterwards."""
     name = f"ampforge-proxytest-{uuid.uuid4().hex[:8]}"
-    engine.api.create_network(name, driver="bridge", internal=True,
-                              labels={"org.ampforge.test": "proxy"})
+    engine.api.create_network(
+        name, driver="bridge", internal=True, labels={"org.ampforge.test": "proxy"}
+    )
     try:
         config = engine.api.inspect_network(name)["IPAM"]["Config"]
         gateway = next(c["Gateway"] for c in config if c.get("Gateway"))
@@ -107,10 +108,18 @@ def tinyproxy(listen: str, folder: Path, connect_ports: tuple[int, ...]) -> Iter
     port = free_port(listen)
     log = folder / "tinyproxy.log"
     conf = folder / "tinyproxy.conf"
-    lines = [f"Port {port}", f"Listen {listen}", "Timeout 120", f'LogFile "{log}"',
-             # Connect level records every request line (GET http://..., CONNECT host:port).
-             "LogLevel Connect", "MaxClients 50", f"BasicAuth {PROXY_USER} {SENTINEL}",
-             "DisableViaHeader Yes", *(f"ConnectPort {p}" for p in connect_ports)]
+    lines = [
+        f"Port {port}",
+        f"Listen {listen}",
+        "Timeout 120",
+        f'LogFile "{log}"',
+        # Connect level records every request line (GET http://..., CONNECT host:port).
+        "LogLevel Connect",
+        "MaxClients 50",
+        f"BasicAuth {PROXY_USER} {SENTINEL}",
+        "DisableViaHeader Yes",
+        *(f"ConnectPort {p}" for p in connect_ports),
+    ]
     conf.write_text("\n".join(lines) + "\n")
     out = (folder / "tinyproxy.out").open("w")
     proc = subprocess.Popen([binary, "-d", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT)
@@ -184,14 +193,17 @@ def write_index(wheelhouse: Path, out: Path) -> Path:
             anchors.append(f'<a href="{href}#sha256={digest}">{html.escape(wheel.name)}</a>')
         (folder / "index.html").write_text(_page(f"Links for {project}", anchors))
     (simple / "index.html").write_text(
-        _page("Simple index", (f'<a href="{p}/">{p}</a>' for p in projects)))
+        _page("Simple index", (f'<a href="{p}/">{p}</a>' for p in projects))
+    )
     return out
 
 
 def _page(title: str, anchors: Iterable[str]) -> str:
     body = "\n".join(f"    {a}<br>" for a in anchors)
-    return (f"<!DOCTYPE html>\n<html><head><title>{html.escape(title)}</title></head>\n"
-            f"  <body>\n{body}\n  </body>\n</html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html><head><title>{html.escape(title)}</title></head>\n"
+        f"  <body>\n{body}\n  </body>\n</html>\n"
+    )
 
 
 @contextlib.contextmanager
@@ -235,20 +247,62 @@ def make_ca(folder: Path) -> ThrowawayCA:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-            "-out", "ca.pem", "-days", "2", "-subj", "/CN=ampforge throwaway test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key",
-            "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (folder / "server.ext").write_text(textwrap.dedent("""\
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ampforge throwaway test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (folder / "server.ext").write_text(
+        textwrap.dedent("""\
         subjectAltName = IP:127.0.0.1, DNS:localhost
         basicConstraints = CA:FALSE
         keyUsage = critical, digitalSignature, keyEncipherment
         extendedKeyUsage = serverAuth
         authorityKeyIdentifier = keyid
         subjectKeyIdentifier = hash
-        """))
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+        """)
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    )
     return ThrowawayCA(folder / "ca.pem", folder / "server.pem", folder / "server.key")

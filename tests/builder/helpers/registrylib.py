@@ -28,10 +28,13 @@ from helpers.proxylib import free_port, stop
 
 def registry_binary() -> str:
     found = shutil.which("docker-registry") or shutil.which(
-        "docker-registry", path="/usr/bin:/usr/sbin")
+        "docker-registry", path="/usr/bin:/usr/sbin"
+    )
     if found is None:
-        missing("docker-registry is not installed (apt-get install docker-registry)",
-                ".ci/run installs it")
+        missing(
+            "docker-registry is not installed (apt-get install docker-registry)",
+            ".ci/run installs it",
+        )
     return found
 
 
@@ -59,7 +62,8 @@ def local_registry(folder: Path) -> Iterator[Registry]:
         "log:\n  level: info\n"
         f"storage:\n  filesystem:\n    rootdirectory: {folder / 'storage'}\n"
         "  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n")
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
     log = folder / "registry.log"
     out = log.open("w")
     proc = subprocess.Popen([binary, "serve", str(conf)], stdout=out, stderr=subprocess.STDOUT)
@@ -77,8 +81,9 @@ def _wait_answering(url: str, proc: subprocess.Popen, log: Path) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"docker-registry exited with {proc.returncode}:\n"
-                               f"{log.read_text(errors='replace')}")
+            raise RuntimeError(
+                f"docker-registry exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
+            )
         with contextlib.suppress(OSError, urllib.error.URLError):
             with opener.open(url, timeout=2) as answer:
                 if answer.status == 200:

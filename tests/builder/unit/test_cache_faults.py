@@ -35,8 +35,9 @@ def ccache_compile(tmp: Path, source: Path, out: Path) -> str:
     """One compile through the real ccache (as the builder runs gcc); its per-build log."""
     stats = tmp / f"{out.name}.stats"
     env = dict(os.environ, CCACHE_DIR=str(tmp / "ccache"), CCACHE_STATSLOG=str(stats))
-    subprocess.run(["ccache", "gcc", "-c", str(source), "-o", str(out)], env=env, check=True,
-                   cwd=tmp)
+    subprocess.run(
+        ["ccache", "gcc", "-c", str(source), "-o", str(out)], env=env, check=True, cwd=tmp
+    )
     return stats.read_text()
 
 
@@ -47,7 +48,7 @@ def corrupt_ccache(ccache: Path) -> int:
         if path.is_file() and path.name not in ("ccache.conf", "stats") and path.stat().st_size:
             data = bytearray(path.read_bytes())
             mid = len(data) // 2
-            data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+            data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
             path.write_bytes(bytes(data))
             count += 1
     return count
@@ -56,11 +57,13 @@ def corrupt_ccache(ccache: Path) -> int:
 @pytest.mark.promise(
     promise="a corrupted compiler cache never puts wrong objects into a wheel",
     fault="every entry of the compiler cache (ccache, as the builder runs it) overwritten in "
-          "the middle, names and sizes kept",
+    "the middle, names and sizes kept",
     result="the next compile misses the cache and makes the same object bytes as the compiler; "
-           "the cache then serves hits again")
-@pytest.mark.skipif(shutil.which("ccache") is None,
-                    reason="ccache is not installed (.ci/run installs it)")
+    "the cache then serves hits again",
+)
+@pytest.mark.skipif(
+    shutil.which("ccache") is None, reason="ccache is not installed (.ci/run installs it)"
+)
 def test_corrupted_compiler_cache_is_a_miss(tmp_path: Path) -> None:
     source = tmp_path / "c.c"
     source.write_text("int answer(void) { return 42; }\n")
@@ -75,10 +78,11 @@ def test_corrupted_compiler_cache_is_a_miss(tmp_path: Path) -> None:
 
 @pytest.mark.promise(
     promise="no wheel is ever built against a broken torch: a damaged cached torch "
-            "environment is detected by its content record and made again",
+    "environment is detected by its content record and made again",
     fault="a file of torch removed from the cached torch environment (private cache)",
     result="the next build warns naming the missing file, makes the environment again and "
-           "builds; a truncated or altered file is named the same way")
+    "builds; a truncated or altered file is named the same way",
+)
 def test_damaged_torch_environment_is_made_again(lab: Lab, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     # The first build makes the torch environment, then stops at a compile error (cheaply:
@@ -97,8 +101,10 @@ def test_damaged_torch_environment_is_made_again(lab: Lab, tmp_path: Path) -> No
     victim.unlink()
     second = build(lab, tmp_path, cache)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (f"the cached torch 2.13.0 environment {env} is damaged ({victim} is missing): "
-            "removing it and making it again") in second.stderr
+    assert (
+        f"the cached torch 2.13.0 environment {env} is damaged ({victim} is missing): "
+        "removing it and making it again"
+    ) in second.stderr
     assert victim.is_file() and tree_problems(env / "venv", env / TREE_MANIFEST) == []
     assert manifest(tmp_path / "dist")["wheels"][0]["cell"] == CELL
 
@@ -106,18 +112,20 @@ def test_damaged_torch_environment_is_made_again(lab: Lab, tmp_path: Path) -> No
     data = victim.read_bytes() or b"\n"
     victim.write_bytes(data + b"#")
     assert tree_problems(env / "venv", env / TREE_MANIFEST) == [
-        f"{victim} has {len(data) + 1} bytes, {len(data)} when the entry was made"]
+        f"{victim} has {len(data) + 1} bytes, {len(data)} when the entry was made"
+    ]
     victim.write_bytes(bytes(b ^ 1 for b in data))
     assert tree_problems(env / "venv", env / TREE_MANIFEST) == [
-        f"{victim} does not match its sha256 (changed after the entry was made)"]
+        f"{victim} does not match its sha256 (changed after the entry was made)"
+    ]
 
 
 @pytest.mark.promise(
-    promise="a truncated wheel in the wheelhouse stops the build before anything is made "
-            "from it",
+    promise="a truncated wheel in the wheelhouse stops the build before anything is made from it",
     fault="the torch wheel in the --find-links wheelhouse cut to half its size",
     result="exit 2 naming the file, its size and what is wrong; no torch environment made, "
-           "dist/ and its manifest byte-identical")
+    "dist/ and its manifest byte-identical",
+)
 def test_truncated_wheel_in_the_wheelhouse_is_refused(lab: Lab, tmp_path: Path) -> None:
     house = tmp_path / "house"
     shutil.copytree(lab.house, house)
@@ -151,7 +159,8 @@ def tiny_bundle(root: Path, lab: Lab) -> Bundle:
 @pytest.mark.promise(
     promise="a bundle file that is not what bundle.json recorded is refused before use",
     fault="a wheel in an offline bundle truncated by one byte, then altered with its size kept",
-    result="exit 2 naming the file and how it differs (size, then sha256); nothing built")
+    result="exit 2 naming the file and how it differs (size, then sha256); nothing built",
+)
 def test_truncated_or_altered_bundle_file_is_refused(lab: Lab, tmp_path: Path) -> None:
     bundle = tiny_bundle(tmp_path / "bundle", lab)
     victim = bundle.root / bundle.files[0].path

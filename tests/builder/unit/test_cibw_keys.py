@@ -51,18 +51,20 @@ def _project(tmp_path: Path, text: str = REALISTIC) -> Path:
 
 @pytest.mark.promise(
     promise="a project's [tool.cibuildwheel] is read as cibuildwheel reads it for Linux (its "
-            "linux table over the global keys, then the overrides that select the cell), and "
-            "each key the builder does not read is named with what to do instead",
+    "linux table over the global keys, then the overrides that select the cell), and "
+    "each key the builder does not read is named with what to do instead",
     fault="a realistic [tool.cibuildwheel]: build, skip, test-skip, before-test, test-sources, "
-          "a misspelt key, a linux table, an override",
+    "a misspelt key, a linux table, an override",
     result="plan exits 0; the linux table's before-all, repair-wheel-command and test-command "
-           "win, with their table named; the override's environment reaches only the cells it "
-           "selects; one warning for the misspelt key only")
+    "win, with their table named; the override's environment reaches only the cells it "
+    "selects; one warning for the misspelt key only",
+)
 def test_a_realistic_table_is_read_or_named_key_by_key(tmp_path: Path) -> None:
     project = _project(tmp_path)
     (project / "tests").mkdir()
-    r = run_cli("plan", "--format", "json", "--project", str(project), "--arch", "X86",
-                "--torch", "2.13.0")
+    r = run_cli(
+        "plan", "--format", "json", "--project", str(project), "--arch", "X86", "--torch", "2.13.0"
+    )
     assert r.rc == 0, r.err
     cells = {c["id"]: c for c in json.loads(r.out)["cells"]}
     assert set(cells) == {"cp311-manylinux_x86_64-torch2.13.0"}, set(cells)  # build = cp311-*
@@ -79,13 +81,16 @@ def test_a_realistic_table_is_read_or_named_key_by_key(tmp_path: Path) -> None:
     assert cell["base_image_source"] == f"{linux} manylinux-x86_64-image"
     warned = [line for line in r.err.splitlines() if line.startswith("warning: ")]
     file = project / "pyproject.toml"
-    assert warned == [f"warning: {file}: tool.cibuildwheel.tset-command is unknown: not a "
-                      "cibuildwheel option the builder knows (a typo?); it is ignored"], warned
+    assert warned == [
+        f"warning: {file}: tool.cibuildwheel.tset-command is unknown: not a "
+        "cibuildwheel option the builder knows (a typo?); it is ignored"
+    ], warned
     from builder.config.projecttest import from_pyproject  # noqa: PLC0415
 
     test = from_pyproject(project)
     assert test.command == "python -c 'import ext'" and test.command_origin == linux
     assert test.requires == ("pytest",)
+
 
 def test_this_repository_s_own_table_has_nothing_unread() -> None:
     assert project_warnings(REPO_ROOT) == []
@@ -102,7 +107,18 @@ def test_the_table_says_something_for_every_key_it_does_not_read() -> None:
     assert not READ & set(INSTEAD)
     assert all(advice and not advice.endswith(".") for advice in INSTEAD.values())
     # What #35 made read is no longer in the table of what to do instead.
-    for key in ("build", "skip", "test-skip", "archs", "before-test", "test-extras",
-                "test-sources", "test-groups", "overrides", "manylinux-x86_64-image",
-                "manylinux-aarch64-image", "container-engine"):
+    for key in (
+        "build",
+        "skip",
+        "test-skip",
+        "archs",
+        "before-test",
+        "test-extras",
+        "test-sources",
+        "test-groups",
+        "overrides",
+        "manylinux-x86_64-image",
+        "manylinux-aarch64-image",
+        "container-engine",
+    ):
         assert key in READ and key not in INSTEAD, key

@@ -25,8 +25,9 @@ from builder.plan.cells import Cell, DroppedCell
 def _project(tmp_path: Path, table: str, extra: str = "") -> Path:
     root = tmp_path / "proj"
     root.mkdir(exist_ok=True)
-    (root / "pyproject.toml").write_text(textwrap.dedent(extra) + "\n[tool.cibuildwheel]\n"
-                                         + textwrap.dedent(table))
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(extra) + "\n[tool.cibuildwheel]\n" + textwrap.dedent(table)
+    )
     return root
 
 
@@ -42,33 +43,52 @@ def _cell(arch: str, python: str, torch: str = "2.13.0", cuda: str = "cpu") -> C
 
 # -- identifiers and globs ----------------------------------------------------------------------
 
+
 def test_a_cell_is_matched_by_its_cibuildwheel_identifier_and_its_own() -> None:
     assert identifiers_of(_cell("X86", "3.11")) == (
-        "cp311-manylinux_x86_64", "cp311-manylinux_x86_64-torch2.13.0")
+        "cp311-manylinux_x86_64",
+        "cp311-manylinux_x86_64-torch2.13.0",
+    )
     assert identifiers_of(_cell("ARM", "3.10", "2.14.1", "13.0")) == (
-        "cp310-manylinux_aarch64", "cp310-manylinux_aarch64-torch2.14.1-cu130")
+        "cp310-manylinux_aarch64",
+        "cp310-manylinux_aarch64-torch2.14.1-cu130",
+    )
     dropped = DroppedCell("ARM", "3.9", "2.8.0", "why")
     assert identifiers_of(dropped)[0] == "cp39-manylinux_aarch64"
 
 
-@pytest.mark.parametrize(("globs", "matched"), [
-    ("cp311-manylinux_x86_64", {"cp311-manylinux_x86_64"}),
-    ("cp3{10,11}-*", {"cp310-manylinux_x86_64", "cp311-manylinux_x86_64",
-                      "cp311-manylinux_aarch64"}),
-    ("*-manylinux_aarch64", {"cp311-manylinux_aarch64"}),
-    ("*-musllinux* pp*", set()),
-    ("*_x86_64", {"cp310-manylinux_x86_64", "cp311-manylinux_x86_64",
-                  "cp312-manylinux_x86_64"}),
-    ("*-torch2.13.0", {"cp311-manylinux_x86_64", "cp311-manylinux_aarch64",
-                       "cp310-manylinux_x86_64", "cp312-manylinux_x86_64"}),
-])
-def test_identifier_globs_as_cibuildwheel_matches_them(tmp_path: Path, globs: str,
-                                                      matched: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("globs", "matched"),
+    [
+        ("cp311-manylinux_x86_64", {"cp311-manylinux_x86_64"}),
+        (
+            "cp3{10,11}-*",
+            {"cp310-manylinux_x86_64", "cp311-manylinux_x86_64", "cp311-manylinux_aarch64"},
+        ),
+        ("*-manylinux_aarch64", {"cp311-manylinux_aarch64"}),
+        ("*-musllinux* pp*", set()),
+        (
+            "*_x86_64",
+            {"cp310-manylinux_x86_64", "cp311-manylinux_x86_64", "cp312-manylinux_x86_64"},
+        ),
+        (
+            "*-torch2.13.0",
+            {
+                "cp311-manylinux_x86_64",
+                "cp311-manylinux_aarch64",
+                "cp310-manylinux_x86_64",
+                "cp312-manylinux_x86_64",
+            },
+        ),
+    ],
+)
+def test_identifier_globs_as_cibuildwheel_matches_them(
+    tmp_path: Path, globs: str, matched: set[str]
+) -> None:
     project = _project(tmp_path, f"skip = {globs!r}\n")
     skip = read_project(project).skip
     assert skip is not None
-    cells = [_cell("X86", "3.10"), _cell("X86", "3.11"), _cell("ARM", "3.11"),
-             _cell("X86", "3.12")]
+    cells = [_cell("X86", "3.10"), _cell("X86", "3.11"), _cell("ARM", "3.11"), _cell("X86", "3.12")]
     assert {identifiers_of(c)[0] for c in cells if skip.matches(identifiers_of(c))} == matched
 
 
@@ -133,8 +153,7 @@ def test_overrides_apply_in_order_over_the_linux_table(tmp_path: Path) -> None:
     assert project_test_of(project, x86_310).command == "echo global-test"
 
 
-def test_the_command_line_wins_over_an_override_and_plan_shows_each_cells(
-        tmp_path: Path) -> None:
+def test_the_command_line_wins_over_an_override_and_plan_shows_each_cells(tmp_path: Path) -> None:
     project = _project(tmp_path, PRECEDENCE)
     doc, _ = _plan(project, "--arch", "X86", "--torch", "2.13.0", "--python", "3.10,3.11")
     cells = {c["id"]: c for c in doc["cells"]}
@@ -143,8 +162,17 @@ def test_the_command_line_wins_over_an_override_and_plan_shows_each_cells(
     assert (c311["before_build"], c310["before_build"]) == ("echo second", "echo linux")
     assert "[[tool.cibuildwheel.overrides]] #2 (select = " in c311["sources"]["before-build"]
     assert cells["cp311-manylinux_x86_64-torch2.13.0"]["test"]["command"] == "echo cp311-test"
-    doc, _ = _plan(project, "--arch", "X86", "--torch", "2.13.0", "--python", "3.11",
-                   "--before-build", "echo cli")
+    doc, _ = _plan(
+        project,
+        "--arch",
+        "X86",
+        "--torch",
+        "2.13.0",
+        "--python",
+        "3.11",
+        "--before-build",
+        "echo cli",
+    )
     (cell,) = doc["cells"]
     assert cell["build_options"]["before_build"] == "echo cli"
     assert cell["build_options"]["sources"]["before-build"] == "command line --before-build"
@@ -153,47 +181,71 @@ def test_the_command_line_wins_over_an_override_and_plan_shows_each_cells(
 
 def test_the_table_view_names_the_cells_an_override_changes(tmp_path: Path) -> None:
     project = _project(tmp_path, PRECEDENCE)
-    r = run_cli("plan", "--project", str(project), "--arch", "X86", "--torch", "2.13.0",
-                "--python", "3.10,3.11")
+    r = run_cli(
+        "plan",
+        "--project",
+        str(project),
+        "--arch",
+        "X86",
+        "--torch",
+        "2.13.0",
+        "--python",
+        "3.10,3.11",
+    )
     assert r.rc == 0, r.err
-    assert ("option:  cp311-manylinux_x86_64-torch2.13.0: before-build: 'echo second' "
-            "(pyproject.toml [[tool.cibuildwheel.overrides]] #2") in r.out, r.out
+    assert (
+        "option:  cp311-manylinux_x86_64-torch2.13.0: before-build: 'echo second' "
+        "(pyproject.toml [[tool.cibuildwheel.overrides]] #2"
+    ) in r.out, r.out
     assert "option:  cp310-manylinux_x86_64-torch2.13.0" not in r.out
 
 
 def test_an_inherit_on_a_single_valued_key_exits_2_naming_it(tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+    project = _project(
+        tmp_path,
+        """\
         build-frontend = "pip"
         [[tool.cibuildwheel.overrides]]
         select = "*"
         inherit.build-frontend = "append"
         build-frontend = "build"
-        """)
+        """,
+    )
     r = run_cli("plan", "--project", str(project))
     assert r.rc == 2, r.err
     assert "tool.cibuildwheel.overrides[0].build-frontend" in r.err, r.err
 
 
-@pytest.mark.parametrize(("table", "key"), [
-    ('overrides = "cp311-*"\n', "tool.cibuildwheel.overrides"),
-    ('[[tool.cibuildwheel.overrides]]\nbefore-build = "x"\n',
-     "tool.cibuildwheel.overrides[0].select"),
-    ('[[tool.cibuildwheel.overrides]]\nselect = "*"\ninherit.environment = "merge"\n',
-     "tool.cibuildwheel.overrides[0].inherit"),
-    ('archs = "ppc64le"\n', "tool.cibuildwheel.archs"),
-    ('[tool.cibuildwheel.linux]\narchs = ["x86_64", "s390x"]\n',
-     "tool.cibuildwheel.linux.archs"),
-    ('container-engine = "nerdctl"\n', "tool.cibuildwheel.container-engine"),
-    ('manylinux-x86_64-image = "Not An Image"\n', "tool.cibuildwheel.manylinux-x86_64-image"),
-    ('test-sources = ["missing"]\n', "test-sources"),
-    ('test-sources = ["../outside"]\n', "tool.cibuildwheel.test-sources"),
-    ('test-groups = "nope"\n', "test-groups"),
-    ('test-extras = "not an extra!"\n', "tool.cibuildwheel.test-extras"),
-])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ('overrides = "cp311-*"\n', "tool.cibuildwheel.overrides"),
+        (
+            '[[tool.cibuildwheel.overrides]]\nbefore-build = "x"\n',
+            "tool.cibuildwheel.overrides[0].select",
+        ),
+        (
+            '[[tool.cibuildwheel.overrides]]\nselect = "*"\ninherit.environment = "merge"\n',
+            "tool.cibuildwheel.overrides[0].inherit",
+        ),
+        ('archs = "ppc64le"\n', "tool.cibuildwheel.archs"),
+        (
+            '[tool.cibuildwheel.linux]\narchs = ["x86_64", "s390x"]\n',
+            "tool.cibuildwheel.linux.archs",
+        ),
+        ('container-engine = "nerdctl"\n', "tool.cibuildwheel.container-engine"),
+        ('manylinux-x86_64-image = "Not An Image"\n', "tool.cibuildwheel.manylinux-x86_64-image"),
+        ('test-sources = ["missing"]\n', "test-sources"),
+        ('test-sources = ["../outside"]\n', "tool.cibuildwheel.test-sources"),
+        ('test-groups = "nope"\n', "test-groups"),
+        ('test-extras = "not an extra!"\n', "tool.cibuildwheel.test-extras"),
+    ],
+)
 def test_a_bad_value_exits_2_naming_the_key(tmp_path: Path, table: str, key: str) -> None:
     project = _project(tmp_path, table)
-    r = run_cli("plan", "--project", str(project), "--arch", "X86", "--python", "3.11",
-                "--torch", "2.13.0")
+    r = run_cli(
+        "plan", "--project", str(project), "--arch", "X86", "--python", "3.11", "--torch", "2.13.0"
+    )
     assert r.rc == 2, r.err
     assert f": {key}: " in r.err or f" {key}:" in r.err, r.err
     assert "expected" in r.err, r.err
@@ -201,22 +253,29 @@ def test_a_bad_value_exits_2_naming_the_key(tmp_path: Path, table: str, key: str
 
 # -- build / skip / archs narrow the cells; plan names the key and its source --------------------
 
+
 def test_build_and_skip_drop_cells_and_plan_names_key_and_source(tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+    project = _project(
+        tmp_path,
+        """\
         build = "cp3{11,12}-*"
         [tool.cibuildwheel.linux]
         skip = ["*-manylinux_aarch64"]
-        """)
+        """,
+    )
     doc, _ = _plan(project, "--torch", "2.13.0")
     assert {c["id"] for c in doc["cells"]} == {
-        "cp311-manylinux_x86_64-torch2.13.0", "cp312-manylinux_x86_64-torch2.13.0"}
+        "cp311-manylinux_x86_64-torch2.13.0",
+        "cp312-manylinux_x86_64-torch2.13.0",
+    }
     reasons = {d["id"]: d["reason"] for d in doc["dropped"]}
     file = "pyproject.toml"  # as the project has it, not where it is checked out
     assert reasons["cp310-manylinux_x86_64-torch2.13.0"] == (
-        f"not selected by the project's build = 'cp3{{11,12}}-*' ({file} [tool.cibuildwheel])")
+        f"not selected by the project's build = 'cp3{{11,12}}-*' ({file} [tool.cibuildwheel])"
+    )
     assert reasons["cp311-manylinux_aarch64-torch2.13.0"] == (
-        f"skipped by the project's skip = '*-manylinux_aarch64' "
-        f"({file} [tool.cibuildwheel.linux])")
+        f"skipped by the project's skip = '*-manylinux_aarch64' ({file} [tool.cibuildwheel.linux])"
+    )
     r = run_cli("plan", "--project", str(project), "--torch", "2.13.0")
     assert "not selected by the project's build = 'cp3{11,12}-*'" in r.out, r.out
 
@@ -243,34 +302,49 @@ def test_archs_narrows_the_arch_axis_unless_an_arch_is_named(tmp_path: Path) -> 
 
 
 def test_test_skip_keeps_the_cell_but_not_its_test(tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+    project = _project(
+        tmp_path,
+        """\
         test-command = "python -m pytest"
         test-skip = "cp312-*"
-        """)
+        """,
+    )
     doc, _ = _plan(project, "--arch", "X86", "--torch", "2.13.0", "--python", "3.11,3.12")
     tests = {c["id"]: c["test"] for c in doc["cells"]}
     assert tests["cp311-manylinux_x86_64-torch2.13.0"]["run"] is True
     skipped = tests["cp312-manylinux_x86_64-torch2.13.0"]
     assert skipped["run"] is False and skipped["command"] == "python -m pytest"
     assert skipped["skipped"].startswith("test-skip = 'cp312-*' (")
-    r = run_cli("plan", "--project", str(project), "--arch", "X86", "--torch", "2.13.0",
-                "--python", "3.11,3.12")
-    assert ("test:    cp312-manylinux_x86_64-torch2.13.0: test-command not run (test-skip = "
-            "'cp312-*'") in r.out and "import check of its modules still runs" in r.out, r.out
+    r = run_cli(
+        "plan",
+        "--project",
+        str(project),
+        "--arch",
+        "X86",
+        "--torch",
+        "2.13.0",
+        "--python",
+        "3.11,3.12",
+    )
+    assert (
+        "test:    cp312-manylinux_x86_64-torch2.13.0: test-command not run (test-skip = 'cp312-*'"
+    ) in r.out and "import check of its modules still runs" in r.out, r.out
 
 
 # -- images, container engine, keys an override does not take ------------------------------------
 
-def test_the_project_image_is_the_base_unless_the_command_line_names_one(
-        tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+
+def test_the_project_image_is_the_base_unless_the_command_line_names_one(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        """\
         manylinux-aarch64-image = "manylinux2014"
         [[tool.cibuildwheel.overrides]]
         select = "cp312-*"
         manylinux-x86_64-image = "registry.example/img:1"
-        """)
-    doc, _ = _plan(project, "--torch", "2.13.0", "--python", "3.11,3.12", "--backend",
-                   "docker")
+        """,
+    )
+    doc, _ = _plan(project, "--torch", "2.13.0", "--python", "3.11,3.12", "--backend", "docker")
     cells = {c["id"]: c for c in doc["cells"]}
     arm = cells["cp311-manylinux_aarch64-torch2.13.0"]
     assert arm["base_image"] == "quay.io/pypa/manylinux2014_aarch64", arm["base_image"]
@@ -280,30 +354,46 @@ def test_the_project_image_is_the_base_unless_the_command_line_names_one(
     assert "overrides]] #1" in x312["base_image_source"]
     x311 = cells["cp311-manylinux_x86_64-torch2.13.0"]
     assert x311["base_image_source"] == "configs/matrix.yaml images.X86.base"
-    doc, _ = _plan(project, "--torch", "2.13.0", "--python", "3.12", "--arch", "X86",
-                   "--backend", "docker", "--base-image", "registry.example/cli:2")
+    doc, _ = _plan(
+        project,
+        "--torch",
+        "2.13.0",
+        "--python",
+        "3.12",
+        "--arch",
+        "X86",
+        "--backend",
+        "docker",
+        "--base-image",
+        "registry.example/cli:2",
+    )
     (cell,) = doc["cells"]
     assert cell["base_image"] == "registry.example/cli:2"
     assert cell["base_image_source"] == "command line --base-image"
 
 
-def test_podman_selects_its_socket_and_docker_is_quiet(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_podman_selects_its_socket_and_docker_is_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = _project(tmp_path, 'container-engine = "podman"\n')
     # The caller's DOCKER_HOST is their podman socket: used as it is, and said.
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/their-podman.sock")
     _, err = _plan(project, "--arch", "X86", "--python", "3.11", "--torch", "2.13.0")
-    assert (f"note: engine podman (tool.cibuildwheel.container-engine in {project}"
-            f"/pyproject.toml): unix://{tmp_path}/their-podman.sock, from DOCKER_HOST") in err, err
+    assert (
+        f"note: engine podman (tool.cibuildwheel.container-engine in {project}"
+        f"/pyproject.toml): unix://{tmp_path}/their-podman.sock, from DOCKER_HOST"
+    ) in err, err
     assert "warning" not in err, err
     # No podman installed: exit 2 naming the key and what to do.
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
-    r = run_cli("plan", "--project", str(project), "--arch", "X86", "--python", "3.11",
-                "--torch", "2.13.0")
+    r = run_cli(
+        "plan", "--project", str(project), "--arch", "X86", "--python", "3.11", "--torch", "2.13.0"
+    )
     assert r.rc == 2, r.err
-    assert ("tool.cibuildwheel.container-engine: is 'podman', but podman is not installed here"
-            in r.err), r.err
+    assert (
+        "tool.cibuildwheel.container-engine: is 'podman', but podman is not installed here" in r.err
+    ), r.err
     assert "set container-engine = 'docker'" in r.err, r.err
     monkeypatch.undo()
     project = _project(tmp_path, 'container-engine = "docker"\n')
@@ -312,27 +402,36 @@ def test_podman_selects_its_socket_and_docker_is_quiet(tmp_path: Path,
 
 
 def test_keys_an_override_does_not_take_are_named(tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+    project = _project(
+        tmp_path,
+        """\
         [[tool.cibuildwheel.overrides]]
         select = "cp311-*"
         skip = "*-manylinux_aarch64"
         build-verbosity = 1
         tset-command = "typo"
-        """)
+        """,
+    )
     _, err = _plan(project, "--arch", "X86", "--python", "3.11", "--torch", "2.13.0")
     file = project / "pyproject.toml"
-    assert (f"warning: {file}: tool.cibuildwheel.overrides[0].skip: not read in an override"
-            in err), err
+    assert (
+        f"warning: {file}: tool.cibuildwheel.overrides[0].skip: not read in an override" in err
+    ), err
     assert f"warning: {file}: tool.cibuildwheel.overrides[0].build-verbosity: not read" in err
     assert f"warning: {file}: tool.cibuildwheel.overrides[0].tset-command is unknown" in err
 
 
 # -- test-groups: PEP 735 ----------------------------------------------------------------------
 
+
 def test_dependency_groups_resolve_with_includes_and_refuse_a_cycle() -> None:
-    doc = {"dependency-groups": {"Test": ["pytest>=8", {"include-group": "typing"}],
-                                 "typing": ["mypy", "pytest>=8"], "loop": [
-                                     {"include-group": "loop"}]}}
+    doc = {
+        "dependency-groups": {
+            "Test": ["pytest>=8", {"include-group": "typing"}],
+            "typing": ["mypy", "pytest>=8"],
+            "loop": [{"include-group": "loop"}],
+        }
+    }
     assert resolve_groups(doc, ["test"]) == ("pytest>=8", "mypy")
     with pytest.raises(ValueError, match="includes itself"):
         resolve_groups(doc, ["loop"])
@@ -341,15 +440,19 @@ def test_dependency_groups_resolve_with_includes_and_refuse_a_cycle() -> None:
 
 
 def test_test_groups_become_requirements_in_the_record(tmp_path: Path) -> None:
-    project = _project(tmp_path, """\
+    project = _project(
+        tmp_path,
+        """\
         test-command = "pytest"
         test-groups = ["test"]
         test-extras = "cuda,plot"
-        """, extra="""\
+        """,
+        extra="""\
         [dependency-groups]
         test = ["pytest", {include-group = "more"}]
         more = ["rich"]
-        """)
+        """,
+    )
     doc, _ = _plan(project, "--arch", "X86", "--python", "3.11", "--torch", "2.13.0")
     (cell,) = doc["cells"]
     assert cell["test"]["groups"] == ["test"]

@@ -367,15 +367,31 @@ def test_several_errors_are_all_mentioned(tmp_path: Path) -> None:
 
 # Command line and environment: same exit code, the option or variable is named.
 CLI_CASES = [
-    ("env-py-bad", [], {"BUILDER_PYTHON": "3.9.x"},
-     "environment BUILDER_PYTHON: '3.9.x' is not a Python version"),
-    ("env-torch-bad", [], {"BUILDER_TORCH": "2.13"},
-     "environment BUILDER_TORCH: '2.13' is not a torch release"),
-    ("env-backend-bad", [], {"BUILDER_BACKEND": "podman"},
-     "environment BUILDER_BACKEND: unknown backend 'podman'; expected one of auto, docker, host, "
-     "cross, emulated"),
-    ("env-base-image-bad", [], {"BUILDER_BASE_IMAGE": "bad image"},
-     "environment BUILDER_BASE_IMAGE: "),
+    (
+        "env-py-bad",
+        [],
+        {"BUILDER_PYTHON": "3.9.x"},
+        "environment BUILDER_PYTHON: '3.9.x' is not a Python version",
+    ),
+    (
+        "env-torch-bad",
+        [],
+        {"BUILDER_TORCH": "2.13"},
+        "environment BUILDER_TORCH: '2.13' is not a torch release",
+    ),
+    (
+        "env-backend-bad",
+        [],
+        {"BUILDER_BACKEND": "podman"},
+        "environment BUILDER_BACKEND: unknown backend 'podman'; expected one of auto, docker, "
+        "host, cross, emulated",
+    ),
+    (
+        "env-base-image-bad",
+        [],
+        {"BUILDER_BASE_IMAGE": "bad image"},
+        "environment BUILDER_BASE_IMAGE: ",
+    ),
     (
         "cli-arch-bad",
         ["--arch", "mips"],
@@ -411,8 +427,12 @@ CLI_CASES = [
         "wheel for aarch64 (it has cp310-cp314",
     ),
     ("cli-jobs-zero", ["--jobs", "0"], {}, "--jobs: expected a positive integer, got '0'"),
-    ("env-jobs-bad", [], {"BUILDER_JOBS": "many"},
-     "environment BUILDER_JOBS: expected a positive integer"),
+    (
+        "env-jobs-bad",
+        [],
+        {"BUILDER_JOBS": "many"},
+        "environment BUILDER_JOBS: expected a positive integer",
+    ),
     (
         "env-offline-bad",
         [],
@@ -437,8 +457,16 @@ CLI_CASES = [
 def test_foreign_plain_variables_do_not_steer_the_builder() -> None:
     """A shell whose ARCH means something else (conda-forge sets ARCH=64), or that has PY,
     TORCH, BACKEND, JOBS or OFFLINE for its own reasons: the builder reads only BUILDER_*."""
-    env = {"ARCH": "64", "PY": "python3", "TORCH": "cpu", "BACKEND": "podman", "JOBS": "many",
-           "OFFLINE": "maybe", "BASE_IMAGE": "bad image", "BUNDLE": "/nonexistent"}
+    env = {
+        "ARCH": "64",
+        "PY": "python3",
+        "TORCH": "cpu",
+        "BACKEND": "podman",
+        "JOBS": "many",
+        "OFFLINE": "maybe",
+        "BASE_IMAGE": "bad image",
+        "BUNDLE": "/nonexistent",
+    }
     res = run_cli("plan", "--format", "json", env=env)
     assert res.rc == 0, res.err
     assert len(json.loads(res.out)["cells"]) == 26

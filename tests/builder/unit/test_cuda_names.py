@@ -18,22 +18,21 @@ def _wheels(tmp: Path) -> list[Path]:
     base = make_wheel(tmp / "base", "tpkg", "0.1")
     dist = tmp / "dist"
     dist.mkdir()
-    return [add_local_version(base, local_label("2.14.1", cuda), dist)
-            for cuda in ("cpu", "13.0")]
+    return [add_local_version(base, local_label("2.14.1", cuda), dist) for cuda in ("cpu", "13.0")]
 
 
 def test_a_cuda_wheel_has_its_own_name_and_the_same_torch_pin(tmp_path: Path) -> None:
     cpu, cu = _wheels(tmp_path)
     assert cpu.name.startswith("tpkg-0.1+torch2.14-") and cu.name.startswith(
-        "tpkg-0.1+torch2.14.cu130-")
+        "tpkg-0.1+torch2.14.cu130-"
+    )
     assert torch_pin("torch2.14.cu130") == torch_pin("torch2.14") == "torch==2.14.*"
     assert "torch==2.14.*" in requires_dist(cu) and "torch==2.14.*" in requires_dist(cpu)
     assert (torch_series(cpu), torch_series(cu)) == ("torch2.14", "torch2.14.cu130")
     assert split_by_torch([cu, cpu]) == {"torch2.14": [cpu], "torch2.14.cu130": [cu]}
 
 
-def test_per_torch_pages_split_by_cuda_and_pip_takes_the_one_it_is_given(
-        tmp_path: Path) -> None:
+def test_per_torch_pages_split_by_cuda_and_pip_takes_the_one_it_is_given(tmp_path: Path) -> None:
     cpu, cu = _wheels(tmp_path)
     out = tmp_path / "index"
     write_per_torch_indexes([cpu, cu], out)
@@ -42,7 +41,13 @@ def test_per_torch_pages_split_by_cuda_and_pip_takes_the_one_it_is_given(
     assert "torch2.14-" in page and "cu130" not in page
     venv = fresh_venv(tmp_path / "venv")
     # the wheels' torch pin is met by no torch here: --no-deps, what pip chooses is the point
-    proc = pip_in(venv, "install", "--no-deps", "--index-url",
-                  (out / "torch2.14.cu130" / "simple").resolve().as_uri() + "/", "tpkg")
+    proc = pip_in(
+        venv,
+        "install",
+        "--no-deps",
+        "--index-url",
+        (out / "torch2.14.cu130" / "simple").resolve().as_uri() + "/",
+        "tpkg",
+    )
     assert proc.returncode == 0, proc.stderr
     assert installed_version(venv, "tpkg") == "0.1+torch2.14.cu130"

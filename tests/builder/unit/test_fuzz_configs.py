@@ -63,10 +63,16 @@ WHOLE_FILE = ("the file is empty", "is a folder", "file not found", "cannot read
 
 
 def fuzz_settings(bounded: int) -> settings:
-    return settings(max_examples=EXAMPLES or bounded, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much,
-                                           HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=EXAMPLES or bounded,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
 
 
 # ------------------------------------------------------------------ the invariant
@@ -79,8 +85,15 @@ def _save_failure(target: str, payload: bytes, suffix: str) -> None:
         (folder / f"{target}{suffix}").write_bytes(payload)
 
 
-def check_outcome(parse: Callable[[], object], files: set[str], *, structured: bool,
-                  target: str, payload: bytes, suffix: str) -> ConfigError | None:
+def check_outcome(
+    parse: Callable[[], object],
+    files: set[str],
+    *,
+    structured: bool,
+    target: str,
+    payload: bytes,
+    suffix: str,
+) -> ConfigError | None:
     """Run *parse*: a result, or a ConfigError that names one of *files* (or, for a setting,
     the variable in its key), says where (key or line) and, for structured inputs, what was
     expected. Anything else fails the example, and the input is saved when `make fuzz` runs."""
@@ -105,7 +118,7 @@ def said(exc: ConfigError) -> str:
     if exc.key is not None:
         where = f"{where}: {exc.key}" if where else exc.key
     assert str(exc).startswith(f"{where}: " if where else "")
-    return str(exc)[len(where) + 2:] if where else str(exc)
+    return str(exc)[len(where) + 2 :] if where else str(exc)
 
 
 def _check_refusal(exc: ConfigError, files: set[str], *, structured: bool) -> None:
@@ -118,9 +131,12 @@ def _check_refusal(exc: ConfigError, files: set[str], *, structured: bool) -> No
     else:
         assert exc.file in files, f"names {exc.file!r}, not one of {sorted(files)}: {text}"
         assert text.startswith(exc.file)
-        assert exc.key is not None or exc.line is not None or re.search(
-            r"line \d+", said(exc)) or said(exc).startswith(WHOLE_FILE), (
-            f"neither key nor line: {text}")
+        assert (
+            exc.key is not None
+            or exc.line is not None
+            or re.search(r"line \d+", said(exc))
+            or said(exc).startswith(WHOLE_FILE)
+        ), f"neither key nor line: {text}"
     if structured:
         assert "expected" in said(exc), f"does not say what was expected: {text}"
 
@@ -128,29 +144,126 @@ def _check_refusal(exc: ConfigError, files: set[str], *, structured: bool) -> No
 # ------------------------------------------------------------------ mutations of data
 
 #: Key names a mutation may add or rename to: the schema's, the support table's, plausible typos.
-KNOWN_KEYS = sorted({
-    *CONFIG_SCHEMA["properties"], *CONFIG_SCHEMA["properties"]["matrix"]["properties"],
-    *CONFIG_SCHEMA["properties"]["build"]["properties"],
-    *CONFIG_SCHEMA["properties"]["pip"]["properties"], "X86", "ARM", "base", "family", "plat",
-    "python_path", "torch", "cuda_builds", "torch_glibc", "torch_npu", "unsupported",
-    "cross_host_torch", "torch_cxx11_abi", "torch_setuptools", "toolkits", "capabilities",
-    "default_arch_list", "packages", "version", "sha256", "default_index", "per_cuda_indexes",
-    "release", "x86_64", "aarch64", "default", "*", "2.13.0", "2.8.0", "3.11", "13.0",
-    "tool", "cibuildwheel", "ampforge", "stable-abi", "project", "dependencies",
-    "requires-python", "name", "build-system", "requires", "test-requires", "test-command",
-    "<<", "", " ", "matrixx", "Matrix", "ümlaut",
-})
+KNOWN_KEYS = sorted(
+    {
+        *CONFIG_SCHEMA["properties"],
+        *CONFIG_SCHEMA["properties"]["matrix"]["properties"],
+        *CONFIG_SCHEMA["properties"]["build"]["properties"],
+        *CONFIG_SCHEMA["properties"]["pip"]["properties"],
+        "X86",
+        "ARM",
+        "base",
+        "family",
+        "plat",
+        "python_path",
+        "torch",
+        "cuda_builds",
+        "torch_glibc",
+        "torch_npu",
+        "unsupported",
+        "cross_host_torch",
+        "torch_cxx11_abi",
+        "torch_setuptools",
+        "toolkits",
+        "capabilities",
+        "default_arch_list",
+        "packages",
+        "version",
+        "sha256",
+        "default_index",
+        "per_cuda_indexes",
+        "release",
+        "x86_64",
+        "aarch64",
+        "default",
+        "*",
+        "2.13.0",
+        "2.8.0",
+        "3.11",
+        "13.0",
+        "tool",
+        "cibuildwheel",
+        "ampforge",
+        "stable-abi",
+        "project",
+        "dependencies",
+        "requires-python",
+        "name",
+        "build-system",
+        "requires",
+        "test-requires",
+        "test-command",
+        "<<",
+        "",
+        " ",
+        "matrixx",
+        "Matrix",
+        "ümlaut",
+    }
+)
 
 ODD_STRINGS = [
-    "", " ", "\t", "\n", "3.10", "3.1", "3.9.x", "2.13", "2.13.0", "2.13.0+cpu", "X86", "ARM",
-    "x86_64", "cpu", "13.0", "cu130", "cu1", "9" * 60 + ".0.0", "3." + "9" * 60, "a\x00b",
-    "$(rm -rf /)", "`id`", "a\nb", "ü", "\u202e", "\U0001f600", "~", "null", "*", "{cp}",
-    "{nope}", "-march=native", "-O2", "2020-13-45", "http://[::1", "http://u:p@h:1",
-    "https://h/simple", "proxy.corp:3128", "socks5://h:1080", "file:///x", "libtorch*.so",
-    "/opt/python/{cp}-{cp}/bin/python", "manylinux_2_28_x86_64", "quay.io/a/b:1@sha256:" + "0" * 64,
-    "a@sha256:" + "f" * 64, "<70", ">=3.9", "torch>=2.8", "a[[[", "A=1 B=2", "A='unclosed",
-    "pip", "build", "auditwheel repair -w {dest_dir} {wheel}", "8.0;9.0+PTX", "99.9",
-    "..", "../..", "/", "/dev/null", "x" * 3000,
+    "",
+    " ",
+    "\t",
+    "\n",
+    "3.10",
+    "3.1",
+    "3.9.x",
+    "2.13",
+    "2.13.0",
+    "2.13.0+cpu",
+    "X86",
+    "ARM",
+    "x86_64",
+    "cpu",
+    "13.0",
+    "cu130",
+    "cu1",
+    "9" * 60 + ".0.0",
+    "3." + "9" * 60,
+    "a\x00b",
+    "$(rm -rf /)",
+    "`id`",
+    "a\nb",
+    "ü",
+    "\u202e",
+    "\U0001f600",
+    "~",
+    "null",
+    "*",
+    "{cp}",
+    "{nope}",
+    "-march=native",
+    "-O2",
+    "2020-13-45",
+    "http://[::1",
+    "http://u:p@h:1",
+    "https://h/simple",
+    "proxy.corp:3128",
+    "socks5://h:1080",
+    "file:///x",
+    "libtorch*.so",
+    "/opt/python/{cp}-{cp}/bin/python",
+    "manylinux_2_28_x86_64",
+    "quay.io/a/b:1@sha256:" + "0" * 64,
+    "a@sha256:" + "f" * 64,
+    "<70",
+    ">=3.9",
+    "torch>=2.8",
+    "a[[[",
+    "A=1 B=2",
+    "A='unclosed",
+    "pip",
+    "build",
+    "auditwheel repair -w {dest_dir} {wheel}",
+    "8.0;9.0+PTX",
+    "99.9",
+    "..",
+    "../..",
+    "/",
+    "/dev/null",
+    "x" * 3000,
 ]
 
 
@@ -164,16 +277,31 @@ def _nested(depth: int) -> Any:
 def odd_values(toml: bool = False) -> st.SearchStrategy[Any]:
     """Values of every type a YAML or TOML file can hold (TOML: no null), shapes included."""
     scalars = st.one_of(
-        st.booleans(), st.integers(), st.sampled_from([10**30, -(10**30), 2**63, 2**31, 0, -1]),
-        st.floats(), st.sampled_from([math.nan, math.inf, -math.inf, 2.0, 1e300, 0.0, -0.0]),
-        st.text(max_size=12), st.sampled_from(ODD_STRINGS), st.dates(),
-        *([] if toml else [st.none()]))
-    small = st.recursive(scalars, lambda inner: st.one_of(
-        st.lists(inner, max_size=4),
-        st.dictionaries(st.one_of(st.sampled_from(KNOWN_KEYS), st.text(max_size=6)), inner,
-                        max_size=4)), max_leaves=8)
-    return st.one_of(small, st.integers(1, 120).map(_nested),
-                     st.lists(st.sampled_from(ODD_STRINGS), min_size=50, max_size=400))
+        st.booleans(),
+        st.integers(),
+        st.sampled_from([10**30, -(10**30), 2**63, 2**31, 0, -1]),
+        st.floats(),
+        st.sampled_from([math.nan, math.inf, -math.inf, 2.0, 1e300, 0.0, -0.0]),
+        st.text(max_size=12),
+        st.sampled_from(ODD_STRINGS),
+        st.dates(),
+        *([] if toml else [st.none()]),
+    )
+    small = st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(
+                st.one_of(st.sampled_from(KNOWN_KEYS), st.text(max_size=6)), inner, max_size=4
+            ),
+        ),
+        max_leaves=8,
+    )
+    return st.one_of(
+        small,
+        st.integers(1, 120).map(_nested),
+        st.lists(st.sampled_from(ODD_STRINGS), min_size=50, max_size=400),
+    )
 
 
 def _paths(data: Any, prefix: tuple = ()) -> Iterator[tuple]:
@@ -192,8 +320,18 @@ def _get(data: Any, path: tuple) -> Any:
     return data
 
 
-MUTATIONS = ("replace", "delete", "add", "rename", "wrap_list", "wrap_dict", "to_list",
-             "to_dict", "emptied", "duplicate_item")
+MUTATIONS = (
+    "replace",
+    "delete",
+    "add",
+    "rename",
+    "wrap_list",
+    "wrap_dict",
+    "to_list",
+    "to_dict",
+    "emptied",
+    "duplicate_item",
+)
 
 
 @st.composite
@@ -214,8 +352,11 @@ def mutated(draw: st.DrawFn, seeds: list[Any], toml: bool = False) -> Any:
         elif op == "to_list":
             new = list(node.values()) if isinstance(node, dict) else [node, node]
         elif op == "to_dict":
-            new = ({str(i): v for i, v in enumerate(node)} if isinstance(node, list)
-                   else {"value": node})
+            new = (
+                {str(i): v for i, v in enumerate(node)}
+                if isinstance(node, list)
+                else {"value": node}
+            )
         elif op == "emptied":
             new = {} if isinstance(node, dict) else [] if isinstance(node, list) else ""
         elif op == "add" and isinstance(node, dict):
@@ -244,18 +385,107 @@ def mutated(draw: st.DrawFn, seeds: list[Any], toml: bool = False) -> Any:
 # ------------------------------------------------------------------ mutations of text
 
 TOKENS_YAML = [
-    ": ", "- ", "&a ", "*a", "&b [*a, *a, *a]", "<<: *a", "<<: 1", "!!binary ", "!!set ",
-    "!!python/object:os.system ", "!!int ", "!!float ", "!!timestamp ", "!!str ", "? ", "{", "}",
-    "[", "]", "\"", "'", "#", "\t", "\n", "  ", "\x00", "\ufeff", "\x85", "\u2028", "%YAML 1.1\n",
-    "---\n", "...\n", "|", ">", "@", "`", "9" * 5000, "1.0e+300", ".nan", ".inf", "-.inf", "0x1f",
-    "0o17", "1_000", "2020-13-45", "2020-01-01", "~", "null", "yes", "no", "on", "\\x", "\\0",
-    "\"\\ud800\"", "[[[[[[[[[[", "]]]]]]]]]]", "{a: 1, a: 2}", "matrix:", "torch:", "\r",
+    ": ",
+    "- ",
+    "&a ",
+    "*a",
+    "&b [*a, *a, *a]",
+    "<<: *a",
+    "<<: 1",
+    "!!binary ",
+    "!!set ",
+    "!!python/object:os.system ",
+    "!!int ",
+    "!!float ",
+    "!!timestamp ",
+    "!!str ",
+    "? ",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "'",
+    "#",
+    "\t",
+    "\n",
+    "  ",
+    "\x00",
+    "\ufeff",
+    "\x85",
+    "\u2028",
+    "%YAML 1.1\n",
+    "---\n",
+    "...\n",
+    "|",
+    ">",
+    "@",
+    "`",
+    "9" * 5000,
+    "1.0e+300",
+    ".nan",
+    ".inf",
+    "-.inf",
+    "0x1f",
+    "0o17",
+    "1_000",
+    "2020-13-45",
+    "2020-01-01",
+    "~",
+    "null",
+    "yes",
+    "no",
+    "on",
+    "\\x",
+    "\\0",
+    '"\\ud800"',
+    "[[[[[[[[[[",
+    "]]]]]]]]]]",
+    "{a: 1, a: 2}",
+    "matrix:",
+    "torch:",
+    "\r",
 ]
 TOKENS_TOML = [
-    " = ", "[", "]", "[[", "]]", "{", "}", "\"", "'", "\"\"\"", "'''", "#", "\t", "\n", "\x00",
-    "\ufeff", ".", ",", "tool.", "cibuildwheel", "ampforge", "9" * 5000, "1e400", "nan", "inf",
-    "-inf", "0x1f", "1979-05-27", "1979-05-27T07:32:00Z", "true", "\\u0000", "\\ud800", "\\x",
-    "[" * 40, "]" * 40, "a = 1\na = 2\n", "[tool]\n", "[tool.cibuildwheel]\n", "\r",
+    " = ",
+    "[",
+    "]",
+    "[[",
+    "]]",
+    "{",
+    "}",
+    '"',
+    "'",
+    '"""',
+    "'''",
+    "#",
+    "\t",
+    "\n",
+    "\x00",
+    "\ufeff",
+    ".",
+    ",",
+    "tool.",
+    "cibuildwheel",
+    "ampforge",
+    "9" * 5000,
+    "1e400",
+    "nan",
+    "inf",
+    "-inf",
+    "0x1f",
+    "1979-05-27",
+    "1979-05-27T07:32:00Z",
+    "true",
+    "\\u0000",
+    "\\ud800",
+    "\\x",
+    "[" * 40,
+    "]" * 40,
+    "a = 1\na = 2\n",
+    "[tool]\n",
+    "[tool.cibuildwheel]\n",
+    "\r",
 ]
 
 
@@ -269,9 +499,9 @@ def text_mutated(draw: st.DrawFn, seeds: list[str], tokens: list[str]) -> str:
         if op == "insert":
             text = text[:pos] + draw(st.sampled_from(tokens)) + text[pos:]
         elif op == "delete":
-            text = text[:pos] + text[pos + draw(st.integers(1, 40)):]
+            text = text[:pos] + text[pos + draw(st.integers(1, 40)) :]
         elif op == "char":
-            text = text[:pos] + draw(st.text(min_size=1, max_size=3)) + text[pos + 1:]
+            text = text[:pos] + draw(st.text(min_size=1, max_size=3)) + text[pos + 1 :]
         else:
             lines = text.splitlines(keepends=True) or [""]
             i = draw(st.integers(0, len(lines) - 1))
@@ -309,7 +539,8 @@ def _yaml_seeds(paths: list[Path]) -> tuple[list[str], list[Any]]:
 
 
 MATRIX_TEXTS, MATRIX_DATA = _yaml_seeds(
-    sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "support.yaml") + _corpus("matrix"))
+    sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "support.yaml") + _corpus("matrix")
+)
 SUPPORT_TEXTS, SUPPORT_DATA = _yaml_seeds([SUPPORT, *_corpus("support")])
 
 
@@ -348,6 +579,7 @@ def _toml_string(text: str) -> str:
 
 def toml_dumps(data: dict[str, Any]) -> str:
     """*data* as TOML: one ``"key" = value`` line per top-level key, tables inline."""
+
     def value(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -362,9 +594,11 @@ def toml_dumps(data: dict[str, Any]) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):
-            return "{" + ", ".join(f"{_toml_string(str(k))} = {value(x)}"
-                                   for k, x in v.items()) + "}"
+            return (
+                "{" + ", ".join(f"{_toml_string(str(k))} = {value(x)}" for k, x in v.items()) + "}"
+            )
         return _toml_string(str(v))
+
     return "".join(f"{_toml_string(str(k))} = {value(v)}\n" for k, v in data.items())
 
 
@@ -382,8 +616,12 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _load_matrix(work: Path, payload: bytes) -> tuple[Callable[[], object], set[str]]:
     path = work / "matrix.yaml"
     path.write_bytes(payload)
-    files = {display_path(path), display_path(work / "support.yaml"), display_path(SUPPORT),
-             "builder/config/defaults.yaml"}
+    files = {
+        display_path(path),
+        display_path(work / "support.yaml"),
+        display_path(SUPPORT),
+        "builder/config/defaults.yaml",
+    }
     return (lambda: load_settings(CliOverrides(config=str(path)), env={})), files
 
 
@@ -399,21 +637,21 @@ def _dump_yaml(data: Any, unicode: bool) -> bytes:
 
 @pytest.mark.promise(
     promise="any build-matrix file is either a configuration or refused as a configuration error "
-            "(exit 2) naming the file, the key or line, and what was expected; never a traceback",
+    "(exit 2) naming the file, the key or line, and what was expected; never a traceback",
     fault="configs/*.yaml and the corpus mutated: values replaced by other types (null, huge and "
-          "odd numbers, dates, unicode, 3000-character strings, 120-deep nesting, 400-item lists), "
-          "keys deleted, added, renamed, values wrapped in lists and mappings; then as text: "
-          "anchors, aliases, tags, tabs, control characters, lines repeated and swapped",
+    "odd numbers, dates, unicode, 3000-character strings, 120-deep nesting, 400-item lists), "
+    "keys deleted, added, renamed, values wrapped in lists and mappings; then as text: "
+    "anchors, aliases, tags, tabs, control characters, lines repeated and swapped",
     result="load_settings returns settings or raises ConfigError naming the file (or the support "
-           "table's) with a key or line, 'expected' in every message of a structured mutation, no "
-           "message over 1200 characters; any other exception fails (make fuzz saves the input)")
+    "table's) with a key or line, 'expected' in every message of a structured mutation, no "
+    "message over 1200 characters; any other exception fails (make fuzz saves the input)",
+)
 @fuzz_settings(15)
 @given(data=mutated(MATRIX_DATA), unicode=st.booleans())
 def test_fuzz_matrix_structured(work: Path, data: Any, unicode: bool) -> None:
     payload = _dump_yaml(data, unicode)
     parse, files = _load_matrix(work, payload)
-    check_outcome(parse, files, structured=True, target="matrix", payload=payload,
-                  suffix=".yaml")
+    check_outcome(parse, files, structured=True, target="matrix", payload=payload, suffix=".yaml")
 
 
 @fuzz_settings(15)
@@ -421,8 +659,7 @@ def test_fuzz_matrix_structured(work: Path, data: Any, unicode: bool) -> None:
 def test_fuzz_matrix_text(work: Path, text: str) -> None:
     payload = text.encode("utf-8", "surrogatepass")
     parse, files = _load_matrix(work, payload)
-    check_outcome(parse, files, structured=False, target="matrix", payload=payload,
-                  suffix=".yaml")
+    check_outcome(parse, files, structured=False, target="matrix", payload=payload, suffix=".yaml")
 
 
 @fuzz_settings(15)
@@ -430,8 +667,7 @@ def test_fuzz_matrix_text(work: Path, text: str) -> None:
 def test_fuzz_support_structured(work: Path, data: Any, unicode: bool) -> None:
     payload = _dump_yaml(data, unicode)
     parse, files = _load_support(work, payload)
-    check_outcome(parse, files, structured=True, target="support", payload=payload,
-                  suffix=".yaml")
+    check_outcome(parse, files, structured=True, target="support", payload=payload, suffix=".yaml")
 
 
 @fuzz_settings(15)
@@ -439,12 +675,12 @@ def test_fuzz_support_structured(work: Path, data: Any, unicode: bool) -> None:
 def test_fuzz_support_text(work: Path, text: str) -> None:
     payload = text.encode("utf-8", "surrogatepass")
     parse, files = _load_support(work, payload)
-    check_outcome(parse, files, structured=False, target="support", payload=payload,
-                  suffix=".yaml")
+    check_outcome(parse, files, structured=False, target="support", payload=payload, suffix=".yaml")
 
 
 def _pyproject_parsers(project: Path) -> list[Callable[[], object]]:
     """Every reader of a project's pyproject.toml, each used as the builder uses it."""
+
     def bounds() -> object:
         found = read_bounds(project)
         if found is not None:  # the bounds are compared with cells' versions later
@@ -453,9 +689,12 @@ def _pyproject_parsers(project: Path) -> list[Callable[[], object]]:
                 found.stable_abi.serves("3.11", "2.13.0")
         return found
 
-    return [lambda: buildoptions.from_pyproject(project),
-            lambda: projecttest.from_pyproject(project), bounds,
-            lambda: cell_requirements("2.13.0", project)]
+    return [
+        lambda: buildoptions.from_pyproject(project),
+        lambda: projecttest.from_pyproject(project),
+        bounds,
+        lambda: cell_requirements("2.13.0", project),
+    ]
 
 
 def _check_pyproject(work: Path, payload: bytes, *, structured: bool) -> int:
@@ -466,19 +705,29 @@ def _check_pyproject(work: Path, payload: bytes, *, structured: bool) -> int:
     path.write_bytes(payload)
     refused = 0
     for parse in _pyproject_parsers(project):
-        refused += check_outcome(parse, {str(path), display_path(path)}, structured=structured,
-                                 target="pyproject", payload=payload, suffix=".toml") is not None
+        refused += (
+            check_outcome(
+                parse,
+                {str(path), display_path(path)},
+                structured=structured,
+                target="pyproject",
+                payload=payload,
+                suffix=".toml",
+            )
+            is not None
+        )
     return refused
 
 
 @pytest.mark.promise(
     promise="any pyproject.toml is read or refused naming the file and the key or line, by every "
-            "reader: [tool.cibuildwheel], [tool.ampforge], [project], [build-system]",
+    "reader: [tool.cibuildwheel], [tool.ampforge], [project], [build-system]",
     fault="this repository's pyproject.toml and the corpus mutated structurally (tables replaced "
-          "by numbers, strings, arrays; huge numbers, nan, dates, unicode) and as text (brackets, "
-          "quotes, 5000-digit integers, duplicate keys, NUL escapes)",
+    "by numbers, strings, arrays; huge numbers, nan, dates, unicode) and as text (brackets, "
+    "quotes, 5000-digit integers, duplicate keys, NUL escapes)",
     result="each reader returns or raises ConfigError naming pyproject.toml with a key or line, "
-           "saying what was expected; no other exception")
+    "saying what was expected; no other exception",
+)
 @fuzz_settings(30)
 @given(data=mutated(TOML_DATA, toml=True))
 def test_fuzz_pyproject_structured(work: Path, data: Any) -> None:
@@ -494,13 +743,22 @@ def test_fuzz_pyproject_text(work: Path, text: str) -> None:
 
 
 #: Every variable a setting is read from (the builder's own, cibuildwheel's options, proxies).
-VARIABLES = sorted({*BUILDER_ENV.values(), *buildoptions.ENV.values(),
-                    *(k.upper() for k in PROXY_KEYS), *PROXY_KEYS})
+VARIABLES = sorted(
+    {
+        *BUILDER_ENV.values(),
+        *buildoptions.ENV.values(),
+        *(k.upper() for k in PROXY_KEYS),
+        *PROXY_KEYS,
+    }
+)
 ENV_TEXT = st.one_of(
-    st.sampled_from(ODD_STRINGS), st.text(max_size=20),
+    st.sampled_from(ODD_STRINGS),
+    st.text(max_size=20),
     # an environment's values come from bytes: what is not UTF-8 arrives as surrogate escapes
     st.binary(max_size=12).map(lambda b: b.decode("utf-8", "surrogateescape")),
-    st.integers().map(str), st.floats().map(str), st.sampled_from(["9" * 5000, "1e400", "-0"]),
+    st.integers().map(str),
+    st.floats().map(str),
+    st.sampled_from(["9" * 5000, "1e400", "-0"]),
 ).filter(lambda v: "\x00" not in v)  # a real environment cannot hold NUL
 
 
@@ -512,12 +770,13 @@ def _load_env(project: Path, env: dict[str, str]) -> object:
 
 @pytest.mark.promise(
     promise="any value of a BUILDER_* or proxy variable is taken or refused naming the variable "
-            "and what was expected",
+    "and what was expected",
     fault="one to four of the builder's variables (its settings, cibuildwheel's options, the "
-          "proxies in both cases) set to odd text: huge numbers, nan, unicode digits, bytes "
-          "that are not UTF-8, broken URLs, unbalanced quotes",
+    "proxies in both cases) set to odd text: huge numbers, nan, unicode digits, bytes "
+    "that are not UTF-8, broken URLs, unbalanced quotes",
     result="load_settings and resolve_build_options return or raise ConfigError whose key names "
-           "the variable and whose message says what was expected, at most 1200 characters")
+    "the variable and whose message says what was expected, at most 1200 characters",
+)
 @fuzz_settings(15)
 @given(env=st.dictionaries(st.sampled_from(VARIABLES), ENV_TEXT, min_size=1, max_size=4))
 def test_fuzz_environment(work: Path, env: dict[str, str]) -> None:
@@ -525,8 +784,14 @@ def test_fuzz_environment(work: Path, env: dict[str, str]) -> None:
     project.mkdir(exist_ok=True)
     payload = json.dumps(env, ensure_ascii=True).encode()
 
-    check_outcome(lambda: _load_env(project, env), set(env), structured=True, target="env",
-                  payload=payload, suffix=".json")
+    check_outcome(
+        lambda: _load_env(project, env),
+        set(env),
+        structured=True,
+        target="env",
+        payload=payload,
+        suffix=".json",
+    )
 
 
 # ------------------------------------------------------------------ the corpus as it is
@@ -534,8 +799,9 @@ def test_fuzz_environment(work: Path, env: dict[str, str]) -> None:
 CORPUS_FILES = [p for kind in ("matrix", "support", "pyproject", "env") for p in _corpus(kind)]
 
 
-@pytest.mark.parametrize("path", CORPUS_FILES,
-                         ids=[f"{p.parent.name}/{p.name}" for p in CORPUS_FILES])
+@pytest.mark.parametrize(
+    "path", CORPUS_FILES, ids=[f"{p.parent.name}/{p.name}" for p in CORPUS_FILES]
+)
 def test_corpus_file(work: Path, path: Path) -> None:
     """Each saved input as it is: one named ``ok-*`` is accepted, every other one refused as a
     ConfigError naming the file and the key or line (README.md lists them)."""
@@ -556,8 +822,12 @@ def test_corpus_file(work: Path, path: Path) -> None:
             def parse() -> object:
                 return _load_env(work / "no-pyproject", env)
 
-        refused = check_outcome(parse, files, structured=False, target=kind, payload=payload,
-                                suffix=path.suffix) is not None
+        refused = (
+            check_outcome(
+                parse, files, structured=False, target=kind, payload=payload, suffix=path.suffix
+            )
+            is not None
+        )
     if path.name.startswith("ok-"):
         assert not refused, f"{path.name} is a valid input"
     else:
@@ -605,10 +875,11 @@ def _bomb(levels: int = 9, width: int = 10) -> str:
 
 @pytest.mark.promise(
     promise="a configuration file that is an alias bomb (billion laughs) is refused at once, "
-            "naming the file, the line and the key where the aliases blow up",
+    "naming the file, the line and the key where the aliases blow up",
     fault="a matrix file whose nine anchors of ten aliases each expand to 10^9 values",
     result="ConfigError (exit 2) within 50 MB (the aliases are never expanded), naming file, "
-           "line and key and the limit expected; the real support table's aliases still load")
+    "line and key and the limit expected; the real support table's aliases still load",
+)
 def test_an_alias_bomb_is_refused_quickly(work: Path) -> None:
     # Memory, not time, shows the bomb was not expanded (no timed assertions: a loaded
     # machine would make them fail by chance); 10^9 values would take gigabytes.
@@ -646,11 +917,12 @@ def test_a_recursive_alias_is_refused(work: Path) -> None:
 
 @pytest.mark.promise(
     promise="deeply nested input (YAML or TOML) is refused with a message, not a Python "
-            "RecursionError traceback",
+    "RecursionError traceback",
     fault="10000 nested lists in a matrix file, a support table and a pyproject.toml; 10000 "
-          "nested mappings in a matrix file",
+    "nested mappings in a matrix file",
     result="ConfigError (exit 2) naming the file and the line, saying how deep is allowed (64 "
-           "levels)")
+    "levels)",
+)
 @pytest.mark.parametrize("opening", ["[", "{a: "])
 def test_deep_nesting_is_refused(work: Path, opening: str) -> None:
     closing = "]" if opening == "[" else "}"
@@ -667,8 +939,9 @@ def test_deep_nesting_is_refused(work: Path, opening: str) -> None:
 def test_deep_nesting_in_pyproject_is_refused(work: Path) -> None:
     project = work / "deep"
     project.mkdir()
-    (project / "pyproject.toml").write_text("[project]\nname = 'x'\nx = " + "[" * 10000
-                                            + "]" * 10000 + "\n")
+    (project / "pyproject.toml").write_text(
+        "[project]\nname = 'x'\nx = " + "[" * 10000 + "]" * 10000 + "\n"
+    )
     for parse in _pyproject_parsers(project):
         with pytest.raises(ConfigError, match=f"nested more than {MAX_NESTING}") as info:
             parse()
@@ -679,11 +952,12 @@ def test_deep_nesting_in_pyproject_is_refused(work: Path) -> None:
 @pytest.mark.promise(
     promise="huge numbers in a configuration are refused naming the key, not crashed on",
     fault="an integer of 5000 digits (past Python's int-from-text limit) in a matrix file, a "
-          "support table, a pyproject.toml and BUILDER_JOBS; build.jobs 1.0e+300, 2.0 and "
-          "10^30; pip.timeout .nan",
+    "support table, a pyproject.toml and BUILDER_JOBS; build.jobs 1.0e+300, 2.0 and "
+    "10^30; pip.timeout .nan",
     result="ConfigError (exit 2): the 5000-digit integers by file and line, the other values by "
-           "file, line and key, BUILDER_JOBS by the variable; each says what was expected, and "
-           "the echoed value is shortened")
+    "file, line and key, BUILDER_JOBS by the variable; each says what was expected, and "
+    "the echoed value is shortened",
+)
 def test_huge_numbers_are_refused(work: Path) -> None:
     exc, _ = _refusal(work, MATRIX_OK + "build: {jobs: " + "9" * 5000 + "}\n")
     assert exc.line == 2 and "digits" in said(exc) and "expected" in said(exc)
@@ -694,19 +968,22 @@ def test_huge_numbers_are_refused(work: Path) -> None:
     exc, _ = _refusal(work, MATRIX_OK + "pip: {timeout: .nan}\n")
     assert exc.key == "pip.timeout" and "expected" in said(exc)
     support = work / "huge-support.yaml"
-    support.write_text('torch:\n  "2.13.0": {x86_64: ["3.11"]}\ncross_host_torch: ' + "9" * 5000
-                       + "\n")
+    support.write_text(
+        'torch:\n  "2.13.0": {x86_64: ["3.11"]}\ncross_host_torch: ' + "9" * 5000 + "\n"
+    )
     with pytest.raises(ConfigError, match="digits") as info:
         load_support(support)
     assert info.value.line == 3
     with pytest.raises(ConfigError) as info:
-        load_settings(CliOverrides(config=str(CONFIGS / "matrix.yaml")),
-                      env={"BUILDER_JOBS": "9" * 5000})
+        load_settings(
+            CliOverrides(config=str(CONFIGS / "matrix.yaml")), env={"BUILDER_JOBS": "9" * 5000}
+        )
     assert info.value.key == "environment BUILDER_JOBS" and len(said(info.value)) < 300
     project = work / "huge"
     project.mkdir()
-    (project / "pyproject.toml").write_text("[tool.cibuildwheel.environment]\nA = "
-                                            + "9" * 5000 + "\n")
+    (project / "pyproject.toml").write_text(
+        "[tool.cibuildwheel.environment]\nA = " + "9" * 5000 + "\n"
+    )
     for parse in _pyproject_parsers(project):
         with pytest.raises(ConfigError, match="digits") as info:
             parse()
@@ -723,34 +1000,38 @@ def test_huge_versions_are_refused(work: Path) -> None:
         load_support(support)
     assert info.value.line == 2 and len(said(info.value)) < MAX_MESSAGE
     with pytest.raises(ConfigError) as info:
-        load_settings(CliOverrides(config=str(CONFIGS / "matrix.yaml")),
-                      env={"BUILDER_CUDA": f"cu{huge}"})
+        load_settings(
+            CliOverrides(config=str(CONFIGS / "matrix.yaml")), env={"BUILDER_CUDA": f"cu{huge}"}
+        )
     assert info.value.key == "environment BUILDER_CUDA"
 
 
 @pytest.mark.promise(
     promise="a key written twice is refused naming the key and both lines, never resolved "
-            "silently to the last value",
+    "silently to the last value",
     fault="a duplicated key at the top level, inside matrix, inside a support table's torch "
-          "entry; a duplicated key in a pyproject.toml",
+    "entry; a duplicated key in a pyproject.toml",
     result="ConfigError (exit 2) naming the file, the second line and the key path, and the "
-           "first line in the message (TOML: the line tomllib reports)")
+    "first line in the message (TOML: the line tomllib reports)",
+)
 def test_duplicate_keys_are_refused_naming_both_lines(work: Path) -> None:
     exc, path = _refusal(work, MATRIX_OK + "pip: {retries: 1}\npip: {retries: 2}\n")
     assert (exc.file, exc.line, exc.key) == (display_path(path), 3, "pip")
     assert "first defined on line 2" in said(exc)
-    exc, _ = _refusal(work, "matrix:\n  arch: [X86]\n  python: ['3.11']\n  arch: [ARM]\n"
-                            "  torch: ['2.13.0']\n")
+    exc, _ = _refusal(
+        work, "matrix:\n  arch: [X86]\n  python: ['3.11']\n  arch: [ARM]\n  torch: ['2.13.0']\n"
+    )
     assert (exc.line, exc.key) == (4, "matrix.arch") and "line 2" in said(exc)
     support = work / "dup-support.yaml"
     support.write_text('torch:\n  "2.13.0":\n    x86_64: ["3.11"]\n    x86_64: ["3.12"]\n')
     with pytest.raises(ConfigError, match="first defined on line 3") as info:
         load_support(support)
-    assert (info.value.line, info.value.key) == (4, 'torch.2.13.0.x86_64')
+    assert (info.value.line, info.value.key) == (4, "torch.2.13.0.x86_64")
     project = work / "dup"
     project.mkdir()
-    (project / "pyproject.toml").write_text("[tool.cibuildwheel]\ntest-command = 'a'\n"
-                                            "test-command = 'b'\n")
+    (project / "pyproject.toml").write_text(
+        "[tool.cibuildwheel]\ntest-command = 'a'\ntest-command = 'b'\n"
+    )
     for parse in _pyproject_parsers(project):
         with pytest.raises(ConfigError) as info:
             parse()
@@ -765,11 +1046,12 @@ def test_two_complex_keys_are_not_reported_as_a_duplicate(work: Path) -> None:
 
 @pytest.mark.promise(
     promise="a configuration file that is not UTF-8 is refused naming the file and the line of "
-            "the first byte that is not, by every reader",
+    "the first byte that is not, by every reader",
     fault="bytes 0xff 0xfe in a matrix file, a Latin-1 0xe9 in a support table's comment and in "
-          "a pyproject.toml",
+    "a pyproject.toml",
     result="ConfigError (exit 2) naming the file, line 2 and the byte, and that a UTF-8 file was "
-           "expected, from the matrix and support loaders and all four pyproject readers")
+    "expected, from the matrix and support loaders and all four pyproject readers",
+)
 def test_bytes_that_are_not_utf8_are_refused(work: Path) -> None:
     exc, path = _refusal(work, b"matrix:\n  arch: [\xff\xfe]\n")
     assert (exc.file, exc.line) == (display_path(path), 2)
@@ -856,20 +1138,30 @@ def test_pyproject_tables_of_the_wrong_type_name_the_key(work: Path) -> None:
 
 
 def test_url_errors_say_what_was_expected(work: Path) -> None:
-    for text in ('pip: {index_url: "http://[::1"}\n', 'proxy: {http_proxy: "http://[::1"}\n',
-                 'proxy: {http_proxy: "http://a\u2100b:1"}\n'):
+    for text in (
+        'pip: {index_url: "http://[::1"}\n',
+        'proxy: {http_proxy: "http://[::1"}\n',
+        'proxy: {http_proxy: "http://a\u2100b:1"}\n',
+    ):
         exc, _ = _refusal(work, text + MATRIX_OK)
         assert exc.line == 1 and "expected" in said(exc), str(exc)
     with pytest.raises(ConfigError, match="expected") as info:
-        load_settings(CliOverrides(config=str(CONFIGS / "matrix.yaml")),
-                      env={"HTTPS_PROXY": "http://[::1"})
+        load_settings(
+            CliOverrides(config=str(CONFIGS / "matrix.yaml")), env={"HTTPS_PROXY": "http://[::1"}
+        )
     assert info.value.key == "environment HTTPS_PROXY"
 
 
-@pytest.mark.parametrize("text", [
-    _bomb(), "matrix: " + "[" * 10000 + "]" * 10000 + "\n",
-    MATRIX_OK + "build: {jobs: " + "9" * 5000 + "}\n", "support: 2020-13-45\n" + MATRIX_OK,
-], ids=["alias-bomb", "deep", "huge-int", "bad-date"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        _bomb(),
+        "matrix: " + "[" * 10000 + "]" * 10000 + "\n",
+        MATRIX_OK + "build: {jobs: " + "9" * 5000 + "}\n",
+        "support: 2020-13-45\n" + MATRIX_OK,
+    ],
+    ids=["alias-bomb", "deep", "huge-int", "bad-date"],
+)
 def test_the_command_line_exits_2_without_a_traceback(work: Path, text: str) -> None:
     path = work / "cli.yaml"
     path.write_text(text)
@@ -880,6 +1172,10 @@ def test_the_command_line_exits_2_without_a_traceback(work: Path, text: str) -> 
 
 
 def test_the_toml_writer_round_trips() -> None:
-    data = {"tool": {"cibuildwheel": {"environment": {"A": "x\"\\\n\x7f\U0001f600"}},
-                     "n": [1, -2.5, True, date(2020, 1, 2)]}}
+    data = {
+        "tool": {
+            "cibuildwheel": {"environment": {"A": 'x"\\\n\x7f\U0001f600'}},
+            "n": [1, -2.5, True, date(2020, 1, 2)],
+        }
+    }
     assert tomllib.loads(toml_dumps(data)) == data

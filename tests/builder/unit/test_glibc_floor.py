@@ -44,27 +44,39 @@ def test_the_cxx_runtime_table_agrees_with_the_manylinux_policies(machine: str) 
     """Our own table (the check is independent of auditwheel) against the policy data
     auditwheel ships: each row's newest GLIBCXX_/CXXABI_ versions are the policy's."""
     policy_file = Path(auditwheel.policy.__file__).with_name("manylinux-policy.json")
-    policies = {p["name"]: p["symbol_versions"].get(machine, {})
-                for p in json.loads(policy_file.read_text())}
+    policies = {
+        p["name"]: p["symbol_versions"].get(machine, {})
+        for p in json.loads(policy_file.read_text())
+    }
     for glibc, glibcxx, cxxabi in CXX_LIMITS:
         versions = policies[f"manylinux_{glibc[0]}_{glibc[1]}"]
         if not versions:  # manylinux1 and manylinux2010 exist for x86 machines only
             assert glibc < lowest_glibc(machine) and machine == "aarch64", (glibc, machine)
             continue
-        newest = {family: max(v for v in map(_numeric, versions[family]) if v is not None)
-                  for family in ("GLIBCXX", "CXXABI")}
+        newest = {
+            family: max(v for v in map(_numeric, versions[family]) if v is not None)
+            for family in ("GLIBCXX", "CXXABI")
+        }
         assert (newest["GLIBCXX"], newest["CXXABI"]) == (glibcxx, cxxabi), glibc
 
 
 def _need(family: str, version: str, *symbols: str) -> VersionNeed:
-    return VersionNeed(member="pkg/_C.so", library="lib.so", family=family,
-                       version=tuple(int(x) for x in version.split(".")), symbols=symbols)
+    return VersionNeed(
+        member="pkg/_C.so",
+        library="lib.so",
+        family=family,
+        version=tuple(int(x) for x in version.split(".")),
+        symbols=symbols,
+    )
 
 
 def test_the_floor_is_the_oldest_tag_every_need_allows() -> None:
     # What the kernels need with the libm floor: memcpy@2.14 and the C++11 string ABI.
-    needs = [_need("GLIBC", "2.14", "memcpy"), _need("GLIBCXX", "3.4.21", "_ZNSt13runtime"),
-             _need("CXXABI", "1.3.9", "_ZdlPvm")]
+    needs = [
+        _need("GLIBC", "2.14", "memcpy"),
+        _need("GLIBCXX", "3.4.21", "_ZNSt13runtime"),
+        _need("CXXABI", "1.3.9", "_ZdlPvm"),
+    ]
     assert glibc_floor(needs) == (2, 24)
     assert glibc_floor(needs[:1]) == (2, 17)  # never below manylinux2014
     assert glibc_floor(needs[:1], "x86_64") == (2, 14)  # no manylinux2014 floor on x86_64:
@@ -76,8 +88,9 @@ def test_the_floor_is_the_oldest_tag_every_need_allows() -> None:
     assert needs_glibc(_need("GLIBCXX", "3.4.99", "x")) == (99, 99)  # no tag allows it
     assert need_summary(needs) == {"CXXABI": "1.3.9", "GLIBC": "2.14", "GLIBCXX": "3.4.21"}
     # Against torch's manylinux_2_28: only the 2.29 pow and the GCC 11 string member push.
-    over = pushers([*needs, _need("GLIBC", "2.29", "pow"), _need("GLIBCXX", "3.4.29", "str")],
-                   (2, 28))
+    over = pushers(
+        [*needs, _need("GLIBC", "2.29", "pow"), _need("GLIBCXX", "3.4.29", "str")], (2, 28)
+    )
     assert [n.name for n in over] == ["GLIBCXX_3.4.29", "GLIBC_2.29"]
     assert over[1].describe() == "pkg/_C.so: pow@GLIBC_2.29 (lib.so)"
 
@@ -88,20 +101,36 @@ def test_tags_parse_and_the_oldest_is_the_achieved_one() -> None:
     with pytest.raises(StepFailed, match="linux_x86_64 is not manylinux"):
         tag_glibc("linux_x86_64")
     assert oldest_tag(["manylinux_2_24_x86_64", "manylinux_2_28_x86_64"]) == (
-        "manylinux_2_24_x86_64")
-    assert oldest_tag(["manylinux_2_28_x86_64", "manylinux2014_x86_64",
-                       "manylinux_2_17_x86_64"]) == "manylinux2014_x86_64"
+        "manylinux_2_24_x86_64"
+    )
+    assert (
+        oldest_tag(["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"])
+        == "manylinux2014_x86_64"
+    )
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
-def test_libm_floor_binds_every_newly_versioned_function_to_the_base_version(
-        machine: str) -> None:
+def test_libm_floor_binds_every_newly_versioned_function_to_the_base_version(machine: str) -> None:
     shim = libm_floor_shim(machine)
     base = GLIBC_BASE_VERSION[machine]
-    assert set(LIBM_FLOOR_FUNCTIONS) == {"exp", "exp2", "log", "log2", "pow",
-                                         "expf", "exp2f", "logf", "log2f", "powf",
-                                         "dlopen", "dlsym", "dlclose", "dlerror", "dladdr",
-                                         "dlvsym"}
+    assert set(LIBM_FLOOR_FUNCTIONS) == {
+        "exp",
+        "exp2",
+        "log",
+        "log2",
+        "pow",
+        "expf",
+        "exp2f",
+        "logf",
+        "log2f",
+        "powf",
+        "dlopen",
+        "dlsym",
+        "dlclose",
+        "dlerror",
+        "dladdr",
+        "dlvsym",
+    }
     for name in LIBM_FLOOR_FUNCTIONS:
         assert f'__asm__(".symver {name},{name}@{base}");' in shim
     assert "!defined(__ASSEMBLER__)" in shim  # harmless in a .S file's preprocessing
@@ -126,10 +155,12 @@ extern "C" double power(double a, double b) { return std::pow(a, b); }
 """
 
 
-@pytest.mark.parametrize("compiler, machine", [("g++", "x86_64"),
-                                               ("aarch64-linux-gnu-g++", "aarch64")])
+@pytest.mark.parametrize(
+    "compiler, machine", [("g++", "x86_64"), ("aarch64-linux-gnu-g++", "aarch64")]
+)
 def test_a_compiled_dlsym_call_binds_to_the_base_version_and_still_resolves(
-        tmp_path: Path, compiler: str, machine: str) -> None:
+    tmp_path: Path, compiler: str, machine: str
+) -> None:
     """The real compiler and this machine's glibc (2.36: dlsym@@GLIBC_2.34, pow@@GLIBC_2.29),
     with and without the floor header: with it, the module needs nothing above the machine's
     base version from dlsym/pow, and (natively) still finds a symbol through dlsym."""
@@ -141,10 +172,12 @@ def test_a_compiled_dlsym_call_binds_to_the_base_version_and_still_resolves(
     built = {}
     for name, extra in (("plain", []), ("floored", ["-include", str(tmp_path / "floor.h")])):
         out = tmp_path / f"{name}.so"
-        subprocess.run([compiler, "-shared", "-fPIC", "-O2", *extra, str(src), "-o", str(out)],
-                       check=True)
-        built[name] = {sym: n.name for n in _elf_needs(out.name, out.read_bytes())
-                       for sym in n.symbols}
+        subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O2", *extra, str(src), "-o", str(out)], check=True
+        )
+        built[name] = {
+            sym: n.name for n in _elf_needs(out.name, out.read_bytes()) for sym in n.symbols
+        }
     assert built["plain"]["dlsym"] == "GLIBC_2.34", built  # the fault, as torch 2.14 meets it
     base = GLIBC_BASE_VERSION[machine]
     assert built["floored"]["dlsym"] == built["floored"]["pow"] == base, built

@@ -41,7 +41,8 @@ def test_every_path_option_of_every_command_is_checked() -> None:
     assert set(ACTIONS) == set(PATH_ARGUMENTS), (
         "path options missing from builder.pathargs.PATH_ARGUMENTS: "
         f"{sorted(set(ACTIONS) - set(PATH_ARGUMENTS))}; table entries naming no option: "
-        f"{sorted(set(PATH_ARGUMENTS) - set(ACTIONS))}")
+        f"{sorted(set(PATH_ARGUMENTS) - set(ACTIONS))}"
+    )
     assert len(ACTIONS) >= 25
 
 
@@ -80,10 +81,12 @@ def _bad_values(kind: str, tmp: Path, make: bool = True) -> dict[str, str]:
     if make:
         a_file.write_text("not a folder\n")
         a_dir.mkdir(exist_ok=True)
-    bad = {"through a file": str(a_file / "below"),
-           "a newline": str(tmp / "two\nlines"),
-           "not UTF-8": os.fsdecode(bytes(tmp) + b"/caf\xe9"),
-           "empty": ""}
+    bad = {
+        "through a file": str(a_file / "below"),
+        "a newline": str(tmp / "two\nlines"),
+        "not UTF-8": os.fsdecode(bytes(tmp) + b"/caf\xe9"),
+        "empty": "",
+    }
     if kind.startswith("file"):
         bad["a folder"] = str(a_dir)
     else:
@@ -93,21 +96,27 @@ def _bad_values(kind: str, tmp: Path, make: bool = True) -> dict[str, str]:
     return bad
 
 
-CASES = [(cmd, dest, case) for (cmd, dest) in sorted(PATH_ARGUMENTS)
-         for case in _bad_values(_kind(cmd, dest), Path("/"), make=False)]
+CASES = [
+    (cmd, dest, case)
+    for (cmd, dest) in sorted(PATH_ARGUMENTS)
+    for case in _bad_values(_kind(cmd, dest), Path("/"), make=False)
+]
 
 
 @pytest.mark.promise(
     promise="every path a command takes on its command line is checked before the command runs",
     fault="a folder where a file is expected or the reverse, a missing input, a path through a "
-          "file, a name with a newline or bytes that are not UTF-8, an empty name -- for every "
-          "path option of every command, found by walking the parser",
+    "file, a name with a newline or bytes that are not UTF-8, an empty name -- for every "
+    "path option of every command, found by walking the parser",
     result="exit 2 with one line naming the option, what the path is and what was expected; no "
-           "traceback, nothing written")
-@pytest.mark.parametrize(("command", "dest", "case"), CASES,
-                         ids=[f"{c}-{d}-{k.replace(' ', '_')}" for c, d, k in CASES])
-def test_a_wrong_path_exits_2_naming_the_option(tmp_path: Path, capsys, command: str, dest: str,
-                                                case: str) -> None:
+    "traceback, nothing written",
+)
+@pytest.mark.parametrize(
+    ("command", "dest", "case"), CASES, ids=[f"{c}-{d}-{k.replace(' ', '_')}" for c, d, k in CASES]
+)
+def test_a_wrong_path_exits_2_naming_the_option(
+    tmp_path: Path, capsys, command: str, dest: str, case: str
+) -> None:
     value = _bad_values(_kind(command, dest), tmp_path)[case]
     argv, spelled = _argv(command, dest, value, tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -124,27 +133,31 @@ def test_the_issues_three_render_commands(tmp_path: Path, capsys, monkeypatch) -
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dist").mkdir()
     for argv, fragment in (
-            (["render", "--out", "/etc/passwd"], "/etc/passwd is a file; expected a folder"),
-            (["render", "--ci", "github", "--out", "dist/"],
-             "dist/ is a folder; expected a file to write")):
+        (["render", "--out", "/etc/passwd"], "/etc/passwd is a file; expected a folder"),
+        (
+            ["render", "--ci", "github", "--out", "dist/"],
+            "dist/ is a folder; expected a file to write",
+        ),
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert fragment in err and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
     # A missing parent of the workflow file is made, as for .github/workflows/ in a project
     # that has none yet (the documented command).
-    assert main(["render", "--ci", "github", "--out", "missing/dir/wheels.yml"]) == 0, \
+    assert main(["render", "--ci", "github", "--out", "missing/dir/wheels.yml"]) == 0, (
         capsys.readouterr().err
+    )
     assert (tmp_path / "missing" / "dir" / "wheels.yml").is_file()
 
 
 def test_names_with_spaces_are_paths_like_any_other(tmp_path: Path, capsys) -> None:
     out = tmp_path / "docker files"
-    assert main(["render", "--arch", "X86", "--python", "3.11", "--out", str(out)]) == 0, \
+    assert main(["render", "--arch", "X86", "--python", "3.11", "--out", str(out)]) == 0, (
         capsys.readouterr().err
+    )
     assert list(out.glob("*/Dockerfile"))
     (tmp_path / "ci dir").mkdir()
     workflow = tmp_path / "ci dir" / "wheels.yml"
-    assert main(["render", "--ci", "github", "--out", str(workflow)]) == 0, \
-        capsys.readouterr().err
+    assert main(["render", "--ci", "github", "--out", str(workflow)]) == 0, capsys.readouterr().err
     assert workflow.read_text().startswith(("#", "name:", "on:"))

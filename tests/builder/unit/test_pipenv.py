@@ -18,9 +18,12 @@ def _config(tmp_path: Path, extra: str = "", **cli):
 
 
 def test_indexes_and_proxies_reach_pip(tmp_path: Path) -> None:
-    config = _config(tmp_path, "pip:\n  index_url: http://idx.example/simple\n"
-                     "  extra_index_urls: [http://a.example/simple, http://b.example/simple]\n",
-                     https_proxy="http://u:pw@proxy.example:3128")
+    config = _config(
+        tmp_path,
+        "pip:\n  index_url: http://idx.example/simple\n"
+        "  extra_index_urls: [http://a.example/simple, http://b.example/simple]\n",
+        https_proxy="http://u:pw@proxy.example:3128",
+    )
     env = pip_env(config, config.proxy.build_args(), tmp_path / "ca")
     assert env["PIP_INDEX_URL"] == "http://idx.example/simple"
     assert env["PIP_EXTRA_INDEX_URL"] == "http://a.example/simple http://b.example/simple"
@@ -42,5 +45,6 @@ def test_ca_bundle_is_merged_with_the_system_trust_store(tmp_path: Path) -> None
     # ... after the system's certificates (pointing pip at the user's file alone would drop
     # every public CA): more than one certificate in the merged file.
     assert text.count("-----BEGIN CERTIFICATE-----") > pem.read_text().count(
-        "-----BEGIN CERTIFICATE-----")
+        "-----BEGIN CERTIFICATE-----"
+    )
     assert merged_ca_bundle(pem, tmp_path / "again").read_text() == text  # deterministic

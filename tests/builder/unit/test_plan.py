@@ -40,12 +40,29 @@ def test_default_plan_cells_and_dropped_reasons() -> None:
         "configs/support.yaml)"
     )
     cell = next(c for c in doc["cells"] if c["id"] == "cp311-manylinux_aarch64-torch2.13.0")
-    assert {k: cell[k] for k in ("arch", "machine", "python", "cp", "torch", "family",
-                                 "python_path", "docker_platform", "local_version")} == {
-        "arch": "ARM", "machine": "aarch64", "python": "3.11", "cp": "cp311",
-        "torch": "2.13.0", "family": "manylinux",
+    assert {
+        k: cell[k]
+        for k in (
+            "arch",
+            "machine",
+            "python",
+            "cp",
+            "torch",
+            "family",
+            "python_path",
+            "docker_platform",
+            "local_version",
+        )
+    } == {
+        "arch": "ARM",
+        "machine": "aarch64",
+        "python": "3.11",
+        "cp": "cp311",
+        "torch": "2.13.0",
+        "family": "manylinux",
         "python_path": "/opt/python/cp311-cp311/bin/python",
-        "docker_platform": "linux/arm64", "local_version": None,
+        "docker_platform": "linux/arm64",
+        "local_version": None,
     }
     # torch 2.13 >= the project's stable ABI (pyproject.toml): no +torch label; the labelled
     # per-torch wheels stay for 2.8 and 2.9.
@@ -90,17 +107,34 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
     assert res.rc == 0
     lines = res.out.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.startswith("CELL"))
-    assert lines[header].split() == ["CELL", "TORCH", "TORCH-NPU", "BUILD", "BACKEND", "BASE",
-                                     "IMAGE", "TAG", "(AT", "MOST)", "ABI", "SETUPTOOLS", "WHERE"]
+    assert lines[header].split() == [
+        "CELL",
+        "TORCH",
+        "TORCH-NPU",
+        "BUILD",
+        "BACKEND",
+        "BASE",
+        "IMAGE",
+        "TAG",
+        "(AT",
+        "MOST)",
+        "ABI",
+        "SETUPTOOLS",
+        "WHERE",
+    ]
     # Which build serves each cell: the stable-ABI wheel of its arch (built by one cell,
     # verified by the others) for torch >= 2.10, else its own labelled one.
-    row = {ln.split()[0]: ln for ln in lines[header + 1:header + 27]}
+    row = {ln.split()[0]: ln for ln in lines[header + 1 : header + 27]}
     assert "X86-stable: builds it" in row["cp311-manylinux_x86_64-torch2.13.0"]
-    assert ("X86-stable: verifies cp311-manylinux_x86_64-torch2.13.0's"
-            in row["cp312-manylinux_x86_64-torch2.13.0"])
+    assert (
+        "X86-stable: verifies cp311-manylinux_x86_64-torch2.13.0's"
+        in row["cp312-manylinux_x86_64-torch2.13.0"]
+    )
     assert "own +torch2.9" in row["cp312-manylinux_x86_64-torch2.9.1"]
-    assert ("6 wheels for 26 cells: 8 cells take the stable-ABI wheels of ARM-stable, "
-            "X86-stable (torch>=2.10, abi3; built once, verified in each).") in lines
+    assert (
+        "6 wheels for 26 cells: 8 cells take the stable-ABI wheels of ARM-stable, "
+        "X86-stable (torch>=2.10, abi3; built once, verified in each)."
+    ) in lines
     summary = next(ln for ln in lines if "cells to build on this host;" in ln)
     here, elsewhere = int(summary.split()[0]), int(summary.split("; ")[1].split()[0])
     assert here + elsewhere == 26
@@ -112,8 +146,12 @@ def test_table_lists_cells_then_dropped_with_reasons() -> None:
 
 def test_arm_py39_resolves_to_torch_2_8_0_and_says_so() -> None:
     """`make wheel ARCH=ARM PY=3.9` (the builder's namespaced environment) names one cell."""
-    res = run_cli("plan", "--format", "json",
-                  env={"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.9", "ARCH": "64"})
+    res = run_cli(
+        "plan",
+        "--format",
+        "json",
+        env={"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.9", "ARCH": "64"},
+    )
     assert res.rc == 0, res.err
     doc = json.loads(res.out)
     assert [c["id"] for c in doc["cells"]] == ["cp39-manylinux_aarch64-torch2.8.0"]
@@ -168,8 +206,12 @@ def test_github_format_is_one_line_job_matrix() -> None:
     assert len(doc["include"]) == 13
     first = doc["include"][0]
     assert {k: first[k] for k in ("cell", "arch", "python", "torch", "machine", "plat")} == {
-        "cell": "cp39-manylinux_x86_64-torch2.8.0", "arch": "X86", "python": "3.9",
-        "torch": "2.8.0", "machine": "x86_64", "plat": "manylinux_2_28_x86_64",
+        "cell": "cp39-manylinux_x86_64-torch2.8.0",
+        "arch": "X86",
+        "python": "3.9",
+        "torch": "2.8.0",
+        "machine": "x86_64",
+        "plat": "manylinux_2_28_x86_64",
     }
     assert first["runs-on"] == "ubuntu-24.04" and first["backend"] in ("docker", "host")
 
@@ -256,9 +298,16 @@ def test_help_says_what_each_command_selects_by_default() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "PY", "TORCH")}
 
     def helptext(command: str) -> str:
-        return " ".join(subprocess.run(
-            [sys.executable, "-m", "builder", command, "--help"], cwd=REPO_ROOT, env=env,
-            capture_output=True, text=True, check=True).stdout.split())
+        return " ".join(
+            subprocess.run(
+                [sys.executable, "-m", "builder", command, "--help"],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+        )
 
     for command in ("build", "fetch", "doctor"):
         assert "selection (default: this host's one cell" in helptext(command), command
@@ -303,8 +352,7 @@ def test_a_cross_cell_names_the_host_torch_that_runs_its_build_and_a_host_cell_n
     from builder.config.support import load_support  # noqa: PLC0415
 
     host_torch = load_support(REPO_ROOT / "configs" / "support.yaml").cross_host_torch
-    doc = _json("--arch", "ARM,X86", "--python", "3.11", "--torch", "2.9.1",
-                "--backend", "auto")
+    doc = _json("--arch", "ARM,X86", "--python", "3.11", "--torch", "2.9.1", "--backend", "auto")
     cells = {c["id"]: c for c in doc["cells"]}
     arm = cells["cp311-manylinux_aarch64-torch2.9.1"]
     x86 = cells["cp311-manylinux_x86_64-torch2.9.1"]
@@ -318,8 +366,9 @@ def test_a_cross_cell_names_the_host_torch_that_runs_its_build_and_a_host_cell_n
 
 
 @pytest.mark.parametrize("value", ['"9.9.9"', "2.13", '"2.13.0-x"'])
-def test_a_bad_cross_host_torch_names_the_key_and_what_was_expected(tmp_path: Path,
-                                                                   value: str) -> None:
+def test_a_bad_cross_host_torch_names_the_key_and_what_was_expected(
+    tmp_path: Path, value: str
+) -> None:
     from builder.config.support import load_support  # noqa: PLC0415
     from builder.errors import ConfigError  # noqa: PLC0415
 

@@ -92,8 +92,10 @@ def test_selection_environment_then_command_line(tmp_path: Path) -> None:
     env = {"BUILDER_ARCH": "ARM", "BUILDER_PYTHON": "3.9"}
     sel = _settings(cfg, env).selection
     assert (sel.arch, sel.python, sel.torch) == (("ARM",), ("3.9",), None)
-    assert sel.origins == {"arch": "environment BUILDER_ARCH",
-                           "python": "environment BUILDER_PYTHON"}
+    assert sel.origins == {
+        "arch": "environment BUILDER_ARCH",
+        "python": "environment BUILDER_PYTHON",
+    }
     sel = _settings(cfg, env, arch="X86").selection
     assert sel.arch == ("X86",) and sel.origins["arch"] == "command line --arch"
     # through the CLI: environment ARM, command line X86 -> only x86_64 cells

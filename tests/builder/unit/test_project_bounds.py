@@ -33,13 +33,15 @@ unsupported:
 def _project(tmp_path: Path, requires_python: str, torch: str) -> Path:
     root = tmp_path / "proj"
     root.mkdir()
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""\
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(f"""\
         [project]
         name = "demo"
         version = "1"
         requires-python = "{requires_python}"
         dependencies = ["numpy", "torch{torch}"]
-        """))
+        """)
+    )
     return root
 
 
@@ -64,13 +66,16 @@ def test_this_projects_torch_bound_matches_the_support_table() -> None:
 
 def test_plan_drops_cells_outside_the_projects_bounds(tmp_path: Path) -> None:
     support = write_config(tmp_path, TABLE_WITH_21, "support.yaml")
-    cfg = write_config(tmp_path, f"""\
+    cfg = write_config(
+        tmp_path,
+        f"""\
         support: {support}
         matrix:
           arch: [X86]
           python: ["3.8", "3.9", "3.11"]
           torch: ["2.1.0", "2.8.0"]
-        """)
+        """,
+    )
     project = _project(tmp_path, ">=3.9", ">=2.8")
     r = run_cli("plan", "--config", str(cfg), "--project", str(project), "--format", "json")
     assert r.rc == 0, r.err
@@ -89,16 +94,18 @@ def test_plan_drops_cells_outside_the_projects_bounds(tmp_path: Path) -> None:
     assert ("3.8", "2.1.0") in {(c["python"], c["torch"]) for c in json.loads(r.out)["cells"]}
 
 
-def test_an_unsupported_python_or_torch_says_why_and_the_oldest_combination(
-        tmp_path: Path) -> None:
+def test_an_unsupported_python_or_torch_says_why_and_the_oldest_combination(tmp_path: Path) -> None:
     support = write_config(tmp_path, TABLE_WITH_21, "support.yaml")
-    cfg = write_config(tmp_path, f"""\
+    cfg = write_config(
+        tmp_path,
+        f"""\
         support: {support}
         matrix:
           arch: [X86]
           python: ["3.9", "3.11"]
           torch: ["2.8.0"]
-        """)
+        """,
+    )
     project = _project(tmp_path, ">=3.9", ">=2.8")
     oldest = "Python 3.9 with torch 2.8.0 (cp39-manylinux_x86_64-torch2.8.0)"
     r = run_cli("plan", "--config", str(cfg), "--project", str(project), "--python", "3.8")
@@ -110,14 +117,18 @@ def test_an_unsupported_python_or_torch_says_why_and_the_oldest_combination(
     assert "torch 2.1.0 is not supported: demo needs torch>=2.8" in r.err
     assert "a missing API (test reason)" in r.err and oldest in r.err
     # An include outside the bounds is refused as well (exit 2), naming the rule.
-    inc = write_config(tmp_path, f"""\
+    inc = write_config(
+        tmp_path,
+        f"""\
         support: {support}
         matrix:
           arch: [X86]
           python: ["3.9"]
           torch: ["2.8.0"]
           include: [{{arch: X86, python: "3.8", torch: "2.1.0"}}]
-        """, "inc.yaml")
+        """,
+        "inc.yaml",
+    )
     r = run_cli("plan", "--config", str(inc), "--project", str(project))
     assert r.rc == 2 and "matrix.include[0]" in r.err and "cannot install the project" in r.err
 

@@ -17,8 +17,15 @@ def test_published_wheel_and_manifest_are_readable_by_others(tmp_path: Path) -> 
     try:
         final = publish_wheel(src, dist)
         entry = ManifestEntry.for_wheel(
-            final, cell="cp311-test", torch="2.13.0", python="3.11", base_image="b",
-            compiler="c", builder_version="0", started_at="t0", finished_at="t1",
+            final,
+            cell="cp311-test",
+            torch="2.13.0",
+            python="3.11",
+            base_image="b",
+            compiler="c",
+            builder_version="0",
+            started_at="t0",
+            finished_at="t1",
         )
         record_wheel(dist, entry)
     finally:

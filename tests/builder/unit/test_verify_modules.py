@@ -21,14 +21,25 @@ def _compile(tmp: Path, name: str, source: str) -> bytes:
     src = tmp / f"{name}.c"
     src.write_text(source)
     out = tmp / f"{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-                    str(src), "-o", str(out)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(src),
+            "-o",
+            str(out),
+        ],
+        check=True,
+    )
     return out.read_bytes()
 
 
 def test_modules_are_told_from_libraries_by_their_init_symbol(tmp_path: Path) -> None:
-    module = _compile(tmp_path, "m", "#include <Python.h>\n"
-                      "PyMODINIT_FUNC PyInit_apex_C(void) { return NULL; }\n")
+    module = _compile(
+        tmp_path, "m", "#include <Python.h>\nPyMODINIT_FUNC PyInit_apex_C(void) { return NULL; }\n"
+    )
     library = _compile(tmp_path, "lib", "int op(void) { return 1; }\n")
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     wheel = tmp_path / "x-1-cp311-cp311-linux_x86_64.whl"

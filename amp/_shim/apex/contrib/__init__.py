@@ -1,5 +1,6 @@
 """``apex.contrib``: of Ascend's contrib modules, ``apex.contrib.combine_tensors`` (which is
 ``amp.combine_tensors``)."""
+
 from __future__ import annotations
 
 import importlib
