@@ -38,7 +38,7 @@ help:
 	@echo "                            (TEST_WORKERS=$(TEST_WORKERS) parallel workers; PYTEST_ARGS=... passed to pytest)"
 	@echo "make test-torch TORCH=2.1.0 PYTHON=python3.8   amp's suites on that torch, in .venv-torch2.1.0"
 	@echo "                            (COMPAT_SUITES=$(COMPAT_SUITES))"
-	@echo "make lint                   ruff over the tree, mypy over amp/ and builder/"
+	@echo "make lint                   ruff check + format --check over the tree, mypy over amp/ and builder/"
 	@echo "make promises               rewrite docs/promises.md from the tests' promise markers"
 	@echo "make fuzz [FUZZ_MINUTES=$(FUZZ_MINUTES) FUZZ_EXAMPLES=$(FUZZ_EXAMPLES)]   the config parsers' fuzz targets for minutes (a failing input: build/fuzz/)"
 	@echo "make soak [N=$(N)] [SOAK_ARGS=...]   N builds of one cell killed at random moments (SIGINT/TERM/KILL) beside cache prune; dist/ and the cache checked after each"
@@ -173,6 +173,7 @@ promises:
 # [tool.mypy]; docs/development.md).
 lint: setup
 	$(PY_VENV) -m ruff check .
+	$(PY_VENV) -m ruff format --check .
 	$(PY_VENV) -m mypy
 
 # fuzz: the configuration parsers' fuzz targets (tests/builder/unit/test_fuzz_configs.py: the matrix

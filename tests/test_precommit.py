@@ -44,7 +44,7 @@ def test_every_hook_is_local_and_runs_the_checkouts_environment() -> None:
         assert script is None or (REPO / script).is_file(), hook
 
 
-LINT_HOOKS = ("ruff", "mypy")  # one per line of `make lint`, in its order
+LINT_HOOKS = ("ruff", "ruff-format", "mypy")  # one per line of `make lint`, in its order
 
 
 def test_the_lint_hooks_are_make_lint() -> None:
