@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -78,6 +79,7 @@ def one_rank_gloo() -> Iterator[None]:
     try:
         yield
         dist.barrier()
+        time.sleep(0.05)  # the GIL released a moment more: see tests/amp/_gloo_group.py
     finally:
         dist.destroy_process_group()
 

@@ -20,12 +20,16 @@ of the group fails the rank at once, not one exit in ten.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  (before any process group exists: see above)
+
+#: How long the rank lets the group's worker threads run (GIL released) before destroying it.
+GIL_FREE_BEFORE_DESTROY_S = 0.05
 
 
 class GroupOutlivedDestroy(RuntimeError):
@@ -42,6 +46,12 @@ def gloo_group(rank: int, world: int, rendezvous: str) -> Iterator[None]:
     try:
         yield
         dist.barrier()
+        # Torch < 2.8 destroys the group with the GIL held while joining its worker threads; a
+        # worker still dropping an earlier collective's tensors (ones only C++ holds by now)
+        # needs the GIL to free them, and the join never returns. The barrier alone left that
+        # window open with two ranks (its work ran on the other worker thread: torch 2.1.0, a
+        # rank hung in ~ProcessGroupGloo, gdb); a moment with the GIL released closes it.
+        time.sleep(GIL_FREE_BEFORE_DESTROY_S)
     finally:
         dist.destroy_process_group()
     # Checked on success only: after a failure the body's own exception is the news.
