@@ -21,7 +21,6 @@
 namespace amp_kernels {
 namespace avx2_isa {
 #include "cpu_ops_impl.h"
-#include "cpu_ops_more_impl.h"
 }  // namespace avx2_isa
 
 const OpsTable& ops_avx2() { return avx2_isa::kTable; }

@@ -37,7 +37,6 @@
 namespace amp_kernels {
 namespace avx512_isa {
 #include "cpu_ops_impl.h"
-#include "cpu_ops_more_impl.h"
 }  // namespace avx512_isa
 
 const OpsTable& ops_avx512() { return avx512_isa::kTable; }

@@ -18,7 +18,6 @@
 namespace amp_kernels {
 namespace generic_isa {
 #include "cpu_ops_impl.h"
-#include "cpu_ops_more_impl.h"
 }  // namespace generic_isa
 
 const OpsTable& ops_generic() { return generic_isa::kTable; }

@@ -283,14 +283,6 @@ def global_norm(tensors: list[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms), 2)
 
 
-def check_betas(betas: tuple[float, float]) -> None:
-    """Ascend's (and torch's) beta checks."""
-    if not 0.0 <= betas[0] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-    if not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-
-
 def check_nonnegative(**values: float) -> None:
     """Ascend's "Invalid <what> value" errors, in the order given."""
     words = {"lr": "learning rate", "eps": "epsilon value"}

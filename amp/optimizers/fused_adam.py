@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..kernels import ops as mt
 from ..masters.unscale import group_by
-from .tensor_lists import FusedOptimizer, ParamGroups, check_beta_range, closure_loss, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, check_betas, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -68,7 +68,7 @@ class FusedAdam(FusedOptimizer):
             raise ValueError(f"FusedAdam: invalid learning rate {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"FusedAdam: invalid epsilon {eps}")
-        check_beta_range("FusedAdam", betas)
+        check_betas(betas, "FusedAdam")
         if not 0.0 <= weight_decay:
             raise ValueError(f"FusedAdam: invalid weight_decay {weight_decay}")
         if not 0.0 <= max_grad_norm:

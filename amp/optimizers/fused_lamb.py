@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..kernels import ops as mt
 from ..masters.unscale import Norm
-from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, check_beta_range, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, check_betas, make_buckets
 
 
 def _clipped_scale(norm: Norm, max_norm: float, inv_scale: float) -> mt.GradScale:
@@ -57,7 +57,7 @@ class FusedLAMB(FusedOptimizer):
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
         if not 0.0 <= lr:
             raise ValueError(f"FusedLAMB: invalid learning rate {lr}")
-        check_beta_range("FusedLAMB", betas)
+        check_betas(betas, "FusedLAMB")
         defaults = dict(
             lr=lr,
             bias_correction=bias_correction,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, check_beta_range, make_buckets
+from .tensor_lists import FusedOptimizer, ParamGroups, check_betas, make_buckets
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -45,7 +45,7 @@ class FusedNovoGrad(FusedOptimizer):
             )
         if not 0.0 <= lr:
             raise ValueError(f"FusedNovoGrad: invalid learning rate {lr}")
-        check_beta_range("FusedNovoGrad", betas)
+        check_betas(betas, "FusedNovoGrad")
         defaults = dict(
             lr=lr,
             bias_correction=bias_correction,

@@ -22,10 +22,10 @@ from .combined_buffers import (
     ElementwiseOptimizer,
     NpuFusedOptimizer,
     Run,
-    check_betas,
     check_nonnegative,
     global_norm,
 )
+from .tensor_lists import check_betas
 
 
 def _check(lr: float, betas: tuple[float, float], eps: float) -> None:

@@ -16,11 +16,11 @@ from ..kernels import ops as kernel_ops
 from .combined_buffers import (
     NpuFusedOptimizer,
     Run,
-    check_betas,
     check_nonnegative,
     global_norm,
     one_pass_ready,
 )
+from .tensor_lists import check_betas
 
 
 class NpuFusedAdam(NpuFusedOptimizer):

@@ -142,10 +142,14 @@ def grad_norm(
     return combine_norms(norms, flags)
 
 
-def check_beta_range(owner: str, betas: Sequence[float]) -> None:
-    """apex's beta checks: each in [0, 1)."""
+def check_betas(betas: Sequence[float], owner: Optional[str] = None) -> None:
+    """The beta checks of every optimizer here, each beta in [0, 1): worded as amp's fused
+    optimizers word them (``FusedAdam: invalid beta at index 0: ...``, *owner* given) or as
+    torch.optim and Ascend's NpuFused* / Lamb do (``Invalid beta parameter at index 0: ...``)."""
     for i, b in enumerate(betas):
         if not 0.0 <= b < 1.0:
+            if owner is None:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
             raise ValueError(f"{owner}: invalid beta at index {i}: {b}")
 
 
