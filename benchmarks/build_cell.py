@@ -113,7 +113,13 @@ def run_backend(
     with py.open("a") as fh:
         fh.write("\n# benchmark: one Python file touched\n")
     rows.append((f"{py.name} touched", *build(project, work, extra, env)))
-    kernel = sorted((project / "kernels").glob("*.cpp"))[0]
+    # The shared ops (setup.py's CORE_SOURCES), compiled into either binding: the row then
+    # recompiles one file whichever binding the cell builds (the first source by name,
+    # bindings.cpp, is the pybind11 binding's, which a stable-ABI cell does not compile at all).
+    # Older trees (--before) had no ops.cpp: the first source by name there.
+    kernel = project / "kernels" / "ops.cpp"
+    if not kernel.is_file():
+        kernel = sorted((project / "kernels").glob("*.cpp"))[0]
     with kernel.open("a") as fh:
         # Code, not a comment: the preprocessor drops comments, and ccache rightly serves a
         # comment-only change from the cache (a hit, not a recompile).
