@@ -24,11 +24,14 @@ from builder.atomicfile import atomic_replace
 from builder.backends.base import CellJob
 from builder.cache import cache_root, mark_used
 from builder.engines.base import Session
-from builder.errors import StepFailed
+from builder.errors import DiskFull, StepFailed
 from builder.incell import parse_result
 
 #: Above this many bytes a download is announced before it starts.
 LARGE_DOWNLOAD = 1_000_000_000
+#: Installed bytes per downloaded byte of torch and its requirements (zip files unpacked):
+#: the CUDA torch 2.14.1's 3.0 GB download became a 6.3 GB torch layer (docs/cuda-wheels.md).
+INSTALLED_PER_DOWNLOADED = 2.2
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,12 @@ def announce_large_download(
     env: Optional[Mapping[str, str]] = None,
     torch: Optional[str] = None,
     machine: Optional[str] = None,
+    room: Optional[str] = None,
 ) -> None:
     """Before the cell installs torch from an index (no wheelhouse), say so if it is large.
     *torch*, *machine*: another torch than the cell's, for another machine (the cross backend's
-    host torch)."""
+    host torch). *room*: the folder (in *session*) the install writes to; a download whose
+    installed size does not fit there fails now (:func:`require_room`), not gigabytes later."""
     opts = job.opts
     torch = torch or job.cell.torch
     machine = machine or job.cell.machine
@@ -201,6 +206,8 @@ def announce_large_download(
         else f"unknown ({planned.unknown})"
     )
     job.log.note(f"ampforge: torch {torch} from the index: download size {sized}")
+    if room is not None:
+        require_room(session, planned, room, torch=torch)
     message = large_download_message(
         planned,
         torch=torch,
@@ -210,3 +217,33 @@ def announce_large_download(
     )
     if message is not None:
         job.warn(message)
+
+
+def free_bytes_in(session: Session, folder: str) -> Optional[int]:
+    """Free bytes on *folder*'s file system as *session* sees it (``df``: a container sees its
+    engine's storage), None when that cannot be read."""
+    r = session.run(["df", "-Pk", folder], check=False, step="free space", tail_lines=4)
+    fields = r.tail[-1].split() if r.ok and r.tail else []
+    return int(fields[3]) * 1024 if len(fields) >= 4 and fields[3].isdigit() else None
+
+
+def require_room(session: Session, planned: Planned, folder: str, *, torch: str) -> None:
+    """DiskFull (exit 1) before the install when what *planned* unpacks to cannot fit in
+    *folder*: a CUDA torch is gigabytes, and a disk that fills halfway through pip leaves the
+    reader with pip's traceback instead of the number."""
+    if planned.unknown or planned.total <= 0:
+        return
+    need = int(planned.total * INSTALLED_PER_DOWNLOADED)
+    free = free_bytes_in(session, folder)
+    if free is None or free >= need:
+        return
+    raise DiskFull(
+        f"no space left on device for torch {torch}: from the index it downloads "
+        f"{gigabytes(planned.total)} ({len(planned.items)} files) and takes about "
+        f"{gigabytes(need)} installed in {folder}, where {gigabytes(free)} is free. Free space "
+        f"there, or point the builder's cache at another disk (AMPFORGE_CACHE), or build from "
+        f"a wheelhouse or bundle made elsewhere (--find-links DIR, `python -m builder fetch`)",
+        path=folder,
+        free=free,
+        needed=need,
+    )

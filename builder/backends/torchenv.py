@@ -307,6 +307,7 @@ def host_torch_env(
                         requirements=requirements,
                         torch=version,
                         machine=platform.machine(),
+                        room=str(tmp),
                     )
                 wheelhouse = str(job.opts.wheelhouse.resolve()) if job.opts.wheelhouse else None
                 install_cell_torch(
@@ -425,8 +426,9 @@ def docker_torch_image(
     ) as session:
         steps = session.copy_in(STEPS_SCRIPT, session.workdir)
         requirements = tuple(parts["requirements"])
+        # The layer is written to the engine's storage: the container's root shows its room.
         announce_large_download(
-            job, session, IMAGE_VENV_PYTHON, steps, requirements=requirements, env=pip_env
+            job, session, IMAGE_VENV_PYTHON, steps, requirements=requirements, env=pip_env, room="/"
         )
         install_cell_torch(
             job,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from helpers.enginelib import wheelhouse_cp311
+from helpers.faultlib import small_disk
 from helpers.indexlib import clean_pip_env
 from helpers.pipelinelib import CELL, Run, build_argv, dist_state, seed_dist
 
@@ -184,9 +185,8 @@ def test_small_or_unknown_downloads() -> None:
     assert LARGE_DOWNLOAD == 1_000_000_000
 
 
-def test_a_build_without_wheelhouse_says_so_before_the_download(index, tmp_path: Path) -> None:
-    url, refused = index
-    before = seed_dist(tmp_path / "dist")
+def _build_from_index(tmp_path: Path, url: str, **extra_env: str) -> Run:
+    """The host backend builds the cell with torch from *url* only (no wheelhouse)."""
     config = tmp_path / "matrix.yaml"
     config.write_text(
         f"support: {Path(__file__).resolve().parents[3] / 'configs' / 'support.yaml'}\n"
@@ -199,25 +199,23 @@ def test_a_build_without_wheelhouse_says_so_before_the_download(index, tmp_path:
         for k, v in clean_pip_env(PYTHONPATH=str(REPO_ROOT)).items()
         if not k.startswith("BUILDER_")
     }
+    env.update(extra_env)
+    argv = ["--backend", "host", "--config", str(config), "--python", "3.11", "--torch", "2.13.0"]
     proc = subprocess.run(
-        build_argv(
-            tmp_path,
-            "--backend",
-            "host",
-            "--config",
-            str(config),
-            "--python",
-            "3.11",
-            "--torch",
-            "2.13.0",
-        ),
+        build_argv(tmp_path, *argv),
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=1200,
     )
-    r = Run(proc.returncode, proc.stdout, proc.stderr)
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_build_without_wheelhouse_says_so_before_the_download(index, tmp_path: Path) -> None:
+    url, refused = index
+    before = seed_dist(tmp_path / "dist")
+    r = _build_from_index(tmp_path, url)
     assert r.rc == 1, r.err[-3000:]
     said = [
         line
@@ -234,4 +232,33 @@ def test_a_build_without_wheelhouse_says_so_before_the_download(index, tmp_path:
     }
     log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
     assert "warning: installing torch 2.13.0 from the index downloads" in log
+    assert dist_state(tmp_path / "dist") == before
+
+
+@pytest.mark.promise(
+    promise="a torch download that cannot fit where it is installed fails before it starts, "
+    "naming the folder, its free space and what the install takes",
+    fault="the builder's cache (where the host backend installs the cell's torch) on a 64 MB "
+    "file system, torch from an index whose torch and nvidia wheels are 3.5 GB",
+    result="exit 1 naming the torch environment's folder, the 3.5 GB download and its "
+    "installed size against what is free; nothing downloaded, dist/ unchanged, no "
+    "environment left in the cache",
+)
+def test_a_download_that_cannot_fit_fails_before_it_starts(index, tmp_path: Path) -> None:
+    url, refused = index
+    refused.clear()
+    before = seed_dist(tmp_path / "dist")
+    with small_disk(tmp_path / "cache", "64m") as cache:
+        r = _build_from_index(tmp_path, url, AMPFORGE_CACHE=str(cache))
+        assert r.rc == 1, r.err[-3000:]
+        said = [line for line in r.err.splitlines() if "no space left on device for torch" in line]
+        assert said, r.err[-3000:]
+        assert "from the index it downloads 3.5 GB (" in said[0], said[0]
+        assert f"installed in {cache}/torch-envs/" in said[0], said[0]
+        assert "MB is free" in said[0] and "AMPFORGE_CACHE" in said[0], said[0]
+        assert not refused, "a download started"  # the index logs every refused transfer
+        envs = cache / "torch-envs"
+        assert not envs.exists() or not [p for p in envs.iterdir() if p.is_dir()], list(
+            envs.iterdir()
+        )
     assert dist_state(tmp_path / "dist") == before
