@@ -1,8 +1,8 @@
 """The ``apex`` import name (amp/_shim/apex): every ``apex.X`` is the ampforge module itself.
 
 In the development venv ``make setup`` writes the same ``ampforge-apex.pth`` the wheel carries
-(pointing at this checkout); tests/builder/test_apex_name.py installs the built wheel into a
-fresh venv, next to another distribution that owns ``apex/``."""
+(pointing at this checkout); tests/builder/e2e/test_apex_coexistence.py installs the built
+wheel into a fresh venv, next to another distribution that owns ``apex/``."""
 
 from __future__ import annotations
 
