@@ -14,6 +14,7 @@ from typing import Optional
 import pytest
 import torch
 import torch.distributed as dist
+from amp_state import reset_amp  # tests/amp_state.py
 from hypothesis import settings
 
 from amp import _ext
@@ -68,20 +69,11 @@ def compiled_backend(
 # amp keeps process-wide state, as apex does (the opt properties, loss scalers, O1's handle).
 # Every test starts and ends with it reset: a suite that initializes amp without cleaning up
 # (tests/optimizers' O1 runs) must not decide how a later module's tests start.
-def _reset_amp_state() -> None:
-    from amp._amp_state import _amp_state  # noqa: PLC0415 (amp's state, not a test's import)
-
-    _amp_state.opt_properties = None
-    _amp_state.loss_scalers = []
-    _amp_state.verbosity = 1
-    _amp_state.handle._deactivate()  # O1's registered casts and autocast off
-
-
 @pytest.fixture(autouse=True)
 def _fresh_amp_state() -> Iterator[None]:
-    _reset_amp_state()
+    reset_amp()
     yield
-    _reset_amp_state()
+    reset_amp()
 
 
 # ------------------------------------------------------------------ one-rank gloo group

@@ -8,19 +8,12 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from amp_state import reset_amp as reset_amp  # the one reset (tests/amp_state.py)
 
 import amp
 from amp._amp_state import _amp_state
 
 CPU = torch.device("cpu")
-
-
-def reset_amp() -> None:
-    """amp keeps process-wide state (like apex); tests/amp/conftest.py resets it the same way."""
-    _amp_state.opt_properties = None
-    _amp_state.loss_scalers = []
-    _amp_state.verbosity = 1
-    _amp_state.handle._deactivate()  # O1's registered casts and autocast off
 
 
 def data(n: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
