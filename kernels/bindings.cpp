@@ -12,6 +12,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -78,16 +79,17 @@ struct Aten {
   static auto call(const F& f) -> decltype(f()) {
     return f();
   }
-  static at::Tensor floats(const std::vector<float>& xs) {
-    at::Tensor t = at::empty({static_cast<int64_t>(xs.size())}, at::kFloat);
-    std::copy(xs.begin(), xs.end(), t.data_ptr<float>());
+  // A 1-d tensor of *xs* (T: float or double, *dtype* its ScalarType).
+  template <class T>
+  static at::Tensor filled(const std::vector<T>& xs, at::ScalarType dtype) {
+    at::Tensor t = at::empty({static_cast<int64_t>(xs.size())}, dtype);
+    std::copy(xs.begin(), xs.end(), t.data_ptr<T>());
     return t;
   }
+  static at::Tensor floats(const std::vector<float>& xs) { return filled(xs, at::kFloat); }
   static PerNorms per_norms(const std::vector<double>& xs, bool asked) {
     if (!asked) return std::nullopt;
-    at::Tensor t = at::empty({static_cast<int64_t>(xs.size())}, at::kDouble);
-    std::copy(xs.begin(), xs.end(), t.data_ptr<double>());
-    return t;
+    return filled(xs, at::kDouble);
   }
   static Isas isas(const std::vector<std::string>& names) { return names; }
 };

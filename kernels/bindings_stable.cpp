@@ -21,6 +21,7 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -123,17 +124,16 @@ struct Stable {
                                e.what());
     }
   }
-  static Tensor floats(const std::vector<float>& xs) {
-    Tensor t = torch::stable::empty({static_cast<int64_t>(xs.size())}, ScalarType::Float);
-    float* d = static_cast<float*>(t.data_ptr());
-    for (size_t i = 0; i < xs.size(); ++i) d[i] = xs[i];
+  // A 1-d tensor of *xs* (T: float or double, *dtype* its ScalarType).
+  template <class T>
+  static Tensor filled(const std::vector<T>& xs, ScalarType dtype) {
+    Tensor t = torch::stable::empty({static_cast<int64_t>(xs.size())}, dtype);
+    std::copy(xs.begin(), xs.end(), static_cast<T*>(t.data_ptr()));
     return t;
   }
+  static Tensor floats(const std::vector<float>& xs) { return filled(xs, ScalarType::Float); }
   static PerNorms per_norms(const std::vector<double>& xs, bool /*asked*/) {
-    Tensor t = torch::stable::empty({static_cast<int64_t>(xs.size())}, ScalarType::Double);
-    double* d = static_cast<double*>(t.data_ptr());
-    for (size_t i = 0; i < xs.size(); ++i) d[i] = xs[i];
-    return t;
+    return filled(xs, ScalarType::Double);
   }
   static Isas isas(const std::vector<std::string>& names) {
     std::string out;
