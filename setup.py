@@ -229,8 +229,22 @@ def _extension_kwargs() -> dict:
     return kwargs
 
 
+#: setuptools commands that only write metadata: what a PEP 517 frontend runs to ask for the
+#: build's requirements (egg_info) and for the wheel's metadata (dist_info) before it builds.
+METADATA_COMMANDS = ("dist_info", "egg_info")
+
+
+def metadata_only(argv: list) -> bool:
+    """Whether setup.py was run for metadata only (its first command, after global flags, is
+    one of METADATA_COMMANDS): the extension is not part of the metadata, and defining it
+    imports torch, a second of every build's front end (pip runs this file twice per wheel)."""
+    command = next((a for a in argv[1:] if not a.startswith("-")), "")
+    return command in METADATA_COMMANDS
+
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import binding_for
-    kwargs = _extension_kwargs() if _want_extension() else {}
+    wanted = _want_extension() and not metadata_only(sys.argv)
+    kwargs = _extension_kwargs() if wanted else {}
     kwargs["cmdclass"] = {
         **kwargs.get("cmdclass", {}),
         "build_py": BuildPyWithApexName,

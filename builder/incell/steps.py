@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -615,8 +616,14 @@ def cmd_install_torch(args: argparse.Namespace) -> None:
     _result(torch=md.version("torch"))
 
 
-#: What the builds and verifications run in a torch environment import from it.
-WARM_IMPORTS = "import torch, torch.utils.cpp_extension"
+#: What the builds and verifications run in a torch environment import from it: torch and its
+#: extension builder (every build), and what the first optimizer a test makes imports lazily
+#: (torch.optim's Optimizer.__init__ imports torch._dynamo on first use in torch 2.x: some 800
+#: modules, 2 s of compiling on every verification without their bytecode).
+WARM_IMPORTS = (
+    "import torch, torch.utils.cpp_extension, torch.optim; "
+    "torch.optim.SGD([torch.zeros(1, requires_grad=True)])"
+)
 
 
 def _warm_bytecode() -> None:
@@ -1150,11 +1157,46 @@ def cmd_smoke(args: argparse.Namespace) -> None:
             "    torch.ops.load_library(found[0])\n"
         )
     code += f"print('smoke: imported', {mods!r}, 'loaded', {libs!r})\n"
-    _run([py, "-c", code], env=env, cwd=args.venv)
+    # The import check and the project's test run side by side: both only read the venv, and
+    # each starts by importing torch (a second or more, on one core each). The check's output
+    # is shown after the test's, and a failed import is what the step fails with, whatever
+    # the test did: it is the cause to report.
+    check = _Background([py, "-c", code], env=env, cwd=args.venv)
     tested = None
-    if args.test_command:
-        tested = _project_test(args, py, env)
+    try:
+        if args.test_command:
+            tested = _project_test(args, py, env)
+    finally:
+        check.finish()
     _result(modules=mods, libraries=libs, test_seconds=tested)
+
+
+class _Background:
+    """A command started now whose output is kept until :meth:`finish`, which prints it and
+    fails the step (as :func:`_run` does) when the command failed."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        self.argv = argv
+        self.output = tempfile.TemporaryFile(mode="w+")
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            cwd=cwd,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+        )
+
+    def finish(self) -> None:
+        code = self.proc.wait()
+        took = time.monotonic() - self.start
+        self.output.seek(0)
+        print("+ " + " ".join(self.argv), flush=True)
+        sys.stdout.write(self.output.read())
+        self.output.close()
+        print(f"+ exit {code} after {took:.1f}s", flush=True)
+        if code != 0:
+            _fail(f"command failed with exit code {code}: {' '.join(self.argv)}")
 
 
 def _project_test(args: argparse.Namespace, py: str, environment: dict[str, str]) -> float:

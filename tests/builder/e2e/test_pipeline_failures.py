@@ -87,6 +87,30 @@ def test_failing_smoke_test_keeps_the_wheel_out_of_dist(tmp_path: Path) -> None:
     _no_leftovers(tmp_path, before)
 
 
+def test_a_module_that_does_not_import_fails_the_cell_though_its_test_passes(
+    tmp_path: Path,
+) -> None:
+    """The import check runs beside the project's test-command (both import torch first): a
+    test that passes without importing the broken module must not hide the failed import."""
+    before = seed_dist(tmp_path / "dist")
+    r = run_build(
+        tmp_path,
+        "--backend",
+        "host",
+        "--project",
+        str(broken_project(tmp_path / "src", "smoke")),
+        "--wheelhouse",
+        str(wheelhouse_cp311()),
+        "--test-command",
+        "python -c 'print(\"passing-test-sentinel\")'",
+    )
+    assert r.rc == 1, r.err
+    assert "undefined symbol: smoke_sentinel_undefined" in r.err, r.err
+    log = (tmp_path / "work" / "logs" / f"{CELL}.log").read_text()
+    assert "passing-test-sentinel" in log and "test-command exit 0" in log, log[-3000:]
+    _no_leftovers(tmp_path, before)
+
+
 def test_failing_test_command_fails_the_cell_with_its_output_tail(tmp_path: Path) -> None:
     before = seed_dist(tmp_path / "dist")
     project = write_tiny_extension(tmp_path / "src")
