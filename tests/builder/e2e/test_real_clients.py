@@ -252,7 +252,8 @@ TORCHSORT_CUDA_TEST = (
 def test_torchsort_cuda_extension_for_cuda_13_0(sdists: Path, tmp_path: Path) -> None:
     """Measured on this project's 2-CPU machine: the CUDA torch environment (torch 2.14.1 and
     its nvidia-* packages, 3.0 GB, from a local mirror) 42 s, the toolkit 4 s, the compile of
-    isotonic_cuda.cu for two capabilities several minutes: a slow test, outside CI's lane."""
+    isotonic_cuda.cu for two capabilities several minutes: a slow test, which CI runs in a
+    background lane of its own beside the main suite (.ci/run's CUDA lane)."""
     project = _unpack(sdists, TORCHSORT, tmp_path / "src")
     config = tmp_path / "cuda.yaml"
     config.write_text(CUDA_CONFIG)
