@@ -83,7 +83,62 @@ std::string device_name(const View& v) {
   return d.has_index() ? name + ":" + std::to_string(d.index()) : name;
 }
 
+// --- the GIL around an op ---------------------------------------------------------------------
+// torch calls an op from Python with the GIL released, and a tensor that has a Python object
+// takes the GIL whenever its C++ reference count drops from 2 to 1 (c10's PyObject
+// preservation: the object is released there). An op's arguments are one such reference per
+// tensor (the handles it is given), dropped when it returns: without the GIL, a GIL round
+// trip per tensor, most of the stable binding's per-tensor cost over pybind11's. So each op
+// holds the GIL from its start to after its arguments are gone, and lets it go only while its
+// parallel loops run (`parallel` below), which is where the time of a large call goes: other
+// Python threads wait no longer than they would for any short C call.
+thread_local bool t_op_holds_gil = false;
+
+class OpGil {
+ public:
+  OpGil() : held_(Py_IsInitialized() != 0 && !t_op_holds_gil) {
+    if (held_) {
+      state_ = PyGILState_Ensure();
+      t_op_holds_gil = true;
+    }
+  }
+  ~OpGil() {
+    if (held_) {
+      t_op_holds_gil = false;
+      PyGILState_Release(state_);
+    }
+  }
+  OpGil(const OpGil&) = delete;
+  OpGil& operator=(const OpGil&) = delete;
+
+ private:
+  bool held_;
+  PyGILState_STATE state_{};
+};
+
+// TORCH_BOX's boxed kernel under the op's GIL (its arguments are destroyed inside it).
+template <void (*Boxed)(StableIValue*, uint64_t, uint64_t)>
+void with_gil(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  OpGil gil;
+  Boxed(stack, num_args, num_outputs);
+}
+
+// The GIL let go for the length of a parallel loop, if the op holds it.
+class LoopWithoutGil {
+ public:
+  LoopWithoutGil() : saved_(t_op_holds_gil ? PyEval_SaveThread() : nullptr) {}
+  ~LoopWithoutGil() {
+    if (saved_ != nullptr) PyEval_RestoreThread(saved_);
+  }
+  LoopWithoutGil(const LoopWithoutGil&) = delete;
+  LoopWithoutGil& operator=(const LoopWithoutGil&) = delete;
+
+ private:
+  PyThreadState* saved_;
+};
+
 void parallel(int64_t n, void (*body)(int64_t, int64_t, void*), void* ctx) {
+  LoopWithoutGil no_gil;
   torch::stable::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { body(b, e, ctx); });
 }
 
@@ -156,7 +211,7 @@ STABLE_TORCH_LIBRARY(amp_C, m) {
 // CompositeExplicitAutograd: one kernel for every device key, so a meta or CUDA tensor in a
 // list reaches check_list and gets its clear error instead of "no kernel for Meta".
 STABLE_TORCH_LIBRARY_IMPL(amp_C, CompositeExplicitAutograd, m) {
-#define AMP_C_IMPL(name, schema, doc) m.impl(#name, TORCH_BOX(&Ops::name));
+#define AMP_C_IMPL(name, schema, doc) m.impl(#name, &with_gil<TORCH_BOX(&Ops::name)>);
   AMP_C_OPS(AMP_C_IMPL)
 #undef AMP_C_IMPL
 }
