@@ -75,8 +75,8 @@ def test_ops_from_many_threads_give_the_single_threaded_results() -> None:
 
 
 def test_the_main_thread_gets_the_same_result_after_other_threads_called_ops() -> None:
-    """After the threaded calls (and their errors), a call from the main thread still returns
-    the same result: no GIL state is left behind by an op."""
+    """A call from the main thread before and after another thread's op returns the same
+    result: an op leaves no GIL state behind in either thread."""
     xs = _inputs(LARGE, seed=7)
     first = _scaled(xs)
     t = threading.Thread(target=lambda: _scaled(_inputs(SMALL, seed=8)))
