@@ -363,9 +363,17 @@ def _build_cell(
             for line in traceback.format_exc().splitlines():
                 log.write_line(line)
             log.close()
-        if type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker"):
+        where = f" at {engine.base_url}" if engine is not None else ""
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if type(exc).__module__.split(".")[0] == "docker" and isinstance(status, int):
+            # The engine answered, with an error of its own (docker-py's APIError).
+            result.error = redactor(
+                f"the container engine{where} failed step '{step}' with HTTP {status} "
+                f"({exc}): an error of the engine's, not of the build's commands. "
+                f"Details in {log_path}"
+            )
+        elif type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker"):
             # The engine went away mid-build (daemon stopped or restarted).
-            where = f" at {engine.base_url}" if engine is not None else ""
             result.error = redactor(
                 f"the container engine{where} stopped answering during "
                 f"step '{step}' ({type(exc).__name__}: {exc}); is it "

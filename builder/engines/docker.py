@@ -19,8 +19,9 @@ cell through it):
   ``[engine]`` in ``/etc/containers/containers.conf``; the API cannot choose the OCI runtime.
 * Containers only start with explicit ``nofile``/``nproc`` ulimits of 1024: when the engine
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
-* A container's start sometimes fails under load with HTTP 500 "write child: broken pipe":
-  :meth:`DockerEngine.container` removes it and starts a new one (``_PODMAN_START_ATTEMPTS``).
+* A container's start, and an exec's, sometimes fail under load with HTTP 500 "write child:
+  broken pipe": :meth:`DockerEngine.container` removes the container and starts a new one, and
+  :meth:`DockerSession.run` starts a new exec (both ``_PODMAN_START_ATTEMPTS`` times in all).
 * The compat ``import`` drops its ``tag`` parameter and reads ``LABEL a=1 b=2`` as one label:
   :meth:`DockerEngine.import_rootfs` passes ``repo:tag`` and one ``LABEL`` per pair.
 * Images it builds or imports are named ``docker.io/<name>`` (loaded ones ``localhost/<name>``);
@@ -489,12 +490,10 @@ class DockerSession:
         tail_lines: int = TAIL_LINES,
     ) -> RunResult:
         api = self.engine.api
-        exec_id = api.exec_create(
-            self.id, list(argv), environment=dict(env or {}), workdir=cwd or self.workdir
-        )["Id"]
+        exec_id, stream = self._start_exec(argv, env, cwd or self.workdir)
         self.log.open()
         try:
-            tail = self.log.capture(iter_lines(api.exec_start(exec_id, stream=True)), tail_lines)
+            tail = self.log.capture(iter_lines(stream), tail_lines)
         finally:
             self.log.close()
         code = api.exec_inspect(exec_id).get("ExitCode")
@@ -507,6 +506,35 @@ class DockerSession:
         if check:
             check_result(result, step, f"container {self.id[:12]}", self.log.redactor)
         return result
+
+    def _start_exec(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str
+    ) -> tuple[str, Iterator[bytes]]:
+        """An exec of *argv* started; its id and its output stream. Podman 4.3 fails an exec's
+        start under load as it fails a container's (HTTP 500 "write child: broken pipe": conmon
+        gone before it was told to run the command, so the command never ran). On podman that
+        error is retried with a new exec, up to ``_PODMAN_START_ATTEMPTS`` times, each retry
+        noted in the log; docker-py raises it before any output, so none is lost. dockerd's
+        errors, and podman's others, are raised at once."""
+        docker = _docker_module()
+        api = self.engine.api
+        for attempt in range(1, _PODMAN_START_ATTEMPTS + 1):
+            exec_id = api.exec_create(self.id, list(argv), environment=dict(env or {}), workdir=cwd)
+            try:
+                return str(exec_id["Id"]), api.exec_start(exec_id["Id"], stream=True)
+            except docker.errors.APIError as exc:
+                if (
+                    not (self.engine.is_podman and _is_start_race(exc))
+                    or attempt == _PODMAN_START_ATTEMPTS
+                ):
+                    raise
+                self.log.note(
+                    f"podman: the command {argv[0]} did not start ({_first_line(exc)}); "
+                    f"podman's start race, starting it again "
+                    f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})"
+                )
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def copy_in(self, src: Path, dest_dir: str) -> str:
         if not src.exists():

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import docker.errors
 import pytest
@@ -142,12 +143,14 @@ def test_podman_builds_repairs_and_verifies_a_cell(tmp_path: Path) -> None:
 
 class _StartRaceAPI:
     """The engine-API seam: containers whose first *fail* starts fail as podman 4.3's do under
-    load (HTTP 500, "write child: broken pipe"); records what was made and removed."""
+    load (HTTP 500, "write child: broken pipe"), and execs of gcc whose first *exec_fail* starts
+    fail alike; records the containers made and removed and each exec's command."""
 
-    def __init__(self, fail: int, status: int = 500) -> None:
-        self.fail, self.status = fail, status
+    def __init__(self, fail: int, status: int = 500, exec_fail: int = 0) -> None:
+        self.fail, self.status, self.exec_fail = fail, status, exec_fail
         self.made: list[str] = []
         self.removed: list[str] = []
+        self.execs: list[str] = []  # argv[0] of each exec made, in order
 
     def create_host_config(self, **kwargs: object) -> dict[str, object]:
         return dict(kwargs)
@@ -158,25 +161,31 @@ class _StartRaceAPI:
 
     def start(self, cid: str) -> None:
         if len(self.made) <= self.fail:
-            response = SimpleNamespace(  # what docker-py's APIError reads of a response
-                status_code=self.status,
-                reason="Internal Server Error",
-                url=f"http+docker://localhost/v1.41/containers/{cid}/start",
-            )
-            raise docker.errors.APIError(  # podman 4.3's words, as docker-py shows them
-                "Internal Server Error",
-                response=response,
-                explanation="crun: write child: broken pipe: OCI runtime error",
-            )
+            raise self.broken_pipe(f"containers/{cid}/start")
+
+    def broken_pipe(self, path: str) -> docker.errors.APIError:
+        response = SimpleNamespace(  # what docker-py's APIError reads of a response
+            status_code=self.status,
+            reason="Internal Server Error",
+            url=f"http+docker://localhost/v1.41/{path}",
+        )
+        return docker.errors.APIError(  # podman 4.3's words, as docker-py shows them
+            "Internal Server Error",
+            response=response,
+            explanation="crun: write child: broken pipe: OCI runtime error",
+        )
 
     def remove_container(self, cid: str, **kwargs: object) -> None:
         self.removed.append(cid)
 
     def exec_create(self, cid: str, argv: list[str], **kwargs: object) -> dict[str, str]:
-        return {"Id": "e"}
+        self.execs.append(argv[0])
+        return {"Id": f"e{len(self.execs) - 1}"}
 
     def exec_start(self, exec_id: str, stream: bool) -> Iterator[bytes]:
-        return iter(())
+        if self.execs[-1] == "gcc" and self.execs.count("gcc") <= self.exec_fail:
+            raise self.broken_pipe(f"exec/{exec_id}/start")
+        return iter((f"{self.execs[-1]} ran\n".encode(),))
 
     def exec_inspect(self, exec_id: str) -> dict[str, int]:
         return {"ExitCode": 0}
@@ -194,8 +203,9 @@ def test_podmans_start_race_is_retried_with_a_new_container() -> None:
     with _engine(api).container("img", log=OutputLog(sink=lines.append)) as session:
         assert session.id == "c2"
     assert api.made == ["c0", "c1", "c2"] and api.removed == ["c0", "c1", "c2"]
-    assert [line.split(" (")[0] for line in lines] == ["podman: the container did not start"] * 2
-    assert lines[-1].endswith("podman's start race, starting a new one (2/2)"), lines
+    notes = [line for line in lines if line.startswith("podman:")]
+    assert [line.split(" (")[0] for line in notes] == ["podman: the container did not start"] * 2
+    assert notes[-1].endswith("podman's start race, starting a new one (2/2)"), lines
 
 
 def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
@@ -211,3 +221,78 @@ def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
         with pytest.raises(docker.errors.APIError), engine.container("i"):
             pass
         assert engine_api.made == ["c0"] and engine_api.removed == ["c0"]
+
+
+def test_an_exec_that_loses_the_start_race_runs_again_in_a_new_exec() -> None:
+    api, lines = _StartRaceAPI(fail=0, exec_fail=2), []
+    with _engine(api).container("img", log=OutputLog(sink=lines.append)) as session:
+        result = session.run(["gcc", "--version"])
+    assert api.execs == ["mkdir", "gcc", "gcc", "gcc"] and result.exit_code == 0
+    notes = [line for line in lines if line.startswith("podman:")]
+    assert [line.split(" (")[0] for line in notes] == ["podman: the command gcc did not start"] * 2
+    assert notes[-1].endswith("podman's start race, starting it again (2/2)"), lines
+    assert lines.count("gcc ran") == 1, lines  # the command's own output, once it started
+
+
+def test_an_exec_gives_up_after_three_and_docker_or_other_errors_never_retry() -> None:
+    api = _StartRaceAPI(fail=0, exec_fail=5)
+    with _engine(api).container("img") as session, pytest.raises(
+        docker.errors.APIError, match="broken pipe"
+    ):
+        session.run(["gcc"])
+    assert api.execs == ["mkdir", "gcc", "gcc", "gcc"]
+    for engine_api, podman in (
+        (_StartRaceAPI(fail=0, exec_fail=1), False),
+        (_StartRaceAPI(fail=0, exec_fail=1, status=409), True),
+    ):
+        with _engine(engine_api, podman=podman).container("i") as session, pytest.raises(
+            docker.errors.APIError
+        ):
+            session.run(["gcc"])
+        assert engine_api.execs == ["mkdir", "gcc"]
+
+
+def test_an_engine_error_mid_build_is_reported_as_the_engines_not_as_gone(tmp_path: Path) -> None:
+    """An error the engine answers with (HTTP 500 after the retries) is reported with its status
+    and words, not as "stopped answering": the engine is there, and restarting it is not the
+    fix. The backend is the seam: its build raises what the exec's start raised."""
+    from builder.backends import registry  # noqa: PLC0415
+    from builder.backends.base import CellJob, Host, PipelineOptions  # noqa: PLC0415
+    from builder.config import CliOverrides, load_settings  # noqa: PLC0415
+    from builder.pipeline import build_cell  # noqa: PLC0415
+    from builder.plan.resolve import resolve  # noqa: PLC0415
+
+    api = _StartRaceAPI(fail=0)
+    backends = dict(registry())
+    settings = load_settings(CliOverrides(), {})
+    (resolved, *_) = resolve(settings, Host(Redactor()), backends, out=tmp_path / "dist").cells
+
+    class EngineFails:
+        name = resolved.backend
+
+        def input_key(self, job: object) -> dict[str, object]:
+            return {}
+
+        def build(self, job: CellJob) -> NoReturn:
+            def torch_step() -> NoReturn:
+                raise api.broken_pipe("exec/e1/start")
+
+            job.steps("torch", torch_step)
+            raise AssertionError("the step raises")
+
+    backends[resolved.backend] = EngineFails()  # type: ignore[assignment]
+    opts = PipelineOptions(
+        project=write_tiny_extension(tmp_path / "tinyext"),
+        out=tmp_path / "dist",
+        work=tmp_path / "work",
+    )
+    engine = _engine(api)
+    result = build_cell(
+        resolved, None, settings.config, opts, backends, engine, Redactor(), lambda c, s: None, "r"
+    )
+    assert result.status == "failed" and result.error is not None
+    assert result.error.startswith(
+        "the container engine at unix:///fake.sock failed step 'torch' with HTTP 500 ("
+    ), result.error
+    assert "write child: broken pipe" in result.error and "stopped answering" not in result.error
+    assert "APIError" in (tmp_path / "work/logs" / f"{resolved.identifier}.log").read_text()
