@@ -112,9 +112,11 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
     is unchanged (clip_grad_norm_ on the grads between backward and step bumps the versions).
     None, and nothing is reused, where the grads' device's in-place foreach ops leave the
     versions alone (torch 2.1 on an accelerator: clip_grad_norm_ would go unseen)."""
-    if not all(compat.foreach_bumps_versions(t) for t in {g.device.type for g in grads}):
+    # is_cpu first: a set of every grad's device type costs more than the signature itself.
+    types = {"cpu"} if all(g.is_cpu for g in grads) else {g.device.type for g in grads}
+    if not all(compat.foreach_bumps_versions(t) for t in types):
         return None
-    return tuple((id(g), g._version) for g in grads)
+    return tuple([(id(g), g._version) for g in grads])
 
 
 def grad_norm(
