@@ -154,6 +154,10 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     parameter is its own master, into a fresh fp32 master gradient under O2). The optimizer is
     handed that norm, so clipping inside its step needs no second read, and its update then
     reads the unscaled gradients with scale 1."""
+    pairs = list(pairs)
+    one = _one_call(pairs, inv_scale)
+    if one is not None:
+        return one
     moves: list[tuple[Tensor, Tensor]] = []  # (scaled grad, where it goes unscaled)
     for model_param, master in pairs:
         if model_param.grad is None:
@@ -181,6 +185,36 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
         written.extend(outs)
     total, flag = combine_norms(norms, flags)
     return Unscaled(flag, total, written)
+
+
+def _one_call(pairs: list[tuple[Tensor, Tensor]], inv_scale: float) -> Optional[Unscaled]:
+    """The common case of ``unscale_one_pass`` in one kernel call, with no per-tensor Python
+    but reading the gradients (and, under O2, allocating the master gradients): every pair has
+    a gradient, and the CPU kernels take them all at once. The kernel checks each tensor (one
+    dtype per list, contiguous, dense, on the CPU) before it writes anything, so a refusal
+    leaves every gradient as it was and the general path takes over -- it splits the lists,
+    makes gradients contiguous, or raises amp's own message. None in that case."""
+    grads = [m.grad for m, _ in pairs]
+    if not grads or any(g is None for g in grads) or not mt.uses_kernels(grads):
+        return None
+    if all(m is p for m, p in pairs):
+        outs = grads
+    elif any(m is p for m, p in pairs):
+        return None
+    else:
+        # The masters' own format, which costs a fifth less to ask for than a named one: a
+        # non-contiguous master (channels_last) gets a gradient the kernel refuses, and the
+        # general path allocates a contiguous one.
+        outs = [torch.empty_like(p) for _, p in pairs]
+    try:
+        norm, nonfinite = mt.scale_l2norm(grads, outs, inv_scale)
+    except (ValueError, TypeError):
+        return None
+    if outs is not grads:
+        for (_, master), out in zip(pairs, outs):
+            master.grad = out
+    total, flag = combine_norms([norm], [nonfinite])
+    return Unscaled(flag, total, outs)
 
 
 def combine_norms(

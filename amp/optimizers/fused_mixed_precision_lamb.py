@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .fused_lamb import FusedLAMB
-from .tensor_lists import Bucket, closure_loss, make_buckets
+from .tensor_lists import Bucket, closure_loss, grad_norm, grads_of, grads_signature, make_buckets
 
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
 
@@ -116,15 +116,34 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         if grad_scaler is None:
             return super().step(closure)
         loss = closure_loss(closure)
-        # GradScaler's own check records found_inf for its update(); scale is its current one.
-        found_inf = sum(float(v.item()) for v in grad_scaler._check_inf_per_device(self).values())
+        state = grad_scaler._per_optimizer_states[id(self)]
+        sources = [list(g["params"]) for g in self.param_groups]
+        if state["stage"].name == "UNSCALED":  # the user called scaler.unscale_(opt) first
+            inv_scale = 1.0
+            flags = list(state["found_inf_per_device"].values())
+            found_inf = sum(float(v.item()) for v in flags) > 0
+        else:
+            inv_scale = float(grad_scaler._get_scale_async().double().reciprocal().float().item())
+            # One read checks the scaled gradients and measures their norm for clipping
+            # (GradScaler's own check would read them once more); the verdict is recorded
+            # where the scaler's update() looks for it.
+            grads = grads_of(sources)
+            norm, bad = grad_norm(sources, inv_scale)
+            flag = (
+                bad.reshape(1).float()
+                if isinstance(bad, Tensor)
+                else torch.tensor([1.0 if bad else 0.0], device=grads[0].device if grads else None)
+            )
+            state["found_inf_per_device"] = {flag.device: flag}
+            found_inf = bool(flag.item() > 0)
+            self._amp_cached_norm = (inv_scale, grads_signature(grads), norm)
         if found_inf:
+            self._amp_cached_norm = None
             return loss
-        inv_scale = float(grad_scaler._get_scale_async().double().reciprocal().float().item())
-        self._amp_cached_norm = None
-        self._update(
-            [list(g["params"]) for g in self.param_groups], inv_scale, grads_on_params=True
-        )
+        try:
+            self._update(sources, inv_scale, grads_on_params=True)
+        finally:
+            self._amp_cached_norm = None
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -118,6 +118,23 @@ def _run_all(d: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
         grad_scale=0.5,
     )
     out += c["p"] + c["m"] + c["v"] + c["h"]
+    for adam_w_mode in (True, False):  # LAMB's per-tensor norms: the sums' order is fixed
+        ratios = mt.lamb(
+            c["g"],
+            c["p"],
+            c["m"],
+            c["v"],
+            c["h"],
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-6,
+            step=2,
+            weight_decay=0.01,
+            adam_w_mode=adam_w_mode,
+            grad_scale=0.5,
+        )
+        out += c["p"] + c["m"] + c["v"] + c["h"] + [ratios]
     mt.sgd(c["g"], c["p"], c["m"], c["h"], lr=0.1, momentum=0.9, weight_decay=1e-4, grad_scale=0.5)
     out += c["p"] + c["m"] + c["h"]
     mt.adagrad(

@@ -273,6 +273,30 @@ def test_mixed_precision_lamb_with_grad_scaler_skips_overflow_and_unscales():
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)  # one bf16 rounding apart
 
 
+@pytest.mark.parametrize("clip", [1.0, 0.0], ids=["clipping", "no clipping"])
+def test_mixed_precision_lamb_after_scaler_unscale_is_unscaled_once(clip):
+    """scaler.unscale_(opt) before scaler.step(opt) (to clip or log true gradients): the step
+    takes the gradients as unscaled, as torch's own optimizers do, and steps as without it."""
+    results = []
+    for unscale_first in (False, True):
+        model = _clone(_params(), torch.bfloat16)
+        opt = FusedMixedPrecisionLamb(
+            model, lr=1e-2, max_grad_norm=clip, reduced_precision_dtype=torch.bfloat16
+        )
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(()))
+        _set(model, [g * 1024.0 for g in _grads(0, model)])
+        if unscale_first:
+            scaler.unscale_(opt)
+        with pytest.warns(FutureWarning):
+            scaler.step(opt)
+        scaler.update()
+        assert scaler.get_scale() == 1024.0
+        results.append([p.detach().clone() for p in model])
+    plain, unscaled = results
+    assert all(torch.equal(a, b) for a, b in zip(plain, unscaled))
+
+
 def test_new_optimizers_validate_arguments():
     p = [torch.zeros(2, requires_grad=True)]
     with pytest.raises(ValueError, match="FusedAdagrad: invalid lr -1"):

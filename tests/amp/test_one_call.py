@@ -1,0 +1,181 @@
+"""The one-call fast paths (amp/masters/unscale.py ``unscale_one_pass``, amp/optimizers/
+tensor_lists.py ``make_buckets``) take a whole list at once only where one kernel call gives
+what the per-tensor path gives; every irregular list below must come out as that path leaves
+it (values, which tensor holds them, the split into kernel calls, the error)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amp.masters.unscale import SPARSE_GRADIENTS, unscale_one_pass
+from amp.optimizers.tensor_lists import make_buckets
+
+INV = 1.0 / 64
+
+
+def _params(shapes, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+def _give_grads(params):
+    gen = torch.Generator().manual_seed(1)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen) * 100).to(p.dtype)
+    return [p.grad.clone() for p in params]
+
+
+def _expected_norm(grads):
+    return torch.cat([g.double().flatten() * INV for g in grads]).norm().item()
+
+
+def test_regular_lists_are_one_call_in_place() -> None:
+    params = _params([(5,), (3, 2), (7,)])
+    before = _give_grads(params)
+    ptrs = [p.grad.data_ptr() for p in params]
+    out = unscale_one_pass([(p, p) for p in params], INV)
+    assert [p.grad.data_ptr() for p in params] == ptrs  # in place
+    assert all(torch.equal(p.grad, g * INV) for p, g in zip(params, before))
+    assert out.norm == pytest.approx(_expected_norm(before), rel=1e-6)
+    assert out.nonfinite is False and [g.data_ptr() for g in out.grads] == ptrs
+
+
+def test_o2_lists_are_one_call_into_fresh_fp32_master_gradients() -> None:
+    model = _params([(5,), (3, 2)], torch.bfloat16)
+    masters = [p.detach().float() for p in model]
+    before = _give_grads(model)
+    out = unscale_one_pass(list(zip(model, masters)), INV)
+    for m, p, g in zip(masters, model, before):
+        assert m.grad.dtype == torch.float32 and m.grad.is_contiguous()
+        assert torch.equal(m.grad, g.float() * INV) and torch.equal(p.grad, g)  # model's kept
+    assert [g is m.grad for g, m in zip(out.grads, masters)] == [True, True]
+
+
+def test_a_missing_gradient_is_skipped() -> None:
+    params = _params([(5,), (4,), (6,)])
+    before = _give_grads(params)
+    params[1].grad = None
+    out = unscale_one_pass([(p, p) for p in params], INV)
+    assert params[1].grad is None and len(out.grads) == 2
+    assert out.norm == pytest.approx(_expected_norm([before[0], before[2]]), rel=1e-6)
+
+
+def test_mixed_gradient_dtypes_into_fp32_masters() -> None:
+    model = _params([(5,), (4,)], torch.bfloat16) + _params([(3,)])
+    masters = [p.detach().float() for p in model]
+    before = _give_grads(model)
+    out = unscale_one_pass(list(zip(model, masters)), INV)
+    for m, g in zip(masters, before):
+        assert m.grad.dtype == torch.float32 and torch.equal(m.grad, g.float() * INV)
+    assert out.norm == pytest.approx(_expected_norm(before), rel=1e-6)
+
+
+def test_a_non_contiguous_gradient_is_made_contiguous() -> None:
+    params = _params([(3, 4), (5,)])
+    before = _give_grads(params)
+    params[0].grad = params[0].grad.t().contiguous().t()  # same values, transposed strides
+    assert not params[0].grad.is_contiguous()
+    unscale_one_pass([(p, p) for p in params], INV)
+    assert params[0].grad.is_contiguous()
+    assert all(torch.equal(p.grad, g * INV) for p, g in zip(params, before))
+
+
+def test_a_channels_last_master_gets_a_contiguous_gradient() -> None:
+    model = _params([(2, 3, 4, 4), (5,)], torch.bfloat16)
+    masters = [model[0].detach().float().to(memory_format=torch.channels_last)]
+    masters.append(model[1].detach().float())
+    assert not masters[0].is_contiguous()
+    before = _give_grads(model)
+    unscale_one_pass(list(zip(model, masters)), INV)
+    assert all(m.grad.is_contiguous() for m in masters)
+    assert all(torch.equal(m.grad, g.float() * INV) for m, g in zip(masters, before))
+
+
+def test_some_params_their_own_masters() -> None:
+    model = [_params([(5,)], torch.bfloat16)[0], _params([(4,)])[0]]
+    masters = [model[0].detach().float(), model[1]]
+    before = _give_grads(model)
+    unscale_one_pass(list(zip(model, masters)), INV)
+    assert masters[1].grad is model[1].grad  # in place for its own master
+    assert all(torch.equal(m.grad, g.float() * INV) for m, g in zip(masters, before))
+
+
+def test_a_sparse_gradient_is_refused_with_amps_message() -> None:
+    params = _params([(4,), (3,)])
+    _give_grads(params)
+    params[1].grad = torch.zeros(3).to_sparse()
+    dense_before = params[0].grad.clone()
+    with pytest.raises(RuntimeError, match=SPARSE_GRADIENTS):
+        unscale_one_pass([(p, p) for p in params], INV)
+    assert torch.equal(params[0].grad, dense_before)  # nothing half-written by a refused call
+
+
+def test_an_overflow_is_found_in_one_call() -> None:
+    params = _params([(5,), (4,)])
+    _give_grads(params)
+    params[1].grad[2] = float("inf")
+    assert unscale_one_pass([(p, p) for p in params], INV).nonfinite is True
+
+
+# --- make_buckets ---------------------------------------------------------------------------
+
+
+def _split(buckets):
+    return [[id(p) for p in b.params] for b in buckets]
+
+
+def test_a_regular_group_is_one_bucket_in_order() -> None:
+    params = _params([(5,), (3, 2), (7,)])
+    _give_grads(params)
+    (b,) = make_buckets(params, params, grads_on_params=True)
+    assert _split([b]) == [[id(p) for p in params]] and b.model_params is None
+    assert [g is p.grad for g, p in zip(b.grads, params)] == [True] * 3
+
+
+def test_half_model_copies_ride_along() -> None:
+    model = _params([(5,), (4,)], torch.bfloat16)
+    masters = [p.detach().float() for p in model]
+    _give_grads(model)
+    (b,) = make_buckets(masters, model)
+    assert b.model_params == model and b.grads == [p.grad for p in model]
+
+
+@pytest.mark.parametrize("irregular", ["none grad", "grad dtypes", "param dtypes", "key", "own"])
+def test_irregular_groups_are_split_as_per_tensor(irregular: str) -> None:
+    params = _params([(5,), (4,), (6,)])
+    models = list(params)
+    _give_grads(params)
+    key, sources = None, None
+    if irregular == "none grad":
+        params[1].grad = None
+        expected = [[id(params[0]), id(params[2])]]
+    elif irregular == "grad dtypes":
+        half = params[1].detach().bfloat16().requires_grad_()
+        half.grad = torch.ones(4, dtype=torch.bfloat16)
+        sources = [params[0], half, params[2]]  # the grads of half params (master_weights)
+        expected = [[id(params[0]), id(params[2])], [id(params[1])]]
+    elif irregular == "param dtypes":
+        params[2] = params[2].detach().half().requires_grad_()
+        params[2].grad = torch.ones(6, dtype=torch.half)
+        models = list(params)
+        expected = [[id(params[0]), id(params[1])], [id(params[2])]]
+    elif irregular == "key":
+        key = lambda p: p is params[0]  # noqa: E731
+        expected = [[id(params[0])], [id(params[1]), id(params[2])]]
+    else:  # one half copy among params that are their own
+        models[1] = params[1].detach().bfloat16()
+        models[1].grad = torch.ones(4, dtype=torch.bfloat16)
+        expected = [[id(params[0]), id(params[2])], [id(params[1])]]
+    buckets = make_buckets(
+        params, models, key, grads_on_params=irregular != "own", grad_sources=sources
+    )
+    assert _split(buckets) == expected
+
+
+def test_a_shape_mismatch_is_named() -> None:
+    masters = _params([(6,), (4,)])
+    model = [masters[0].detach().reshape(2, 3).bfloat16(), masters[1].detach().bfloat16()]
+    _give_grads(model)
+    with pytest.raises(ValueError, match=r"differ in shape \(\(2, 3\) vs \(6,\)\)"):
+        make_buckets(masters, model)
