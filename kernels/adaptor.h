@@ -47,6 +47,8 @@ struct Ops {
 
   static int64_t _parallel_threads_seen() { return amp_ops::parallel_threads_seen(); }
 
+  static int64_t _cache_bytes() { return amp_driver::last_level_cache_bytes(); }
+
   static bool scale(List in, List out, double s) {
     return B::call([&] { return amp_ops::scale(views(in), views(out), s); });
   }

@@ -432,6 +432,15 @@ static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, co
   *param_sumsq = psum;
 }
 
+// One block of stage 2, the decay mode a template argument as in stage 1: a run-time choice
+// between the two updates inside the loop had the vectorized loop compute both.
+template <bool kDecoupled>
+static inline void lamb_stage2_block(float* P, const float* M, const float* V, int k,
+                                     const LambArgs& a, float ratio) {
+#pragma omp simd
+  for (int i = 0; i < k; ++i) P[i] = P[i] - ratio * lamb_update<kDecoupled>(M[i], V[i], P[i], a);
+}
+
 static void k_lamb_stage2(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
                           const LambArgs& a, float ratio) {
   alignas(64) float tp[kBlock], tm[kBlock], tv[kBlock];
@@ -441,12 +450,8 @@ static void k_lamb_stage2(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
     float* P = acquire(p, off + s, k, tp);
     const float* M = acquire(m, off + s, k, tm);
     const float* V = acquire(v, off + s, k, tv);
-#pragma omp simd
-    for (int i = 0; i < k; ++i) {
-      const float u = w ? lamb_update<true>(M[i], V[i], P[i], a)
-                        : lamb_update<false>(M[i], V[i], P[i], a);
-      P[i] = P[i] - ratio * u;
-    }
+    if (w) lamb_stage2_block<true>(P, M, V, k, a, ratio);
+    else lamb_stage2_block<false>(P, M, V, k, a, ratio);
     release(p, off + s, k, P);
     if (half.ptr) release(half, off + s, k, P);
   }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -300,8 +301,34 @@ inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) 
 // arrays the step streams (`bytes`) exceed the last-level cache, the copy would be evicted
 // before anything reads it again, so loading its lines first (write-allocate) is wasted.
 // Below that, ordinary stores keep the copy in cache for the forward pass that follows.
+// The last-level cache of the CPU, as the kernel describes it in sysfs (what lscpu prints):
+// the size of cpu0's highest-level data or unified cache; 0 where sysfs has none. glibc's
+// sysconf reads CPUID itself and can be far off in a virtual machine (an AMD EPYC VM with a
+// 32 MiB L3 answered 320 MiB, so steps of up to 320 MB were not streamed), so it is only
+// the fallback.
+inline int64_t sysfs_cache_bytes() {
+  int best_level = 0;
+  int64_t best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_f(dir + "level"), type_f(dir + "type"), size_f(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_f >> level) || !(type_f >> type) || !(size_f >> size)) break;
+    if (type == "Instruction" || level < best_level) continue;
+    char* end = nullptr;
+    const long long n = std::strtoll(size.c_str(), &end, 10);
+    const int64_t unit = *end == 'K' ? 1024 : *end == 'M' ? 1 << 20 : *end == 'G' ? 1 << 30 : 1;
+    if (n <= 0) continue;
+    best_level = level;
+    best = static_cast<int64_t>(n) * unit;
+  }
+  return best;
+}
+
 inline int64_t last_level_cache_bytes() {
   static const int64_t llc = [] {
+    if (const int64_t from_sysfs = sysfs_cache_bytes(); from_sysfs > 0) return from_sysfs;
     long v = -1;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     v = sysconf(_SC_LEVEL3_CACHE_SIZE);

@@ -19,6 +19,8 @@
   X(supported_isas, "supported_isas() -> str", "The kernel builds this CPU can run, best last") \
   X(_parallel_threads_seen, "_parallel_threads_seen() -> int",                                 \
     "threads torch's parallel_for used (a build check: the loop must be parallel)")            \
+  X(_cache_bytes, "_cache_bytes() -> int",                                                     \
+    "the last-level cache the kernels size their stores by (sysfs, else sysconf), in bytes")   \
   X(scale, "scale(Tensor[] inputs, Tensor[] outputs, float scale) -> bool",                    \
     "outputs[i] = inputs[i] * scale; returns True if any result is non-finite")                \
   X(axpby,                                                                                     \

@@ -76,6 +76,7 @@ def test_the_table_holds_every_function_of_the_module_once() -> None:
         "set_isa",
         "supported_isas",
         "_parallel_threads_seen",
+        "_cache_bytes",
         "scale",
         "axpby",
         "l2norm",

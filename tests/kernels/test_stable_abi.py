@@ -38,6 +38,7 @@ FUNCTIONS = {
     "set_isa",
     "supported_isas",
     "_parallel_threads_seen",
+    "_cache_bytes",
     "scale",
     "axpby",
     "l2norm",
