@@ -80,12 +80,16 @@ struct OpsTable {
   void (*adam)(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
                const AdamArgs& a);
   void (*sgd)(Ref g, Ref p, Ref buf, Ref half, int64_t off, int64_t n, const SgdArgs& a);
-  // Updates the moments; returns sum of squares of the update and of the param.
+  // Updates the moments; returns sum of squares of the update and of the param; keeps each
+  // element's update in `keep[0, n)` when given (for lamb_apply).
   void (*lamb_stage1)(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n,
-                      const LambArgs& a, double* update_sumsq, double* param_sumsq);
+                      const LambArgs& a, double* update_sumsq, double* param_sumsq,
+                      float* keep);
   // Recomputes the update from the new moments and applies p -= ratio * update.
   void (*lamb_stage2)(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
                       const LambArgs& a, float ratio);
+  // p -= ratio * update, from the updates stage 1 kept (`u[0, n)`): the same bits.
+  void (*lamb_apply)(Ref p, const float* u, Ref half, int64_t off, int64_t n, float ratio);
   // out = in * s; returns the sum of squares of out and whether it is finite.
   NormPart (*scale_sumsq)(Ref in, Ref out, int64_t off, int64_t n, float s);
   // max |x * s| (NaN if any value is non-finite).

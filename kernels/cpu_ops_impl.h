@@ -409,9 +409,11 @@ static inline void lamb_stage1_block(const float* G, const float* P, float* M, f
   }
 }
 
+// `keep` (nullable): where each element's update goes for lamb_apply (elements 0..n-1 of this
+// range), instead of a block's scratch.
 static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, const LambArgs& a,
-                          double* update_sumsq, double* param_sumsq) {
-  alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock], tu[kBlock];
+                          double* update_sumsq, double* param_sumsq, float* keep) {
+  alignas(64) float tg[kBlock], tp[kBlock], tm[kBlock], tv[kBlock], tb[kBlock];
   const bool w = a.adam_w_mode != 0;
   double usum = 0.0, psum = 0.0;
   bool finite = true;  // not asked for here: the trust ratio reads the sums as they are
@@ -421,9 +423,10 @@ static void k_lamb_stage1(Ref g, Ref p, Ref m, Ref v, int64_t off, int64_t n, co
     const float* P = acquire(p, off + s, k, tp);
     float* M = acquire(m, off + s, k, tm);
     float* V = acquire(v, off + s, k, tv);
-    if (w) lamb_stage1_block<true>(G, P, M, V, tu, k, a);
-    else lamb_stage1_block<false>(G, P, M, V, tu, k, a);
-    usum += block_sumsq(tu, k, 1.f, &finite);
+    float* U = keep ? keep + s : tb;
+    if (w) lamb_stage1_block<true>(G, P, M, V, U, k, a);
+    else lamb_stage1_block<false>(G, P, M, V, U, k, a);
+    usum += block_sumsq(U, k, 1.f, &finite);
     psum += block_sumsq(P, k, 1.f, &finite);
     release(m, off + s, k, M);
     release(v, off + s, k, V);
@@ -452,6 +455,22 @@ static void k_lamb_stage2(Ref p, Ref m, Ref v, Ref half, int64_t off, int64_t n,
     const float* V = acquire(v, off + s, k, tv);
     if (w) lamb_stage2_block<true>(P, M, V, k, a, ratio);
     else lamb_stage2_block<false>(P, M, V, k, a, ratio);
+    release(p, off + s, k, P);
+    if (half.ptr) release(half, off + s, k, P);
+  }
+}
+
+// Stage 2 from the updates stage 1 kept (`u`: elements 0..n-1 of this range): the same
+// values as recomputing them from the moments (the same float inputs, the same operations),
+// without three divisions and a square root per element.
+static void k_lamb_apply(Ref p, const float* u, Ref half, int64_t off, int64_t n, float ratio) {
+  alignas(64) float tp[kBlock];
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int k = static_cast<int>(std::min<int64_t>(kBlock, n - s));
+    float* P = acquire(p, off + s, k, tp);
+    const float* U = u + s;
+#pragma omp simd
+    for (int i = 0; i < k; ++i) P[i] = P[i] - ratio * U[i];
     release(p, off + s, k, P);
     if (half.ptr) release(half, off + s, k, P);
   }
@@ -649,5 +668,5 @@ static void k_probe_update(Ref g, Ref p, Ref m, Ref v, Ref half, int64_t off, in
 
 static const OpsTable kTable = {
     AMP_ISA_NAME, k_scale, k_axpby, k_sumsq, k_adam, k_sgd, k_lamb_stage1, k_lamb_stage2,
-    k_scale_sumsq, k_absmax, k_adagrad, k_novograd, k_probe_read, k_probe_update,
+    k_lamb_apply, k_scale_sumsq, k_absmax, k_adagrad, k_novograd, k_probe_read, k_probe_update,
 };

@@ -263,9 +263,9 @@ inline void parallel_for(int64_t n, const F& f) {
 
 inline int64_t num_threads() { return binding().num_threads(); }
 
-// The multi-tensor driver: f(chunk_index, chunk) for every chunk, in parallel
-// when there is enough work. Results that need reducing go into per-chunk
-// slots and are summed in chunk order, so they do not depend on thread count.
+// The multi-tensor driver: f(chunk_index, chunk) for every chunk of cs[lo, hi) (`total`: their
+// elements), in parallel when there is enough work. Results that need reducing go into
+// per-chunk slots and are summed in chunk order, so they do not depend on thread count.
 //
 // One parallel region per call, and each thread gets ONE contiguous run of chunks holding
 // about total / threads elements. (at::parallel_for over the chunk indices splits by chunk
@@ -274,19 +274,20 @@ inline int64_t num_threads() { return binding().num_threads(); }
 // of the reductions, which keeps it out of the results' rounding being any different from
 // before: chunks are still kChunk elements of one tensor.
 template <class F>
-inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) {
-  if (total < kSerialBelow || cs.size() < 2) {
-    for (size_t i = 0; i < cs.size(); ++i) f(i, cs[i]);
+inline void run_chunk_range(const std::vector<Chunk>& cs, size_t lo, size_t hi, int64_t total,
+                            const F& f) {
+  if (total < kSerialBelow || hi - lo < 2) {
+    for (size_t i = lo; i < hi; ++i) f(i, cs[i]);
     store_fence();
     return;
   }
-  const int64_t nt = std::min<int64_t>(num_threads(), static_cast<int64_t>(cs.size()));
+  const int64_t nt = std::min<int64_t>(num_threads(), static_cast<int64_t>(hi - lo));
   // first[t]: the first chunk of thread t (the first one that starts at or after t's share).
-  std::vector<size_t> first(nt + 1, cs.size());
-  first[0] = 0;
+  std::vector<size_t> first(nt + 1, hi);
+  first[0] = lo;
   int64_t seen = 0;
   int64_t t = 1;
-  for (size_t i = 0; i < cs.size() && t < nt; ++i) {
+  for (size_t i = lo; i < hi && t < nt; ++i) {
     while (t < nt && seen >= total * t / nt) first[t++] = i;
     seen += cs[i].n;
   }
@@ -297,10 +298,11 @@ inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) 
   });
 }
 
-// Whether a step's half model copy should be written with non-temporal stores: when the
-// arrays the step streams (`bytes`) exceed the last-level cache, the copy would be evicted
-// before anything reads it again, so loading its lines first (write-allocate) is wasted.
-// Below that, ordinary stores keep the copy in cache for the forward pass that follows.
+template <class F>
+inline void run_chunks(const std::vector<Chunk>& cs, int64_t total, const F& f) {
+  run_chunk_range(cs, 0, cs.size(), total, f);
+}
+
 // The last-level cache of the CPU, as the kernel describes it in sysfs (what lscpu prints):
 // the size of cpu0's highest-level data or unified cache; 0 where sysfs has none. glibc's
 // sysconf reads CPUID itself and can be far off in a virtual machine (an AMD EPYC VM with a
@@ -339,6 +341,53 @@ inline int64_t last_level_cache_bytes() {
   return llc;
 }
 
+// The budget of cache_groups in bytes: half the last-level cache. AMP_CACHE_BLOCK (tests,
+// benchmarks) sets it in bytes; 0 turns the grouping off (cache_groups then gives one group
+// that does not fit, whatever its size).
+inline int64_t cache_block_bytes() {
+  if (const char* e = std::getenv("AMP_CACHE_BLOCK")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (end != e && *end == '\0' && v >= 0) return static_cast<int64_t>(v);
+  }
+  return last_level_cache_bytes() / 2;
+}
+
+// Consecutive whole tensors in groups whose bytes (`bytes_per_element` of everything two
+// passes over them touch) fit the cache budget: f(first_chunk, end_chunk, elements, fits) per
+// group, in order. A tensor over the budget is a group of its own that does not fit. For ops
+// with a per-tensor result between two passes (LAMB's trust ratio): a group's second pass
+// finds in the cache what its first pass just touched.
+template <class F>
+inline void cache_groups(const std::vector<Chunk>& cs, int64_t bytes_per_element, const F& f) {
+  const int64_t budget = cache_block_bytes();
+  if (budget == 0) {
+    int64_t total = 0;
+    for (const Chunk& c : cs) total += c.n;
+    if (!cs.empty()) f(size_t{0}, cs.size(), total, false);
+    return;
+  }
+  size_t lo = 0;
+  while (lo < cs.size()) {
+    size_t hi = lo;
+    int64_t elems = 0;
+    while (hi < cs.size()) {  // add the next whole tensor while the group stays in budget
+      size_t end = hi;
+      int64_t n = 0;
+      while (end < cs.size() && cs[end].tensor == cs[hi].tensor) n += cs[end++].n;
+      if (hi > lo && (elems + n) * bytes_per_element > budget) break;
+      elems += n;
+      hi = end;
+    }
+    f(lo, hi, elems, elems * bytes_per_element <= budget);
+    lo = hi;
+  }
+}
+
+// Whether a step's half model copy should be written with non-temporal stores: when the
+// arrays the step streams (`bytes`) exceed the last-level cache, the copy would be evicted
+// before anything reads it again, so loading its lines first (write-allocate) is wasted.
+// Below that, ordinary stores keep the copy in cache for the forward pass that follows.
 inline bool stream_half(int64_t bytes) {
   if (const char* e = std::getenv("AMP_STREAM_HALF")) {  // benchmarks: force 0 or 1
     if (*e == '0') return false;

@@ -162,30 +162,61 @@ std::vector<float> lamb(const ViewList& grads, const ViewList& params, const Vie
   int64_t total;
   const auto cs = make_chunks(cg.numels, &total);
   std::vector<double> usq(cs.size()), psq(cs.size());
-  run_chunks(cs, total, [&](size_t k, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->lamb_stage1(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), c.off, c.n, a, &usq[k],
-                       &psq[k]);
-  });
   const size_t nt = cg.numels.size();
   std::vector<double> un(nt, 0.0), pn(nt, 0.0);
-  for (size_t k = 0; k < cs.size(); ++k) {
-    un[cs[k].tensor] += usq[k];
-    pn[cs[k].tensor] += psq[k];
-  }
   std::vector<float> ratios(nt);
   float* r = ratios.data();
-  for (size_t t = 0; t < nt; ++t) {
-    const double u = std::sqrt(un[t]), p = std::sqrt(pn[t]);
-    const bool trust = use_nvlamb || weight_decay != 0.0;
-    r[t] = static_cast<float>(trust && u != 0.0 && p != 0.0 ? lr * (p / u) : lr);
-  }
+  const bool trust = use_nvlamb || weight_decay != 0.0;
+  auto ratios_of = [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      const double u = std::sqrt(un[t]), p = std::sqrt(pn[t]);
+      r[t] = static_cast<float>(trust && u != 0.0 && p != 0.0 ? lr * (p / u) : lr);
+    }
+  };
   const bool stream = stream_half(step_bytes(total, {&cp, &cm, &cv}, {&cp, &ch}));
-  run_chunks(cs, total, [&](size_t, const Chunk& c) {
-    const size_t t = c.tensor;
-    g_ops->lamb_stage2(cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off, c.n, a,
-                       r[t]);
+  // Stage 1 (the moments, and the squares of each tensor's update and param), the trust
+  // ratios, stage 2 (the update scaled by its tensor's ratio), per group of whole tensors
+  // that fits the cache (cache_groups): there stage 1 keeps each element's update in `kept`,
+  // and stage 2 applies it from the cache instead of recomputing it from the moments (the
+  // same values; LAMB's divisions and square root were half its time). A tensor larger than
+  // the cache is its own group and recomputes, reading the moments again.
+  const int64_t per_element = step_bytes(1, {&cg, &cp, &cm, &cv, &ch}, {}) + 4;
+  thread_local std::vector<float> kept;  // a calling thread's updates, reused across steps
+  size_t done = 0;  // tensors whose ratio is known
+  cache_groups(cs, per_element, [&](size_t lo, size_t hi, int64_t elems, bool fits) {
+    std::vector<int64_t> at;  // each chunk's place in `kept`
+    if (fits) {
+      if (kept.size() < static_cast<size_t>(elems)) kept.resize(elems);
+      at.resize(hi - lo);
+      int64_t pos = 0;
+      for (size_t k = lo; k < hi; ++k) {
+        at[k - lo] = pos;
+        pos += cs[k].n;
+      }
+    }
+    float* u = fits ? kept.data() : nullptr;
+    run_chunk_range(cs, lo, hi, elems, [&](size_t k, const Chunk& c) {
+      const size_t t = c.tensor;
+      g_ops->lamb_stage1(cg.ref(t), cp.ref(t), cm.ref(t), cv.ref(t), c.off, c.n, a, &usq[k],
+                         &psq[k], u ? u + at[k - lo] : nullptr);
+    });
+    for (size_t k = lo; k < hi; ++k) {  // each tensor's sums in chunk order
+      un[cs[k].tensor] += usq[k];
+      pn[cs[k].tensor] += psq[k];
+    }
+    const size_t end = static_cast<size_t>(cs[hi - 1].tensor) + 1;
+    ratios_of(done, end);  // empty tensors before the group's end included
+    done = end;
+    run_chunk_range(cs, lo, hi, elems, [&](size_t k, const Chunk& c) {
+      const size_t t = c.tensor;
+      if (u)
+        g_ops->lamb_apply(cp.ref(t), u + at[k - lo], half_ref(ch, t, stream), c.off, c.n, r[t]);
+      else
+        g_ops->lamb_stage2(cp.ref(t), cm.ref(t), cv.ref(t), half_ref(ch, t, stream), c.off,
+                           c.n, a, r[t]);
+    });
   });
+  ratios_of(done, nt);  // empty tensors after the last chunk
   return ratios;
 }
 

@@ -213,6 +213,51 @@ def test_streamed_half_copy_is_the_same_bits(
         _bitwise_equal(plain, _run_all(d))
 
 
+@pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16])
+def test_lamb_in_cache_groups_is_the_same_bits(
+    mod, gdtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LAMB's stage 2 applies the updates stage 1 kept, per group of whole tensors that fits
+    the cache budget, and recomputes them from the moments for a tensor over it: the same bits
+    either way, and as with no groups at all (AMP_CACHE_BLOCK=0)."""
+    d = _data(gdtype, seed=3)
+    for name in _ext.supported_isas():
+        mod.set_isa(name)
+        monkeypatch.setenv("AMP_CACHE_BLOCK", "0")
+        plain = _run_all(d)
+        # 800 kB: three groups that fit and the 70001-element tensor over it; 1 byte: every
+        # tensor alone, none fitting.
+        for budget in ("800000", "1"):
+            monkeypatch.setenv("AMP_CACHE_BLOCK", budget)
+            _bitwise_equal(plain, _run_all(d))
+        monkeypatch.delenv("AMP_CACHE_BLOCK")
+        _bitwise_equal(plain, _run_all(d))  # the default budget: this list is one group
+
+
+def test_lamb_ratios_of_empty_tensors_between_cache_groups(monkeypatch: pytest.MonkeyPatch):
+    """Empty tensors have no chunks: before, between and after the groups, each still gets its
+    ratio (lr), and the others theirs, whatever the grouping."""
+    sizes = [0, 5, 0, 70001, 0, 40000, 0]
+    results = []
+    for budget in ("0", "800000", "1", None):
+        if budget is None:
+            monkeypatch.delenv("AMP_CACHE_BLOCK", raising=False)
+        else:
+            monkeypatch.setenv("AMP_CACHE_BLOCK", budget)
+        gen = torch.Generator().manual_seed(4)
+        g = [torch.randn(n, generator=gen) for n in sizes]
+        p = [torch.randn(n, generator=gen) for n in sizes]
+        m, v = [torch.zeros(n) for n in sizes], [torch.zeros(n) for n in sizes]
+        ratios = mt.lamb(
+            g, p, m, v, None, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, step=1,
+            weight_decay=0.01,
+        )  # fmt: skip
+        assert [float(ratios[i]) for i in (0, 2, 4, 6)] == [pytest.approx(1e-2, rel=1e-6)] * 4
+        results.append([ratios] + p)
+    for other in results[1:]:
+        _bitwise_equal(results[0], other)
+
+
 def test_results_do_not_depend_on_the_thread_count(mod) -> None:
     d = _data(torch.bfloat16, seed=2)
     before = torch.get_num_threads()
