@@ -167,6 +167,15 @@ def binding_for(torch_version: str, python: tuple[int, int], asked: str = "auto"
     return asked
 
 
+def kernel_headers() -> list[str]:
+    """kernels/*.h, as the extension's `depends`: setuptools rebuilds an extension only when a
+    file of its sources or depends is newer than the built module, and most kernel code lives in
+    headers (cpu_ops_impl.h, driver.h, ...), so without them an edit there left `pip install -e
+    .` (make setup) and `setup.py build_ext --inplace` with the stale amp._C."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+    return [os.path.join("kernels", f) for f in sorted(os.listdir(folder)) if f.endswith(".h")]
+
+
 def _extension_kwargs() -> dict:
     # Imported lazily: a pure-Python build must not need torch.
     import torch  # noqa: PLC0415
@@ -202,6 +211,7 @@ def _extension_kwargs() -> dict:
     ext = CppExtension(
         name="amp._C",
         sources=sources,
+        depends=kernel_headers(),
         include_dirs=[os.path.abspath("kernels")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,

@@ -84,6 +84,14 @@ def test_setup_reads_the_floor_from_pyproject_and_refuses_an_impossible_request(
         amp_setup.binding_for("2.13.0", (3, 11), "cffi")
 
 
+def test_every_kernel_header_is_a_dependency_of_the_extension() -> None:
+    """An edit to a header alone (cpu_ops_impl.h, driver.h, ...) rebuilds amp._C: setuptools
+    skips an extension none of whose sources or depends is newer than the built module."""
+    (ext,) = amp_setup._extension_kwargs()["ext_modules"]
+    headers = {f"kernels/{p.name}" for p in (REPO_ROOT / "kernels").glob("*.h")}
+    assert headers and set(ext.depends) == headers
+
+
 def test_the_built_module_is_the_binding_setup_chose() -> None:
     chosen = amp_setup.binding_for(torch.__version__, sys.version_info[:2])
     path = Path(amp._C.__file__)
