@@ -21,7 +21,8 @@ cell through it):
   reports itself as Podman, :meth:`DockerEngine.container` sets them (``_PODMAN_ULIMITS``).
 * A container's start, and an exec's, sometimes fail under load with HTTP 500 "write child:
   broken pipe": :meth:`DockerEngine.container` removes the container and starts a new one, and
-  :meth:`DockerSession.run` starts a new exec (both ``_PODMAN_START_ATTEMPTS`` times in all).
+  :meth:`DockerSession.run` starts a new exec (both ``_PODMAN_START_ATTEMPTS`` times in all, with
+  pauses growing from 0.5 s to 8 s between them).
 * The compat ``import`` drops its ``tag`` parameter and reads ``LABEL a=1 b=2`` as one label:
   :meth:`DockerEngine.import_rootfs` passes ``repo:tag`` and one ``LABEL`` per pair.
 * Images it builds or imports are named ``docker.io/<name>`` (loaded ones ``localhost/<name>``);
@@ -68,8 +69,11 @@ _START_HINT = (
     "  - or build without containers: --backend host (make wheel BACKEND=host)."
 )
 
-# A start that failed with podman's broken-pipe race is tried this many times in all.
-_PODMAN_START_ATTEMPTS = 3
+# The pauses before each new try of a start that failed with podman's broken-pipe race (so
+# 6 tries in all, 15.5 s of pauses at most): the race comes with load, and three tries 0.5 s
+# and 1 s apart all lost it once on a 2-CPU CI machine running builds beside the test.
+_PODMAN_RETRY_PAUSES = (0.5, 1.0, 2.0, 4.0, 8.0)
+_PODMAN_START_ATTEMPTS = len(_PODMAN_RETRY_PAUSES) + 1
 
 _PODMAN_ULIMITS = [
     {"Name": "nofile", "Soft": 1024, "Hard": 1024},
@@ -384,7 +388,7 @@ class DockerEngine:
                     f"podman's start race, starting a new one "
                     f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})"
                 )
-                time.sleep(0.5 * attempt)
+                time.sleep(_PODMAN_RETRY_PAUSES[attempt - 1])
             except BaseException:
                 self._remove(cid)
                 raise
@@ -533,7 +537,7 @@ class DockerSession:
                     f"podman's start race, starting it again "
                     f"({attempt}/{_PODMAN_START_ATTEMPTS - 1})"
                 )
-                time.sleep(0.5 * attempt)
+                time.sleep(_PODMAN_RETRY_PAUSES[attempt - 1])
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def copy_in(self, src: Path, dest_dir: str) -> str:

@@ -22,6 +22,7 @@ import pytest
 from helpers.enginelib import missing, wheelhouse_cp311, write_tiny_extension
 from helpers.pipelinelib import CELL, hidden_leftovers, manifest, run_build
 
+from builder.engines import docker as docker_engine
 from builder.engines.base import OutputLog
 from builder.engines.docker import DockerEngine, _one_label_each
 from builder.engines.podman import podman_url, service_command, socket_path
@@ -198,21 +199,31 @@ def _engine(api: _StartRaceAPI, *, podman: bool = True) -> DockerEngine:
     return engine
 
 
-def test_podmans_start_race_is_retried_with_a_new_container() -> None:
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The retries' pauses, recorded instead of slept."""
+    slept: list[float] = []
+    monkeypatch.setattr(docker_engine.time, "sleep", slept.append)
+    return slept
+
+
+def test_podmans_start_race_is_retried_with_a_new_container(pauses: list[float]) -> None:
     api, lines = _StartRaceAPI(fail=2), []
     with _engine(api).container("img", log=OutputLog(sink=lines.append)) as session:
         assert session.id == "c2"
     assert api.made == ["c0", "c1", "c2"] and api.removed == ["c0", "c1", "c2"]
     notes = [line for line in lines if line.startswith("podman:")]
     assert [line.split(" (")[0] for line in notes] == ["podman: the container did not start"] * 2
-    assert notes[-1].endswith("podman's start race, starting a new one (2/2)"), lines
+    assert notes[-1].endswith("podman's start race, starting a new one (2/5)"), lines
+    assert pauses == [0.5, 1.0]
 
 
-def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
-    api = _StartRaceAPI(fail=5)
+def test_the_start_race_gives_up_after_six_and_docker_never_retries(pauses: list[float]) -> None:
+    api = _StartRaceAPI(fail=9)
     with pytest.raises(docker.errors.APIError, match="broken pipe"), _engine(api).container("img"):
         pass
-    assert api.made == ["c0", "c1", "c2"] and api.removed == api.made
+    assert api.made == [f"c{i}" for i in range(6)] and api.removed == api.made
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 8.0]  # 15.5 s for the load behind the race to pass
     for engine_api, podman in (
         (_StartRaceAPI(fail=1), False),
         (_StartRaceAPI(fail=1, status=409), True),
@@ -223,24 +234,26 @@ def test_the_start_race_gives_up_after_three_and_docker_never_retries() -> None:
         assert engine_api.made == ["c0"] and engine_api.removed == ["c0"]
 
 
-def test_an_exec_that_loses_the_start_race_runs_again_in_a_new_exec() -> None:
+def test_an_exec_that_loses_the_start_race_runs_again_in_a_new_exec(pauses: list[float]) -> None:
     api, lines = _StartRaceAPI(fail=0, exec_fail=2), []
     with _engine(api).container("img", log=OutputLog(sink=lines.append)) as session:
         result = session.run(["gcc", "--version"])
     assert api.execs == ["mkdir", "gcc", "gcc", "gcc"] and result.exit_code == 0
     notes = [line for line in lines if line.startswith("podman:")]
     assert [line.split(" (")[0] for line in notes] == ["podman: the command gcc did not start"] * 2
-    assert notes[-1].endswith("podman's start race, starting it again (2/2)"), lines
+    assert notes[-1].endswith("podman's start race, starting it again (2/5)"), lines
     assert lines.count("gcc ran") == 1, lines  # the command's own output, once it started
 
 
-def test_an_exec_gives_up_after_three_and_docker_or_other_errors_never_retry() -> None:
-    api = _StartRaceAPI(fail=0, exec_fail=5)
+def test_an_exec_gives_up_after_six_and_docker_or_other_errors_never_retry(
+    pauses: list[float],
+) -> None:
+    api = _StartRaceAPI(fail=0, exec_fail=9)
     with _engine(api).container("img") as session, pytest.raises(
         docker.errors.APIError, match="broken pipe"
     ):
         session.run(["gcc"])
-    assert api.execs == ["mkdir", "gcc", "gcc", "gcc"]
+    assert api.execs == ["mkdir"] + ["gcc"] * 6 and pauses == [0.5, 1.0, 2.0, 4.0, 8.0]
     for engine_api, podman in (
         (_StartRaceAPI(fail=0, exec_fail=1), False),
         (_StartRaceAPI(fail=0, exec_fail=1, status=409), True),
