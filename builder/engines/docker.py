@@ -70,8 +70,8 @@ _START_HINT = (
 )
 
 # The pauses before each new try of a start that failed with podman's broken-pipe race (so
-# 6 tries in all, 15.5 s of pauses at most): the race comes with load, and three tries 0.5 s
-# and 1 s apart all lost it once on a 2-CPU CI machine running builds beside the test.
+# 6 tries in all, 15.5 s of pauses at most): the race comes with load, which takes seconds to
+# pass. (Every try failing is a service whose working folder is gone: podman.py starts it in /.)
 _PODMAN_RETRY_PAUSES = (0.5, 1.0, 2.0, 4.0, 8.0)
 _PODMAN_START_ATTEMPTS = len(_PODMAN_RETRY_PAUSES) + 1
 

@@ -82,12 +82,17 @@ def podman_url(
         with open(log, "ab") as out:
             # Its own session: the service outlives this build (and a Ctrl-C of it), as a
             # started dockerd does, and the next build finds it answering.
+            # In /, not the caller's folder: the conmon it starts for every container takes
+            # the service's folder, and once that folder is gone (a temporary checkout, a test's
+            # tmp dir) every start fails with "write child: broken pipe" ("[conmon:e] Failed to
+            # get working directory" in the log).
             subprocess.Popen(
                 [binary, "system", "service", "--time=0", url],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
+                cwd="/",
             )
     except OSError as exc:
         raise EngineUnavailable(

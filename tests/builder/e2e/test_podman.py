@@ -67,6 +67,29 @@ def test_the_socket_is_podmans_own_per_user() -> None:
     )
 
 
+def test_the_service_runs_in_the_root_folder_not_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service outlives the build that starts it, and conmon takes its folder for every
+    container: started in a folder removed later (a rehearsal's checkout), every container start
+    failed with "write child: broken pipe" ("[conmon:e] Failed to get working directory")."""
+    from builder.engines import podman as podman_engine  # noqa: PLC0415
+
+    started: dict[str, object] = {}
+    answers = iter([False, True])  # not yet running; answering once started
+    monkeypatch.setattr(podman_engine, "socket_path", lambda: tmp_path / "podman.sock")
+    monkeypatch.setattr(podman_engine, "_answers", lambda path: next(answers))
+    monkeypatch.setattr(podman_engine.shutil, "which", lambda name, path=None: "/bin/podman")
+    monkeypatch.setattr(
+        podman_engine.subprocess, "Popen", lambda argv, **kw: started.update(kw, argv=argv)
+    )
+    monkeypatch.chdir(tmp_path)
+    url, how = podman_engine.podman_url(env={"PATH": "/bin"})
+    assert url == f"unix://{tmp_path / 'podman.sock'}" and "service started now" in how
+    assert started["argv"] == ["/bin/podman", "system", "service", "--time=0", url]
+    assert started["cwd"] == "/" and started["start_new_session"] is True
+
+
 def test_the_callers_docker_host_wins_and_no_podman_exits_2(tmp_path: Path) -> None:
     assert podman_url(env={"DOCKER_HOST": "unix:///x.sock"}) == ("unix:///x.sock", "DOCKER_HOST")
     with pytest.raises(ConfigError) as info:
