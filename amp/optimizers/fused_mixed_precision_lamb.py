@@ -128,7 +128,7 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             # (GradScaler's own check would read them once more); the verdict is recorded
             # where the scaler's update() looks for it.
             grads = grads_of(sources)
-            norm, bad = grad_norm(sources, inv_scale)
+            norm, bad = grad_norm(grads, inv_scale)
             flag = (
                 bad.reshape(1).float()
                 if isinstance(bad, Tensor)

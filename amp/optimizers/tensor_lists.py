@@ -159,14 +159,15 @@ def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
 
 
 def grad_norm(
-    model_params: Iterable[Iterable[Tensor]], inv_scale: float, check: bool = True
+    all_grads: list[Tensor], inv_scale: float, check: bool = True
 ) -> tuple[Norm, Union[bool, Tensor]]:
-    """(global L2 norm of all grads * inv_scale, any non-finite) in one read pass: numbers on
-    the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1] flag; not read back)
-    for grads on a device. Without ``check`` the flag is not computed there (False)."""
+    """(global L2 norm of *all_grads* (``grads_of``'s list) * inv_scale, any non-finite) in one
+    read pass: numbers on the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1]
+    flag; not read back) for grads on a device. Without ``check`` the flag is not computed
+    there (False). The caller gathers the gradients once, for the signature of the norm too."""
     norms: list[Norm] = []
     flags: list[Union[bool, Tensor]] = []
-    for grads in group_by(grads_of(model_params), lambda g: (g.dtype, g.device)).values():
+    for grads in group_by(all_grads, lambda g: (g.dtype, g.device)).values():
         if mt.uses_kernels(grads):
             norm, _, nonfinite = mt.l2norm(grads, inv_scale)
             norms.append(norm)
@@ -238,7 +239,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self, model_params: ParamGroups, inv_scale: float
     ) -> Union[bool, Tensor]:
         grads = grads_of(model_params)
-        norm, bad = grad_norm(model_params, inv_scale)
+        norm, bad = grad_norm(grads, inv_scale)
         self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm)
         return bad
 
@@ -270,16 +271,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
     ) -> float:
         """The grad norm measured by amp's pass for these very grads and scale, else computed."""
-        sources = self._grad_sources(model_params, grads_on_params)
+        grads = grads_of(self._grad_sources(model_params, grads_on_params))
         cached = self._amp_cached_norm
         if (
             cached is not None
             and cached[0] == inv_scale
             and cached[1] is not None
-            and cached[1] == grads_signature(grads_of(sources))
+            and cached[1] == grads_signature(grads)
         ):
             return cached[2]
-        return grad_norm(sources, inv_scale, check=False)[0]
+        return grad_norm(grads, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(
         self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
