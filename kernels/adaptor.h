@@ -4,13 +4,16 @@
 // op_table.h has each one's schema. A binding supplies `B`:
 //
 //   using Tensor;                                   its tensor type
-//   static View view_of(const Tensor&);             one tensor as a View
-//   static auto call(F f);                          runs an op body (errors as the binding raises them)
+//   using Item;                                     a Tensor[]'s element (Tensor, or lighter)
+//   static View view_of(const Tensor&), view_of(const Item&);   one tensor as a View
+//   static auto call(F f);                          runs an op body (errors as the binding
+//                                                   raises them)
 //   static Tensor floats(const std::vector<float>&);     a float32 tensor of values
 //   static PerNorms per_norms(const std::vector<double>&, bool asked);  l2norm's second result
 //   static Isas isas(const std::vector<std::string>&);    supported_isas' result
 //
-// Arguments are taken by value: TORCH_BOX unboxes into values, and pybind11's casters build
+// Lists are taken by const reference: TORCH_BOX unboxes into values and passes them on (a
+// by-value parameter would copy every list once more per call), and pybind11's casters build
 // the vectors either way.
 #pragma once
 
@@ -26,15 +29,16 @@ namespace amp_adaptor {
 template <class B>
 struct Ops {
   using Tensor = typename B::Tensor;
-  using List = std::vector<Tensor>;
+  using List = std::vector<typename B::Item>;
   using OptList = std::optional<List>;
 
   static amp_driver::ViewList views(const List& ts) {
-    return amp_driver::views_of(ts, &B::view_of);
+    return amp_driver::views_of(ts, [](const auto& t) { return B::view_of(t); });
   }
   // An optional list's views (nullptr for None), alive while the op runs.
   struct Opt : amp_driver::OptionalViews {
-    explicit Opt(const OptList& ts) : OptionalViews(ts, &B::view_of) {}
+    explicit Opt(const OptList& ts)
+        : OptionalViews(ts, [](const auto& t) { return B::view_of(t); }) {}
   };
 
   static std::string isa() { return amp_driver::g_ops->name; }
@@ -49,29 +53,30 @@ struct Ops {
 
   static int64_t _cache_bytes() { return amp_driver::last_level_cache_bytes(); }
 
-  static bool scale(List in, List out, double s) {
+  static bool scale(const List& in, const List& out, double s) {
     return B::call([&] { return amp_ops::scale(views(in), views(out), s); });
   }
 
-  static bool axpby(List xs, List ys, List out, double a, double b, int64_t arg_to_check) {
+  static bool axpby(const List& xs, const List& ys, const List& out, double a, double b,
+                    int64_t arg_to_check) {
     return B::call([&] {
       return amp_ops::axpby(views(xs), views(ys), views(out), a, b,
                             static_cast<int>(arg_to_check));
     });
   }
 
-  static std::tuple<double, typename B::PerNorms, bool> l2norm(List xs, double s,
-                                                                bool per_tensor) {
+  static std::tuple<double, typename B::PerNorms, bool> l2norm(const List& xs, double s,
+                                                               bool per_tensor) {
     return B::call([&] {
       const amp_ops::L2Norm r = amp_ops::l2norm(views(xs), s, per_tensor);
       return std::make_tuple(r.norm, B::per_norms(r.per, per_tensor), r.nonfinite);
     });
   }
 
-  static void adam(List grads, List params, List exp_avgs, List exp_avg_sqs,
-                   OptList model_params, double lr, double beta1, double beta2, double eps,
-                   int64_t step, bool adam_w_mode, bool bias_correction, double weight_decay,
-                   double grad_scale) {
+  static void adam(const List& grads, const List& params, const List& exp_avgs,
+                   const List& exp_avg_sqs, const OptList& model_params, double lr, double beta1,
+                   double beta2, double eps, int64_t step, bool adam_w_mode, bool bias_correction,
+                   double weight_decay, double grad_scale) {
     B::call([&] {
       const Opt half(model_params);
       amp_ops::adam(views(grads), views(params), views(exp_avgs), views(exp_avg_sqs),
@@ -80,9 +85,10 @@ struct Ops {
     });
   }
 
-  static void sgd(List grads, List params, OptList momentum_buffers, OptList model_params,
-                  double lr, double momentum, double dampening, double weight_decay,
-                  bool nesterov, bool wd_after_momentum, bool first_run, double grad_scale) {
+  static void sgd(const List& grads, const List& params, const OptList& momentum_buffers,
+                  const OptList& model_params, double lr, double momentum, double dampening,
+                  double weight_decay, bool nesterov, bool wd_after_momentum, bool first_run,
+                  double grad_scale) {
     B::call([&] {
       const Opt bufs(momentum_buffers), half(model_params);
       amp_ops::sgd(views(grads), views(params), bufs.get(), half.get(), lr, momentum,
@@ -90,10 +96,10 @@ struct Ops {
     });
   }
 
-  static Tensor lamb(List grads, List params, List exp_avgs, List exp_avg_sqs,
-                     OptList model_params, double lr, double beta1, double beta2, double eps,
-                     int64_t step, bool bias_correction, double weight_decay,
-                     bool grad_averaging, bool adam_w_mode, bool use_nvlamb,
+  static Tensor lamb(const List& grads, const List& params, const List& exp_avgs,
+                     const List& exp_avg_sqs, const OptList& model_params, double lr, double beta1,
+                     double beta2, double eps, int64_t step, bool bias_correction,
+                     double weight_decay, bool grad_averaging, bool adam_w_mode, bool use_nvlamb,
                      double grad_scale) {
     return B::call([&] {
       const Opt half(model_params);
@@ -104,15 +110,16 @@ struct Ops {
     });
   }
 
-  static std::tuple<double, bool> scale_l2norm(List in, List out, double s) {
+  static std::tuple<double, bool> scale_l2norm(const List& in, const List& out, double s) {
     return B::call([&] {
       const amp_ops::NormFlag r = amp_ops::scale_l2norm(views(in), views(out), s);
       return std::make_tuple(r.norm, r.nonfinite);
     });
   }
 
-  static void adagrad(List grads, List params, List sums, OptList model_params, double lr,
-                      double eps, double weight_decay, bool w_mode, double grad_scale) {
+  static void adagrad(const List& grads, const List& params, const List& sums,
+                      const OptList& model_params, double lr, double eps, double weight_decay,
+                      bool w_mode, double grad_scale) {
     B::call([&] {
       const Opt half(model_params);
       amp_ops::adagrad(views(grads), views(params), views(sums), half.get(), lr, eps,
@@ -120,11 +127,11 @@ struct Ops {
     });
   }
 
-  static void novograd(List grads, List params, List exp_avgs, OptList model_params,
-                       Tensor grad_norms, double lr, double beta1, double beta2, double eps,
-                       int64_t step, bool bias_correction, double weight_decay,
-                       bool grad_averaging, int64_t moment_mode, int64_t norm_type,
-                       bool init_norms, double grad_scale) {
+  static void novograd(const List& grads, const List& params, const List& exp_avgs,
+                       const OptList& model_params, const Tensor& grad_norms, double lr,
+                       double beta1, double beta2, double eps, int64_t step, bool bias_correction,
+                       double weight_decay, bool grad_averaging, int64_t moment_mode,
+                       int64_t norm_type, bool init_norms, double grad_scale) {
     B::call([&] {
       const Opt half(model_params);
       amp_ops::novograd(views(grads), views(params), views(exp_avgs), half.get(),
@@ -134,8 +141,9 @@ struct Ops {
     });
   }
 
-  static double _limit_probe(List grads, List params, List exp_avgs, OptList exp_avg_sqs,
-                             OptList model_params, int64_t passes) {
+  static double _limit_probe(const List& grads, const List& params, const List& exp_avgs,
+                             const OptList& exp_avg_sqs, const OptList& model_params,
+                             int64_t passes) {
     return B::call([&] {
       const Opt sqs(exp_avg_sqs), half(model_params);
       return amp_ops::limit_probe(views(grads), views(params), views(exp_avgs), sqs.get(),

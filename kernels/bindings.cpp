@@ -59,6 +59,7 @@ const amp_driver::Binding kBinding = {
 // translator below as ValueError / TypeError.
 struct Aten {
   using Tensor = at::Tensor;
+  using Item = at::Tensor;
   using PerNorms = std::optional<at::Tensor>;  // None unless asked for
   using Isas = std::vector<std::string>;
 

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "adaptor.h"
@@ -44,27 +45,42 @@ using torch::headeronly::ScalarType;
 
 namespace {
 
-const Tensor& tensor_of(const View& v) { return *static_cast<const Tensor*>(v.tensor); }
-
-int dtype_code(ScalarType s) {
-  switch (s) {
-    case ScalarType::Float: return amp_kernels::kF32;
-    case ScalarType::Half: return amp_kernels::kF16;
-    case ScalarType::BFloat16: return amp_kernels::kBF16;
-    default: return -1;
-  }
+// The shim's codes for what view_of compares, read once: each aoti_torch_dtype_*() and
+// aoti_torch_device_type_cpu() is a call into libtorch, and stable::Tensor::scalar_type() walks
+// a chain of them (seven for float32) on every tensor.
+struct Codes {
+  int32_t f32, f16, bf16, cpu, strided;
+};
+const Codes& codes() {
+  static const Codes c = {aoti_torch_dtype_float32(), aoti_torch_dtype_float16(),
+                          aoti_torch_dtype_bfloat16(), aoti_torch_device_type_cpu(),
+                          aoti_torch_layout_strided()};
+  return c;
 }
 
-bool strided(const Tensor& t) {
-  int32_t layout = 0;
-  STD_TORCH_CHECK(aoti_torch_get_layout(t.get(), &layout) == AOTI_TORCH_SUCCESS,
-                  "amp._C: cannot read a tensor's layout");
-  return layout == aoti_torch_layout_strided();
+// A View's tensor is its AtenTensorHandle (what both a list's items and stable::Tensor hold).
+AtenTensorHandle handle_of(const View& v) {
+  return static_cast<AtenTensorHandle>(const_cast<void*>(v.tensor));
+}
+
+void check(AOTITorchError err, const char* what) {
+  STD_TORCH_CHECK(err == AOTI_TORCH_SUCCESS, "amp._C: cannot read a tensor's ", what);
+}
+
+// The View's tensor as a stable::Tensor of its own (a new handle): for an error's names only.
+Tensor named(const View& v) {
+  AtenTensorHandle copy = nullptr;
+  check(aoti_torch_new_tensor_handle(handle_of(v), &copy), "handle");
+  return Tensor(copy);
+}
+
+std::string dtype_name(const View& v) {
+  return std::string(torch::headeronly::toString(named(v).scalar_type()));
 }
 
 // Device names as torch prints them (c10's DeviceTypeName is not part of the stable ABI).
 std::string device_name(const View& v) {
-  const torch::stable::Device d = tensor_of(v).device();
+  const torch::stable::Device d = named(v).device();
   using torch::headeronly::DeviceType;
   std::string name;
   switch (d.type()) {
@@ -82,6 +98,25 @@ std::string device_name(const View& v) {
   }
   return d.has_index() ? name + ":" + std::to_string(d.index()) : name;
 }
+
+// One tensor of a Tensor[] argument, owned: the handle the dispatcher made for it, deleted
+// with the item. stable::Tensor would wrap each in a shared_ptr (a heap block and atomic
+// counts per tensor per call) that an op's argument, never shared, does not need.
+class Item {
+ public:
+  explicit Item(AtenTensorHandle h) : h_(h) {}
+  Item(Item&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Item& operator=(Item&&) = delete;
+  Item(const Item&) = delete;
+  Item& operator=(const Item&) = delete;
+  ~Item() {
+    if (h_ != nullptr) aoti_torch_delete_tensor_object(h_);
+  }
+  AtenTensorHandle get() const { return h_; }
+
+ private:
+  AtenTensorHandle h_;
+};
 
 // --- the GIL around an op ---------------------------------------------------------------------
 // torch calls an op from Python with the GIL released, and a tensor that has a Python object
@@ -143,7 +178,7 @@ void parallel(int64_t n, void (*body)(int64_t, int64_t, void*), void* ctx) {
 }
 
 const amp_driver::Binding kBinding = {
-    [](const View& v) { return std::string(torch::headeronly::toString(tensor_of(v).scalar_type())); },
+    &dtype_name,
     &device_name,
     [] { return static_cast<int64_t>(torch::stable::get_num_threads()); },
     &parallel,
@@ -153,22 +188,34 @@ const amp_driver::Binding kBinding = {
 // (op_table.h says which results amp.kernels.stable_binding turns into Python's).
 struct Stable {
   using Tensor = torch::stable::Tensor;
+  using Item = ::Item;  // a Tensor[]'s element
   using PerNorms = Tensor;  // empty unless asked for
   using Isas = std::string;  // comma-separated
 
-  static View view_of(const Tensor& t) {
+  // The shim's calls, one per fact (stable::Tensor's methods make two to nine each).
+  static View view_of(AtenTensorHandle h) {
+    const Codes& c = codes();
     View v;
-    v.tensor = &t;
-    v.defined = t.defined();
+    v.tensor = h;
+    check(aoti_torch_is_defined(h, &v.defined), "definedness");
     if (!v.defined) return v;
-    v.cpu = t.is_cpu();
-    v.dtype = dtype_code(t.scalar_type());
-    v.sparse = !strided(t);
-    v.contiguous = !v.sparse && t.is_contiguous();
-    v.numel = t.numel();
-    if (v.cpu && !v.sparse && v.numel) v.ptr = t.data_ptr();
+    int32_t device = 0, dtype = 0, layout = 0;
+    check(aoti_torch_get_device_type(h, &device), "device");
+    check(aoti_torch_get_dtype(h, &dtype), "dtype");
+    check(aoti_torch_get_layout(h, &layout), "layout");
+    v.cpu = device == c.cpu;
+    v.dtype = dtype == c.f32    ? amp_kernels::kF32
+              : dtype == c.f16  ? amp_kernels::kF16
+              : dtype == c.bf16 ? amp_kernels::kBF16
+                                : -1;
+    v.sparse = layout != c.strided;
+    if (!v.sparse) check(aoti_torch_is_contiguous(h, &v.contiguous), "contiguity");
+    check(aoti_torch_get_numel(h, &v.numel), "size");
+    if (v.cpu && !v.sparse && v.numel) check(aoti_torch_get_data_ptr(h, &v.ptr), "data");
     return v;
   }
+  static View view_of(const Tensor& t) { return view_of(t.get()); }
+  static View view_of(const Item& t) { return view_of(t.get()); }
   // Runs an op body; an ArgError leaves as a runtime_error tagged with its Python type.
   template <class F>
   static auto call(const F& f) -> decltype(f()) {
@@ -199,6 +246,31 @@ struct Stable {
 using Ops = amp_adaptor::Ops<Stable>;
 
 }  // namespace
+
+// How TORCH_BOX takes a Tensor[]'s element as an Item: the dispatcher's handle, owned, unwrapped.
+HIDDEN_NAMESPACE_BEGIN(torch, stable, detail)
+template <>
+struct ToImpl<Item> {
+  static Item call(StableIValue val, uint64_t /*extension_build_version*/, bool /*is_internal*/) {
+    return Item(to<AtenTensorHandle>(val));
+  }
+};
+// torch's ToImpl<std::optional<T>> copies the list out (Item moves only): the same steps, moved.
+template <>
+struct ToImpl<std::optional<std::vector<Item>>> {
+  static std::optional<std::vector<Item>> call(StableIValue val, uint64_t version, bool internal) {
+    auto* sivp = to<StableIValue*>(val);
+    if (sivp == nullptr) return std::nullopt;
+    std::optional<std::vector<Item>> out(ToImpl<std::vector<Item>>::call(*sivp, version, internal));
+#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+    TORCH_ERROR_CODE_CHECK(torch_delete_stable_ivalue(sivp));
+#else
+    delete sivp;
+#endif
+    return out;
+  }
+};
+HIDDEN_NAMESPACE_END(torch, stable, detail)
 
 const amp_driver::Binding& amp_driver::binding() { return kBinding; }
 

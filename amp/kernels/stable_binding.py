@@ -85,7 +85,10 @@ def _function(name: str, op: Any, doc: str) -> Callable[..., Any]:
         f"            raise\n"
         f"        raise typed from None\n"
     )
-    scope: dict[str, Any] = {"_op": op, "_typed": _typed, "_result": _RESULTS.get(name)}
+    # The overload's own callable: OpOverload.__call__ is a Python frame that only forwards
+    # to it (*args, **kwargs: a tuple and a dict per call, and the collector's attention).
+    call_op = getattr(op, "_op", op)
+    scope: dict[str, Any] = {"_op": call_op, "_typed": _typed, "_result": _RESULTS.get(name)}
     exec(compile(source, f"<amp._C {name}>", "exec"), scope)  # source: the schema's, above
     fn = scope[name]
     fn.__doc__ = doc
