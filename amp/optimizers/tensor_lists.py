@@ -165,6 +165,16 @@ def grad_norm(
     read pass: numbers on the CPU kernels, device tensors (a float64 0-dim norm, a float32 [1]
     flag; not read back) for grads on a device. Without ``check`` the flag is not computed
     there (False). The caller gathers the gradients once, for the signature of the norm too."""
+    if all_grads and mt.uses_kernels(all_grads):
+        # The common case in one kernel call, without a key per tensor: the kernel takes one
+        # dtype on the CPU per list and checks every tensor before it reads, so a list it
+        # refuses (two dtypes, another device) is split below as before.
+        try:
+            norm, _, nonfinite = mt.l2norm(all_grads, inv_scale)
+        except (ValueError, TypeError):
+            pass
+        else:
+            return combine_norms([norm], [nonfinite])
     norms: list[Norm] = []
     flags: list[Union[bool, Tensor]] = []
     for grads in group_by(all_grads, lambda g: (g.dtype, g.device)).values():

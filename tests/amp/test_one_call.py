@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from amp.kernels import ops as mt
 from amp.masters.unscale import SPARSE_GRADIENTS, unscale_one_pass
-from amp.optimizers.tensor_lists import make_buckets
+from amp.optimizers.tensor_lists import grad_norm, make_buckets
 
 INV = 1.0 / 64
 
@@ -179,3 +180,39 @@ def test_a_shape_mismatch_is_named() -> None:
     _give_grads(model)
     with pytest.raises(ValueError, match=r"differ in shape \(\(2, 3\) vs \(6,\)\)"):
         make_buckets(masters, model)
+
+
+def _kernel_calls(monkeypatch):
+    """Records the lengths of the lists amp.kernels.ops.l2norm is called with."""
+    calls: list[int] = []
+    real = mt.l2norm
+
+    def counted(tensors, *args, **kwargs):
+        calls.append(len(tensors))
+        return real(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(mt, "l2norm", counted)
+    return calls
+
+
+def test_grad_norm_takes_one_dtype_in_one_call(monkeypatch) -> None:
+    calls = _kernel_calls(monkeypatch)
+    grads = _give_grads(_params([(5,), (3, 2), (7,)]))
+    norm, bad = grad_norm(grads, INV)
+    assert calls == [3]
+    assert norm == pytest.approx(_expected_norm(grads), rel=1e-6) and bad is False
+
+
+def test_grad_norm_splits_what_one_call_refuses(monkeypatch) -> None:
+    calls = _kernel_calls(monkeypatch)
+    grads = _give_grads(_params([(5,), (4,)])) + _give_grads(_params([(6,)], torch.bfloat16))
+    grads[0][2] = float("inf")
+    norm, bad = grad_norm(grads, INV)
+    # The whole list once (refused: two dtypes), then one call per dtype, as before.
+    assert calls == [3, 2, 1]
+    assert bad is True and norm == float("inf")
+    grads[0][2] = 1.0
+    calls.clear()
+    norm, bad = grad_norm(grads, INV)
+    assert calls == [3, 2, 1] and bad is False
+    assert norm == pytest.approx(_expected_norm(grads), rel=1e-6)
