@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from torch import Tensor
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer
 
 
 class FusedAdagrad(FusedOptimizer):
@@ -45,29 +47,36 @@ class FusedAdagrad(FusedOptimizer):
             "fused": None,
         }
 
-    def _update(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads: list[Optional[Tensor]],
+        grads_on_params: bool,
+        grad_scale: mt.GradScale,
     ) -> None:
-        for group, models in zip(self.param_groups, model_params):
-            buckets = make_buckets(group["params"], models, grads_on_params=grads_on_params)
-            if not buckets:
-                continue
-            group["step"] = int(group.get("step", 0)) + 1
-            for b in buckets:
-                sums = []
-                for p in b.params:
-                    st = self.state[p]
-                    if "sum" not in st:
-                        st["sum"] = p.new_zeros(p.shape)
-                    sums.append(st["sum"])
-                mt.adagrad(
-                    b.grads,
-                    b.params,
-                    sums,
-                    b.model_params,
-                    lr=group["lr"],
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    w_mode=self.adagrad_w_mode,
-                    grad_scale=inv_scale,
-                )
+        buckets, checked = self._group_plan(group, models, grads, grads_on_params)
+        if not buckets:
+            return
+        group["step"] = int(group.get("step", 0)) + 1
+
+        def run(b: Bucket) -> None:
+            sums = []
+            for p in b.params:
+                st = self.state[p]
+                if "sum" not in st:  # zeros: created again unchanged if the call is refused
+                    st["sum"] = p.new_zeros(p.shape)
+                sums.append(st["sum"])
+            mt.adagrad(
+                b.grads,
+                b.params,
+                sums,
+                b.model_params,
+                lr=group["lr"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                w_mode=self.adagrad_w_mode,
+                grad_scale=grad_scale,
+            )
+
+        self._run_group(group, buckets, run, checked)

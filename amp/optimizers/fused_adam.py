@@ -9,7 +9,13 @@ from torch import Tensor
 
 from ..kernels import ops as mt
 from ..masters.unscale import group_by
-from .tensor_lists import FusedOptimizer, ParamGroups, check_betas, closure_loss, make_buckets
+from .tensor_lists import (
+    Bucket,
+    FusedOptimizer,
+    check_betas,
+    closure_loss,
+    make_buckets,
+)
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -159,50 +165,57 @@ class FusedAdam(FusedOptimizer):
             "fused": None,
         }
 
-    def _update(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads: list[Optional[Tensor]],
+        grads_on_params: bool,
+        grad_scale: mt.GradScale,
     ) -> None:
-        grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
-        for group, models in zip(self.param_groups, model_params):
-            owner: dict[int, Tensor] = {}  # id(master) -> the half parameter it stands for
-            if self.master_weights and any(p.dtype in _HALF for p in group["params"]):
-                # The kernel's O2 form: fp32 masters stepped, the half parameter written.
-                opt_params, copies = [], []
-                for p, mp in zip(group["params"], models):
-                    if p.dtype in _HALF:
-                        master = self._master_of(p)
-                        owner[id(master)] = p
-                        opt_params.append(master)
-                        copies.append(p)
-                    else:
-                        opt_params.append(p)
-                        copies.append(mp)
-                sources = list(group["params"]) if grads_on_params else list(models)
-                buckets = make_buckets(opt_params, copies, grad_sources=sources)
-            else:
-                buckets = make_buckets(group["params"], models, grads_on_params=grads_on_params)
-            if not buckets:
-                continue
-            group["step"] = int(group.get("step", 0)) + 1
-            beta1, beta2 = group["betas"]
-            for b in buckets:
-                if owner and id(b.params[0]) in owner:
-                    exp_avgs, exp_avg_sqs = self._fp32_moments([owner[id(m)] for m in b.params])
+        owner: dict[int, Tensor] = {}  # id(master) -> the half parameter it stands for
+        if self.master_weights and any(p.dtype in _HALF for p in group["params"]):
+            # The kernel's O2 form: fp32 masters stepped, the half parameter written.
+            opt_params, copies = [], []
+            for p, mp in zip(group["params"], models):
+                if p.dtype in _HALF:
+                    master = self._master_of(p)
+                    owner[id(master)] = p
+                    opt_params.append(master)
+                    copies.append(p)
                 else:
-                    exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
-                mt.adam(
-                    b.grads,
-                    b.params,
-                    exp_avgs,
-                    exp_avg_sqs,
-                    b.model_params,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    step=group["step"],
-                    adam_w_mode=self.adam_w_mode,
-                    bias_correction=group["bias_correction"],
-                    weight_decay=group["weight_decay"],
-                    grad_scale=grad_scale,
-                )
+                    opt_params.append(p)
+                    copies.append(mp)
+            sources = list(group["params"]) if grads_on_params else list(models)
+            buckets = make_buckets(opt_params, copies, grad_sources=sources)
+            checked = lambda: buckets  # noqa: E731 (checked already: never called)
+        else:
+            buckets, checked = self._group_plan(group, models, grads, grads_on_params)
+        if not buckets:
+            return
+        group["step"] = int(group.get("step", 0)) + 1
+        beta1, beta2 = group["betas"]
+
+        def run(b: Bucket) -> None:
+            if owner and id(b.params[0]) in owner:
+                exp_avgs, exp_avg_sqs = self._fp32_moments([owner[id(m)] for m in b.params])
+            else:
+                exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
+            mt.adam(
+                b.grads,
+                b.params,
+                exp_avgs,
+                exp_avg_sqs,
+                b.model_params,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                step=group["step"],
+                adam_w_mode=self.adam_w_mode,
+                bias_correction=group["bias_correction"],
+                weight_decay=group["weight_decay"],
+                grad_scale=grad_scale,
+            )
+
+        self._run_group(group, buckets, run, checked)

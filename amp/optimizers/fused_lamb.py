@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -75,41 +75,69 @@ class FusedLAMB(FusedOptimizer):
     def _update(
         self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
     ) -> None:
+        raw = self._raw_grads(model_params, grads_on_params)
         # apex clips by the norm of all gradients of all groups, before any update (a read
         # pass that is skipped when no group clips, or reuses amp's measurement).
         clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
         norm: Norm = (
-            self._global_norm(model_params, inv_scale, grads_on_params) if clipping else 0.0
+            self._global_norm(model_params, inv_scale, grads_on_params, raw) if clipping else 0.0
         )
-        for group, models in zip(self.param_groups, model_params):
-            buckets = self._group_buckets(group, models, grads_on_params)
-            if not buckets:
-                continue
-            grad_scale = _clipped_scale(norm, group["max_grad_norm"], inv_scale)
-            group["step"] = int(group.get("step", 0)) + 1
-            beta1, beta2 = group["betas"]
-            for b in buckets:
-                exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
-                mt.lamb(
-                    b.grads,
-                    b.params,
-                    exp_avgs,
-                    exp_avg_sqs,
-                    b.model_params,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    step=group["step"],
-                    bias_correction=group["bias_correction"],
-                    weight_decay=group["weight_decay"],
-                    grad_averaging=group["grad_averaging"],
-                    adam_w_mode=self.adam_w_mode,
-                    use_nvlamb=self.use_nvlamb,
-                    grad_scale=grad_scale,
-                )
+        for group, models, grads in zip(self.param_groups, model_params, raw):
+            self._lamb_group(group, models, grads, grads_on_params, norm, inv_scale)
+
+    def _lamb_group(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads: list[Optional[Tensor]],
+        grads_on_params: bool,
+        norm: Norm,
+        inv_scale: float,
+    ) -> None:
+        buckets = self._group_buckets(group, models, grads_on_params, grads)
+        if not buckets:
+            return
+        grad_scale = _clipped_scale(norm, group["max_grad_norm"], inv_scale)
+        group["step"] = int(group.get("step", 0)) + 1
+        beta1, beta2 = group["betas"]
+
+        def run(b: Bucket) -> None:
+            exp_avgs, exp_avg_sqs = self._adam_moments(b.params)
+            mt.lamb(
+                b.grads,
+                b.params,
+                exp_avgs,
+                exp_avg_sqs,
+                b.model_params,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                step=group["step"],
+                bias_correction=group["bias_correction"],
+                weight_decay=group["weight_decay"],
+                grad_averaging=group["grad_averaging"],
+                adam_w_mode=self.adam_w_mode,
+                use_nvlamb=self.use_nvlamb,
+                grad_scale=grad_scale,
+            )
+
+        self._run_group(
+            group, buckets, run, lambda: self._checked_buckets(group, models, grads_on_params)
+        )
 
     def _group_buckets(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads_on_params: bool,
+        grads: list[Optional[Tensor]],
+    ) -> list[Bucket]:
+        """The group's kernel calls: one unchecked bucket where it can be (its ``grads``, the
+        ``.grad`` of its sources)."""
+        return self._group_plan(group, models, grads, grads_on_params)[0]
+
+    def _checked_buckets(
         self, group: dict[str, Any], models: list[Tensor], grads_on_params: bool
     ) -> list[Bucket]:
         return make_buckets(group["params"], models, grads_on_params=grads_on_params)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, check_betas, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer, check_betas
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -63,23 +63,30 @@ class FusedNovoGrad(FusedOptimizer):
     def _is_new(self, p: torch.Tensor) -> bool:
         return "exp_avg" not in self.state[p]
 
-    def _update(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        models: list[torch.Tensor],
+        grads: list[Optional[torch.Tensor]],
+        grads_on_params: bool,
+        grad_scale: mt.GradScale,
     ) -> None:
-        for group, models in zip(self.param_groups, model_params):
-            buckets = make_buckets(group["params"], models, self._is_new, grads_on_params)
-            if not buckets:
-                continue
-            group["step"] = int(group.get("step", 0)) + 1
-            beta1, beta2 = group["betas"]
-            for b in buckets:
-                new = self._is_new(b.params[0])
-                states = [self.state[p] for p in b.params]
-                for p, st in zip(b.params, states):
-                    if new:
-                        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                        st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
+        buckets, checked = self._group_plan(group, models, grads, grads_on_params, self._is_new)
+        if not buckets:
+            return
+        group["step"] = int(group.get("step", 0)) + 1
+        beta1, beta2 = group["betas"]
+
+        def run(b: Bucket) -> None:
+            new = self._is_new(b.params[0])
+            states = [self.state[p] for p in b.params]
+            for p, st in zip(b.params, states):
+                if new:
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
+            done = False
+            try:
                 mt.novograd(
                     b.grads,
                     b.params,
@@ -97,9 +104,18 @@ class FusedNovoGrad(FusedOptimizer):
                     moment_mode=self.moment_mode,
                     norm_type=group["norm_type"],
                     init_norms=new and not group["init_zero"],
-                    grad_scale=inv_scale,
+                    grad_scale=grad_scale,
                 )
-                _store_norms(states, norms)
+                done = True
+            finally:
+                if new and not done:
+                    # A call that fails leaves the parameters new (their first step starts the
+                    # blend, and a refused quick bucket is run again, split, as a first step).
+                    for st in states:
+                        del st["exp_avg"], st["exp_avg_sq"]
+            _store_norms(states, norms)
+
+        self._run_group(group, buckets, run, checked)
 
 
 def _store_norms(states: list[dict], norms: torch.Tensor) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.optim.optimizer import required
 
 from ..kernels import ops as mt
-from .tensor_lists import FusedOptimizer, ParamGroups, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer
 
 
 class FusedSGD(FusedOptimizer):
@@ -62,26 +62,36 @@ class FusedSGD(FusedOptimizer):
     def _first_run(self, p: torch.Tensor) -> bool:
         return self.state[p].get("momentum_buffer") is None
 
-    def _update(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        models: list[torch.Tensor],
+        grads: list[Optional[torch.Tensor]],
+        grads_on_params: bool,
+        grad_scale: mt.GradScale,
     ) -> None:
-        grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params)
-        for group, models in zip(self.param_groups, model_params):
-            momentum = group["momentum"]
-            key = self._first_run if momentum != 0 else None
-            for b in make_buckets(group["params"], models, key, grads_on_params):
-                bufs = None
-                first_run = False
-                if momentum != 0:
-                    first_run = self._first_run(b.params[0])
-                    bufs = []
-                    for p in b.params:
-                        st = self.state[p]
-                        if first_run:  # the kernel initialises it to the gradient
-                            st["momentum_buffer"] = torch.empty_like(
-                                p, memory_format=torch.preserve_format
-                            )
-                        bufs.append(st["momentum_buffer"])
+        momentum = group["momentum"]
+        key = self._first_run if momentum != 0 else None
+
+        buckets, checked = self._group_plan(group, models, grads, grads_on_params, key)
+
+        def run(b: Bucket) -> None:
+            bufs = None
+            first_run = False
+            created: list[dict] = []
+            if momentum != 0:
+                first_run = self._first_run(b.params[0])
+                bufs = []
+                for p in b.params:
+                    st = self.state[p]
+                    if first_run:  # the kernel initialises it to the gradient
+                        st["momentum_buffer"] = torch.empty_like(
+                            p, memory_format=torch.preserve_format
+                        )
+                        created.append(st)
+                    bufs.append(st["momentum_buffer"])
+            done = False
+            try:
                 mt.sgd(
                     b.grads,
                     b.params,
@@ -96,3 +106,13 @@ class FusedSGD(FusedOptimizer):
                     first_run=first_run,
                     grad_scale=grad_scale,
                 )
+                done = True
+            finally:
+                if not done:
+                    # A call that fails leaves no buffer the kernel did not initialise: the
+                    # next step would take it for one (and a refused quick bucket is run again,
+                    # split, as a first run).
+                    for st in created:
+                        del st["momentum_buffer"]
+
+        self._run_group(group, buckets, run, checked)

@@ -37,6 +37,9 @@ class Bucket:
     params: list[Tensor] = field(default_factory=list)
     grads: list[Tensor] = field(default_factory=list)
     models: list[Tensor] = field(default_factory=list)  # distinct half model copies (O2)
+    # False for ``quick_bucket``'s: the lists' dtypes, devices and layouts are left to the
+    # kernel to check (``run_buckets``).
+    checked: bool = True
 
     @property
     def model_params(self) -> Optional[list[Tensor]]:
@@ -121,6 +124,8 @@ def _one_bucket(
     if not grads or any(g is None for g in grads):
         return None
     present: list[Tensor] = grads  # None ruled out above
+    if extra_key is not None and len({extra_key(p) for p in params}) != 1:
+        return None
     if not all(g.is_contiguous() for g in present):
         return None
     if len({g.dtype for g in present}) != 1 or len({p.dtype for p in params}) != 1:
@@ -136,6 +141,55 @@ def _one_bucket(
     if [mp.shape for mp in models] != [p.shape for p in params]:
         return None  # the general path names the pair
     return [Bucket(list(params), present, list(models))]
+
+
+def quick_bucket(
+    params: list[Tensor],
+    models: list[Tensor],
+    grads: list[Optional[Tensor]],
+    extra_key: Optional[Callable[[Tensor], Any]] = None,
+) -> Optional[Bucket]:
+    """A whole param group as one kernel call, without the per-tensor checks of
+    ``make_buckets``: only what no kernel can see is checked here (every param has a
+    gradient, all share one ``extra_key``; the model copies are the params, or distinct ones
+    of the same shapes). The
+    dtypes, devices and layouts are the kernel's to check, which it does for every list before
+    it writes anything (``run_buckets``). None where ``make_buckets`` is needed."""
+    if not grads or any(g is None for g in grads):
+        return None
+    present: list[Tensor] = grads  # None ruled out above
+    if extra_key is not None and len({extra_key(p) for p in params}) != 1:
+        return None
+    if models is params or all(mp is p for mp, p in zip(models, params)):
+        return Bucket(list(params), present, [], checked=False)
+    if any(mp is p for mp, p in zip(models, params)):
+        return None
+    if [mp.shape for mp in models] != [p.shape for p in params]:
+        return None  # make_buckets names the pair
+    return Bucket(list(params), present, list(models), checked=False)
+
+
+def run_buckets(
+    buckets: list[Bucket],
+    run: Callable[[Bucket], None],
+    checked: Callable[[], list[Bucket]],
+    refused: Optional[Callable[[], None]] = None,
+) -> None:
+    """``run(b)`` for each bucket. A ``quick_bucket`` the kernel refuses (two dtypes in a list,
+    a tensor on another device, a non-contiguous gradient: ValueError or TypeError, raised
+    before anything is written) is split by ``checked()`` and run again, and ``refused()`` is
+    told, so that the caller can go to ``make_buckets`` directly next time. ``run`` must be
+    safe to repeat up to its kernel call (it may create zeroed state)."""
+    if len(buckets) == 1 and not buckets[0].checked:
+        try:
+            run(buckets[0])
+            return
+        except (ValueError, TypeError):
+            if refused is not None:
+                refused()
+        buckets = checked()
+    for b in buckets:
+        run(b)
 
 
 def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
@@ -219,6 +273,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
         self._amp_cached_norm: Optional[tuple[float, Optional[tuple], Norm]] = None
+        # id() of the param groups whose quick_bucket a kernel refused: make_buckets for them.
+        self._amp_refused: set[int] = set()
 
     # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
     def _amp_note_grad_norm(self, norm: Norm, grads: list[Tensor]) -> None:
@@ -277,30 +333,81 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _grad_sources(self, model_params: ParamGroups, grads_on_params: bool) -> ParamGroups:
         return [list(g["params"]) for g in self.param_groups] if grads_on_params else model_params
 
+    def _raw_grads(
+        self, model_params: ParamGroups, grads_on_params: bool
+    ) -> list[list[Optional[Tensor]]]:
+        """Each group's ``.grad`` of its sources, as they are (None included): gathered once a
+        step for the norm's signature and ``quick_bucket``."""
+        return [[t.grad for t in s] for s in self._grad_sources(model_params, grads_on_params)]
+
+    def _group_plan(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads: list[Optional[Tensor]],
+        grads_on_params: bool,
+        extra_key: Optional[Callable[[Tensor], Any]] = None,
+    ) -> tuple[list[Bucket], Callable[[], list[Bucket]]]:
+        """(the group's buckets, how ``make_buckets`` splits it): one ``quick_bucket`` unless a
+        kernel refused one of this group before, or the group needs ``make_buckets``."""
+
+        def checked() -> list[Bucket]:
+            return make_buckets(group["params"], models, extra_key, grads_on_params)
+
+        if id(group) not in self._amp_refused:
+            quick = quick_bucket(group["params"], models, grads, extra_key)
+            if quick is not None:
+                return [quick], checked
+        return checked(), checked
+
+    def _run_group(
+        self,
+        group: dict[str, Any],
+        buckets: list[Bucket],
+        run: Callable[[Bucket], None],
+        checked: Callable[[], list[Bucket]],
+    ) -> None:
+        run_buckets(buckets, run, checked, lambda: self._amp_refused.add(id(group)))
+
     def _global_norm(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+        self,
+        model_params: ParamGroups,
+        inv_scale: float,
+        grads_on_params: bool = False,
+        raw: Optional[list[list[Optional[Tensor]]]] = None,
     ) -> float:
-        """The grad norm measured by amp's pass for these very grads and scale, else computed."""
-        grads = grads_of(self._grad_sources(model_params, grads_on_params))
+        """The grad norm measured by amp's pass for these very grads and scale, else computed.
+        *raw*: each group's ``.grad`` of its sources, where the caller has gathered them."""
+        flat = None if raw is None else [g for gs in raw for g in gs]
+        # The grads as they are where none is missing: the measured ones were contiguous (the
+        # kernel took them), so identity and versions decide, without grads_of's layout check.
+        as_they_are = flat is not None and not any(g is None for g in flat)
+        grads = None if as_they_are else grads_of(self._grad_sources(model_params, grads_on_params))
         cached = self._amp_cached_norm
         if (
             cached is not None
             and cached[0] == inv_scale
             and cached[1] is not None
-            and cached[1] == grads_signature(grads)
+            and cached[1] == grads_signature(flat if grads is None else grads)  # type: ignore[arg-type]
         ):
             return cached[2]
+        if grads is None:
+            grads = grads_of(self._grad_sources(model_params, grads_on_params))
         return grad_norm(grads, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(
-        self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+        self,
+        model_params: ParamGroups,
+        inv_scale: float,
+        grads_on_params: bool = False,
+        raw: Optional[list[list[Optional[Tensor]]]] = None,
     ) -> mt.GradScale:
         """inv_scale times the clip coefficient of the optional ``max_grad_norm`` (Adam, SGD):
         both are applied as the kernels read the gradients, which are not rewritten. For
         grads on a device, a 0-dim tensor there (computed there, not read back)."""
         if self.max_grad_norm <= 0:
             return inv_scale
-        norm = self._global_norm(model_params, inv_scale, grads_on_params)
+        norm = self._global_norm(model_params, inv_scale, grads_on_params, raw)
         if isinstance(norm, Tensor):
             # The host formula's float64 arithmetic, on the device (a true division, not
             # scalar / tensor, which torch computes as a reciprocal times the scalar).
@@ -311,6 +418,22 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _update(
         self, model_params: ParamGroups, inv_scale: float, grads_on_params: bool = False
+    ) -> None:
+        """One step of every group: the gradients gathered once (for the norm's signature and
+        the groups' buckets), the scale with the optional clipping applied, then
+        ``_update_group`` for each group."""
+        raw = self._raw_grads(model_params, grads_on_params)
+        grad_scale = self._clipped_grad_scale(model_params, inv_scale, grads_on_params, raw)
+        for group, models, grads in zip(self.param_groups, model_params, raw):
+            self._update_group(group, models, grads, grads_on_params, grad_scale)
+
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        models: list[Tensor],
+        grads: list[Optional[Tensor]],
+        grads_on_params: bool,
+        grad_scale: mt.GradScale,
     ) -> None:
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ import torch
 
 from amp.kernels import ops as mt
 from amp.masters.unscale import SPARSE_GRADIENTS, unscale_one_pass
+from amp.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
 from amp.optimizers.tensor_lists import grad_norm, make_buckets
 
 INV = 1.0 / 64
@@ -216,3 +217,100 @@ def test_grad_norm_splits_what_one_call_refuses(monkeypatch) -> None:
     norm, bad = grad_norm(grads, INV)
     assert calls == [3, 2, 1] and bad is False
     assert norm == pytest.approx(_expected_norm(grads), rel=1e-6)
+
+
+# --- the fused optimizers' step: one unchecked call per group (quick_bucket, run_buckets) ----
+
+#: (optimizer, its keywords, the amp.kernels.ops function its step calls)
+OPTIMIZERS = {
+    "adam": (FusedAdam, dict(lr=0.1, weight_decay=0.01, adam_w_mode=True), "adam"),
+    "sgd": (FusedSGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01), "sgd"),
+    "lamb": (FusedLAMB, dict(lr=0.1, weight_decay=0.01), "lamb"),
+    "adagrad": (FusedAdagrad, dict(lr=0.1), "adagrad"),
+    "novograd": (FusedNovoGrad, dict(lr=0.1, init_zero=False), "novograd"),
+}
+
+
+def _op_calls(monkeypatch, op: str):
+    """Records the lengths of the lists amp.kernels.ops.<op> is called with."""
+    calls: list[int] = []
+    real = getattr(mt, op)
+
+    def counted(grads, *args, **kwargs):
+        calls.append(len(grads))
+        return real(grads, *args, **kwargs)
+
+    monkeypatch.setattr(mt, op, counted)
+    return calls
+
+
+def _pair(name: str, params_of):
+    """Two optimizers over equal copies of *params_of()*: one over them as one group, the
+    other with a group per tensor (each its own kernel call: the reference)."""
+    cls, kw, _ = OPTIMIZERS[name]
+    one, each = params_of(), params_of()
+    for ps in (one, each):
+        _give_grads(ps)
+    return one, each, cls(one, **kw), cls([{"params": [p]} for p in each], **kw)
+
+
+def _same_state(opt, ref, one, each) -> bool:
+    for a, b in zip(one, each):
+        sa, sb = opt.state[a], ref.state[b]
+        if sorted(sa) != sorted(sb):
+            return False
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor) and not torch.equal(sa[k], sb[k]):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("irregular", ["two dtypes", "non-contiguous grad"])
+def test_a_group_the_kernel_refuses_steps_as_split_and_is_split_from_then_on(
+    monkeypatch, name: str, irregular: str
+) -> None:
+    def params_of():
+        ps = _params([(5,), (3, 4), (7,)])
+        if irregular == "two dtypes":  # no master weights: each dtype's own call
+            ps[1] = ps[1].detach().bfloat16().requires_grad_()
+        return ps
+
+    one, each, opt, ref = _pair(name, params_of)
+    if irregular == "non-contiguous grad":
+        for ps in (one, each):
+            ps[1].grad = ps[1].grad.t().contiguous().t()  # same values, transposed strides
+        assert not one[1].grad.is_contiguous()
+    calls = _op_calls(monkeypatch, OPTIMIZERS[name][2])
+    # Step 1: the whole group once (refused before anything was written or kept: no state
+    # is left half made), then the split; step 2: the split directly.
+    split = [2, 1] if irregular == "two dtypes" else [3]
+    for step in range(2):
+        calls.clear()
+        opt.step()
+        assert calls == ([3, *split] if step == 0 else split)
+        ref.step()
+        assert all(torch.equal(a, b) for a, b in zip(one, each)), (irregular, step)
+        assert _same_state(opt, ref, one, each), (irregular, step)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_regular_group_steps_in_one_call_and_equals_the_split(monkeypatch, name: str) -> None:
+    one, each, opt, ref = _pair(name, lambda: _params([(5,), (3, 4), (7,)]))
+    calls = _op_calls(monkeypatch, OPTIMIZERS[name][2])
+    for _ in range(2):
+        calls.clear()
+        opt.step()
+        assert calls == [3]
+        ref.step()
+        assert all(torch.equal(a, b) for a, b in zip(one, each))
+        assert _same_state(opt, ref, one, each)
+
+
+def test_a_model_copy_of_another_shape_is_still_named_on_the_quick_path() -> None:
+    masters = _params([(6,), (4,)])
+    model = [masters[0].detach().reshape(2, 3).bfloat16(), masters[1].detach().bfloat16()]
+    _give_grads(model)
+    opt = FusedAdam(masters, lr=0.1)
+    with pytest.raises(ValueError, match=r"differ in shape \(\(2, 3\) vs \(6,\)\)"):
+        opt._amp_fused_step([model], 1.0)
