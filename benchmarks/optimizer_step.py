@@ -1,7 +1,7 @@
 """One mixed-precision optimizer step: torch's best CPU sequence vs amp's two fused paths,
 each measured against a limit probe with the step's own memory access pattern.
 
-Cases (each over ~100 tensors of uneven sizes):
+Cases (each over --tensors tensors of uneven sizes, 100 by default):
   (a) fp32 model: GradScaler.unscale_ + clip_grad_norm_(foreach=True) + AdamW(fused=True)
       + scaler.update()
   (b) bf16 model, fp32 master (amp O2): copy grads to fp32 + the sequence of (a) +
@@ -26,8 +26,8 @@ The machine's memory bandwidth drifts between states, and the dev machine is sha
 contenders run interleaved round by round (order rotated), and every ratio is the median of
 per-round ratios; the load average is printed with the results.
 
-    python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--threads 2] [--rounds N]
-        [--cases ab] [--others] [--profile] [--json FILE|-]
+    python benchmarks/optimizer_step.py [--sizes 1e6 1e7 5e7] [--tensors 100] [--threads 2]
+        [--rounds N] [--cases ab] [--others] [--profile] [--json FILE|-]
 """
 
 from __future__ import annotations
@@ -461,6 +461,13 @@ def machine() -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7, 5e7])
+    ap.add_argument(
+        "--tensors",
+        type=int,
+        default=100,
+        help="tensors per case (uneven sizes summing to each --sizes); e.g. 1000 with 1e5 for "
+        "a step where the per-tensor cost outweighs the bytes",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=0, help="0: 60 / 30 / 15 by size")
     ap.add_argument("--cases", default="ab")
@@ -505,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         total = int(size)
         rounds = args.rounds or (60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15)
         for kind in args.cases:
-            case = make_case(kind, uneven_sizes(total), mod)
+            case = make_case(kind, uneven_sizes(total, args.tensors), mod)
             case.phases.on = args.profile
             res = bench(case, triad, rounds)
             res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
@@ -569,7 +576,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 60 if total <= 2_000_000 else 30 if total <= 20_000_000 else 15
             )
             for opt_name in others:
-                case = make_other_case(opt_name, uneven_sizes(total), mod)
+                case = make_other_case(opt_name, uneven_sizes(total, args.tensors), mod)
                 res = bench(case, triad, rounds)
                 res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
                 results.append(res)
