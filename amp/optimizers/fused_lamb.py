@@ -78,12 +78,16 @@ class FusedLAMB(FusedOptimizer):
         raw = self._raw_grads(model_params, grads_on_params)
         # apex clips by the norm of all gradients of all groups, before any update (a read
         # pass that is skipped when no group clips, or reuses amp's measurement).
-        clipping = any(g["max_grad_norm"] > 0 for g in self.param_groups)
         norm: Norm = (
-            self._global_norm(model_params, inv_scale, grads_on_params, raw) if clipping else 0.0
+            self._global_norm(model_params, inv_scale, grads_on_params, raw)
+            if self._clips()
+            else 0.0
         )
         for group, models, grads in zip(self.param_groups, model_params, raw):
             self._lamb_group(group, models, grads, grads_on_params, norm, inv_scale)
+
+    def _clips(self) -> bool:
+        return any(g["max_grad_norm"] > 0 for g in self.param_groups)
 
     def _lamb_group(
         self,

@@ -147,7 +147,8 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             )
             state["found_inf_per_device"] = {flag.device: flag}
             found_inf = bool(flag.item() > 0)
-            self._amp_cached_norm = (inv_scale, grads_signature(grads), norm)
+            if self._clips():
+                self._amp_cached_norm = (inv_scale, grads_signature(grads), norm)
         if found_inf:
             self._amp_cached_norm = None
             return loss

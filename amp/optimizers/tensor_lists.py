@@ -277,9 +277,17 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._amp_refused: set[int] = set()
 
     # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
+    def _clips(self) -> bool:
+        """Whether a step reads the gradients' global norm (clipping): only then is the norm
+        amp's pass measured kept, with the gradients' signature (a pass over every gradient)."""
+        return self.max_grad_norm > 0
+
     def _amp_note_grad_norm(self, norm: Norm, grads: list[Tensor]) -> None:
         """amp's unscale pass measured the norm of the unscaled grads it wrote (a device
         tensor is kept as one: read only if clipping needs it on the host)."""
+        if not self._clips():
+            self._amp_cached_norm = None
+            return
         self._amp_cached_norm = (
             1.0,
             grads_signature(grads),
@@ -306,7 +314,8 @@ class FusedOptimizer(torch.optim.Optimizer):
     ) -> Union[bool, Tensor]:
         grads = grads_of(model_params)
         norm, bad = grad_norm(grads, inv_scale)
-        self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm)
+        clips = self._clips()
+        self._amp_cached_norm = (float(inv_scale), grads_signature(grads), norm) if clips else None
         return bad
 
     @torch.no_grad()

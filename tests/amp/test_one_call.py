@@ -10,7 +10,7 @@ import torch
 
 from amp.kernels import ops as mt
 from amp.masters.unscale import SPARSE_GRADIENTS, unscale_one_pass
-from amp.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+from amp.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD, tensor_lists
 from amp.optimizers.tensor_lists import grad_norm, make_buckets
 
 INV = 1.0 / 64
@@ -314,3 +314,28 @@ def test_a_model_copy_of_another_shape_is_still_named_on_the_quick_path() -> Non
     opt = FusedAdam(masters, lr=0.1)
     with pytest.raises(ValueError, match=r"differ in shape \(\(2, 3\) vs \(6,\)\)"):
         opt._amp_fused_step([model], 1.0)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_the_gradients_signature_is_taken_only_for_a_step_that_clips(
+    monkeypatch, max_grad_norm: float
+) -> None:
+    """The note of amp's pass keeps the norm, with a signature of every gradient, only for an
+    optimizer that will read it; the step still clips by the measured norm."""
+    taken: list[int] = []
+    real = tensor_lists.grads_signature
+
+    def counted(grads):
+        taken.append(len(grads))
+        return real(grads)
+
+    monkeypatch.setattr(tensor_lists, "grads_signature", counted)
+    params = _params([(5,), (3, 4)])
+    _give_grads(params)
+    opt = FusedAdam(params, lr=0.1, max_grad_norm=max_grad_norm)
+    out = unscale_one_pass([(p, p) for p in params], INV)
+    opt._amp_note_grad_norm(out.norm, out.grads)
+    calls = _op_calls(monkeypatch, "l2norm")  # a norm measured again: one more read pass
+    opt._amp_unscaled_step([params])
+    # Clipping: the note's signature and the step's, which match, so no second norm pass.
+    assert (taken, calls) == (([2, 2], []) if max_grad_norm else ([], []))
