@@ -55,7 +55,7 @@ class FusedAdagrad(FusedOptimizer):
         grads_on_params: bool,
         grad_scale: mt.GradScale,
     ) -> None:
-        buckets, checked = self._group_plan(group, models, grads, grads_on_params)
+        buckets = self._group_plan(group, models, grads, grads_on_params)
         if not buckets:
             return
         group["step"] = int(group.get("step", 0)) + 1
@@ -79,4 +79,4 @@ class FusedAdagrad(FusedOptimizer):
                 grad_scale=grad_scale,
             )
 
-        self._run_group(group, buckets, run, checked)
+        self._run_group(group, buckets, run)

@@ -188,9 +188,8 @@ class FusedAdam(FusedOptimizer):
                     copies.append(mp)
             sources = list(group["params"]) if grads_on_params else list(models)
             buckets = make_buckets(opt_params, copies, grad_sources=sources)
-            checked = lambda: buckets  # noqa: E731 (checked already: never called)
         else:
-            buckets, checked = self._group_plan(group, models, grads, grads_on_params)
+            buckets = self._group_plan(group, models, grads, grads_on_params)
         if not buckets:
             return
         group["step"] = int(group.get("step", 0)) + 1
@@ -218,4 +217,4 @@ class FusedAdam(FusedOptimizer):
                 grad_scale=grad_scale,
             )
 
-        self._run_group(group, buckets, run, checked)
+        self._run_group(group, buckets, run)

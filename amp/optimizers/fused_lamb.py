@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..kernels import ops as mt
 from ..masters.unscale import Norm
-from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, check_betas, make_buckets
+from .tensor_lists import Bucket, FusedOptimizer, ParamGroups, check_betas
 
 
 def _clipped_scale(norm: Norm, max_norm: float, inv_scale: float) -> mt.GradScale:
@@ -126,9 +126,7 @@ class FusedLAMB(FusedOptimizer):
                 grad_scale=grad_scale,
             )
 
-        self._run_group(
-            group, buckets, run, lambda: self._checked_buckets(group, models, grads_on_params)
-        )
+        self._run_group(group, buckets, run)
 
     def _group_buckets(
         self,
@@ -137,11 +135,6 @@ class FusedLAMB(FusedOptimizer):
         grads_on_params: bool,
         grads: list[Optional[Tensor]],
     ) -> list[Bucket]:
-        """The group's kernel calls: one unchecked bucket where it can be (its ``grads``, the
-        ``.grad`` of its sources)."""
-        return self._group_plan(group, models, grads, grads_on_params)[0]
-
-    def _checked_buckets(
-        self, group: dict[str, Any], models: list[Tensor], grads_on_params: bool
-    ) -> list[Bucket]:
-        return make_buckets(group["params"], models, grads_on_params=grads_on_params)
+        """The group's kernel calls (*grads*: the ``.grad`` of its sources): unchecked buckets
+        where they can be (``quick_buckets``)."""
+        return self._group_plan(group, models, grads, grads_on_params)

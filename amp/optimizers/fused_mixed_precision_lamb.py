@@ -90,13 +90,8 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         grads_on_params: bool,
         grads: Optional[list[Optional[Tensor]]] = None,
     ) -> list[Bucket]:
-        # The fp32 masters of the reduced-precision params are paired here: make_buckets's
-        # checked lists (*grads*, the sources' own, are not those the kernel takes).
-        return self._checked_buckets(group, models, grads_on_params)
-
-    def _checked_buckets(
-        self, group: dict[str, Any], models: list[Tensor], grads_on_params: bool
-    ) -> list[Bucket]:
+        # The fp32 masters of the reduced-precision params are paired here, in make_buckets's
+        # checked lists (*grads*, the sources' own, are not all those the kernel takes).
         reduced = self.reduced_precision_dtype
         params, halves, sources = [], [], []
         for p, mp in zip(group["params"], models):

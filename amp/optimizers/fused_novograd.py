@@ -71,7 +71,7 @@ class FusedNovoGrad(FusedOptimizer):
         grads_on_params: bool,
         grad_scale: mt.GradScale,
     ) -> None:
-        buckets, checked = self._group_plan(group, models, grads, grads_on_params, self._is_new)
+        buckets = self._group_plan(group, models, grads, grads_on_params, self._is_new)
         if not buckets:
             return
         group["step"] = int(group.get("step", 0)) + 1
@@ -115,7 +115,7 @@ class FusedNovoGrad(FusedOptimizer):
                         del st["exp_avg"], st["exp_avg_sq"]
             _store_norms(states, norms)
 
-        self._run_group(group, buckets, run, checked)
+        self._run_group(group, buckets, run, self._is_new)
 
 
 def _store_norms(states: list[dict], norms: torch.Tensor) -> None:

@@ -73,7 +73,7 @@ class FusedSGD(FusedOptimizer):
         momentum = group["momentum"]
         key = self._first_run if momentum != 0 else None
 
-        buckets, checked = self._group_plan(group, models, grads, grads_on_params, key)
+        buckets = self._group_plan(group, models, grads, grads_on_params, key)
 
         def run(b: Bucket) -> None:
             bufs = None
@@ -115,4 +115,4 @@ class FusedSGD(FusedOptimizer):
                     for st in created:
                         del st["momentum_buffer"]
 
-        self._run_group(group, buckets, run, checked)
+        self._run_group(group, buckets, run, key)

@@ -1,8 +1,8 @@
 """The base of apex's fused optimizers (``FusedAdam``, ``FusedLAMB``, ...): steps over lists of
-tensors, grouped into kernel calls (``make_buckets``), with amp's seam (the Protocols of
-amp/masters/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``; deferred
-``DeferredStep``), and the step counter kept per param group but saved per parameter, as
-torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
+tensors, grouped into kernel calls (``quick_buckets``, ``make_buckets``), with amp's seam (the
+Protocols of amp/masters/optimizer_like.py: apex-exact ``UnscaledStep`` and ``GradNormNote``;
+deferred ``DeferredStep``), and the step counter kept per param group but saved per parameter,
+as torch.optim does. (Ascend's ``NpuFused*`` step over combined buffers instead:
 ``combined_buffers``.)"""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Bucket:
     params: list[Tensor] = field(default_factory=list)
     grads: list[Tensor] = field(default_factory=list)
     models: list[Tensor] = field(default_factory=list)  # distinct half model copies (O2)
-    # False for ``quick_bucket``'s: the lists' dtypes, devices and layouts are left to the
+    # False for ``quick_buckets``': the lists' dtypes, devices and layouts are left to the
     # kernel to check (``run_buckets``).
     checked: bool = True
 
@@ -65,28 +65,32 @@ def make_buckets(
     extra_key: Optional[Callable[[Tensor], Any]] = None,
     grads_on_params: bool = False,
     grad_sources: Optional[list[Tensor]] = None,
+    grads: Optional[list[Optional[Tensor]]] = None,
 ) -> list[Bucket]:
     """Pair params with their gradients -- the model tensors' (amp's deferred path) or, with
     ``grads_on_params``, their own (standalone, or amp's unscaled fp32 master grads) --
-    or the tensors named in ``grad_sources`` -- skipping params without a grad, and split them
-    by (grad dtype, param dtype, model-copy dtype, device, extra key)."""
+    or the tensors named in ``grad_sources``, or *grads* as given (``.grad`` of one of those,
+    read already) -- skipping params without a grad, and split them by (grad dtype, param
+    dtype, model-copy dtype, device, extra key)."""
     if len(params) != len(models):
         raise ValueError(
             f"amp.optimizers: a param group has {len(params)} params but "
             f"{len(models)} model params were given for it"
         )
-    sources = grad_sources if grad_sources is not None else params if grads_on_params else models
-    one = _one_bucket(params, models, [t.grad for t in sources], extra_key)
+    if grads is None:
+        sources = (
+            grad_sources if grad_sources is not None else params if grads_on_params else models
+        )
+        grads = [t.grad for t in sources]
+    one = _one_bucket(params, models, grads, extra_key)
     if one is not None:
         return one
     triples: list[tuple[Tensor, Tensor, Optional[Tensor]]] = []  # (param, grad, half copy)
-    for i, (p, mp) in enumerate(zip(params, models)):
-        if grad_sources is not None:
-            g = _grad_of(grad_sources[i])
-        else:
-            g = _grad_of(p if grads_on_params else mp)
+    for p, mp, g in zip(params, models, grads):
         if g is None:
             continue
+        if not g.is_contiguous():
+            g = _dense(g)
         if mp is not p and mp.shape != p.shape:
             raise ValueError(
                 "amp.optimizers: model param and optimizer param differ in shape "
@@ -143,53 +147,70 @@ def _one_bucket(
     return [Bucket(list(params), present, list(models))]
 
 
-def quick_bucket(
+def quick_buckets(
     params: list[Tensor],
     models: list[Tensor],
     grads: list[Optional[Tensor]],
     extra_key: Optional[Callable[[Tensor], Any]] = None,
-) -> Optional[Bucket]:
-    """A whole param group as one kernel call, without the per-tensor checks of
-    ``make_buckets``: only what no kernel can see is checked here (every param has a
-    gradient, all share one ``extra_key``; the model copies are the params, or distinct ones
-    of the same shapes). The
-    dtypes, devices and layouts are the kernel's to check, which it does for every list before
-    it writes anything (``run_buckets``). None where ``make_buckets`` is needed."""
+) -> Optional[list[Bucket]]:
+    """A param group as one kernel call -- two under O2 where some params are their own
+    masters (``keep_batchnorm_fp32``): those with a half copy, then the rest -- without the
+    per-tensor checks of ``make_buckets``. Only what no kernel can see is checked here (every
+    param has a gradient, all share one ``extra_key``; a model copy is its param, or a
+    distinct tensor of the same shape). The dtypes, devices and layouts are the kernel's to
+    check, which it does for every list before it writes anything (``run_buckets``). None
+    where ``make_buckets`` is needed."""
     if not grads or any(g is None for g in grads):
         return None
     present: list[Tensor] = grads  # None ruled out above
     if extra_key is not None and len({extra_key(p) for p in params}) != 1:
         return None
-    if models is params or all(mp is p for mp, p in zip(models, params)):
-        return Bucket(list(params), present, [], checked=False)
-    if any(mp is p for mp, p in zip(models, params)):
-        return None
-    if [mp.shape for mp in models] != [p.shape for p in params]:
+    if models is params:
+        return [Bucket(list(params), present, [], checked=False)]
+    own = [mp is p for mp, p in zip(models, params)]
+    if all(own):
+        return [Bucket(list(params), present, [], checked=False)]
+    copied = [i for i, o in enumerate(own) if not o]
+    if [models[i].shape for i in copied] != [params[i].shape for i in copied]:
         return None  # make_buckets names the pair
-    return Bucket(list(params), present, list(models), checked=False)
+    if len(copied) == len(own):
+        return [Bucket(list(params), present, list(models), checked=False)]
+    kept = [i for i, o in enumerate(own) if o]
+    return [
+        Bucket(
+            [params[i] for i in copied],
+            [present[i] for i in copied],
+            [models[i] for i in copied],
+            checked=False,
+        ),
+        Bucket([params[i] for i in kept], [present[i] for i in kept], [], checked=False),
+    ]
 
 
 def run_buckets(
     buckets: list[Bucket],
     run: Callable[[Bucket], None],
-    checked: Callable[[], list[Bucket]],
+    extra_key: Optional[Callable[[Tensor], Any]] = None,
     refused: Optional[Callable[[], None]] = None,
 ) -> None:
-    """``run(b)`` for each bucket. A ``quick_bucket`` the kernel refuses (two dtypes in a list,
-    a tensor on another device, a non-contiguous gradient: ValueError or TypeError, raised
-    before anything is written) is split by ``checked()`` and run again, and ``refused()`` is
-    told, so that the caller can go to ``make_buckets`` directly next time. ``run`` must be
-    safe to repeat up to its kernel call (it may create zeroed state)."""
-    if len(buckets) == 1 and not buckets[0].checked:
+    """``run(b)`` for each bucket. A ``quick_buckets`` bucket the kernel refuses (two dtypes
+    in a list, a tensor on another device, a non-contiguous gradient: ValueError or TypeError,
+    raised before anything is written) is split by ``make_buckets`` and run again, and
+    ``refused()`` is told, so that the caller can go to ``make_buckets`` directly next time.
+    ``run`` must leave nothing behind when its kernel call raises (zeroed state it may keep,
+    since it would make the same again)."""
+    for b in buckets:
+        if b.checked:
+            run(b)
+            continue
         try:
-            run(buckets[0])
-            return
+            run(b)
+            continue
         except (ValueError, TypeError):
             if refused is not None:
                 refused()
-        buckets = checked()
-    for b in buckets:
-        run(b)
+        for part in make_buckets(b.params, b.models or b.params, extra_key, grads=b.grads):
+            run(part)
 
 
 def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
@@ -273,7 +294,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         # (inv_scale, grads_signature, norm) of the last measured gradients, reused by clipping.
         self._amp_cached_norm: Optional[tuple[float, Optional[tuple], Norm]] = None
-        # id() of the param groups whose quick_bucket a kernel refused: make_buckets for them.
+        # id() of the param groups whose quick_buckets a kernel refused: make_buckets for them.
         self._amp_refused: set[int] = set()
 
     # --- amp seam (amp/masters/optimizer_like.py: UnscaledStep, GradNormNote, DeferredStep) -----
@@ -346,7 +367,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self, model_params: ParamGroups, grads_on_params: bool
     ) -> list[list[Optional[Tensor]]]:
         """Each group's ``.grad`` of its sources, as they are (None included): gathered once a
-        step for the norm's signature and ``quick_bucket``."""
+        step for the norm's signature and ``quick_buckets``."""
         return [[t.grad for t in s] for s in self._grad_sources(model_params, grads_on_params)]
 
     def _group_plan(
@@ -356,27 +377,23 @@ class FusedOptimizer(torch.optim.Optimizer):
         grads: list[Optional[Tensor]],
         grads_on_params: bool,
         extra_key: Optional[Callable[[Tensor], Any]] = None,
-    ) -> tuple[list[Bucket], Callable[[], list[Bucket]]]:
-        """(the group's buckets, how ``make_buckets`` splits it): one ``quick_bucket`` unless a
-        kernel refused one of this group before, or the group needs ``make_buckets``."""
-
-        def checked() -> list[Bucket]:
-            return make_buckets(group["params"], models, extra_key, grads_on_params)
-
+    ) -> list[Bucket]:
+        """The group's buckets: ``quick_buckets`` unless a kernel refused one of this group
+        before, or the group needs ``make_buckets``."""
         if id(group) not in self._amp_refused:
-            quick = quick_bucket(group["params"], models, grads, extra_key)
+            quick = quick_buckets(group["params"], models, grads, extra_key)
             if quick is not None:
-                return [quick], checked
-        return checked(), checked
+                return quick
+        return make_buckets(group["params"], models, extra_key, grads_on_params, grads=grads)
 
     def _run_group(
         self,
         group: dict[str, Any],
         buckets: list[Bucket],
         run: Callable[[Bucket], None],
-        checked: Callable[[], list[Bucket]],
+        extra_key: Optional[Callable[[Tensor], Any]] = None,
     ) -> None:
-        run_buckets(buckets, run, checked, lambda: self._amp_refused.add(id(group)))
+        run_buckets(buckets, run, extra_key, lambda: self._amp_refused.add(id(group)))
 
     def _global_norm(
         self,

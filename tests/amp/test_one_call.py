@@ -183,21 +183,22 @@ def test_a_shape_mismatch_is_named() -> None:
         make_buckets(masters, model)
 
 
-def _kernel_calls(monkeypatch):
-    """Records the lengths of the lists amp.kernels.ops.l2norm is called with."""
+def _op_calls(monkeypatch, name: str, module=mt):
+    """Records the lengths of the first lists ``module.<name>`` (amp.kernels.ops by default)
+    is called with."""
     calls: list[int] = []
-    real = mt.l2norm
+    real = getattr(module, name)
 
-    def counted(tensors, *args, **kwargs):
-        calls.append(len(tensors))
-        return real(tensors, *args, **kwargs)
+    def counted(first, *args, **kwargs):
+        calls.append(len(first))
+        return real(first, *args, **kwargs)
 
-    monkeypatch.setattr(mt, "l2norm", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
 
 
 def test_grad_norm_takes_one_dtype_in_one_call(monkeypatch) -> None:
-    calls = _kernel_calls(monkeypatch)
+    calls = _op_calls(monkeypatch, "l2norm")
     grads = _give_grads(_params([(5,), (3, 2), (7,)]))
     norm, bad = grad_norm(grads, INV)
     assert calls == [3]
@@ -205,7 +206,7 @@ def test_grad_norm_takes_one_dtype_in_one_call(monkeypatch) -> None:
 
 
 def test_grad_norm_splits_what_one_call_refuses(monkeypatch) -> None:
-    calls = _kernel_calls(monkeypatch)
+    calls = _op_calls(monkeypatch, "l2norm")
     grads = _give_grads(_params([(5,), (4,)])) + _give_grads(_params([(6,)], torch.bfloat16))
     grads[0][2] = float("inf")
     norm, bad = grad_norm(grads, INV)
@@ -229,19 +230,6 @@ OPTIMIZERS = {
     "adagrad": (FusedAdagrad, dict(lr=0.1), "adagrad"),
     "novograd": (FusedNovoGrad, dict(lr=0.1, init_zero=False), "novograd"),
 }
-
-
-def _op_calls(monkeypatch, op: str):
-    """Records the lengths of the lists amp.kernels.ops.<op> is called with."""
-    calls: list[int] = []
-    real = getattr(mt, op)
-
-    def counted(grads, *args, **kwargs):
-        calls.append(len(grads))
-        return real(grads, *args, **kwargs)
-
-    monkeypatch.setattr(mt, op, counted)
-    return calls
 
 
 def _pair(name: str, params_of):
@@ -339,3 +327,47 @@ def test_the_gradients_signature_is_taken_only_for_a_step_that_clips(
     opt._amp_unscaled_step([params])
     # Clipping: the note's signature and the step's, which match, so no second norm pass.
     assert (taken, calls) == (([2, 2], []) if max_grad_norm else ([], []))
+
+
+def _o2_group(own_dtypes):
+    """fp32 masters with bf16 model copies, and params that are their own masters (O2's
+    keep_batchnorm_fp32) of *own_dtypes*, interleaved: (masters, models)."""
+    masters = _params([(5,), (3, 4), (7,), (2, 3)][: 2 + len(own_dtypes)])
+    models: list = []
+    for i, m in enumerate(masters):
+        if i % 2 == 0:
+            models.append(m.detach().bfloat16())
+        else:
+            own = m.detach().to(own_dtypes[i // 2]).requires_grad_()
+            masters[i] = own
+            models.append(own)
+    _give_grads(masters)  # the unscaled gradients amp's pass leaves on the masters
+    return masters, models
+
+
+@pytest.mark.parametrize("own_dtypes", [[torch.float32], [torch.float32, torch.bfloat16]])
+def test_an_o2_group_with_params_that_are_their_own_masters(monkeypatch, own_dtypes) -> None:
+    """Two calls without make_buckets (the masters with half copies, then the rest); a bucket
+    the kernel refuses (two dtypes among the params that are their own) is split alone, and
+    the group goes to make_buckets from then on. The reference: one group per parameter."""
+    masters, models = _o2_group(own_dtypes)
+    ref_masters, ref_models = _o2_group(own_dtypes)
+    opt = FusedAdam(masters, lr=0.1, weight_decay=0.01)
+    ref = FusedAdam([{"params": [m]} for m in ref_masters], lr=0.1, weight_decay=0.01)
+    calls = _op_calls(monkeypatch, "adam")
+    split = _op_calls(monkeypatch, "make_buckets", tensor_lists)
+    copied = (len(masters) + 1) // 2
+    for step in range(2):
+        calls.clear()
+        split.clear()
+        opt._amp_unscaled_step([models])
+        if len(own_dtypes) == 1:
+            assert (calls, split) == ([copied, 1], [])
+        elif step == 0:  # the second bucket refused, then split by dtype
+            assert (calls, split) == ([copied, 2, 1, 1], [2])
+        else:  # the group's own make_buckets from then on
+            assert split == [len(masters)] and sorted(calls) == [1, 1, copied]
+        ref._amp_unscaled_step([[m] for m in ref_models])
+        assert all(torch.equal(a, b) for a, b in zip(masters, ref_masters))
+        assert all(torch.equal(a, b) for a, b in zip(models, ref_models))
+        assert _same_state(opt, ref, masters, ref_masters)
