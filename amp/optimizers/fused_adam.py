@@ -9,13 +9,7 @@ from torch import Tensor
 
 from ..kernels import ops as mt
 from ..masters.unscale import group_by
-from .tensor_lists import (
-    Bucket,
-    FusedOptimizer,
-    check_betas,
-    closure_loss,
-    make_buckets,
-)
+from .tensor_lists import Bucket, FusedOptimizer, check_betas, closure_loss, make_buckets
 
 _HALF = (torch.float16, torch.bfloat16)
 

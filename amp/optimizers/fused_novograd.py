@@ -85,7 +85,6 @@ class FusedNovoGrad(FusedOptimizer):
                     st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     st["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=p.device)
             norms = torch.stack([st["exp_avg_sq"].float().reshape(()) for st in states])
-            done = False
             try:
                 mt.novograd(
                     b.grads,
@@ -106,13 +105,13 @@ class FusedNovoGrad(FusedOptimizer):
                     init_norms=new and not group["init_zero"],
                     grad_scale=grad_scale,
                 )
-                done = True
-            finally:
-                if new and not done:
-                    # A call that fails leaves the parameters new (their first step starts the
-                    # blend, and a refused quick bucket is run again, split, as a first step).
+            except BaseException:
+                # A call that fails leaves the parameters new (their first step starts the
+                # blend, and a refused quick bucket is run again, split, as a first step).
+                if new:
                     for st in states:
                         del st["exp_avg"], st["exp_avg_sq"]
+                raise
             _store_norms(states, norms)
 
         self._run_group(group, buckets, run, self._is_new)

@@ -90,7 +90,6 @@ class FusedSGD(FusedOptimizer):
                         )
                         created.append(st)
                     bufs.append(st["momentum_buffer"])
-            done = False
             try:
                 mt.sgd(
                     b.grads,
@@ -106,13 +105,12 @@ class FusedSGD(FusedOptimizer):
                     first_run=first_run,
                     grad_scale=grad_scale,
                 )
-                done = True
-            finally:
-                if not done:
-                    # A call that fails leaves no buffer the kernel did not initialise: the
-                    # next step would take it for one (and a refused quick bucket is run again,
-                    # split, as a first run).
-                    for st in created:
-                        del st["momentum_buffer"]
+            except BaseException:
+                # A call that fails leaves no buffer the kernel did not initialise: the next
+                # step would take it for one (and a refused quick bucket is run again, split,
+                # as a first run).
+                for st in created:
+                    del st["momentum_buffer"]
+                raise
 
         self._run_group(group, buckets, run, key)

@@ -52,11 +52,9 @@ def _dense(g: Tensor) -> Tensor:
     return dense(g).contiguous()
 
 
-def _grad_of(model_param: Tensor) -> Optional[Tensor]:
-    g = model_param.grad
-    if g is None or g.is_contiguous():
-        return g
-    return _dense(g)
+def _present(grads: Iterable[Optional[Tensor]]) -> list[Tensor]:
+    """The gradients there are, each contiguous (a copy where one is not)."""
+    return [g if g.is_contiguous() else _dense(g) for g in grads if g is not None]
 
 
 def make_buckets(
@@ -123,28 +121,21 @@ def _one_bucket(
     """The common case of ``make_buckets`` -- every param has a contiguous gradient, and one
     kernel call takes the whole group (one dtype per list, one device, one extra key) -- checked
     attribute by attribute over the whole lists instead of per tensor: a model's step runs this
-    for every tensor, and per-tensor Python was a third of a 1M-parameter step. None where
+    for every tensor, and per-tensor Python was a third of a 1M-parameter step. It is
+    ``quick_buckets``' single bucket with what the kernel would check checked here. None where
     the general path must split the group (or raise its message)."""
-    if not grads or any(g is None for g in grads):
+    quick = quick_buckets(params, models, grads, extra_key)
+    if quick is None or len(quick) != 1:
         return None
-    present: list[Tensor] = grads  # None ruled out above
-    if extra_key is not None and len({extra_key(p) for p in params}) != 1:
+    (b,) = quick
+    if not all(g.is_contiguous() for g in b.grads):
         return None
-    if not all(g.is_contiguous() for g in present):
+    if any(len({t.dtype for t in ts}) != 1 for ts in (b.grads, b.params, b.models) if ts):
         return None
-    if len({g.dtype for g in present}) != 1 or len({p.dtype for p in params}) != 1:
+    if len({p.device for p in b.params}) != 1:
         return None
-    if len({p.device for p in params}) != 1:
-        return None
-    if extra_key is not None and len({extra_key(p) for p in params}) != 1:
-        return None
-    if all(mp is p for mp, p in zip(models, params)):
-        return [Bucket(list(params), present, [])]
-    if any(mp is p for mp, p in zip(models, params)) or len({mp.dtype for mp in models}) != 1:
-        return None
-    if [mp.shape for mp in models] != [p.shape for p in params]:
-        return None  # the general path names the pair
-    return [Bucket(list(params), present, list(models))]
+    b.checked = True
+    return [b]
 
 
 def quick_buckets(
@@ -217,7 +208,7 @@ def grads_of(sources: Iterable[Iterable[Tensor]]) -> list[Tensor]:
     grads = [t.grad for group in sources for t in group]
     if not any(g is None for g in grads) and all(g.is_contiguous() for g in grads):
         return grads  # the common case, without a call per tensor
-    return [g for group in sources for t in group if (g := _grad_of(t)) is not None]
+    return _present(grads)
 
 
 def grads_signature(grads: list[Tensor]) -> Optional[tuple]:
@@ -404,21 +395,21 @@ class FusedOptimizer(torch.optim.Optimizer):
     ) -> float:
         """The grad norm measured by amp's pass for these very grads and scale, else computed.
         *raw*: each group's ``.grad`` of its sources, where the caller has gathered them."""
-        flat = None if raw is None else [g for gs in raw for g in gs]
+        if raw is None:
+            raw = self._raw_grads(model_params, grads_on_params)
+        flat = [g for gs in raw for g in gs]
         # The grads as they are where none is missing: the measured ones were contiguous (the
-        # kernel took them), so identity and versions decide, without grads_of's layout check.
-        as_they_are = flat is not None and not any(g is None for g in flat)
-        grads = None if as_they_are else grads_of(self._grad_sources(model_params, grads_on_params))
+        # kernel took them), so identity and versions decide, without a layout check.
+        grads: list[Tensor] = flat if not any(g is None for g in flat) else _present(flat)
         cached = self._amp_cached_norm
         if (
             cached is not None
             and cached[0] == inv_scale
             and cached[1] is not None
-            and cached[1] == grads_signature(flat if grads is None else grads)  # type: ignore[arg-type]
+            and cached[1] == grads_signature(grads)
         ):
             return cached[2]
-        if grads is None:
-            grads = grads_of(self._grad_sources(model_params, grads_on_params))
+        grads = _present(grads)
         return grad_norm(grads, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(
