@@ -220,7 +220,7 @@ def test_grad_norm_splits_what_one_call_refuses(monkeypatch) -> None:
     assert norm == pytest.approx(_expected_norm(grads), rel=1e-6)
 
 
-# --- the fused optimizers' step: one unchecked call per group (quick_bucket, run_buckets) ----
+# --- the fused optimizers' step: unchecked calls per group (quick_buckets, run_buckets) -----
 
 #: (optimizer, its keywords, the amp.kernels.ops function its step calls)
 OPTIMIZERS = {
