@@ -121,6 +121,24 @@ def test_optimizer_step_json_has_spreads() -> None:
     assert "others_cpu_share" in res["load"]
 
 
+def test_bench_ascend_speedup_is_the_median_of_per_round_ratios_to_torchs_best() -> None:
+    import bench_ascend  # noqa: PLC0415  (imports torch and amp: only this test needs them)
+
+    totals = {
+        "torch SGD (foreach)": [2.0, 4.0, 6.0],
+        "torch SGD + combine_grad": [3.0, 3.0, 3.0],
+        "amp FusedSGD": [1.0, 1.0, 2.0],
+        "torch Adam (foreach)": [1.0, 1.0, 1.0],  # another optimizer: not SGD's baseline
+    }
+    out = bench_ascend.speedups(totals, None)
+    assert set(out) == {"amp FusedSGD"}  # torch's rows are the baseline, not results
+    fig = out["amp FusedSGD"]
+    # per round: the fastest torch SGD row (2, 3, 3) over amp's (1, 1, 2) = 2, 3, 1.5
+    assert (fig["value"], fig["lo"], fig["hi"], fig["n"]) == (2.0, 1.5, 3.0, 3)
+    assert fig["unreliable"] == "spread 38% over 3 rounds"
+    assert bench_ascend.speedups({"amp FusedAdam": [1.0]}, None) == {}  # no baseline: none
+
+
 def test_bench_ascend_json_has_counts_and_spreads() -> None:
     doc = _run("bench_ascend.py", "--counts", "2", "--size", "16", "--repeat", "3", "--no-big")
     counts = {row["optimizer"]: row for row in doc["counts"]}
@@ -134,3 +152,9 @@ def test_bench_ascend_json_has_counts_and_spreads() -> None:
     for row in times.values():
         assert row["total"]["n"] == 3 and row["total"]["value"] > 0
         assert row["total"]["unreliable"] is None or isinstance(row["total"]["unreliable"], str)
+    # every amp and NpuFused row against torch's best of its optimizer, over the same rounds
+    speedups = {row["optimizer"]: row for row in doc["speedups"]}
+    assert set(speedups) == {label for label in counts if not label.startswith("torch")}
+    for row in speedups.values():
+        assert row["n"] == 3 and row["lo"] <= row["median"] <= row["hi"] and row["value"] > 0
+    assert doc["targets"] == []  # the target is checked at 1000 parameters only
