@@ -47,6 +47,7 @@ import benchstats as stats  # beside this file: a script's own folder is first o
 import torch
 
 from amp import _ext
+from amp.masters.grad_pool import MasterGradPool
 from amp.masters.unscale import unscale_one_pass
 from amp.optimizers import FusedAdagrad, FusedAdam, FusedMixedPrecisionLamb, FusedNovoGrad
 
@@ -222,10 +223,11 @@ def make_case(kind: str, sizes: list[int], mod: Any) -> Case:
     e_scaler = MinimalScaler()
     e_pairs = list(zip(e_model, e_masters))
     e_groups = [e_model]
+    e_pool = MasterGradPool()  # as amp's stash keeps one per optimizer (O2's master grads)
 
     def exact_step() -> None:
         ph.start()
-        unscaled = unscale_one_pass(e_pairs, 1.0 / e_scaler.scale)
+        unscaled = unscale_one_pass(e_pairs, 1.0 / e_scaler.scale, e_pool)
         e_scaler.update(unscaled.nonfinite)
         e_opt._amp_note_grad_norm(unscaled.norm, unscaled.grads)
         ph.mark("exact: unscale + check + norm pass")

@@ -95,7 +95,7 @@ def post_backward(optimizer: torch.optim.Optimizer, inv_scale: float, stage: Sta
         stash.stage, stash.inv_scale = Stage.DEFERRED, inv_scale
         return result
     if stage is Stage.SCALED_FUSED:
-        result = unscale_one_pass(stash.pairs(optimizer), inv_scale)
+        result = unscale_one_pass(stash.pairs(optimizer), inv_scale, stash.grad_pool)
         if stash.notes_grad_norm:
             optimizer._amp_note_grad_norm(result.norm, result.grads)
         stash.stage = Stage.UNSCALED if stash.unscaled_step else Stage.READY

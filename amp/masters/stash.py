@@ -34,6 +34,7 @@ import torch
 from .._device import collective_device
 from ..ascend.combined import CombinedGrads
 from ..opt_levels import Properties
+from .grad_pool import MasterGradPool
 from .optimizer_like import DeferredStep, GradNormNote, UnscaledStep
 
 MASTERS_KEY = "amp_master_weights"
@@ -117,6 +118,8 @@ class OptimizerStash:
         # Masters are checked against the model once, at the first backward pass (see
         # sync_masters_once): the model may have changed after initialize.
         self.masters_synced = False
+        # The fp32 master gradients' memory under O2 on the CPU, kept between steps.
+        self.grad_pool = MasterGradPool()
         # Apex for Ascend's combined gradients (combine_grad / NpuFused optimizers); used while
         # combining(optimizer) holds, built after the first backward pass.
         self.combined = CombinedGrads(check=check_combined)

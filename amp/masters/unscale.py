@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .._torch_compat import non_finite_check_and_unscale_
 from ..kernels import ops as mt
+from .grad_pool import MasterGradPool
 from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
@@ -147,26 +148,30 @@ def _contiguous_grad(param: Tensor) -> Tensor:
     return grad
 
 
-def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -> Unscaled:
+def unscale_one_pass(
+    pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float, pool: Optional[MasterGradPool] = None
+) -> Unscaled:
     """amp's pass for a fused optimizer when ``scale_loss`` exits (the default, as apex): for
     each (model param, master) with a gradient, master.grad = model.grad * inv_scale, in one
     read that also checks for inf/NaN and measures the global norm (in place when the model
-    parameter is its own master, into a fresh fp32 master gradient under O2). The optimizer is
-    handed that norm, so clipping inside its step needs no second read, and its update then
-    reads the unscaled gradients with scale 1."""
+    parameter is its own master, into an fp32 master gradient under O2: a view of ``pool``'s
+    buffer where one is given, else a fresh tensor). The optimizer is handed that norm, so
+    clipping inside its step needs no second read, and its update then reads the unscaled
+    gradients with scale 1."""
     pairs = list(pairs)
-    one = _one_call(pairs, inv_scale)
+    one = _one_call(pairs, inv_scale, pool)
     if one is not None:
         return one
+    with_grads = [(m, p) for m, p in pairs if m.grad is not None]
+    separate = [p for m, p in with_grads if m is not p]
+    taken = iter(_master_grads(separate, pool))
     moves: list[tuple[Tensor, Tensor]] = []  # (scaled grad, where it goes unscaled)
-    for model_param, master in pairs:
-        if model_param.grad is None:
-            continue
+    for model_param, master in with_grads:
         grad = _contiguous_grad(model_param)
         if model_param is master:
             out = grad
         else:
-            out = torch.empty_like(master, memory_format=torch.contiguous_format)
+            out = next(taken)
             master.grad = out
         moves.append((grad, out))
     norms: list[Norm] = []
@@ -187,9 +192,18 @@ def unscale_one_pass(pairs: Iterable[tuple[Tensor, Tensor]], inv_scale: float) -
     return Unscaled(flag, total, written)
 
 
-def _one_call(pairs: list[tuple[Tensor, Tensor]], inv_scale: float) -> Optional[Unscaled]:
+def _master_grads(masters: list[Tensor], pool: Optional[MasterGradPool]) -> list[Tensor]:
+    """Contiguous fp32 tensors for the gradients of ``masters`` (O2): ``pool``'s, else fresh."""
+    if pool is not None and masters:
+        return pool.outputs(masters)
+    return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
+
+
+def _one_call(
+    pairs: list[tuple[Tensor, Tensor]], inv_scale: float, pool: Optional[MasterGradPool]
+) -> Optional[Unscaled]:
     """The common case of ``unscale_one_pass`` in one kernel call, with no per-tensor Python
-    but reading the gradients (and, under O2, allocating the master gradients): every pair has
+    but reading the gradients (and, under O2, taking the master gradients): every pair has
     a gradient, and the CPU kernels take them all at once. The kernel checks each tensor (one
     dtype per list, contiguous, dense, on the CPU) before it writes anything, so a refusal
     leaves every gradient as it was and the general path takes over -- it splits the lists,
@@ -201,18 +215,31 @@ def _one_call(pairs: list[tuple[Tensor, Tensor]], inv_scale: float) -> Optional[
         outs = grads
     elif any(m is p for m, p in pairs):
         return None
-    else:
+    elif pool is None:
         # The masters' own format, which costs a fifth less to ask for than a named one: a
         # non-contiguous master (channels_last) gets a gradient the kernel refuses, and the
         # general path allocates a contiguous one.
         outs = [torch.empty_like(p) for _, p in pairs]
+    else:
+        outs = pool.outputs([p for _, p in pairs])
     try:
         norm, nonfinite = mt.scale_l2norm(grads, outs, inv_scale)
     except (ValueError, TypeError):
+        if pool is not None:
+            pool.forget()  # the general path takes outputs for the masters as they are now
         return None
     if outs is not grads:
-        for (_, master), out in zip(pairs, outs):
-            master.grad = out
+        try:
+            for (_, master), out in zip(pairs, outs):
+                master.grad = out
+        except RuntimeError:
+            # A master no longer has the shape its kept view was made for (its .data was
+            # replaced): none keeps a gradient of this call, and the general path runs again.
+            for _, master in pairs:
+                master.grad = None
+            if pool is not None:
+                pool.forget()
+            return None
     total, flag = combine_norms([norm], [nonfinite])
     return Unscaled(flag, total, outs)
 
