@@ -9,9 +9,10 @@ Three paths reach the parameters:
   the optimizer on the masters, then copies them into the half model.
 * fused, apex-exact (the default for an optimizer with ``_amp_unscaled_step``, i.e.
   ``amp.optimizers``): when ``scale_loss`` exits, one pass writes the unscaled gradients (the
-  model's own in place, or fresh fp32 master gradients under O2), checks them and measures their
-  norm (``unscale.unscale_one_pass``); ``step`` then runs the optimizer's kernel, which also
-  writes the half model copy. Gradients look exactly as with apex between ``scale_loss`` and
+  model's own in place, or fp32 master gradients under O2, views of a buffer kept between steps
+  on the CPU: grad_pool.py), checks them and measures their norm
+  (``unscale.unscale_one_pass``); ``step`` then runs the optimizer's kernel, which also writes
+  the half model copy. Gradients look exactly as with apex between ``scale_loss`` and
   ``step``.
 * fused, deferred (opt-in: ``amp.initialize(..., defer_unscale=True)``, or apex's
   ``FusedSGD(materialize_master_grads=False)`` under O2): gradients stay scaled in memory; the
