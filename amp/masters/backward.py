@@ -76,7 +76,7 @@ def _generic_unscale(
     pairs: list[Pair] = []
     for i, (model_param, master) in enumerate(stash.pairs(optimizer)):
         pairs.append((model_param, master, None if saved is None else saved[i]))
-    result = unscale_lists(pairs, inv_scale)
+    result = unscale_lists(pairs, inv_scale, stash.grad_pool)
     stash.set_aside = None
     return result
 

@@ -106,17 +106,21 @@ def check_and_unscale_(grads: list[Tensor], inv_scale: float) -> Tensor:
 Pair = Tuple[Tensor, Tensor, Optional[Tensor]]
 
 
-def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
+def unscale_lists(
+    pairs: Sequence[Pair], inv_scale: float, pool: Optional[MasterGradPool] = None
+) -> Unscaled:
     """Per tensor list: unscale gradients, checking for non-finite values.
 
     Each pair is ``(model_param, master_param, stashed_grad)``. The model's gradient times
     ``inv_scale`` becomes the master's gradient (computed in place when they are the same tensor,
-    else into a fresh tensor of the master's dtype), plus ``stashed_grad`` (an already-unscaled
-    gradient from an earlier loss) when one is given. Uses GradScaler's fused kernel, so the result
-    is bit-identical to ``GradScaler.unscale_``.
+    else into a tensor of the master's dtype: a view of ``pool``'s buffer where one is given and
+    the masters are fp32 CPU tensors, else a fresh one), plus ``stashed_grad`` (an
+    already-unscaled gradient from an earlier loss) when one is given. Uses GradScaler's fused
+    kernel, so the result is bit-identical to ``GradScaler.unscale_``.
     """
     written: list[Tensor] = []
     stashed: list[tuple[Tensor, Tensor]] = []
+    copies = _copied_grads(pairs, pool)
     for model_param, master, stash in pairs:
         grad = model_param.grad
         if grad is None:
@@ -125,7 +129,7 @@ def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
             continue
         dense(grad)
         if model_param is not master:
-            grad = grad.detach().to(dtype=master.dtype, copy=True)
+            grad = copies[id(master)]
             master.grad = grad
         written.append(grad)
         if stash is not None:
@@ -139,6 +143,23 @@ def unscale_lists(pairs: Sequence[Pair], inv_scale: float) -> Unscaled:
     if not flags:
         return Unscaled(torch.zeros(1))
     return Unscaled(torch.stack([f.to(flags[0].device) for f in flags]).amax())
+
+
+def _copied_grads(pairs: Sequence[Pair], pool: Optional[MasterGradPool]) -> dict[int, Tensor]:
+    """id(master) -> the model's gradient copied into the master's dtype, for each master with a
+    half copy whose model param has a gradient (checked dense): into ``pool``'s views, in one
+    copy call, where they fit (a master reshaped since the views were made takes a fresh
+    tensor, as does every master without a pool)."""
+    separate = [(m, p) for m, p, _ in pairs if m is not p and m.grad is not None]
+    grads = [dense(m.grad).detach() for m, _ in separate]
+    masters = [p for _, p in separate]
+    if pool is not None and masters:
+        outs = pool.outputs(masters)
+        if all(o.shape == p.shape and o.dtype == p.dtype for o, p in zip(outs, masters)):
+            torch._foreach_copy_(outs, grads)
+            return {id(p): o for p, o in zip(masters, outs)}
+        pool.forget()
+    return {id(p): g.to(dtype=p.dtype, copy=True) for p, g in zip(masters, grads)}
 
 
 def _contiguous_grad(param: Tensor) -> Tensor:

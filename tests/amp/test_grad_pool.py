@@ -40,10 +40,12 @@ def _model(seed: int = 0) -> torch.nn.Module:
 Hook = Optional[Callable[[int, torch.optim.Optimizer], None]]
 
 
-def _train(batchnorm: bool, steps: int, after_unscale: Hook = None) -> tuple[list, list, Any]:
+def _train(
+    batchnorm: bool, steps: int, after_unscale: Hook = None, make: Any = FusedAdam
+) -> tuple[list, list, Any]:
     reset_amp()
     model = _model() if batchnorm else torch.nn.Sequential(*list(_model())[::3])
-    opt = FusedAdam(model.parameters(), lr=1e-2)
+    opt = make(model.parameters(), lr=1e-2)
     model, opt = amp.initialize(
         model, opt, opt_level="O2", cast_model_type=torch.bfloat16, verbosity=0
     )
@@ -63,15 +65,19 @@ def _train(batchnorm: bool, steps: int, after_unscale: Hook = None) -> tuple[lis
     return [p.detach().clone() for p in amp.master_params(opt)], ptrs, opt
 
 
-@pytest.mark.parametrize("batchnorm", [False, True], ids=["one-call", "general-path"])
+@pytest.mark.parametrize(
+    ("batchnorm", "make"),
+    [(False, FusedAdam), (True, FusedAdam), (True, torch.optim.Adam)],
+    ids=["one-call", "general-path", "torch.optim"],
+)
 def test_master_grads_live_in_one_kept_buffer_and_step_as_fresh_ones(
-    batchnorm: bool, monkeypatch: pytest.MonkeyPatch
+    batchnorm: bool, make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(grad_pool.ENV, "0")
-    fresh, _, off = _train(batchnorm, 4)
+    fresh, _, off = _train(batchnorm, 4, make=make)
     assert off._amp_stash.grad_pool.builds == 0
     monkeypatch.delenv(grad_pool.ENV)
-    pooled, ptrs, opt = _train(batchnorm, 4)
+    pooled, ptrs, opt = _train(batchnorm, 4, make=make)
     assert opt._amp_stash.grad_pool.builds == 1
     assert all(torch.equal(a, b) for a, b in zip(fresh, pooled))
     assert ptrs[1] == ptrs[2] == ptrs[3]  # the same memory every step
