@@ -77,6 +77,16 @@ class MasterGradPool:
         self._view_refs = max(self._ref_counts())
         return list(self._views)
 
+    def checked_outputs(self, masters: list[Tensor]) -> list[Tensor]:
+        """``outputs``, each checked to have its master's shape and dtype (a kept view made for
+        other masters, of the same count, may not): for the paths that assign them without a
+        kernel's check first. A mismatch lets the buffer go and gives fresh tensors."""
+        outs = self.outputs(masters)
+        if all(o.shape == m.shape and o.dtype == m.dtype for o, m in zip(outs, masters)):
+            return outs
+        self.forget()
+        return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
+
     def forget(self) -> None:
         """Let the buffer go (a kernel refused its views, a master no longer fits its view, or
         someone else holds part of it): the next ``outputs`` builds one for the masters as

@@ -147,18 +147,16 @@ def unscale_lists(
 
 def _copied_grads(pairs: Sequence[Pair], pool: Optional[MasterGradPool]) -> dict[int, Tensor]:
     """id(master) -> the model's gradient copied into the master's dtype, for each master with a
-    half copy whose model param has a gradient (checked dense): into ``pool``'s views, in one
-    copy call, where they fit (a master reshaped since the views were made takes a fresh
-    tensor, as does every master without a pool)."""
+    half copy whose model param has a gradient (checked dense): with a pool, into its outputs
+    (the kept views on the CPU, fresh tensors elsewhere) in one copy call; without, one fresh
+    copy each."""
     separate = [(m, p) for m, p, _ in pairs if m is not p and m.grad is not None]
     grads = [dense(m.grad).detach() for m, _ in separate]
     masters = [p for _, p in separate]
     if pool is not None and masters:
-        outs = pool.outputs(masters)
-        if all(o.shape == p.shape and o.dtype == p.dtype for o, p in zip(outs, masters)):
-            torch._foreach_copy_(outs, grads)
-            return {id(p): o for p, o in zip(masters, outs)}
-        pool.forget()
+        outs = pool.checked_outputs(masters)
+        torch._foreach_copy_(outs, grads)
+        return {id(p): o for p, o in zip(masters, outs)}
     return {id(p): g.to(dtype=p.dtype, copy=True) for p, g in zip(masters, grads)}
 
 
@@ -216,7 +214,7 @@ def unscale_one_pass(
 def _master_grads(masters: list[Tensor], pool: Optional[MasterGradPool]) -> list[Tensor]:
     """Contiguous fp32 tensors for the gradients of ``masters`` (O2): ``pool``'s, else fresh."""
     if pool is not None and masters:
-        return pool.outputs(masters)
+        return pool.checked_outputs(masters)
     return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
 
 

@@ -153,3 +153,22 @@ def test_masters_off_the_cpu_or_not_fp32_get_fresh_tensors() -> None:
     doubles = [torch.zeros(3, dtype=torch.float64)]
     outs = pool.outputs(doubles)
     assert outs[0].dtype == torch.float64 and pool.builds == 0
+
+
+def test_other_masters_of_the_same_count_get_gradients_of_their_shapes() -> None:
+    # The general path (a param without a gradient): the kept views were made for masters 0
+    # and 1, the next step's gradients are on 0 and 2, two masters of other shapes.
+    model = [torch.randn(*s).to(torch.bfloat16) for s in ((4, 8), (16,), (2, 3))]
+    masters = [m.float() for m in model]
+    pool = MasterGradPool()
+    for i in (0, 1):
+        model[i].grad = torch.randn(model[i].shape).to(torch.bfloat16)
+    unscale_one_pass(list(zip(model, masters)), INV, pool)
+    for t in model + masters:
+        t.grad = None
+    for i in (0, 2):
+        model[i].grad = torch.randn(model[i].shape).to(torch.bfloat16)
+    unscale_one_pass(list(zip(model, masters)), INV, pool)
+    assert masters[1].grad is None
+    for i in (0, 2):
+        assert torch.equal(masters[i].grad, model[i].grad.float() * INV)
