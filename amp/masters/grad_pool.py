@@ -68,7 +68,7 @@ class MasterGradPool:
             return list(self._views)
         self.forget()
         if self.builds >= MAX_BUILDS or not enabled() or not _poolable(masters):
-            return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
+            return fresh(masters)
         buf = torch.empty(sum(m.numel() for m in masters), dtype=torch.float32)
         self._views = list(_unflatten_dense_tensors(buf, masters))
         self._buf = buf
@@ -85,7 +85,7 @@ class MasterGradPool:
         if all(o.shape == m.shape and o.dtype == m.dtype for o, m in zip(outs, masters)):
             return outs
         self.forget()
-        return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
+        return fresh(masters)
 
     def forget(self) -> None:
         """Let the buffer go (a kernel refused its views, a master no longer fits its view, or
@@ -104,6 +104,11 @@ class MasterGradPool:
         if _storage_refs(self._buf) != self._storage_refs:
             return False
         return max(self._ref_counts()) == self._view_refs
+
+
+def fresh(masters: list[Tensor]) -> list[Tensor]:
+    """New contiguous tensors shaped as ``masters``: the gradients where no buffer serves."""
+    return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
 
 
 def _poolable(masters: list[Tensor]) -> bool:

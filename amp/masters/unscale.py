@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._torch_compat import non_finite_check_and_unscale_
 from ..kernels import ops as mt
-from .grad_pool import MasterGradPool
+from .grad_pool import MasterGradPool, fresh
 from .optimizer_like import DeferredStep
 
 # One message for every path (per-tensor lists, amp's one-pass unscale, combined buffers, the
@@ -215,7 +215,7 @@ def _master_grads(masters: list[Tensor], pool: Optional[MasterGradPool]) -> list
     """Contiguous fp32 tensors for the gradients of ``masters`` (O2): ``pool``'s, else fresh."""
     if pool is not None and masters:
         return pool.checked_outputs(masters)
-    return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in masters]
+    return fresh(masters)
 
 
 def _one_call(

@@ -400,7 +400,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         flat = [g for gs in raw for g in gs]
         # The grads as they are where none is missing: the measured ones were contiguous (the
         # kernel took them), so identity and versions decide, without a layout check.
-        grads: list[Tensor] = flat if not any(g is None for g in flat) else _present(flat)
+        complete = not any(g is None for g in flat)
+        grads: list[Tensor] = flat if complete else _present(flat)
         cached = self._amp_cached_norm
         if (
             cached is not None
@@ -409,8 +410,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             and cached[1] == grads_signature(grads)
         ):
             return cached[2]
-        grads = _present(grads)
-        return grad_norm(grads, inv_scale, check=False)[0]
+        # _present has made them contiguous already where some were missing.
+        return grad_norm(_present(grads) if complete else grads, inv_scale, check=False)[0]
 
     def _clipped_grad_scale(
         self,
