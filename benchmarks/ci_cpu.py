@@ -1,8 +1,10 @@
 """Where the test suite's CPU went: sums the per-test lines ``AMPFORGE_CPU_PROFILE=DIR`` wrote
-(tests/cpu_profile.py) by module, or by xdist stream, most CPU first.
+(tests/cpu_profile.py) by module, xdist stream, test or torch, most CPU first; `--torch`
+keeps one torch's sessions (CI's older-torch lanes write beside the main suite).
 
     AMPFORGE_CPU_PROFILE=build/cpu CI=true make test
-    .venv/bin/python benchmarks/ci_cpu.py build/cpu [--by module|stream|test] [--top N]
+    .venv/bin/python benchmarks/ci_cpu.py build/cpu [--by module|stream|test|torch] [--top N]
+        [--torch VERSION]
 
 Columns: tests, wall seconds (summed; inflated wherever the machine was loaded), and the
 CPU-seconds of the test process, of its waited-for children and of the engine's containers.
@@ -30,6 +32,8 @@ def load(folder: Path) -> list[dict]:
 
 
 def key_of(record: dict, by: str) -> str:
+    if by == "torch":
+        return record.get("torch", "?")
     if by == "test":
         return record["id"]
     if by == "stream":
@@ -40,11 +44,23 @@ def key_of(record: dict, by: str) -> str:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path)
-    ap.add_argument("--by", choices=("module", "stream", "test"), default="module")
+    ap.add_argument("--by", choices=("module", "stream", "test", "torch"), default="module")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument(
+        "--torch",
+        metavar="VERSION",
+        help="only the lines of the sessions that ran this torch (e.g. 2.13.0+cpu; a prefix "
+        "such as 2.1. takes every such version): CI's older-torch lanes write beside the "
+        "main suite",
+    )
     args = ap.parse_args(argv)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(("n", *COLUMNS), 0.0))
-    for record in load(args.folder):
+    records = load(args.folder)
+    if args.torch:
+        records = [r for r in records if r.get("torch", "").startswith(args.torch)]
+        if not records:
+            raise SystemExit(f"ci_cpu: no line of {args.folder} ran torch {args.torch}")
+    for record in records:
         row = sums[key_of(record, args.by)]
         row["n"] += 1
         for col in COLUMNS:

@@ -1,5 +1,8 @@
 """Where the suite's CPU goes, per test: ``AMPFORGE_CPU_PROFILE=DIR make test`` writes one JSON
-line per test to ``DIR/<xdist worker>.jsonl``; ``python benchmarks/ci_cpu.py DIR`` sums them.
+line per test to ``DIR/torch<version>-<xdist worker>.jsonl``; ``python benchmarks/ci_cpu.py DIR``
+sums them. The torch version is in the name and in each line: CI's older-torch lanes run their
+own pytest sessions beside the main suite's, inherit the variable, and have workers of the same
+names (``gw0``); each session's lines stay apart (``ci_cpu.py --torch``, ``--by torch``).
 
 Wall time misleads on a loaded machine (a test waiting for a core looks slow), so each line
 holds CPU-seconds: the test process's own, its waited-for children's (every build the builder
@@ -18,6 +21,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
+
+#: The session's torch: which of CI's concurrent pytest sessions a line belongs to.
+TORCH = torch.__version__
 
 #: The engine's containers' CPU in nanoseconds (cgroup v1) or microseconds (v2, "usage_usec").
 _CGROUP_V1 = Path("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")
@@ -62,9 +70,10 @@ def measured(out_dir: str, nodeid: str, group: str, engine_stream: bool) -> Iter
             # only the docker stream's tests run containers; the other worker's tests
             # would see that stream's containers in the cgroup too
             "engine": round(engine1 - engine0, 3) if engine_stream else 0.0,
+            "torch": TORCH,
         }
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with (folder / f"{worker}.jsonl").open("a") as f:
+        with (folder / f"torch{TORCH}-{worker}.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")

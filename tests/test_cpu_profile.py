@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cpu_profile
+import pytest
 from cpu_profile import measured
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,3 +43,39 @@ def test_no_records_is_an_error_naming_the_folder(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode != 0 and str(tmp_path) in r.stderr and "AMPFORGE_CPU_PROFILE" in r.stderr
+
+
+def test_sessions_of_two_torches_stay_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's older-torch lanes run pytest beside the main suite, with workers of the same names:
+    each torch's lines go to a file of their own, and --torch / --by torch tell them apart."""
+    out = tmp_path / "cpu"
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    for version, test in (("2.13.0+cpu", "test_main"), ("2.1.0", "test_lane"), ("2.1.0", "test_b")):
+        monkeypatch.setattr(cpu_profile, "TORCH", version)
+        with measured(str(out), f"tests/x/test_a.py::{test}", "module:x/test_a.py", False):
+            pass
+    assert sorted(p.name for p in out.iterdir()) == [
+        "torch2.1.0-gw0.jsonl",
+        "torch2.13.0+cpu-gw0.jsonl",
+    ]
+
+    def table(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "ci_cpu.py"), str(out), *args],
+            capture_output=True,
+            text=True,
+        )
+
+    rows = table("--by", "torch").stdout.splitlines()
+    assert [r.split()[:2] for r in rows[1:-1]] in (
+        [["2.1.0", "2"], ["2.13.0+cpu", "1"]],
+        [["2.13.0+cpu", "1"], ["2.1.0", "2"]],
+    ), rows
+    lane = table("--torch", "2.1.0", "--by", "test").stdout
+    assert "test_lane" in lane and "test_b" in lane and "test_main" not in lane, lane
+    # 2.1. is a prefix of 2.1.0 only, not of 2.13.0+cpu
+    assert "test_main" not in table("--torch", "2.1.", "--by", "test").stdout
+    missing = table("--torch", "2.6")
+    assert missing.returncode != 0 and "2.6" in missing.stderr, missing.stderr
