@@ -147,17 +147,19 @@ def unscale_lists(
 
 def _copied_grads(pairs: Sequence[Pair], pool: Optional[MasterGradPool]) -> dict[int, Tensor]:
     """id(master) -> the model's gradient copied into the master's dtype, for each master with a
-    half copy whose model param has a gradient (checked dense): with a pool, into its outputs
-    (the kept views on the CPU, fresh tensors elsewhere) in one copy call; without, one fresh
-    copy each."""
-    separate = [(m, p) for m, p, _ in pairs if m is not p and m.grad is not None]
-    grads = [dense(m.grad).detach() for m, _ in separate]
-    masters = [p for _, p in separate]
-    if pool is not None and masters:
-        outs = pool.checked_outputs(masters)
+    half copy whose model param has a gradient (checked dense), in one copy call into
+    ``_master_grads``' tensors (the pool's kept views on the CPU, else fresh ones)."""
+    separate = [
+        (model, master)
+        for model, master, _ in pairs
+        if model is not master and model.grad is not None
+    ]
+    grads = [dense(model.grad).detach() for model, _ in separate]
+    masters = [master for _, master in separate]
+    outs = _master_grads(masters, pool)
+    if masters:
         torch._foreach_copy_(outs, grads)
-        return {id(p): o for p, o in zip(masters, outs)}
-    return {id(p): g.to(dtype=p.dtype, copy=True) for p, g in zip(masters, grads)}
+    return {id(master): out for master, out in zip(masters, outs)}
 
 
 def _contiguous_grad(param: Tensor) -> Tensor:
@@ -212,7 +214,8 @@ def unscale_one_pass(
 
 
 def _master_grads(masters: list[Tensor], pool: Optional[MasterGradPool]) -> list[Tensor]:
-    """Contiguous fp32 tensors for the gradients of ``masters`` (O2): ``pool``'s, else fresh."""
+    """Contiguous tensors of the masters' dtypes for the gradients of ``masters`` (O2):
+    ``pool``'s (checked against the masters), else fresh."""
     if pool is not None and masters:
         return pool.checked_outputs(masters)
     return fresh(masters)
